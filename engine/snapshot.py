@@ -1,0 +1,117 @@
+"""The immutable picture of the engine that every consumer reads.
+
+The engine builds a `Snapshot` on demand; the console, the headless runner,
+reports and tests read it and never touch engine state directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    """One API key as the console's key table shows it.
+
+    `label` is the key's id ("k1"); `masked` is the secret with all but its
+    last characters hidden. `state` is one of "active", "paused", "cooling"
+    (a cooldown gate is closed; see `cooldown_left_s`) or "blocked" (the
+    server refused the key for good; it is no longer used).
+    """
+
+    label: str
+    masked: str
+    state: str = "active"
+    cooldown_left_s: float = 0.0
+    in_flight: int = 0
+    sent: int = 0
+    succeeded: int = 0
+    rejected_429: int = 0
+    window_used: int = 0
+    window_limit: int = 0
+    last_latency_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A line of the event log: seconds since start, a kind and a text."""
+
+    at_s: float
+    kind: str  # "cooldown", "pause", "setting", "graveyard", "error", "info"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Latency of successful attempts, in milliseconds."""
+
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+    max: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the engine knows, at one instant, as scalars and tuples.
+
+    Request accounting balances at every snapshot:
+    generated == succeeded + expired + graveyard + shed + main_depth
+                 + dlq_depth + in_flight
+    Attempts (sent, rejected_429, rejected_other, failed, retried) explain the
+    traffic and are counted separately.
+    """
+
+    elapsed_s: float = 0.0
+    phase: str = "running"  # "starting", "running", "draining", "stopped"
+    capacity_tps: float = 0.0
+    throughput_tps: float = 0.0  # successes per second since start
+    current_tps: float = 0.0  # successes in the last full second
+    # requests (each ends in exactly one place)
+    generated: int = 0
+    succeeded: int = 0
+    expired: int = 0
+    graveyard: int = 0
+    shed: int = 0
+    main_depth: int = 0
+    dlq_depth: int = 0
+    in_flight: int = 0
+    # attempts
+    sent: int = 0
+    rejected_429: int = 0
+    rejected_other: int = 0  # 4xx other than 429 (nonce, auth, ...)
+    failed: int = 0  # 5xx, timeouts, connection errors
+    retried: int = 0
+    failures: tuple[tuple[str, int], ...] = ()  # cause -> count, e.g. ("timeout", 3)
+    # queues
+    main_max: int = 0  # backpressure limit of the main queue
+    main_peak: int = 0
+    main_avg: float = 0.0
+    dlq_peak: int = 0
+    dlq_avg: float = 0.0
+    # limiter and settings
+    headroom_ms: float = 0.0
+    headroom_adaptive: bool = True
+    headroom_min_ms: float = 0.0  # lowest value seen during the run
+    headroom_max_ms: float = 0.0  # highest value seen during the run
+    backpressure: bool = True
+    arrival_rate: float = 0.0
+    latency: LatencySummary = field(default_factory=LatencySummary)
+    # per-second series, oldest first, for sparklines (last few minutes)
+    tps_series: tuple[float, ...] = ()
+    p50_series: tuple[float, ...] = ()
+    p99_series: tuple[float, ...] = ()
+    keys: tuple[KeyRow, ...] = ()
+    events: tuple[Event, ...] = ()  # newest last
+
+    def balance(self) -> int:
+        """generated minus every place a request can be; 0 when nothing is lost."""
+        return self.generated - (
+            self.succeeded + self.expired + self.graveyard + self.shed
+            + self.main_depth + self.dlq_depth + self.in_flight
+        )
+
+    @property
+    def pct_capacity(self) -> float:
+        return 100.0 * self.throughput_tps / self.capacity_tps if self.capacity_tps else 0.0

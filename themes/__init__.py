@@ -1,0 +1,1 @@
+"""Console themes as TOML data files; loaded by ratedeck.console.themes."""
