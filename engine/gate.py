@@ -1,0 +1,34 @@
+"""Cooldown gates: when a server says "slow down", everyone who shares that budget waits."""
+
+from __future__ import annotations
+
+
+class CooldownGate:
+    """Closed until `open_at` (engine clock seconds); the longest delay wins.
+
+    A gate belongs to a budget (one key, or a whole host). Every sender of
+    that budget checks it before sending, so one rejection pauses them all.
+    """
+
+    __slots__ = ("name", "open_at", "reason", "closures")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.open_at = 0.0
+        self.reason = ""
+        self.closures = 0
+
+    def close(self, until: float, reason: str) -> bool:
+        """Close until `until` unless already closed longer; True if it moved."""
+        if until <= self.open_at:
+            return False
+        self.open_at = until
+        self.reason = reason
+        self.closures += 1
+        return True
+
+    def is_open(self, now: float) -> bool:
+        return now >= self.open_at
+
+    def left(self, now: float) -> float:
+        return max(0.0, self.open_at - now)

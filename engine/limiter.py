@@ -1,0 +1,66 @@
+"""The per-key window limiter: the one authority on when a key may send.
+
+A policy N/W means what the server means: at most N sends in any window of W.
+The limiter keeps, per policy, the times of the last N grants in a ring; the
+next slot frees at `oldest + W + headroom`. Several policies are taken
+all-or-nothing: a send waits for the latest of their free times. Nothing
+polls: callers ask `next_free(now)` and sleep exactly until then.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from .policy import Policy
+
+
+class WindowLimiter:
+    """Grants send slots for one API key under one or more window policies.
+
+    Attributes:
+        policies: the policies that must all hold.
+        pacing: "even" spreads sends at least (W + headroom) / N apart, so a
+            key never bursts (the server sees steady traffic and nonces arrive
+            in order); "burst" lets a full window go at once.
+        headroom_s: callable returning the current headroom in seconds; read
+            at every decision, so a live change takes effect at once.
+    """
+
+    __slots__ = ("policies", "pacing", "headroom_s", "_rings", "_last")
+
+    def __init__(self, policies: tuple[Policy, ...], headroom_s: Callable[[], float], pacing: str = "even"):
+        if not policies:
+            raise ValueError("a limiter needs at least one policy")
+        self.policies = policies
+        self.pacing = pacing
+        self.headroom_s = headroom_s
+        self._rings = tuple(deque(maxlen=p.limit) for p in policies)
+        self._last = float("-inf")
+
+    def next_free(self, now: float) -> float:
+        """The earliest time >= now at which a send keeps every policy."""
+        h = self.headroom_s()
+        t = now
+        for policy, ring in zip(self.policies, self._rings):
+            if len(ring) == policy.limit:
+                t = max(t, ring[0] + policy.window_s + h)
+            if self.pacing == "even":
+                t = max(t, self._last + (policy.window_s + h) / policy.limit)
+        return t
+
+    def record(self, at: float) -> None:
+        """Note a send at `at`; call only when `next_free(at) <= at`."""
+        for ring in self._rings:
+            ring.append(at)
+        self._last = at
+
+    def used(self, now: float) -> tuple[int, int]:
+        """(sends in the current window, limit) for the tightest policy, for display."""
+        policy, ring = self.policies[0], self._rings[0]
+        start = now - policy.window_s
+        return sum(1 for t in ring if t > start), policy.limit
+
+    @property
+    def capacity_tps(self) -> float:
+        return min(p.rate for p in self.policies)

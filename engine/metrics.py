@@ -1,0 +1,128 @@
+"""Counters, a fixed-size latency histogram and per-second series.
+
+Memory stays flat however long a run lasts: latency goes into a histogram of
+fixed size, per-second series are bounded deques, and only the current
+second's latencies are kept as a list.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+from .snapshot import LatencySummary
+
+_FINE_MS = 1000  # below this, buckets of 0.1 ms
+_FINE_BINS = _FINE_MS * 10
+_COARSE_BINS = 6000  # then buckets of 10 ms, up to 61 s
+
+
+class LatencyHistogram:
+    """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s."""
+
+    __slots__ = ("bins", "count", "total", "max")
+
+    def __init__(self):
+        self.bins = [0] * (_FINE_BINS + _COARSE_BINS)
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+
+    def add(self, ms: float) -> None:
+        if ms < _FINE_MS:
+            i = int(ms * 10)
+        else:
+            i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), len(self.bins) - 1)
+        self.bins[max(i, 0)] += 1
+        self.count += 1
+        self.total += ms
+        if ms > self.max:
+            self.max = ms
+
+    def quantiles(self, *qs: float) -> list[float]:
+        """Upper edges of the buckets holding each quantile (in ms)."""
+        if not self.count:
+            return [0.0] * len(qs)
+        wanted = sorted((max(1, int(q * self.count + 0.999999)), k) for k, q in enumerate(qs))
+        out = [0.0] * len(qs)
+        seen, j = 0, 0
+        for i, n in enumerate(self.bins):
+            if not n:
+                continue
+            seen += n
+            while j < len(wanted) and seen >= wanted[j][0]:
+                edge = (i + 1) / 10 if i < _FINE_BINS else _FINE_MS + (i - _FINE_BINS + 1) * 10
+                out[wanted[j][1]] = min(edge, self.max)
+                j += 1
+            if j == len(wanted):
+                break
+        return out
+
+    def summary(self) -> LatencySummary:
+        p50, p90, p99 = self.quantiles(0.5, 0.9, 0.99)
+        mean = self.total / self.count if self.count else 0.0
+        return LatencySummary(mean=mean, p50=p50, p90=p90, p99=p99, max=self.max)
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class Metrics:
+    """Everything counted during a run. Updated by the engine only."""
+
+    def __init__(self, series_len: int = 300):
+        # requests
+        self.generated = self.succeeded = self.expired = self.graveyard = self.shed = 0
+        # attempts
+        self.sent = self.rejected_429 = self.rejected_other = self.failed = self.retried = 0
+        self.failures: Counter[str] = Counter()
+        self.latency = LatencyHistogram()
+        self.tps_series: deque[float] = deque(maxlen=series_len)
+        self.p50_series: deque[float] = deque(maxlen=series_len)
+        self.p99_series: deque[float] = deque(maxlen=series_len)
+        self._second: list[float] = []  # this second's latencies (ms)
+        self._second_ok = 0
+        # queue depth samples
+        self.main_peak = self.dlq_peak = 0
+        self._depth_samples = 0
+        self._main_sum = self._dlq_sum = 0
+
+    def success(self, latency_ms: float) -> None:
+        self.succeeded += 1
+        self._second_ok += 1
+        self.latency.add(latency_ms)
+        self._second.append(latency_ms)
+
+    def fail(self, cause: str) -> None:
+        self.failed += 1
+        self.failures[cause] += 1
+
+    def close_second(self) -> None:
+        """Roll the per-second series; called once a second by the engine."""
+        self.tps_series.append(float(self._second_ok))
+        if self._second:
+            values = sorted(self._second)
+            self.p50_series.append(_pct(values, 0.5))
+            self.p99_series.append(_pct(values, 0.99))
+        else:
+            self.p50_series.append(0.0)
+            self.p99_series.append(0.0)
+        self._second = []
+        self._second_ok = 0
+
+    def sample_depths(self, main: int, dlq: int) -> None:
+        self._depth_samples += 1
+        self._main_sum += main
+        self._dlq_sum += dlq
+        if main > self.main_peak:
+            self.main_peak = main
+        if dlq > self.dlq_peak:
+            self.dlq_peak = dlq
+
+    @property
+    def main_avg(self) -> float:
+        return self._main_sum / self._depth_samples if self._depth_samples else 0.0
+
+    @property
+    def dlq_avg(self) -> float:
+        return self._dlq_sum / self._depth_samples if self._depth_samples else 0.0

@@ -1,0 +1,182 @@
+"""Main queue, dead-letter queue and graveyard.
+
+Retries (DLQ) are served ahead of fresh work once their backoff has passed.
+Workers wait on the queues without polling: a getter is a future, woken by a
+put or by one timer armed for the earliest retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+from collections import deque
+from pathlib import Path
+
+from .request import Request
+
+
+class WorkQueues:
+    """Fresh work (FIFO) and retries (a heap by eligible time), with waiting getters."""
+
+    __slots__ = ("main", "dlq", "_getters", "_timer", "_space", "_space_limit", "_loop")
+
+    def __init__(self):
+        self.main: deque[Request] = deque()
+        self.dlq: list[Request] = []
+        self._getters: deque[asyncio.Future] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._space: asyncio.Event | None = None
+        self._space_limit = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self.main) + len(self.dlq)
+
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    # -- putting
+    def put(self, req: Request) -> None:
+        self.main.append(req)
+        self._wake()
+
+    def put_front(self, req: Request) -> None:
+        """Give back a request taken but not sent (a key was paused meanwhile)."""
+        if req.attempts:
+            heapq.heappush(self.dlq, req)
+        else:
+            self.main.appendleft(req)
+        self._wake()
+
+    def retry(self, req: Request) -> None:
+        """Queue a retry; it is served ahead of fresh work from `req.eligible_at` on."""
+        heapq.heappush(self.dlq, req)
+        if self._getters and self.dlq[0] is req:
+            self._arm()
+
+    # -- taking
+    def pop_ready(self, now: float) -> Request | None:
+        """The next request to send: an eligible retry first, else fresh work."""
+        if self.dlq and self.dlq[0].eligible_at <= now:
+            req = heapq.heappop(self.dlq)
+        elif self.main:
+            req = self.main.popleft()
+        else:
+            return None
+        if self._space is not None and len(self.main) < self._space_limit:
+            self._space.set()
+        return req
+
+    def add_getter(self, fut: asyncio.Future) -> None:
+        """Register a future to be resolved when work may be ready.
+
+        Call only right after `pop_ready` returned None; a getter whose future
+        is already done (poked elsewhere) is skipped when waking.
+        """
+        self._arm()
+        self._getters.append(fut)
+
+    def pass_on(self) -> None:
+        """A woken getter could not take the work: wake the next one instead."""
+        self._wake()
+
+    def wake_all(self) -> None:
+        while self._getters:
+            fut = self._getters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def _wake(self) -> None:
+        while self._getters:
+            fut = self._getters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _arm(self) -> None:
+        """One timer for the earliest retry, so a waiting getter wakes when it is due."""
+        if not self.dlq:
+            return
+        when = self.dlq[0].eligible_at
+        loop = self._get_loop()
+        if self._timer is not None:
+            if self._timer.when() <= when and not self._timer.cancelled():
+                return
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._wake()
+        if self.dlq and self._getters:
+            self._arm()
+
+    # -- backpressure
+    async def wait_space(self, limit: int) -> None:
+        """Wait until the main queue holds fewer than `limit` requests."""
+        while len(self.main) >= limit:
+            if self._space is None:
+                self._space = asyncio.Event()
+            self._space.clear()
+            self._space_limit = limit
+            await self._space.wait()
+
+    def release_space(self) -> None:
+        """Let a waiting generator go (backpressure switched off, or stopping)."""
+        if self._space is not None:
+            self._space_limit = 1 << 62
+            self._space.set()
+
+    def drain_expired(self, now: float) -> list[Request]:
+        """Remove and return every queued request whose deadline has passed.
+
+        The main queue is in creation order and every request has the same
+        TTL, so its expired requests are at the head: O(expired), not O(queue).
+        """
+        main, dead = self.main, []
+        while main and main[0].deadline <= now:
+            dead.append(main.popleft())
+        if dead and self._space is not None and len(main) < self._space_limit:
+            self._space.set()
+        dead_dlq = [r for r in self.dlq if r.deadline <= now]
+        if dead_dlq:
+            self.dlq = [r for r in self.dlq if r.deadline > now]
+            heapq.heapify(self.dlq)
+        return dead + dead_dlq if dead_dlq else dead
+
+
+class Graveyard:
+    """Requests that used up their attempts, kept as JSONL lines for analysis."""
+
+    __slots__ = ("path", "count", "_lines")
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.count = 0
+        self._lines: list[str] = []
+
+    def add(self, req: Request, now: float, wall_offset: float) -> None:
+        self.count += 1
+        self._lines.append(json.dumps({
+            "id": req.id,
+            "attempts": req.attempts,
+            "last_status": req.last_status,
+            "last_error": req.last_error,
+            "created_at": round(req.created_at + wall_offset, 3),
+            "buried_at": round(now + wall_offset, 3),
+        }))
+
+    def flush(self) -> str | None:
+        """Append pending lines to the file; returns an error text instead of raising."""
+        if not self.path or not self._lines:
+            return None
+        try:
+            with Path(self.path).open("a", encoding="utf-8") as fh:
+                fh.write("\n".join(self._lines) + "\n")
+        except OSError as exc:
+            return f"cannot write graveyard {self.path}: {exc.strerror or exc}"
+        self._lines.clear()
+        return None

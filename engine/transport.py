@@ -1,0 +1,90 @@
+"""Sending one attempt. The engine talks to a `Transport`; HTTP is one of them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+from urllib.parse import quote
+
+import aiohttp
+
+from .config import KeySpec, TargetConfig
+from .outcome import CONNECTION, TIMEOUT, Outcome, classify, parse_retry_after
+from .request import Request
+
+
+class Transport(Protocol):
+    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble."""
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome: ...
+
+    async def close(self) -> None: ...
+
+
+class HttpTransport:
+    """aiohttp, one keep-alive session, the key in a parameter or a header.
+
+    Error texts are built from the exception type and never include the URL,
+    because the URL may carry the key.
+    """
+
+    def __init__(self, target: TargetConfig, url: str, max_connections: int):
+        self.target = target
+        self.url = url
+        self._session: aiohttp.ClientSession | None = None
+        self._max_connections = max_connections
+        self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                         ttl_dns_cache=300, enable_cleanup_closed=False)
+        timeout = aiohttp.ClientTimeout(total=self.target.timeout_s)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                              skip_auto_headers=("User-Agent",))
+        return self._session
+
+    def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
+        t = self.target
+        fields: list[tuple[str, str]] = []
+        if t.key_param and not t.key_header:
+            fields.append((t.key_param, key.secret))
+        if t.nonce_param and nonce is not None:
+            fields.append((t.nonce_param, str(nonce)))
+        if t.id_param:
+            fields.append((t.id_param, str(req.id)))
+        if req.params:
+            fields.extend((str(k), str(v)) for k, v in req.params.items())
+        return fields
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+        session = self._session or self._open()
+        t = self.target
+        fields = self._fields(key, req, nonce)
+        headers = {t.key_header: key.secret} if t.key_header else None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            if t.method == "GET":
+                query = "&".join(f"{k}={quote(v, safe='')}" for k, v in fields)
+                if self._static:
+                    query = f"{query}&{self._static}" if query else self._static
+                url = f"{self.url}?{query}" if query else self.url
+                ctx = session.get(url, headers=headers)
+            else:
+                data = dict(fields) | dict(t.params)
+                ctx = session.post(self.url, data=data, headers=headers)
+            async with ctx as resp:
+                body = await resp.text()
+                status = resp.status
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        except asyncio.TimeoutError:
+            return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
+        except (aiohttp.ClientError, OSError) as exc:
+            return Outcome(CONNECTION, latency_s=loop.time() - start, error=type(exc).__name__)
+        return Outcome(classify(status, body), status, retry_after, loop.time() - start,
+                       None if status < 400 else body[:200].replace(key.secret, "…"))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,133 @@
+"""One worker per API key: waits for a slot, takes work, keeps several in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from .config import KeySpec
+from .gate import CooldownGate
+from .limiter import WindowLimiter
+from .masking import mask_secret
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class KeyWorker:
+    """Sends requests for one key as fast as its limiter allows.
+
+    The loop checks, in order: paused or blocked, cooldown gates, the
+    in-flight cap, the limiter's next free slot, and only then takes a
+    request, so a request is never held while the key cannot send it. Every
+    wait is a single future woken by a timer or by `poke()`; nothing polls.
+    """
+
+    def __init__(self, engine: "Engine", spec: KeySpec, limiter: WindowLimiter,
+                 gates: tuple[CooldownGate, ...], max_in_flight: int, use_nonce: bool):
+        self.engine = engine
+        self.spec = spec
+        self.label = spec.label
+        self.masked = mask_secret(spec.secret)
+        self.limiter = limiter
+        self.gates = gates
+        self.max_in_flight = max_in_flight
+        self.use_nonce = use_nonce
+        self.paused = False
+        self.blocked = False
+        self.in_flight = 0
+        self.sent = self.succeeded = self.rejected_429 = 0
+        self.last_latency_ms: float | None = None
+        self._nonce = 0
+        self._waiter: asyncio.Future | None = None
+
+    # -- waking
+    def poke(self) -> None:
+        """Wake the worker from whatever it waits for, so it re-checks its state."""
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, until: float | None = None) -> None:
+        loop = self.engine.loop
+        fut = loop.create_future()
+        self._waiter = fut
+        handle = loop.call_at(until, _wake, fut) if until is not None else None
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle is not None:
+                handle.cancel()
+
+    def next_nonce(self) -> int:
+        """Strictly increasing per key, and above any earlier run's (epoch ms based)."""
+        self._nonce = max(self._nonce + 1, int(time.time() * 1000))
+        return self._nonce
+
+    def gate_open_at(self) -> float:
+        return max(g.open_at for g in self.gates)
+
+    # -- the loop
+    async def run(self) -> None:
+        engine = self.engine
+        loop = engine.loop
+        queues = engine.queues
+        woken_for_work = False
+        while not engine.stopping:
+            now = loop.time()
+            if self.paused or self.blocked:
+                blocker = "paused"
+            elif self.gate_open_at() > now:
+                blocker = "gate"
+            elif self.in_flight >= self.max_in_flight:
+                blocker = "full"
+            elif self.limiter.next_free(now) > now:
+                blocker = "slot"
+            else:
+                blocker = None
+            if blocker is not None:
+                if woken_for_work:
+                    queues.pass_on()  # the work we were woken for goes to another key
+                    woken_for_work = False
+                if blocker == "gate":
+                    await self._wait(self.gate_open_at())
+                elif blocker == "slot":
+                    await self._wait(self.limiter.next_free(now))
+                else:
+                    await self._wait()
+                continue
+            req = queues.pop_ready(now)
+            if req is None:
+                woken_for_work = False
+                await self._wait_for_work()
+                woken_for_work = True
+                continue
+            woken_for_work = False
+            if req.deadline <= now:
+                engine.expire(req)
+                continue
+            self.limiter.record(now)
+            self.in_flight += 1
+            self.sent += 1
+            engine.launch(self, req, self.next_nonce() if self.use_nonce else None)
+
+    async def _wait_for_work(self) -> None:
+        # The waiter future doubles as the queue's getter: a put wakes it, and
+        # so does poke() (pause, stop), with no extra task per wait.
+        fut = self.engine.loop.create_future()
+        self._waiter = fut
+        self.engine.queues.add_getter(fut)
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def window_fill(self, now: float) -> tuple[int, int]:
+        return self.limiter.used(now)
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

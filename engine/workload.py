@@ -1,0 +1,121 @@
+"""Where requests come from: a generator at an arrival rate, or a JSONL file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from .config import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class Workload:
+    """Produces requests at `rate` per second (constant spacing or Poisson).
+
+    With backpressure on it waits while the main queue is full, so nothing is
+    dropped; with it off the queue grows and TTLs expire. `items` (from a
+    file) supplies per-request parameters; `total` caps the count. When
+    either runs out, `exhausted` becomes true.
+    """
+
+    def __init__(self, rate: float, *, poisson: bool = False, total: int | None = None,
+                 items: Iterator[dict] | None = None, rng: random.Random | None = None):
+        self.rate = float(rate)
+        self.poisson = poisson
+        self.total = total
+        self.items = items
+        self.rng = rng or random.Random()
+        self.exhausted = False
+        self._waiter: asyncio.Future | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, rng: random.Random) -> "Workload":
+        w = cfg.workload
+        items = read_jsonl(w.file) if w.file else None
+        return cls(cfg.arrival_rate, poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
+
+    def set_rate(self, rate: float) -> None:
+        self.rate = float(rate)
+        self.poke()
+
+    def poke(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+        fut = loop.create_future()
+        self._waiter = fut
+        handle = loop.call_at(until, _wake, fut) if until is not None else None
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle:
+                handle.cancel()
+
+    async def run(self, engine: "Engine") -> None:
+        loop = engine.loop
+        queues = engine.queues
+        made = 0
+        next_t = loop.time()
+        while not engine.stopping:
+            if self.total is not None and made >= self.total:
+                break
+            if self.rate <= 0:
+                await self._sleep(loop, None)
+                next_t = loop.time()
+                continue
+            if engine.backpressure and len(queues.main) >= engine.queue_max:
+                await queues.wait_space(engine.queue_max)
+                continue
+            now = loop.time()
+            if next_t > now:
+                await self._sleep(loop, next_t)
+                continue
+            params = None
+            if self.items is not None:
+                params = next(self.items, None)
+                if params is None:
+                    break
+            engine.submit(engine.new_request(params))
+            made += 1
+            gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+            # After a stall (backpressure, rate 0) do not burst to catch up.
+            next_t = max(next_t + gap, now - 0.05)
+        self.exhausted = True
+        engine._check_finished()
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def read_jsonl(path: str) -> Iterator[dict]:
+    """Check a JSONL workload file up front, then yield its objects one by one.
+
+    Every line must be a JSON object (its fields become request parameters);
+    a bad line is reported with its number before the run starts.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), "workload.file", f"cannot read: {exc}") from None
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(str(p), f"line {n}", f"not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(str(p), f"line {n}", "must be a JSON object of request parameters")
+        items.append(obj)
+    return iter(items)

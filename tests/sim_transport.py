@@ -1,0 +1,51 @@
+"""An in-memory transport that plays the simulator's rules on the virtual clock.
+
+Each attempt sleeps a random incoming delay, is judged by
+`ratedeck.server.rules.RateRules` at that (virtual) instant, then sleeps the
+outgoing delay, exactly like the HTTP simulator but without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+from ratedeck.engine.outcome import Outcome, classify, parse_retry_after
+from ratedeck.server.rules import RateRules
+
+
+class SimTransport:
+    def __init__(self, settings, *, seed: int = 1, extra_in_ms: tuple[float, float] = (0, 0),
+                 fail_every: int = 0):
+        self.rules = RateRules(settings)
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self.extra_in_ms = extra_in_ms
+        self.fail_every = fail_every  # every Nth attempt is lost as a timeout (fault injection)
+        self.attempts = 0
+        self.nonces: dict[str, list[int]] = {}
+
+    async def send(self, key, req, nonce):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self.attempts += 1
+        lo, hi = self.settings.latency_in_ms
+        d_in = self.rng.randint(lo, hi) + self.rng.uniform(*self.extra_in_ms)
+        if d_in:
+            await asyncio.sleep(d_in / 1000)
+        if self.fail_every and self.attempts % self.fail_every == 0:
+            await asyncio.sleep(0.2)
+            return Outcome("timeout", latency_s=loop.time() - start, error="timed out")
+        decision = self.rules.decide(key.secret, nonce, loop.time() * 1000, req.id)
+        lo, hi = self.settings.latency_out_ms
+        d_out = self.rng.randint(lo, hi)
+        if d_out:
+            await asyncio.sleep(d_out / 1000)
+        body = json.dumps(decision.body)
+        return Outcome(classify(decision.status, body), decision.status,
+                       parse_retry_after(decision.headers.get("Retry-After")),
+                       loop.time() - start)
+
+    async def close(self):
+        pass
