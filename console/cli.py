@@ -1,2 +1,197 @@
-def main():
-    print("hi")
+"""The `ratedeck` command: console (default), headless run, simulator, bench, sweep."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from ratedeck.engine.config import ConfigError, RunConfig, load_config, to_toml_dict
+
+SUBCOMMANDS = ("serve", "bench", "sweep")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ratedeck",
+        description="Push work through rate-limited HTTP APIs as fast as the limits allow, and never faster. "
+                    "With no target, ratedeck starts its simulator in-process (seed mode).",
+        epilog="Other commands: 'ratedeck serve' (the simulator), 'ratedeck bench' (benchmarks), "
+               "'ratedeck sweep' (goodput against arrival rate). Each takes --help.",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    p.add_argument("--preset", metavar="NAME", help="built-in settings; 'seed' matches the seed server")
+    p.add_argument("--target", metavar="URL", help="endpoint to call (default: the embedded simulator)")
+    p.add_argument("--method", choices=("GET", "POST"), help="HTTP method (default GET)")
+    p.add_argument("--keys", metavar="KEYS", help="API keys: k1,k2,...  or @FILE (one per line) or env:VAR")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--key-header", metavar="NAME", help="send the key in this header")
+    g.add_argument("--key-param", metavar="NAME", help="send the key in this query/form parameter")
+    p.add_argument("--limit", metavar="N/W", action="append",
+                   help="per-key limit like 20/1s; repeat for several (all must hold)")
+    p.add_argument("--in-flight", type=int, metavar="N", help="requests in flight per key")
+    p.add_argument("--rate", type=float, metavar="R", help="arrival rate in requests/s (default: capacity)")
+    p.add_argument("--poisson", action="store_true", help="Poisson arrivals instead of evenly spaced")
+    p.add_argument("--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)")
+    p.add_argument("--total", type=int, metavar="N", help="stop generating after N requests")
+    p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
+    p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
+    p.add_argument("--ttl", type=float, metavar="S", help="request time-to-live in seconds")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--report", metavar="FILE", help="write the JSON report here at the end")
+    p.add_argument("--graveyard", metavar="FILE", help="JSONL file for requests that used up their attempts")
+    p.add_argument("--plot", action="store_true", help="print TPS and latency charts at the end (headless)")
+    p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
+    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="headless metrics every S seconds")
+    p.add_argument("--theme", metavar="NAME", help="console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast)")
+    p.add_argument("--seed", type=int, metavar="N", help="random seed for jitter and arrivals")
+    p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
+    return p
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags as a config dict that `load_config` merges over the file."""
+    o: dict[str, dict[str, Any]] = {"target": {}, "keys": {}, "engine": {}, "workload": {}, "run": {}, "console": {}}
+    if args.target:
+        o["target"]["url"] = args.target
+    if args.method:
+        o["target"]["method"] = args.method
+    if args.key_header:
+        o["target"]["key_header"] = args.key_header
+        o["target"]["key_param"] = ""
+    if args.key_param:
+        o["target"]["key_param"] = args.key_param
+        o["target"]["key_header"] = ""
+    if args.keys:
+        o["keys"]["secrets"] = [args.keys] if args.keys.startswith(("@", "env:")) else [
+            k for k in args.keys.split(",") if k.strip()]
+    if args.limit:
+        o["keys"]["limits"] = args.limit
+    if args.in_flight is not None:
+        o["engine"]["in_flight_per_key"] = args.in_flight
+    if args.headroom is not None:
+        o["engine"]["headroom"] = args.headroom if args.headroom == "adaptive" else _number("--headroom", args.headroom)
+    if args.no_backpressure:
+        o["engine"]["backpressure"] = False
+    if args.ttl is not None:
+        o["engine"]["ttl_s"] = args.ttl
+    if args.graveyard is not None:
+        o["engine"]["graveyard_path"] = args.graveyard
+    if args.rate is not None:
+        o["workload"]["rate"] = args.rate
+    if args.poisson:
+        o["workload"]["arrival"] = "poisson"
+    if args.workload:
+        o["workload"]["file"] = args.workload
+    if args.total is not None:
+        o["workload"]["total"] = args.total
+    if args.duration is not None:
+        o["run"]["duration_s"] = args.duration
+    if args.report:
+        o["run"]["report"] = args.report
+    if args.plot:
+        o["run"]["plot"] = True
+    if args.seed is not None:
+        o["run"]["seed"] = args.seed
+    if args.theme:
+        o["console"]["theme"] = args.theme
+    return {k: v for k, v in o.items() if v}
+
+
+def _number(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError("command line", flag, f"must be a number of ms or 'adaptive', got {text!r}") from None
+
+
+def fail(message: str) -> int:
+    print(f"ratedeck: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.preset, overrides_from_args(args))
+    except ConfigError as exc:
+        return fail(str(exc))
+    if args.save_config:
+        return save_config(cfg, args.save_config)
+    if args.interval <= 0:
+        return fail("--interval: must be above 0 seconds")
+    if args.no_ui:
+        from .headless import run_headless
+
+        try:
+            return asyncio.run(run_headless(cfg, interval_s=args.interval))
+        except KeyboardInterrupt:  # a second Ctrl-C during the drain
+            return 130
+    return run_console(cfg)
+
+
+def save_config(cfg: RunConfig, path: str) -> int:
+    import tomli_w
+
+    try:
+        Path(path).write_text(tomli_w.dumps(to_toml_dict(cfg)), encoding="utf-8")
+    except OSError as exc:
+        return fail(f"{path}: cannot write: {exc.strerror or exc}")
+    print(f"ratedeck: wrote the effective config to {path} (load it with --config {path})")
+    return 0
+
+
+def run_console(cfg: RunConfig) -> int:
+    """The Textual console on the run's engine, which runs in its own thread."""
+    from ratedeck.engine.report import write_report
+    from ratedeck.engine.runtime import ThreadHost
+
+    from .app import RatedeckApp
+    from .headless import summary_lines
+
+    host = ThreadHost(cfg)
+    try:
+        host.start()
+    except ConfigError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"cannot start: {exc}")
+    app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None)
+    try:
+        final = app.run()
+    finally:
+        final_snap = host.stop_blocking()
+    final = final or final_snap
+    for line in summary_lines(final):
+        print(line)
+    if cfg.report:
+        problem = write_report(final, cfg.report)
+        if problem:
+            return fail(problem)
+        print(f"report written to {cfg.report}")
+    return 0
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "serve":
+        from ratedeck.server.serve import add_serve_arguments, run_serve
+
+        p = argparse.ArgumentParser(prog="ratedeck serve", description="Run the simulated rate-limited API.")
+        add_serve_arguments(p)
+        return run_serve(p.parse_args(argv))
+    if name == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv)
+    from .sweep import main as sweep_main
+
+    return sweep_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
