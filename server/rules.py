@@ -1,0 +1,353 @@
+"""The simulated API's decisions, free of I/O: every call is told what time it is.
+
+`RateRules.decide` answers one request the way the server would, so the engine's
+tests can drive it with a fake clock and the aiohttp app stays a thin shell.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratedeck.engine.masking import mask_secret
+from ratedeck.engine.policy import Policy, format_policy
+
+from .audit import WindowAudit
+from .settings import ServerSettings
+from .window import SlotRing
+
+MSG_INVALID_KEY = "invalid api key"
+MSG_BLOCKED = "too many rate limit errors: blocked"
+MSG_RATE_LIMIT = "exceeded rate limit"
+MSG_HOST_LIMIT = "exceeded host rate limit"
+MSG_INVALID_NONCE = "invalid nonce"
+MSG_UNAVAILABLE = "service unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One answer: HTTP status, JSON body, extra headers and a short outcome label.
+
+    `outcome` is one of "ok", "invalid_key", "blocked", "rate_limited",
+    "cooldown", "host_limited", "invalid_nonce", "fault".
+    """
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    outcome: str = "ok"
+
+
+class KeyState:
+    """Everything the server remembers about one API key, counters included.
+
+    `accepted` counts requests that spent a rate-limit slot (answered 200, or 400
+    for a bad nonce, or 503 by fault injection); `ok` counts the 200s only.
+    `strikes` are the rejections that count toward blocking.
+    """
+
+    __slots__ = (
+        "index", "key", "rings", "audits", "last_nonce", "strikes",
+        "cooldown_until_ms", "cooldown_s", "requests", "ok", "accepted",
+        "rejected_429", "rejected_host", "rejected_nonce", "blocked_answers",
+        "faults", "requests_during_cooldown", "escalations",
+    )
+
+    def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
+        self.index = index
+        self.key = key
+        self.rings = [SlotRing(p) for p in policies]
+        self.audits = [WindowAudit(p) for p in policies]
+        self.last_nonce = 0  # the seed server starts here, so a nonce must be >= 1
+        self.strikes = 0
+        self.cooldown_until_ms = -math.inf
+        self.cooldown_s = 0.0
+        self.requests = 0
+        self.ok = 0
+        self.accepted = 0
+        self.rejected_429 = 0
+        self.rejected_host = 0
+        self.rejected_nonce = 0
+        self.blocked_answers = 0
+        self.faults = 0
+        self.requests_during_cooldown = 0
+        self.escalations = 0
+
+
+class HostState:
+    """The limits and counters every key shares."""
+
+    __slots__ = ("rings", "audits", "accepted", "rejected_429", "unknown_key")
+
+    def __init__(self, policies: tuple[Policy, ...]) -> None:
+        self.rings = [SlotRing(p) for p in policies]
+        self.audits = [WindowAudit(p) for p in policies]
+        self.accepted = 0
+        self.rejected_429 = 0
+        self.unknown_key = 0
+
+
+class RateRules:
+    """Decides each request from the settings and the time it is given.
+
+    Order of checks, as in the seed's server: unknown key (401), blocked key
+    (429), then the escalation cooldown, the per-key limits, the host limits
+    (429), then the slot is spent, then the nonce (400), then fault injection
+    (503), else 200. Host-limit rejections do not count toward blocking or
+    escalation: they are the host's budget, not the key's.
+    """
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        seed = settings.seed
+        # Offset from the app's latency stream so the two do not mirror each other.
+        self._rng = random.Random(None if seed is None else seed + 1)
+        self._policy_header = _policy_header(settings)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every stamp, nonce, block and counter (settings stay)."""
+        policies = self.settings.policies
+        self._states = {
+            key: KeyState(i, key, policies) for i, key in enumerate(self.settings.keys)
+        }
+        self._host = HostState(self.settings.host_policies)
+
+    def is_known(self, api_key: str | None) -> bool:
+        """True if `api_key` is one of the valid keys."""
+        return api_key in self._states
+
+    def decide(
+        self, api_key: str | None, nonce: Any, now_ms: float, req_id: Any = None
+    ) -> Decision:
+        """Answer one request that the server timestamps at `now_ms`.
+
+        `nonce` may be an int or the raw query string; anything that is not an
+        integer above the key's last accepted nonce is an invalid nonce (when
+        nonces are required). `req_id` is echoed in the success body.
+        """
+        state = self._states.get(api_key)  # type: ignore[arg-type]
+        if state is None:
+            self._host.unknown_key += 1
+            return Decision(401, _error(MSG_INVALID_KEY), {}, "invalid_key")
+        settings = self.settings
+        if settings.whole_ms_stamps:
+            now_ms = math.floor(now_ms)
+        state.requests += 1
+
+        if settings.block_after and state.strikes >= settings.block_after:
+            state.blocked_answers += 1
+            return Decision(429, _error(MSG_BLOCKED), {}, "blocked")
+
+        if settings.escalation and now_ms < state.cooldown_until_ms:
+            state.requests_during_cooldown += 1
+            state.escalations += 1
+            state.cooldown_s = min(settings.escalation_cap_s, state.cooldown_s * 2)
+            state.cooldown_until_ms = now_ms + state.cooldown_s * 1000.0
+            return self._reject_key(state, now_ms, state.cooldown_s * 1000.0, "cooldown")
+
+        wait_ms = _wait_for_room(state.rings, now_ms)
+        if wait_ms is not None:
+            if settings.escalation:
+                state.cooldown_s = settings.escalation_base_s
+                state.cooldown_until_ms = now_ms + state.cooldown_s * 1000.0
+                wait_ms = max(wait_ms, state.cooldown_s * 1000.0)
+            return self._reject_key(state, now_ms, wait_ms, "rate_limited")
+
+        host = self._host
+        if host.rings:
+            wait_ms = _wait_for_room(host.rings, now_ms)
+            if wait_ms is not None:
+                state.rejected_host += 1
+                host.rejected_429 += 1
+                return Decision(
+                    429, _error(MSG_HOST_LIMIT), self._headers(state, now_ms, wait_ms),
+                    "host_limited",
+                )
+
+        self._spend(state, now_ms)
+
+        if settings.nonce:
+            value = _as_int(nonce)
+            if value is None or value <= state.last_nonce:
+                state.rejected_nonce += 1
+                return Decision(
+                    400, _error(MSG_INVALID_NONCE), self._headers(state, now_ms, None),
+                    "invalid_nonce",
+                )
+            state.last_nonce = value
+
+        if settings.error_rate and self._rng.random() < settings.error_rate:
+            state.faults += 1
+            return Decision(
+                503, _error(MSG_UNAVAILABLE), self._headers(state, now_ms, 1000.0), "fault"
+            )
+
+        state.ok += 1
+        return Decision(200, {"status": "OK", "req_id": req_id}, self._headers(state, now_ms, None))
+
+    def _spend(self, state: KeyState, now_ms: float) -> None:
+        """Take a slot in every per-key and host ring, and tell the audits."""
+        for ring in state.rings:
+            ring.take(now_ms)
+        for audit in state.audits:
+            audit.record(now_ms)
+        host = self._host
+        for ring in host.rings:
+            ring.take(now_ms)
+        for audit in host.audits:
+            audit.record(now_ms)
+        state.accepted += 1
+        host.accepted += 1
+
+    def _reject_key(self, state: KeyState, now_ms: float, wait_ms: float, outcome: str) -> Decision:
+        """A 429 that the key earned: it counts toward the block."""
+        state.strikes += 1
+        state.rejected_429 += 1
+        return Decision(429, _error(MSG_RATE_LIMIT), self._headers(state, now_ms, wait_ms), outcome)
+
+    def _headers(self, state: KeyState, now_ms: float, retry_ms: float | None) -> dict[str, str]:
+        """Retry-After and RateLimit headers, as far as the settings ask for them."""
+        settings = self.settings
+        headers: dict[str, str] = {}
+        if retry_ms is not None and settings.retry_after:
+            # Retry-After is whole seconds (RFC 9110); round up so it is never early.
+            headers["Retry-After"] = str(max(1, math.ceil(retry_ms / 1000.0)))
+        if settings.ratelimit_headers:
+            headers.update(self._limit_headers(state, now_ms))
+        return headers
+
+    def _limit_headers(self, state: KeyState, now_ms: float) -> dict[str, str]:
+        # Report the tightest policy: fewest free slots, then the longest wait.
+        best: tuple[int, float, SlotRing, bool] | None = None
+        candidates = [(r, False) for r in state.rings] + [(r, True) for r in self._host.rings]
+        for ring, is_host in candidates:
+            remaining = ring.remaining(now_ms)
+            reset_ms = _next_restore_ms(ring, remaining, now_ms)
+            if best is None or (remaining, -reset_ms) < (best[0], -best[1]):
+                best = (remaining, reset_ms, ring, is_host)
+        assert best is not None  # settings guarantee at least one per-key policy
+        remaining, reset_ms, ring, is_host = best
+        name = _policy_name(ring, is_host)
+        return {
+            "RateLimit-Policy": self._policy_header,
+            "RateLimit": f'"{name}";r={remaining};t={math.ceil(reset_ms / 1000.0)}',
+            "X-RateLimit-Limit": str(ring.limit),
+            "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": f"{reset_ms / 1000.0:.3f}",
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and the audit, JSON-ready. Keys appear masked, with their index."""
+        block_after = self.settings.block_after
+        keys = [_key_stats(state, block_after) for state in self._states.values()]
+        host = self._host
+        counters = (
+            "requests", "ok", "accepted", "rejected_429", "rejected_host", "rejected_nonce",
+            "blocked_answers", "faults", "requests_during_cooldown", "escalations",
+        )
+        totals = {name: sum(row[name] for row in keys) for name in counters}
+        host_audit = [_audit_row(a) for a in host.audits]
+        audit_ok = all(a.ok for a in host.audits) and all(
+            a.ok for state in self._states.values() for a in state.audits
+        )
+        return {
+            "mode": self.settings.mode,
+            "policies": [format_policy(p) for p in self.settings.policies],
+            "host_policies": [format_policy(p) for p in self.settings.host_policies],
+            "audit_ok": audit_ok,
+            "totals": totals,
+            "host": {
+                "accepted": host.accepted,
+                "rejected_429": host.rejected_429,
+                "unknown_key": host.unknown_key,
+                "max_in_window": host_audit,
+            },
+            "keys": keys,
+        }
+
+
+def _error(message: str) -> dict[str, str]:
+    return {"status": "error", "error_msg": message}
+
+
+def _wait_for_room(rings: list[SlotRing], now_ms: float) -> float | None:
+    """None if every ring has room (all-or-nothing), else the longest wait in ms."""
+    wait: float | None = None
+    for ring in rings:
+        if not ring.has_room(now_ms):
+            ring_wait = ring.wait_ms(now_ms)
+            wait = ring_wait if wait is None else max(wait, ring_wait)
+    return wait
+
+
+def _as_int(value: Any) -> int | None:
+    """The nonce as an int, or None if it is not a whole number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _next_restore_ms(ring: SlotRing, remaining: int, now_ms: float) -> float:
+    """Milliseconds until one more slot frees: when the oldest in-window stamp leaves."""
+    if remaining >= ring.limit:
+        return 0.0
+    oldest_in_window = ring.stamps[(ring.index + remaining) % ring.limit]
+    return max(0.0, oldest_in_window + ring.window_ms - now_ms)
+
+
+def _policy_name(ring: SlotRing, is_host: bool) -> str:
+    name = format_policy(ring.policy)
+    return f"host {name}" if is_host else name
+
+
+def _policy_header(settings: ServerSettings) -> str:
+    """RateLimit-Policy (IETF draft): one item per policy, quota q and window w seconds."""
+    items = []
+    for policy in settings.policies:
+        items.append(f'"{format_policy(policy)}";q={policy.limit};w={_seconds(policy.window_s)}')
+    for policy in settings.host_policies:
+        items.append(
+            f'"host {format_policy(policy)}";q={policy.limit};w={_seconds(policy.window_s)}'
+        )
+    return ", ".join(items)
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}".rstrip("0")
+
+
+def _audit_row(audit: WindowAudit) -> dict[str, Any]:
+    return {
+        "policy": format_policy(audit.policy),
+        "limit": audit.policy.limit,
+        "max_in_window": audit.max_in_window,
+    }
+
+
+def _key_stats(state: KeyState, block_after: int) -> dict[str, Any]:
+    return {
+        "index": state.index,
+        "key": mask_secret(state.key),
+        "requests": state.requests,
+        "ok": state.ok,
+        "accepted": state.accepted,
+        "rejected_429": state.rejected_429,
+        "rejected_host": state.rejected_host,
+        "rejected_nonce": state.rejected_nonce,
+        "blocked": bool(block_after) and state.strikes >= block_after,
+        "blocked_answers": state.blocked_answers,
+        "faults": state.faults,
+        "requests_during_cooldown": state.requests_during_cooldown,
+        "escalations": state.escalations,
+        "max_in_window": [_audit_row(a) for a in state.audits],
+    }

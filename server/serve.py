@@ -1,0 +1,237 @@
+"""`ratedeck serve`: run the simulated API in the foreground until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import tomllib
+from dataclasses import replace
+from typing import Any, Callable
+
+from ratedeck.engine.policy import parse_policy
+
+from .app import start_server
+from .settings import SEED_KEYS, ServerSettings, generated_keys, seed_settings, standard_settings
+
+EXIT_USAGE = 2
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the `serve` options to `parser`; values are checked later by `run_serve`."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", default="9999", help="port to listen on (0 picks a free one)")
+    parser.add_argument(
+        "--mode", default="seed", help="seed (like the seed's original server) or standard"
+    )
+    parser.add_argument("--config", help="TOML file with server settings; options override it")
+    parser.add_argument(
+        "--keys", help="how many keys (N) or a comma-separated list of keys"
+    )
+    parser.add_argument(
+        "--limit", action="append", metavar="N/W", help="per-key limit like 20/1s (repeatable)"
+    )
+    parser.add_argument(
+        "--host-limit", action="append", metavar="N/W",
+        help="limit shared by all keys, like 500/1s (repeatable)",
+    )
+    parser.add_argument(
+        "--latency", metavar="LOW:HIGH", help="simulated ms each way, like 0:50 or 0"
+    )
+    parser.add_argument(
+        "--retry-after", action=argparse.BooleanOptionalAction, default=None,
+        help="send Retry-After on 429 and 503",
+    )
+    parser.add_argument(
+        "--ratelimit-headers", action=argparse.BooleanOptionalAction, default=None,
+        help="send RateLimit-Policy, RateLimit and X-RateLimit-* headers",
+    )
+    parser.add_argument(
+        "--escalation", action=argparse.BooleanOptionalAction, default=None,
+        help="a rejected key cools down; retrying during the cooldown doubles it",
+    )
+    parser.add_argument(
+        "--nonce", action=argparse.BooleanOptionalAction, default=None,
+        help="require a strictly increasing integer nonce per key",
+    )
+    parser.add_argument("--block-after", metavar="N", help="block a key after N rejections (0 never)")
+    parser.add_argument("--error-rate", metavar="F", help="fraction of accepted requests answered 503")
+    parser.add_argument("--seed", metavar="N", help="seed for the latency and fault draws")
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """The settings the options describe; raises ValueError with a message naming the option."""
+    base = _base_settings(args)
+    changes: dict[str, Any] = {}
+    if args.keys is not None:
+        changes["keys"] = _parse_keys(args.keys, base.mode)
+    if args.limit:
+        changes["policies"] = tuple(_option("--limit", parse_policy, v) for v in args.limit)
+    if args.host_limit:
+        changes["host_policies"] = tuple(
+            _option("--host-limit", parse_policy, v) for v in args.host_limit
+        )
+    if args.latency is not None:
+        latency = _option("--latency", _parse_latency, args.latency)
+        changes["latency_in_ms"] = changes["latency_out_ms"] = latency
+    for name in ("retry_after", "ratelimit_headers", "escalation", "nonce"):
+        value = getattr(args, name)
+        if value is not None:
+            changes[name] = value
+    if args.block_after is not None:
+        changes["block_after"] = _option("--block-after", _parse_count, args.block_after)
+    if args.error_rate is not None:
+        changes["error_rate"] = _option("--error-rate", _parse_fraction, args.error_rate)
+    if args.seed is not None:
+        changes["seed"] = _option("--seed", int, args.seed)
+    return replace(base, **changes)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 0 on a clean stop, 2 on bad options, 1 if it cannot listen."""
+    try:
+        settings = settings_from_args(args)
+        port = _option("--port", _parse_port, args.port)
+    except ValueError as exc:
+        print(f"ratedeck serve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
+            return runner.run(_serve_forever(settings, args.host, port))
+    except KeyboardInterrupt:
+        return 0  # a second Ctrl-C during shutdown: still quiet
+
+
+async def _serve_forever(settings: ServerSettings, host: str, port: int) -> int:
+    try:
+        server = await start_server(settings, host, port)
+    except OSError as exc:
+        print(f"ratedeck serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    print(
+        f"ratedeck serve: {server.url} ({settings.mode} mode, {len(settings.keys)} keys)",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+    return 0
+
+
+def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop if installed: it roughly doubles requests per second."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _base_settings(args: argparse.Namespace) -> ServerSettings:
+    if args.mode not in ("seed", "standard"):
+        raise ValueError(f"--mode: must be seed or standard, got {args.mode!r}")
+    if args.config:
+        try:
+            with open(args.config, "rb") as file:
+                data = tomllib.load(file)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"--config: cannot read {args.config}: {exc}") from None
+        data.setdefault("mode", args.mode)
+        try:
+            return ServerSettings.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"--config {args.config}: {exc}") from None
+    return seed_settings() if args.mode == "seed" else standard_settings()
+
+
+def _option(flag: str, parse: Callable[[str], Any], text: str) -> Any:
+    """Run one parser, prefixing any complaint with the option's name."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        message = str(exc)
+        if parse is int:
+            message = f"expected a whole number, got {text!r}"
+        raise ValueError(f"{flag}: {message}") from None
+
+
+def _parse_keys(text: str, mode: str) -> tuple[str, ...]:
+    text = text.strip()
+    if text.isdigit():
+        count = int(text)
+        if mode == "seed":
+            if not 1 <= count <= len(SEED_KEYS):
+                raise ValueError(
+                    f"--keys: seed mode has {len(SEED_KEYS)} keys, got {count}; "
+                    "use --mode standard for more"
+                )
+            return SEED_KEYS[:count]
+        if count < 1:
+            raise ValueError(f"--keys: need at least one key, got {text!r}")
+        return generated_keys(count)
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not keys:
+        raise ValueError(f"--keys: expected a count or a comma-separated list, got {text!r}")
+    return keys
+
+
+def _parse_latency(text: str) -> tuple[int, int]:
+    low_text, sep, high_text = text.partition(":")
+    try:
+        low = int(low_text)
+        high = int(high_text) if sep else low
+    except ValueError:
+        raise ValueError(f"expected LOW:HIGH whole milliseconds like 0:50, got {text!r}") from None
+    if low < 0 or high < low:
+        raise ValueError(f"expected 0 <= LOW <= HIGH, got {text!r}")
+    return (low, high)
+
+
+def _parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _parse_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def _parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise ValueError(f"expected a port number 0..65535, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point: `python -m ratedeck.server.serve --port 9999`."""
+    parser = argparse.ArgumentParser(prog="ratedeck serve", description=__doc__)
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
