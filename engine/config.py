@@ -180,9 +180,14 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    """Deep-merge `new` into `into`, copying so the sources (presets) never change."""
     for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
+        if isinstance(v, dict):
+            if not isinstance(into.get(k), dict):
+                into[k] = {}
             _merge(into[k], v)
+        elif isinstance(v, list):
+            into[k] = list(v)
         else:
             into[k] = v
 

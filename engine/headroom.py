@@ -5,8 +5,8 @@ request's trip to the server is slow and a request N sends later is fast, the
 server sees the two closer together than we sent them. The headroom must
 cover the spread of that one-way delay.
 
-We only observe round trips. The spread of round-trip times (robust range,
-p99 - p1) bounds the spread of both legs together; assuming the jitter splits
+We only observe round trips. The spread of round-trip times (max - min over
+the last few hundred answers) bounds the spread of both legs together; assuming the jitter splits
 evenly between the legs (as NTP does), the one-way spread is about half of it.
 `target = spread * jitter_share * safety`. The seed instead used average
 latency x 1.1 clamped to 30..50 ms, which wastes capacity on slow but steady
@@ -89,9 +89,9 @@ class HeadroomController:
         self._since_eval += 1
         if self._since_eval >= 25 and len(self._samples) >= self.min_samples:
             self._since_eval = 0
-            ordered = sorted(self._samples)
-            n = len(ordered)
-            spread = ordered[min(n - 1, int(n * 0.99))] - ordered[int(n * 0.01)]
+            # The full range, not p99 - p1: a rejection needs only one early and
+            # one late arrival, so the tails are exactly what matters.
+            spread = max(self._samples) - min(self._samples)
             self._target_ms = spread * 1000.0 * self.jitter_share * self.safety
         self._step(now)
 

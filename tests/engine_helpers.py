@@ -1,0 +1,23 @@
+"""Building engines against the in-memory simulator for tests."""
+
+from __future__ import annotations
+
+from ratedeck.engine.config import load_config
+from ratedeck.engine.engine import Engine
+from ratedeck.server.settings import ServerSettings, seed_settings
+from sim_transport import SimTransport
+
+
+def seed_engine(tmp_path=None, *, server: ServerSettings | None = None, transport_kw=None, **sections):
+    """An Engine on the seed preset with overrides per section, and its transport."""
+    overrides = {k: v for k, v in sections.items()}
+    engine_over = overrides.setdefault("engine", {})
+    engine_over.setdefault("graveyard_path", str(tmp_path / "graveyard.jsonl") if tmp_path else "")
+    cfg = load_config(preset="seed", overrides=overrides)
+    transport = SimTransport(server or seed_settings(), **(transport_kw or {}))
+    return Engine(cfg, transport), transport
+
+
+def audit_max(stats: dict) -> int:
+    """The largest count the server saw in any window, over all keys and policies."""
+    return max(p["max_in_window"] for k in stats["keys"] for p in k["max_in_window"])

@@ -1,0 +1,79 @@
+"""HeadroomController: learn from spread, widen at once, narrow slowly, budget rules."""
+
+import random
+
+import pytest
+
+from ratedeck.engine.headroom import HeadroomController
+
+
+def feed(h, n, start, rtt, spacing=0.01):
+    t = start
+    for _ in range(n):
+        h.observe_rtt(rtt(), t)
+        t += spacing
+    return t
+
+
+def test_learns_from_spread_not_mean():
+    rng = random.Random(3)
+    # Slow but steady: 400 ms +- 2 ms. The seed's rule (mean x 1.1, clamped 30..50)
+    # would hold 50 ms; the spread says a few ms are enough.
+    h = HeadroomController(initial_ms=100, narrow_ms_per_s=1000)
+    feed(h, 600, 0.0, lambda: 0.4 + rng.uniform(-0.002, 0.002))
+    assert h.value_ms < 5
+    # Jittery: 0..100 ms round trips. Needs about half the spread, with margin.
+    h = HeadroomController(initial_ms=10, narrow_ms_per_s=1000)
+    feed(h, 600, 0.0, lambda: rng.uniform(0.0, 0.1))
+    assert 50 <= h.value_ms <= 75
+
+
+def test_widens_at_once_on_rejection_and_narrows_slowly():
+    rng = random.Random(4)
+    h = HeadroomController(initial_ms=60, narrow_ms_per_s=10, rejection_budget=5)
+    t = feed(h, 200, 0.0, lambda: rng.uniform(0.0, 0.1))
+    before = h.value_ms
+    h.observe_rejection(t)
+    assert h.value_ms >= before * 1.5 - 1e-9
+    widened = h.value_ms
+    t2 = feed(h, 100, t, lambda: rng.uniform(0.0, 0.1), spacing=0.01)  # 1 s later
+    assert widened - h.value_ms <= 10 * (t2 - t) + 1e-6  # at most 10 ms per second
+
+
+def test_zero_budget_never_probes_below_the_evidence_or_a_rejection_floor():
+    rng = random.Random(5)
+    h = HeadroomController(initial_ms=100, narrow_ms_per_s=50, rejection_budget=0)
+    t = feed(h, 3000, 0.0, lambda: rng.uniform(0.0, 0.1))
+    evidence = h.target_ms
+    assert h.value_ms >= evidence - 1e-9
+    h.observe_rejection(t)
+    floor = h.value_ms
+    feed(h, 5000, t, lambda: rng.uniform(0.0, 0.1))  # 50 clean seconds
+    assert h.value_ms == pytest.approx(floor)
+
+
+def test_a_budget_allows_probing_below_the_evidence():
+    rng = random.Random(6)
+    h = HeadroomController(initial_ms=100, narrow_ms_per_s=50, rejection_budget=3)
+    feed(h, 6000, 0.0, lambda: rng.uniform(0.0, 0.1))  # 60 clean seconds
+    assert h.value_ms < h.target_ms
+
+
+def test_fixed_override_and_back_to_adaptive():
+    rng = random.Random(7)
+    h = HeadroomController(initial_ms=100, narrow_ms_per_s=1000)
+    h.set_fixed(12)
+    t = feed(h, 300, 0.0, lambda: rng.uniform(0.0, 0.1))
+    h.observe_rejection(t)
+    assert (h.value_ms, h.adaptive) == (12, False)  # the operator's value holds
+    h.set_adaptive()
+    feed(h, 50, t, lambda: rng.uniform(0.0, 0.1))
+    assert h.adaptive and h.value_ms > 40
+
+
+def test_bounds_hold():
+    h = HeadroomController(initial_ms=900, min_ms=20, max_ms=300)
+    assert h.value_ms == 300
+    for i in range(10):
+        h.observe_rejection(float(i))
+    assert h.value_ms == 300

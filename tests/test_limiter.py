@@ -1,0 +1,82 @@
+"""WindowLimiter: window semantics, several policies, pacing, live headroom."""
+
+import pytest
+
+from ratedeck.engine.limiter import WindowLimiter
+from ratedeck.engine.policy import Policy, PolicyError, parse_policy
+
+
+def grant_all(lim, start, count):
+    """Take `count` slots as early as the limiter allows; return the grant times."""
+    t, times = start, []
+    for _ in range(count):
+        t = lim.next_free(t)
+        lim.record(t)
+        times.append(t)
+    return times
+
+
+def max_in_window(times, window):
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - window + 1e-12:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_burst_pacing_allows_a_full_window_then_waits_window_plus_headroom():
+    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, pacing="burst")
+    times = grant_all(lim, 0.0, 21)
+    assert times[:20] == [0.0] * 20
+    assert times[20] == pytest.approx(1.05)
+
+
+def test_even_pacing_spreads_sends_and_never_exceeds_the_window():
+    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, pacing="even")
+    times = grant_all(lim, 0.0, 200)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert min(gaps) == pytest.approx(1.05 / 20)
+    # as the server counts: at most 20 in any window of 1 s, even in a closed window
+    assert max_in_window(times, 1.0) <= 20
+    assert times[20] - times[0] >= 1.05 - 1e-9
+
+
+def test_several_policies_are_all_or_nothing():
+    lim = WindowLimiter((Policy(5, 1.0), Policy(8, 10.0)), lambda: 0.0, pacing="burst")
+    times = grant_all(lim, 0.0, 9)
+    assert times[:5] == [0.0] * 5
+    assert times[5:8] == [1.0, 1.0, 1.0]  # the 1 s window frees, the 10 s one still has room
+    assert times[8] == pytest.approx(10.0)  # now the 10 s window binds
+    assert max_in_window(times, 10.0) <= 8
+
+
+def test_a_headroom_change_takes_effect_at_the_next_decision():
+    headroom = [0.0]
+    lim = WindowLimiter((Policy(2, 1.0),), lambda: headroom[0], pacing="burst")
+    grant_all(lim, 0.0, 2)
+    assert lim.next_free(0.0) == pytest.approx(1.0)
+    headroom[0] = 0.3
+    assert lim.next_free(0.0) == pytest.approx(1.3)
+
+
+def test_used_counts_the_current_window():
+    lim = WindowLimiter((Policy(10, 1.0),), lambda: 0.0, pacing="burst")
+    for t in (0.0, 0.2, 0.9):
+        lim.record(t)
+    assert lim.used(1.0) == (2, 10)
+    assert lim.used(0.95) == (3, 10)
+
+
+@pytest.mark.parametrize("text,limit,window", [("20/1s", 20, 1.0), ("600/1m", 600, 60.0),
+                                               ("5/500ms", 5, 0.5), ("100/s", 100, 1.0), ("1/1h", 1, 3600.0)])
+def test_parse_policy(text, limit, window):
+    p = parse_policy(text)
+    assert (p.limit, p.window_s) == (limit, window)
+    assert parse_policy(str(p)) == p
+
+
+@pytest.mark.parametrize("text", ["abc", "20", "0/1s", "20/0s", "20/1x", "-1/1s"])
+def test_bad_policies_say_what_is_wrong(text):
+    with pytest.raises(PolicyError, match="limit|count|window"):
+        parse_policy(text)
