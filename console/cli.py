@@ -128,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ui:
         from .headless import run_headless
 
+        from ratedeck.engine.runtime import new_loop
+
         try:
-            return asyncio.run(run_headless(cfg, interval_s=args.interval))
+            with asyncio.Runner(loop_factory=new_loop) as runner:
+                return runner.run(run_headless(cfg, interval_s=args.interval))
         except KeyboardInterrupt:  # a second Ctrl-C during the drain
             return 130
     return run_console(cfg)

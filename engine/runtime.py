@@ -122,7 +122,7 @@ class ThreadHost:
         self._started.result()
 
     def _main(self) -> None:
-        loop = _new_loop()
+        loop = new_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:
@@ -184,7 +184,7 @@ class ThreadHost:
         return snap
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_loop() -> asyncio.AbstractEventLoop:
     """uvloop when installed (faster sends), else the standard loop."""
     try:
         import uvloop

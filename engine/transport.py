@@ -7,6 +7,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
 from .config import KeySpec, TargetConfig
 from .outcome import CONNECTION, TIMEOUT, Outcome, classify, parse_retry_after
@@ -68,14 +69,16 @@ class HttpTransport:
                 query = "&".join(f"{k}={quote(v, safe='')}" for k, v in fields)
                 if self._static:
                     query = f"{query}&{self._static}" if query else self._static
-                url = f"{self.url}?{query}" if query else self.url
+                # Pre-encoded: skips aiohttp's URL building, a measurable cost at 5,000/s.
+                url = URL(f"{self.url}?{query}" if query else self.url, encoded=True)
                 ctx = session.get(url, headers=headers)
             else:
                 data = dict(fields) | dict(t.params)
                 ctx = session.post(self.url, data=data, headers=headers)
             async with ctx as resp:
-                body = await resp.text()
                 status = resp.status
+                raw = await resp.read()
+                body = "" if status < 300 else raw.decode("utf-8", "replace")
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
         except asyncio.TimeoutError:
             return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
