@@ -50,3 +50,13 @@ class SetArrivalRate:
 
 
 Command = PauseKey | ResumeKey | PauseAll | ResumeAll | SetHeadroom | SetBackpressure | SetArrivalRate
+
+
+@dataclass(frozen=True, slots=True)
+class SetThrottle:
+    """The entry throttle of a message workload: "off", "auto" or messages per second (> 0)."""
+
+    mode_or_rate: str | float
+
+
+Command = Command | SetThrottle

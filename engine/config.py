@@ -44,6 +44,8 @@ class TargetConfig:
     id_param: str | None = "req_id"
     params: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 1.0
+    delay_field: str | None = None  # JSON path in error bodies holding a retry delay ("error.retryDelay")
+    host_limit_match: str = "host"  # a 429 whose body says this closes the host-wide gate
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class EngineConfig:
     ttl_s: float = 1.0
     drain_timeout_s: float = 2.0
     graveyard_path: str = "ratedeck-graveyard.jsonl"
+    cooldown: str = "shared"  # "shared": a delay pauses every sender of the budget; "per-request": only the rejected request waits (the pre-actor design, for comparison)
+    learn_policy: bool = True  # adopt tighter limits the server advertises (RateLimit-Policy)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,19 @@ class WorkloadConfig:
     arrival: str = "constant"  # or "poisson"
     file: str | None = None  # JSONL of requests (one object per line) instead of generating
     total: int | None = None  # stop generating after this many
+
+
+@dataclass(frozen=True)
+class MessagesConfig:
+    """Messages that need several calls each, behind an entry throttle (see engine/messages.py)."""
+
+    calls: int = 1  # calls a message needs; it completes only when all succeed
+    pattern: str = "parallel"  # or "sequential": each call after the previous one succeeded
+    throttle: str | float = "off"  # "off", "auto" (live capacity / calls) or messages per second
+    excess: str = "queue"  # what the throttle does with the rest: "queue", "shed" or "sample"
+    sample_fraction: float = 1.0  # with excess = "sample": the fraction of arrivals processed
+    shed_path: str | None = "ratedeck-shed.jsonl"  # one JSON line per shed message
+    backlog_max: int = 1000  # messages queued at the entry before the source waits
 
 
 @dataclass(frozen=True)
@@ -103,11 +120,17 @@ class RunConfig:
     seed: int | None = None
     preset: str | None = None
     key_sources: tuple[str, ...] = ()  # as written: literal, env:VAR or @FILE
+    host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
+    pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
+    messages: MessagesConfig | None = None  # [messages]: multi-call messages instead of requests
 
     @property
     def capacity_tps(self) -> float:
-        """Requests per second all keys allow together (tightest policy per key)."""
-        return sum(min(p.rate for p in k.policies) for k in self.keys if k.policies)
+        """Requests per second all keys allow together (tightest policy per key, and the host's)."""
+        total = sum(min(p.rate for p in k.policies) for k in self.keys if k.policies)
+        if self.host_policies:
+            total = min(total, min(p.rate for p in self.host_policies))
+        return total
 
     @property
     def arrival_rate(self) -> float:
@@ -192,7 +215,7 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             into[k] = v
 
 
-_SECTIONS = {"preset", "target", "keys", "engine", "workload", "server", "run", "console"}
+_SECTIONS = {"preset", "target", "keys", "engine", "workload", "server", "run", "console", "messages", "pools"}
 
 
 def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
@@ -244,12 +267,19 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     if not isinstance(keymap, dict) or not all(isinstance(x, str) for x in keymap.values()):
         raise ConfigError(source, "console.keymap", "must be a table of action = \"key\" strings")
     server = data.get("server", {})
+    host_raw = data.get("keys", {}).get("host_limits", [])
+    host_policies = _policies(host_raw, source, "keys.host_limits") if host_raw else ()
+    pools = _pools(data.get("pools", {}), source)
+    messages = None
+    if "messages" in data:
+        messages = v.dataclass_from(MessagesConfig, data["messages"], "messages")
+        _check_messages(messages, source)
     return RunConfig(
         target=target, keys=keys, engine=engine, workload=workload, server=dict(server),
         duration_s=float(duration) if duration is not None else None,
         report=run.get("report"), plot=bool(run.get("plot", False)),
         theme=console.get("theme"), keymap=dict(keymap), seed=run.get("seed"),
-        key_sources=key_sources,
+        key_sources=key_sources, messages=messages, host_policies=host_policies, pools=pools,
     )
 
 
@@ -279,6 +309,28 @@ def _check_engine(e: EngineConfig, source: str) -> None:
         bad("ttl_s", f"must be above 0 seconds, got {e.ttl_s}")
     if e.drain_timeout_s < 0:
         bad("drain_timeout_s", f"must be 0 or more, got {e.drain_timeout_s}")
+    if e.cooldown not in ("shared", "per-request"):
+        bad("cooldown", f"must be 'shared' or 'per-request', got {e.cooldown!r}")
+
+
+def _check_messages(m: MessagesConfig, source: str) -> None:
+    def bad(key: str, problem: str):
+        raise ConfigError(source, f"messages.{key}", problem)
+
+    if m.calls < 1:
+        bad("calls", f"must be at least 1, got {m.calls}")
+    if m.pattern not in ("parallel", "sequential"):
+        bad("pattern", f"must be 'parallel' or 'sequential', got {m.pattern!r}")
+    if isinstance(m.throttle, str) and m.throttle not in ("off", "auto"):
+        bad("throttle", f"must be \"off\", \"auto\" or messages per second, got {m.throttle!r}")
+    if not isinstance(m.throttle, str) and not m.throttle > 0:
+        bad("throttle", f"a fixed throttle must be above 0 messages/s, got {m.throttle}")
+    if m.excess not in ("queue", "shed", "sample"):
+        bad("excess", f"must be 'queue', 'shed' or 'sample', got {m.excess!r}")
+    if not 0.0 < m.sample_fraction <= 1.0:
+        bad("sample_fraction", f"must be above 0 and at most 1, got {m.sample_fraction}")
+    if m.backlog_max < 1:
+        bad("backlog_max", f"must be at least 1, got {m.backlog_max}")
 
 
 class _Validator:
@@ -332,8 +384,8 @@ class _Validator:
 
 def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     for k in table:
-        if k not in ("secrets", "limits", "limits_by_key"):
-            raise ConfigError(source, f"keys.{k}", "unknown setting; expected secrets, limits or limits_by_key")
+        if k not in ("secrets", "limits", "limits_by_key", "host_limits"):
+            raise ConfigError(source, f"keys.{k}", "unknown setting; expected secrets, limits, limits_by_key or host_limits")
     raw = table.get("secrets", [])
     if isinstance(raw, str):
         raw = [raw]
@@ -358,6 +410,16 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
         KeySpec(label, secret, _policies(by_key[label], source, f"keys.limits_by_key.{label}") if label in by_key else default)
         for label, secret in zip(labels, secrets)
     )
+
+
+def _pools(table: dict[str, Any], source: str) -> dict[str, int]:
+    """[pools] name = capacity: connection pools a request can name."""
+    pools = {}
+    for name, capacity in table.items():
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError(source, f"pools.{name}", f"must be a whole number of connections >= 1, got {capacity!r}")
+        pools[str(name)] = capacity
+    return pools
 
 
 def _policies(value: Any, source: str, where: str) -> tuple[Policy, ...]:
@@ -424,14 +486,20 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     by_key = {k.label: [format_policy(p) for p in k.policies] for k in cfg.keys if k.policies != default}
     if by_key:
         keys["limits_by_key"] = by_key
+    if cfg.host_policies:
+        keys["host_limits"] = [format_policy(p) for p in cfg.host_policies]
     out: dict[str, Any] = {"preset": cfg.preset} if cfg.preset else {}
     out |= {"target": target, "keys": keys, "engine": engine, "workload": workload}
     if cfg.server:
         out["server"] = dict(cfg.server)
+    if cfg.pools:
+        out["pools"] = dict(cfg.pools)
     run = {k: v for k, v in (("duration_s", cfg.duration_s), ("report", cfg.report), ("plot", cfg.plot), ("seed", cfg.seed)) if v is not None}
     if run:
         out["run"] = run
     console = {k: v for k, v in (("theme", cfg.theme), ("keymap", cfg.keymap or None)) if v is not None}
     if console:
         out["console"] = console
+    if cfg.messages is not None:
+        out["messages"] = {k: v for k, v in asdict(cfg.messages).items() if v is not None}
     return out

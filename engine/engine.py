@@ -16,10 +16,13 @@ from collections import deque
 from . import outcome as oc
 from .commands import (Command, PauseAll, PauseKey, ResumeAll, ResumeKey, SetArrivalRate,
                        SetBackpressure, SetHeadroom)
+from .commands import SetThrottle
 from .config import RunConfig
 from .gate import CooldownGate
 from .headroom import HeadroomController
+from .delays import advertised_policies
 from .limiter import WindowLimiter
+from .messages import workload_from_config
 from .metrics import Metrics
 from .queues import Graveyard, WorkQueues
 from .request import Request
@@ -57,15 +60,27 @@ class Engine:
         self.backpressure = e.backpressure
         self.queue_max = e.queue_max
         self.ttl_s = e.ttl_s
-        self.workload = workload or Workload.from_config(cfg, self.rng)
+        self.workload = workload or workload_from_config(cfg, self.rng)
         self.workers: list[KeyWorker] = []
         self.gates: dict[str, CooldownGate] = {}
         seconds = self.headroom.seconds
+        # A host-wide limit is one more budget every key spends, with its own gate.
+        self.host_limiter = WindowLimiter(cfg.host_policies, seconds, e.pacing) if cfg.host_policies else None
+        self.host_gate = CooldownGate("host") if cfg.host_policies else None
+        if self.host_gate is not None:
+            self.gates["host"] = self.host_gate
+        shared = (self.host_limiter,) if self.host_limiter else ()
         for spec in cfg.keys:
             gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
+            gates = (gate, self.host_gate) if self.host_gate else (gate,)
             limiter = WindowLimiter(spec.policies, seconds, e.pacing)
-            self.workers.append(KeyWorker(self, spec, limiter, (gate,), e.in_flight_per_key,
-                                          use_nonce=bool(cfg.target.nonce_param)))
+            self.workers.append(KeyWorker(self, spec, limiter, gates, e.in_flight_per_key,
+                                          use_nonce=bool(cfg.target.nonce_param), shared=shared))
+        self.shared_cooldown = e.cooldown == "shared"
+        self.retry_errors = True  # the library turns this off: errors reach the caller at once
+        self.pool_capacity = dict(cfg.pools)
+        self.pool_in_use = dict.fromkeys(cfg.pools, 0)
+        self.pool_ok = self._pool_has_room if cfg.pools else None
         self.by_label = {w.label: w for w in self.workers}
         self.in_flight = 0
         self.events: deque[Event] = deque(maxlen=200)
@@ -145,6 +160,8 @@ class Engine:
         req.attempts += 1
         self.in_flight += 1
         self.metrics.sent += 1
+        if req.pool is not None and self.pool_ok is not None:
+            self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
         task = self.loop.create_task(self._attempt(worker, req, nonce))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
@@ -159,6 +176,9 @@ class Engine:
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
         worker.in_flight -= 1
         self.in_flight -= 1
+        if req.pool is not None and self.pool_ok is not None:
+            self.pool_in_use[req.pool] -= 1
+            self.queues.pass_on()  # a request waiting for this pool may go now
         self._settle(worker, req, result, sent_at)
         worker.poke()
 
@@ -167,9 +187,12 @@ class Engine:
         m = self.metrics
         kind = result.kind
         req.last_status = result.status
+        req.result = result
         if result.status is not None:
             self.headroom.observe_rtt(result.latency_s, now)
             worker.last_latency_ms = result.latency_s * 1000.0
+            if result.policy_header is not None and result.policy_header != worker.policy_header:
+                self._learn_policy(worker, result.policy_header)
         if kind == oc.OK:
             m.success(result.latency_s * 1000.0)
             worker.succeeded += 1
@@ -181,7 +204,9 @@ class Engine:
             worker.rejected_429 += 1
             self.headroom.observe_rejection(now)
             if result.retry_after_s is not None:
-                self._close_gate(worker, now + result.retry_after_s, f"429 Retry-After {result.retry_after_s:g}s")
+                host = self.host_gate is not None and self.cfg.target.host_limit_match in (result.error or "")
+                gate = self.host_gate if host else worker.gates[0]
+                self._cool(gate, req, now, result.retry_after_s, f"429, asked to wait {result.retry_after_s:g}s")
         elif kind == oc.BLOCKED:
             if result.status == 429:
                 m.rejected_429 += 1
@@ -204,8 +229,42 @@ class Engine:
             cause = f"{result.status}" if result.status is not None else kind
             m.fail(cause)
             if result.retry_after_s is not None:
-                self._close_gate(worker, now + result.retry_after_s, f"{cause} Retry-After {result.retry_after_s:g}s")
+                self._cool(worker.gates[0], req, now, result.retry_after_s,
+                           f"{cause}, asked to wait {result.retry_after_s:g}s")
+            if not self.retry_errors:
+                self._bury(req, now)
+                return
         self._retry(req, now)
+
+    def _cool(self, gate: CooldownGate, req: Request, now: float, delay: float, reason: str) -> None:
+        """Honour a server's delay: close the budget's gate for every sender (shared),
+        or, in the pre-actor design kept for comparison, hold back only this request."""
+        if self.shared_cooldown:
+            if gate.close(now + delay, reason):
+                self.event("cooldown", f"{gate.name} cooling down {delay:.1f}s: {reason}")
+        else:
+            req.eligible_at = now + delay * 1.1  # "slightly more than the error said"
+
+    def _learn_policy(self, worker: KeyWorker, header: str) -> None:
+        """Adopt limits the server advertises (RateLimit-Policy) that are tighter than ours."""
+        worker.policy_header = header
+        if not self.cfg.engine.learn_policy:
+            return
+        for policy in advertised_policies(header):
+            if worker.limiter.add_policy(policy):
+                self.event("setting", f"{worker.label}: server advertises {policy}; adopted it")
+
+    def _pool_has_room(self, pool: str | None) -> bool:
+        if pool is None:
+            return True
+        return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
+
+    def capacity_tps(self) -> float:
+        """Requests per second the keys allow now (advertised limits included), host limit applied."""
+        total = sum(w.limiter.capacity_tps for w in self.workers)
+        if self.host_limiter is not None:
+            total = min(total, self.host_limiter.capacity_tps)
+        return total
 
     def _retry(self, req: Request, now: float, immediate: bool = False) -> None:
         if req.attempts >= self.cfg.engine.max_attempts:
@@ -220,7 +279,7 @@ class Engine:
         else:  # exponential backoff with full jitter
             cap = min(e.backoff_cap_ms, e.backoff_base_ms * (2 ** (req.attempts - 1)))
             delay = self.rng.uniform(0, cap) / 1000.0
-        req.eligible_at = now + delay
+        req.eligible_at = max(req.eligible_at, now + delay)
         self.metrics.retried += 1
         self.queues.retry(req)
 
@@ -244,10 +303,6 @@ class Engine:
             req.on_done(req, where)
         self._check_finished()
 
-    def _close_gate(self, worker: KeyWorker, until: float, reason: str) -> None:
-        for gate in worker.gates:
-            if gate.close(until, reason):
-                self.event("cooldown", f"{gate.name} cooling down {until - self.loop.time():.1f}s: {reason}")
 
     # ------------------------------------------------------------ generator side
     def submit(self, req: Request) -> None:
@@ -255,10 +310,14 @@ class Engine:
         self.metrics.generated += 1
         self.queues.put(req)
 
-    def new_request(self, params: dict | None = None) -> Request:
+    def new_request(self, params: dict | None = None, pool: str | None = None,
+                    ttl_s: float | None = None) -> Request:
+        """A request created now, with the engine's TTL unless `ttl_s` is given."""
         now = self.loop.time()
         self._next_id += 1
-        return Request(self._next_id, now, now + self.ttl_s, params)
+        if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
+            raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
+        return Request(self._next_id, now, now + (self.ttl_s if ttl_s is None else ttl_s), params, pool=pool)
 
     def _check_finished(self) -> None:
         if (self.workload.exhausted and not self.in_flight and not len(self.queues)
@@ -277,6 +336,7 @@ class Engine:
             self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
             while now >= next_second:
                 self.metrics.close_second()
+                self._workload_second()
                 next_second += 1.0
                 self._flush_graveyard()
             self._check_finished()
@@ -333,6 +393,12 @@ class Engine:
                     raise ValueError(f"arrival rate must be 0 or more, got {rate}")
                 self.workload.set_rate(rate)
                 self.event("setting", f"arrival rate {rate:g}/s")
+            case SetThrottle(mode_or_rate=value):
+                set_throttle = getattr(self.workload, "set_throttle", None)
+                if set_throttle is None:
+                    raise ValueError("the entry throttle needs a message workload ([messages] in the config)")
+                set_throttle(value)
+                self.event("setting", f"entry throttle {value}")
             case _:
                 raise TypeError(f"not a command: {cmd!r}")
 
@@ -367,7 +433,7 @@ class Engine:
                                w.succeeded, w.rejected_429, used, limit, w.last_latency_ms))
         h = self.headroom
         return Snapshot(
-            elapsed_s=elapsed, phase=self.phase, capacity_tps=self.cfg.capacity_tps,
+            elapsed_s=elapsed, phase=self.phase, capacity_tps=self.capacity_tps(),
             throughput_tps=m.succeeded / elapsed if elapsed > 0 else 0.0,
             current_tps=m.tps_series[-1] if m.tps_series else 0.0,
             generated=m.generated, succeeded=m.succeeded, expired=m.expired, graveyard=m.graveyard,
@@ -381,4 +447,17 @@ class Engine:
             arrival_rate=self.workload.rate, latency=m.latency.summary(),
             tps_series=tuple(m.tps_series), p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series), keys=tuple(rows), events=tuple(self.events),
+            **self._workload_fields(),
         )
+
+    # ------------------------------------------------------------ workload hooks
+    # A workload may add Snapshot fields (`snapshot_fields()`) and roll its own
+    # per-second series (`close_second()`): the message workload does both.
+    def _workload_fields(self) -> dict:
+        fields = getattr(self.workload, "snapshot_fields", None)
+        return fields() if fields is not None else {}
+
+    def _workload_second(self) -> None:
+        close = getattr(self.workload, "close_second", None)
+        if close is not None:
+            close()

@@ -55,9 +55,24 @@ class WindowLimiter:
             ring.append(at)
         self._last = at
 
+    def add_policy(self, policy: Policy) -> bool:
+        """Also enforce `policy` from now on (a limit the server advertised).
+
+        Its ring starts with the most recent sends we know of, so adopting a
+        policy never allows a burst. Returns False when an existing policy is
+        already at least as strict (same or longer window, same or lower count).
+        """
+        if any(p.window_s >= policy.window_s and p.limit <= policy.limit for p in self.policies):
+            return False
+        longest = max(self._rings, key=len)
+        ring = deque(list(longest)[-policy.limit:], maxlen=policy.limit)
+        self.policies = self.policies + (policy,)
+        self._rings = self._rings + (ring,)
+        return True
+
     def used(self, now: float) -> tuple[int, int]:
         """(sends in the current window, limit) for the tightest policy, for display."""
-        policy, ring = self.policies[0], self._rings[0]
+        policy, ring = min(zip(self.policies, self._rings), key=lambda pr: pr[0].rate)
         start = now - policy.window_s
         return sum(1 for t in ring if t > start), policy.limit
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
-import math
-import time
-
 # Kinds of outcome. The engine decides what to do by kind alone.
 OK = "ok"
 RATE_LIMITED = "rate_limited"  # 429: too fast (retry, widen headroom)
@@ -20,15 +16,18 @@ CONNECTION = "connection"
 class Outcome:
     """One attempt's result. `status` is None when no HTTP answer arrived."""
 
-    __slots__ = ("kind", "status", "retry_after_s", "latency_s", "error")
+    __slots__ = ("kind", "status", "retry_after_s", "latency_s", "error", "policy_header", "response")
 
     def __init__(self, kind: str, status: int | None = None, retry_after_s: float | None = None,
-                 latency_s: float = 0.0, error: str | None = None):
+                 latency_s: float = 0.0, error: str | None = None, policy_header: str | None = None,
+                 response=None):
         self.kind = kind
         self.status = status
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = retry_after_s  # the delay the server asked for, from any source
         self.latency_s = latency_s
         self.error = error
+        self.policy_header = policy_header  # RateLimit-Policy as sent, when present
+        self.response = response  # what a library caller gets back (transport-specific)
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"
@@ -51,24 +50,3 @@ def classify(status: int, body: str) -> str:
     if 400 <= status < 500:
         return CLIENT_ERROR
     return SERVER_ERROR
-
-
-def parse_retry_after(value: str | None, now_wall: float | None = None) -> float | None:
-    """Retry-After as seconds from now: delta-seconds or an HTTP date; None if absent or bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
-            return None
-        now_wall = time.time() if now_wall is None else now_wall
-        return max(0.0, when.timestamp() - now_wall)
-    if math.isnan(seconds) or seconds < 0 or math.isinf(seconds):
-        return None
-    return seconds

@@ -16,6 +16,9 @@ from pathlib import Path
 from .request import Request
 
 
+_POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
+
+
 class WorkQueues:
     """Fresh work (FIFO) and retries (a heap by eligible time), with waiting getters."""
 
@@ -58,15 +61,34 @@ class WorkQueues:
             self._arm()
 
     # -- taking
-    def pop_ready(self, now: float) -> Request | None:
-        """The next request to send: an eligible retry first, else fresh work."""
-        if self.dlq and self.dlq[0].eligible_at <= now:
-            req = heapq.heappop(self.dlq)
-        elif self.main:
-            req = self.main.popleft()
+    def pop_ready(self, now: float, pool_ok=None) -> Request | None:
+        """The next request to send: an eligible retry first, else fresh work.
+
+        `pool_ok(name) -> bool`, when given, skips requests whose connection
+        pool is full; fresh work is then searched a little way past the head
+        (`_POOL_SCAN`), so one busy pool does not stall the others.
+        """
+        dlq, main = self.dlq, self.main
+        if pool_ok is None:
+            if dlq and dlq[0].eligible_at <= now:
+                req = heapq.heappop(dlq)
+            elif main:
+                req = main.popleft()
+            else:
+                return None
         else:
-            return None
-        if self._space is not None and len(self.main) < self._space_limit:
+            req = None
+            if dlq and dlq[0].eligible_at <= now and pool_ok(dlq[0].pool):
+                req = heapq.heappop(dlq)
+            else:
+                for i in range(min(len(main), _POOL_SCAN)):
+                    if pool_ok(main[i].pool):
+                        req = main[i]
+                        del main[i]
+                        break
+            if req is None:
+                return None
+        if self._space is not None and len(main) < self._space_limit:
             self._space.set()
         return req
 
@@ -160,6 +182,8 @@ class Graveyard:
 
     def add(self, req: Request, now: float, wall_offset: float) -> None:
         self.count += 1
+        if not self.path:
+            return
         self._lines.append(json.dumps({
             "id": req.id,
             "attempts": req.attempts,

@@ -11,9 +11,10 @@ class Request:
     """
 
     __slots__ = ("id", "created_at", "deadline", "attempts", "eligible_at", "last_status",
-                 "last_error", "params", "on_done")
+                 "last_error", "params", "on_done", "pool", "result")
 
-    def __init__(self, id: int, created_at: float, deadline: float, params: dict | None = None, on_done=None):
+    def __init__(self, id: int, created_at: float, deadline: float, params: dict | None = None, on_done=None,
+                 pool: str | None = None):
         self.id = id
         self.created_at = created_at
         self.deadline = deadline
@@ -24,6 +25,8 @@ class Request:
         self.params = params
         # called once with (request, outcome_name) when the request reaches its final place
         self.on_done = on_done
+        self.pool = pool  # the connection pool this request needs, if pools are configured
+        self.result = None  # the last outcome (what a library caller gets)
 
     def __lt__(self, other: "Request") -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

@@ -104,6 +104,25 @@ class Snapshot:
     p99_series: tuple[float, ...] = ()
     keys: tuple[KeyRow, ...] = ()
     events: tuple[Event, ...] = ()  # newest last
+    # messages of several calls (engine/messages.py); zeros for a plain request workload.
+    # A message ends in one place: messages_generated == messages_completed
+    # + messages_failed + messages_shed + messages_queued + messages_in_progress.
+    calls_per_message: int = 1
+    message_pattern: str = "parallel"  # or "sequential"
+    messages_generated: int = 0  # arrived at the entry
+    messages_completed: int = 0  # every call succeeded
+    messages_failed: int = 0  # a call expired, was buried or was refused
+    messages_shed: int = 0  # dropped at the entry (throttle excess or not sampled)
+    messages_queued: int = 0  # waiting at the entry for the throttle
+    messages_in_progress: int = 0
+    calls_wasted: int = 0  # attempts spent on messages that failed
+    calls_cancelled: int = 0  # calls of failed messages expired before being sent
+    goodput_tps: float = 0.0  # messages completed per second since start
+    current_goodput: float = 0.0  # messages completed in the last full second
+    goodput_series: tuple[float, ...] = ()  # per second, oldest first, like tps_series
+    throttle_mode: str = "off"  # "off", "auto" or "fixed"
+    throttle_rate: float = 0.0  # messages/s the entry admits now (0 with the throttle off)
+    excess: str = "queue"  # "queue", "shed" or "sample"
 
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""

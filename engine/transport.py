@@ -10,8 +10,26 @@ import aiohttp
 from yarl import URL
 
 from .config import KeySpec, TargetConfig
-from .outcome import CONNECTION, TIMEOUT, Outcome, classify, parse_retry_after
+from .delays import DelayHook, json_field_hook, response_delay
+from .outcome import CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
+
+
+class Response:
+    """An HTTP answer as a library caller receives it."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers, body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        import json
+
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"Response({self.status}, {len(self.body)} bytes)"
 
 
 class Transport(Protocol):
@@ -29,8 +47,10 @@ class HttpTransport:
     because the URL may carry the key.
     """
 
-    def __init__(self, target: TargetConfig, url: str, max_connections: int):
+    def __init__(self, target: TargetConfig, url: str, max_connections: int,
+                 delay_hook: DelayHook | None = None):
         self.target = target
+        self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
@@ -78,14 +98,19 @@ class HttpTransport:
             async with ctx as resp:
                 status = resp.status
                 raw = await resp.read()
-                body = "" if status < 300 else raw.decode("utf-8", "replace")
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                headers = resp.headers
         except asyncio.TimeoutError:
             return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
         except (aiohttp.ClientError, OSError) as exc:
             return Outcome(CONNECTION, latency_s=loop.time() - start, error=type(exc).__name__)
-        return Outcome(classify(status, body), status, retry_after, loop.time() - start,
-                       None if status < 400 else body[:200].replace(key.secret, "…"))
+        latency = loop.time() - start
+        policy = headers.get("RateLimit-Policy")
+        if status < 300:
+            return Outcome(OK, status, None, latency, None, policy, Response(status, headers, raw))
+        body = raw.decode("utf-8", "replace")
+        delay = response_delay(status, headers, body, self.delay_hook)
+        return Outcome(classify(status, body), status, delay, latency,
+                       body[:200].replace(key.secret, "…"), policy, Response(status, headers, raw))
 
     async def close(self) -> None:
         if self._session is not None:

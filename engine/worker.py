@@ -25,13 +25,16 @@ class KeyWorker:
     """
 
     def __init__(self, engine: "Engine", spec: KeySpec, limiter: WindowLimiter,
-                 gates: tuple[CooldownGate, ...], max_in_flight: int, use_nonce: bool):
+                 gates: tuple[CooldownGate, ...], max_in_flight: int, use_nonce: bool,
+                 shared: tuple[WindowLimiter, ...] = ()):
         self.engine = engine
         self.spec = spec
         self.label = spec.label
         self.masked = mask_secret(spec.secret)
-        self.limiter = limiter
+        self.limiter = limiter  # this key's own budget
+        self.limiters = (limiter,) + shared  # every budget a send spends (key, host)
         self.gates = gates
+        self.policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
         self.max_in_flight = max_in_flight
         self.use_nonce = use_nonce
         self.paused = False
@@ -69,6 +72,11 @@ class KeyWorker:
     def gate_open_at(self) -> float:
         return max(g.open_at for g in self.gates)
 
+    def next_free(self, now: float) -> float:
+        if len(self.limiters) == 1:
+            return self.limiter.next_free(now)
+        return max(lim.next_free(now) for lim in self.limiters)
+
     # -- the loop
     async def run(self) -> None:
         engine = self.engine
@@ -83,7 +91,7 @@ class KeyWorker:
                 blocker = "gate"
             elif self.in_flight >= self.max_in_flight:
                 blocker = "full"
-            elif self.limiter.next_free(now) > now:
+            elif self.next_free(now) > now:
                 blocker = "slot"
             else:
                 blocker = None
@@ -94,11 +102,11 @@ class KeyWorker:
                 if blocker == "gate":
                     await self._wait(self.gate_open_at())
                 elif blocker == "slot":
-                    await self._wait(self.limiter.next_free(now))
+                    await self._wait(self.next_free(now))
                 else:
                     await self._wait()
                 continue
-            req = queues.pop_ready(now)
+            req = queues.pop_ready(now, engine.pool_ok)
             if req is None:
                 woken_for_work = False
                 await self._wait_for_work()
@@ -108,7 +116,8 @@ class KeyWorker:
             if req.deadline <= now:
                 engine.expire(req)
                 continue
-            self.limiter.record(now)
+            for lim in self.limiters:
+                lim.record(now)
             self.in_flight += 1
             self.sent += 1
             engine.launch(self, req, self.next_nonce() if self.use_nonce else None)

@@ -36,7 +36,7 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: RunConfig, rng: random.Random) -> "Workload":
         w = cfg.workload
-        items = read_jsonl(w.file) if w.file else None
+        items = read_jsonl(w.file, tuple(cfg.pools)) if w.file else None
         return cls(cfg.arrival_rate, poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
 
     def set_rate(self, rate: float) -> None:
@@ -82,7 +82,8 @@ class Workload:
                 params = next(self.items, None)
                 if params is None:
                     break
-            engine.submit(engine.new_request(params))
+            pool = params.pop("_pool", None) if params else None
+            engine.submit(engine.new_request(params, pool=pool))
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
             # After a stall (backpressure, rate 0) do not burst to catch up.
@@ -96,11 +97,12 @@ def _wake(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-def read_jsonl(path: str) -> Iterator[dict]:
+def read_jsonl(path: str, pools: tuple[str, ...] = ()) -> Iterator[dict]:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
-    Every line must be a JSON object (its fields become request parameters);
-    a bad line is reported with its number before the run starts.
+    Every line must be a JSON object (its fields become request parameters;
+    `_pool` names a connection pool); a bad line is reported with its number
+    before the run starts.
     """
     p = Path(path)
     try:
@@ -117,5 +119,9 @@ def read_jsonl(path: str) -> Iterator[dict]:
             raise ConfigError(str(p), f"line {n}", f"not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise ConfigError(str(p), f"line {n}", "must be a JSON object of request parameters")
+        pool = obj.get("_pool")
+        if pool is not None and pool not in pools:
+            known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
+            raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
         items.append(obj)
     return iter(items)

@@ -11,7 +11,8 @@ import asyncio
 import json
 import random
 
-from ratedeck.engine.outcome import Outcome, classify, parse_retry_after
+from ratedeck.engine.delays import response_delay
+from ratedeck.engine.outcome import Outcome, classify
 from ratedeck.server.rules import RateRules
 
 
@@ -46,11 +47,12 @@ class SimTransport:
         if d_out:
             await asyncio.sleep(d_out / 1000)
         body = json.dumps(decision.body)
-        retry_after = parse_retry_after(decision.headers.get("Retry-After"))
+        retry_after = (response_delay(decision.status, decision.headers, body)
+                       if decision.status >= 400 else None)
         if retry_after is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + retry_after))
         return Outcome(classify(decision.status, body), decision.status, retry_after,
-                       loop.time() - start)
+                       loop.time() - start, policy_header=decision.headers.get("RateLimit-Policy"))
 
     async def close(self):
         pass

@@ -1,0 +1,162 @@
+"""ratedeck as a library: submit a call, await its result, never mind the limits.
+
+    from ratedeck.engine.config import load_config
+    from ratedeck.engine.library import RateDeck
+
+    cfg = load_config(overrides={"target": {"url": "https://api.example.com/v1/x"},
+                                 "keys": {"secrets": ["env:MY_KEYS"], "limits": ["10/1s"]}})
+    async with RateDeck(cfg) as deck:
+        response = await deck.call({"symbol": "ABC"})      # HTTP, through the key workers
+        print(response.status, response.json())
+
+Every call goes through the same engine as a load run: per-key limiters,
+headroom, cooldown gates shared by every sender of a budget, pools. A rate
+limit is retried behind the gate (up to `engine.max_attempts`); any other
+error reaches the caller unchanged: an HTTP error answer as `CallFailed`
+carrying the response, an exception raised by your own function (`run`) as
+that very exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Awaitable, Callable
+
+from . import outcome as oc
+from .config import KeySpec, RunConfig, load_config
+from .request import Request
+from .runtime import Session
+from .snapshot import Snapshot
+from .transport import Transport
+
+
+class CallError(Exception):
+    """A call that did not succeed; `outcome` is the last attempt's outcome, if any."""
+
+    def __init__(self, message: str, outcome: oc.Outcome | None = None):
+        super().__init__(message)
+        self.outcome = outcome
+
+    @property
+    def response(self):
+        return self.outcome.response if self.outcome is not None else None
+
+
+class CallFailed(CallError):
+    """The server answered with an error that is not a rate limit (or the network failed)."""
+
+
+class RateLimited(CallError):
+    """Still rate-limited after `max_attempts` tries behind the cooldown gate."""
+
+
+class CallExpired(CallError):
+    """The call's time-to-live passed before it could be sent."""
+
+
+class CallShed(CallError):
+    """The engine refused the call (shed by an entry throttle)."""
+
+
+class FunctionTransport:
+    """Runs your own coroutine function per call, with the key's secret.
+
+    `delay_error(exc)` says whether an exception is a rate limit: seconds to
+    wait (the whole budget pauses that long), or None for any other error,
+    which is handed back to the caller as it was raised.
+    """
+
+    def __init__(self, delay_error: Callable[[BaseException], float | None]):
+        self.delay_error = delay_error
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> oc.Outcome:
+        fn = req.params["__fn__"]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            value = await fn(key.secret)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            delay = self.delay_error(exc)
+            kind = oc.RATE_LIMITED if delay is not None else oc.CLIENT_ERROR
+            return oc.Outcome(kind, 429 if delay is not None else 0, delay, loop.time() - start,
+                              error=type(exc).__name__, response=exc)
+        return oc.Outcome(oc.OK, 200, None, loop.time() - start, response=value)
+
+    async def close(self) -> None:
+        pass
+
+
+class RateDeck:
+    """An engine with no generator: the program submits the work.
+
+    Use as `async with RateDeck(cfg) as deck`. `call(params)` sends an HTTP
+    request through the configured target; `run(fn)` runs your own coroutine
+    function (with a `FunctionTransport`). Both wait while the main queue is
+    full (backpressure), so a program cannot flood memory.
+    """
+
+    def __init__(self, cfg: RunConfig | None = None, *, transport: Transport | None = None,
+                 delay_error: Callable[[BaseException], float | None] | None = None):
+        cfg = cfg or load_config()
+        # No generated traffic, and no graveyard file: failed calls reach their callers.
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, rate=0.0, file=None),
+                                  engine=dataclasses.replace(cfg.engine, graveyard_path=None),
+                                  messages=None)
+        if transport is None and delay_error is not None:
+            transport = FunctionTransport(delay_error)
+        self.session = Session(cfg, transport)
+        self.engine = None
+
+    async def __aenter__(self) -> "RateDeck":
+        self.engine = await self.session.start()
+        self.engine.retry_errors = False  # only rate limits are retried for a library caller
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.session.stop()
+
+    async def call(self, params: dict[str, Any] | None = None, *, pool: str | None = None,
+                   ttl_s: float | None = None) -> Any:
+        """Send one request (parameters added to the configured ones); return the response."""
+        return await self._submit(dict(params or {}), pool, ttl_s)
+
+    async def run(self, fn: Callable[[str], Awaitable[Any]], *, pool: str | None = None,
+                  ttl_s: float | None = None) -> Any:
+        """Run `await fn(secret)` on the next free key; return what it returns."""
+        return await self._submit({"__fn__": fn}, pool, ttl_s)
+
+    def snapshot(self) -> Snapshot:
+        return self.engine.snapshot()
+
+    async def _submit(self, params: dict, pool: str | None, ttl_s: float | None) -> Any:
+        engine = self.engine
+        if engine is None:
+            raise RuntimeError("use RateDeck as 'async with RateDeck(...) as deck'")
+        if engine.backpressure:
+            await engine.queues.wait_space(engine.queue_max)
+        fut = engine.loop.create_future()
+        req = engine.new_request(params, pool=pool, ttl_s=ttl_s)
+        req.on_done = lambda r, where: fut.done() or fut.set_result(where)
+        engine.submit(req)
+        where = await fut
+        return _result(req, where)
+
+
+def _result(req: Request, where: str) -> Any:
+    outcome: oc.Outcome | None = req.result
+    if where == "succeeded":
+        return outcome.response
+    if where == "expired":
+        raise CallExpired(f"call {req.id} expired after {req.attempts} attempts", outcome)
+    if where == "shed":
+        raise CallShed(f"call {req.id} was shed", outcome)
+    if outcome is not None and isinstance(outcome.response, BaseException) and outcome.kind != oc.RATE_LIMITED:
+        raise outcome.response  # your own error, unchanged
+    if outcome is not None and outcome.kind == oc.RATE_LIMITED:
+        raise RateLimited(f"call {req.id} still rate-limited after {req.attempts} attempts", outcome)
+    status = outcome.status if outcome is not None else None
+    raise CallFailed(f"call {req.id} failed: {outcome.error if outcome else 'no answer'}"
+                     + (f" (HTTP {status})" if status else ""), outcome)

@@ -1,0 +1,420 @@
+"""Messages that need several calls, and the entry throttle that keeps goodput up.
+
+A message is done only when all of its `calls` succeed; one call that expires,
+is buried or is refused fails the whole message, and every attempt already
+spent on it is wasted. Past capacity this makes goodput (messages completed
+per second) fall instead of levelling off: with n parallel calls each call
+wins a slot with probability about capacity / (arrival x n), and the message
+needs all n. The remedy is to admit messages at the entry no faster than
+capacity / n; `MessageWorkload` does that and handles the excess by queueing
+(the source waits), shedding (counted and written to a file) or sampling.
+
+How calls travel: each call is an ordinary engine `Request`, so limiter,
+retries, TTL and accounting all apply per call. A call is created when its
+message is admitted (parallel: all n at once) or when the previous call
+succeeded (sequential), so each call's TTL runs from its own creation. A call
+that finds the engine's main queue full (backpressure on) is refused at once:
+it is counted as generated and shed, and its message fails. When a message
+fails, its calls that were not sent yet are cancelled by moving their
+deadline into the past: the worker or the ticker expires them without a send,
+so the engine's request accounting stays balanced at every instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import deque
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .config import RunConfig
+from .request import Request
+from .workload import Workload, read_jsonl
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+PATTERNS = ("parallel", "sequential")
+EXCESS = ("queue", "shed", "sample")
+
+
+def parse_throttle(value: str | float) -> tuple[str, float]:
+    """("off"|"auto"|"fixed", rate) from "off", "auto" or a rate in messages/s.
+
+    Raises ValueError with a short reason for anything else.
+    """
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("off", "auto"):
+            return text, 0.0
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"must be \"off\", \"auto\" or messages per second, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be \"off\", \"auto\" or messages per second, got {value!r}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"a fixed throttle must be above 0 messages/s, got {value!r}")
+    return "fixed", float(value)
+
+
+class Message:
+    """One message in progress: its calls and how far they got."""
+
+    __slots__ = ("id", "arrived_at", "params", "next_call", "ok", "open", "failed", "spent", "calls")
+
+    def __init__(self, id: int, arrived_at: float, params: dict | None = None):
+        self.id = id
+        self.arrived_at = arrived_at
+        self.params = params  # given to every call of the message
+        self.next_call = 0  # calls created so far
+        self.ok = 0  # calls succeeded
+        self.open = 0  # calls created and not finished
+        self.failed = False
+        self.spent = 0  # attempts of finished calls (wasted if the message fails)
+        self.calls: list[Request] = []
+
+
+class MessageWorkload:
+    """Messages of `calls` calls arriving at `rate` per second, behind an entry throttle.
+
+    Same interface as `Workload` (`rate`, `exhausted`, `set_rate`, `poke`,
+    `run`), plus `set_throttle`, and `snapshot_fields` / `close_second`,
+    which the engine calls when it builds a snapshot and once a second.
+
+    Attributes:
+        calls: calls each message needs (n).
+        pattern: "parallel" (all calls at once) or "sequential" (each call
+            after the previous one succeeded).
+        throttle_mode: "off", "auto" (live capacity / n) or "fixed".
+        excess: what happens to a message the throttle cannot admit now:
+            "queue" (held in a bounded backlog; when that is full the source
+            waits), "shed" (dropped, counted, one JSONL line in `shed_path`)
+            or "sample" (only `sample_fraction` of arrivals are taken, the rest
+            shed; a taken message the throttle cannot admit is shed too).
+    """
+
+    def __init__(self, rate: float, *, calls: int = 1, pattern: str = "parallel",
+                 throttle: str | float = "off", excess: str = "queue", sample_fraction: float = 1.0,
+                 shed_path: str | None = None, backlog_max: int = 1000, poisson: bool = False,
+                 total: int | None = None, items=None, rng: random.Random | None = None,
+                 series_len: int = 300):
+        if calls < 1:
+            raise ValueError(f"calls must be at least 1, got {calls}")
+        if pattern not in PATTERNS:
+            raise ValueError(f"pattern must be parallel or sequential, got {pattern!r}")
+        if excess not in EXCESS:
+            raise ValueError(f"excess must be queue, shed or sample, got {excess!r}")
+        self.rate = float(rate)
+        self.calls = calls
+        self.pattern = pattern
+        self.throttle_mode, self.throttle_fixed = parse_throttle(throttle)
+        self.excess = excess
+        self.sample_fraction = sample_fraction
+        self.shed_path = shed_path or None
+        self.backlog_max = backlog_max
+        self.poisson = poisson
+        self.total = total
+        self.items = items
+        self.rng = rng or random.Random()
+        self.cancel_failed = True
+        self.exhausted = False
+        # message counters: arrived == completed + failed + shed + backlog + in progress
+        self.arrived = self.admitted = self.completed = self.failed = self.shed = 0
+        self.calls_wasted = 0  # attempts spent on messages that failed
+        self.calls_cancelled = 0  # calls of failed messages expired before any send
+        self.goodput_series: deque[float] = deque(maxlen=series_len)
+        self._second_completed = 0
+        self.backlog: deque[Message] = deque()
+        self.in_progress: dict[int, Message] = {}
+        self._sample_acc = 0.0
+        self._shed_lines: list[str] = []
+        self._engine: Engine | None = None
+        self._waiter: asyncio.Future | None = None
+        self._next_id = 0
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, rng: random.Random) -> "MessageWorkload":
+        m, w = cfg.messages, cfg.workload
+        items = read_jsonl(w.file) if w.file else None
+        return cls(cfg.arrival_rate / m.calls if w.rate is None else cfg.arrival_rate,
+                   calls=m.calls, pattern=m.pattern, throttle=m.throttle, excess=m.excess,
+                   sample_fraction=m.sample_fraction, shed_path=m.shed_path, backlog_max=m.backlog_max,
+                   poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
+
+    # ------------------------------------------------------------ steering
+    def set_rate(self, rate: float) -> None:
+        self.rate = float(rate)
+        self.poke()
+
+    def set_throttle(self, value: str | float) -> None:
+        """"off", "auto" or a fixed rate in messages/s; raises ValueError otherwise."""
+        self.throttle_mode, self.throttle_fixed = parse_throttle(value)
+        self.poke()
+
+    def poke(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # ------------------------------------------------------------ the throttle
+    def live_capacity(self, engine: "Engine", now: float) -> float:
+        """Calls per second the keys that can send now really allow.
+
+        Keys that are paused, blocked or cooling down count for nothing. The
+        limiter spaces sends by (window + headroom) / limit, so the headroom
+        is part of the rate: using the nominal limit would admit a few percent
+        more calls than can be sent, the call queue would fill, and calls
+        would be refused.
+        """
+        h = engine.headroom.seconds()
+        total = 0.0
+        for w in engine.workers:
+            if w.paused or w.blocked or w.gate_open_at() > now:
+                continue
+            total += min(p.limit / (p.window_s + h) for p in w.limiter.policies)
+        return total
+
+    def throttle_rate(self, engine: "Engine | None" = None, now: float | None = None) -> float:
+        """Messages per second the entry admits; 0 with the throttle off (no limit)."""
+        if self.throttle_mode == "fixed":
+            return self.throttle_fixed
+        if self.throttle_mode == "off":
+            return 0.0
+        engine = engine or self._engine
+        if engine is None or engine.loop is None:
+            return 0.0
+        now = engine.loop.time() if now is None else now
+        return self.live_capacity(engine, now) / self.calls
+
+    # ------------------------------------------------------------ the loop
+    async def run(self, engine: "Engine") -> None:
+        self._engine = engine
+        loop = engine.loop
+        next_arrival = loop.time()
+        next_admit = loop.time()
+        try:
+            while not engine.stopping:
+                now = loop.time()
+                if self.total is not None and self.arrived >= self.total and not self.backlog:
+                    break
+                mode = self.throttle_mode
+                limit = self.throttle_rate(engine, now)
+                # 1. admit from the backlog when the throttle has room
+                if self.backlog and (mode == "off" or (limit > 0 and now >= next_admit)):
+                    if not self._room(engine):
+                        await engine.queues.wait_space(max(1, engine.queue_max - self._first_calls() + 1))
+                        continue
+                    self._admit(engine, self.backlog.popleft(), now)
+                    if limit > 0:
+                        next_admit = max(next_admit + 1.0 / limit, now - 0.05)
+                    continue
+                # 2. arrivals
+                can_arrive = self.rate > 0 and (self.total is None or self.arrived < self.total)
+                stalled = len(self.backlog) >= self.backlog_max  # backpressure on the source
+                if can_arrive and not stalled and now >= next_arrival:
+                    params = None
+                    if self.items is not None:
+                        params = next(self.items, None)
+                        if params is None:
+                            self.total = self.arrived  # the file ran out
+                            continue
+                    msg = self._arrive(now, params)
+                    if msg is not None:
+                        if mode == "off":
+                            self._admit(engine, msg, now)
+                        elif self.excess == "queue":
+                            self.backlog.append(msg)  # admitted in step 1, at the throttle's pace
+                        elif limit > 0 and now >= next_admit and self._room(engine):
+                            self._admit(engine, msg, now)
+                            next_admit = max(next_admit + 1.0 / limit, now - 0.05)
+                        else:
+                            self._shed(msg, now, "throttle")
+                    gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+                    # After a stall (rate 0, backlog full) do not burst to catch up.
+                    next_arrival = max(next_arrival + gap, now - 0.05)
+                    continue
+                # 3. sleep until the next thing can happen (or a poke: rate, throttle, stop)
+                wake = []
+                if can_arrive and not stalled:
+                    wake.append(next_arrival)
+                if self.backlog and limit > 0:
+                    wake.append(next_admit)
+                elif self.backlog and mode == "auto":
+                    # auto with no live capacity: re-check when a gate opens
+                    gates = [w.gate_open_at() for w in engine.workers if not (w.paused or w.blocked)]
+                    later = [g for g in gates if g > now]
+                    # a resumed key does not poke the workload: look again soon
+                    wake.append(min(later) if later else now + 0.5)
+                await self._sleep(loop, min(wake) if wake else None, engine)
+        finally:
+            self.exhausted = not engine.stopping
+            self._flush_shed(engine)
+        engine._check_finished()
+
+    def _room(self, engine: "Engine") -> bool:
+        """Whether the main queue takes this message's first calls without refusing one."""
+        if not engine.backpressure:
+            return True
+        return len(engine.queues.main) + self._first_calls() <= max(engine.queue_max, self._first_calls())
+
+    def _first_calls(self) -> int:
+        return self.calls if self.pattern == "parallel" else 1
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, engine: "Engine") -> None:
+        fut = loop.create_future()
+        self._waiter = fut
+        handle = loop.call_at(until, _wake, fut) if until is not None else None
+        # With auto, pausing/resuming a key or a closing gate changes the rate:
+        # the engine pokes the workload on commands; gates are caught above.
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle:
+                handle.cancel()
+
+    # ------------------------------------------------------------ message life
+    def _arrive(self, now: float, params: dict | None) -> Message | None:
+        """A message arrives; returns it unless sampling sheds it at once."""
+        self._next_id += 1
+        self.arrived += 1
+        msg = Message(self._next_id, now, params)
+        if self.excess == "sample":
+            self._sample_acc += self.sample_fraction
+            if self._sample_acc < 1.0:
+                self._shed(msg, now, "sample")
+                return None
+            self._sample_acc -= 1.0
+        return msg
+
+    def _admit(self, engine: "Engine", msg: Message, now: float) -> None:
+        self.admitted += 1
+        self.in_progress[msg.id] = msg
+        first = self.calls if self.pattern == "parallel" else 1
+        for _ in range(first):
+            if msg.failed:
+                break
+            self._submit_call(engine, msg)
+
+    def _submit_call(self, engine: "Engine", msg: Message) -> None:
+        params = dict(msg.params or {}, message=msg.id, call=msg.next_call)
+        req = engine.new_request(params)
+        req.on_done = partial(self._call_done, msg)
+        msg.next_call += 1
+        msg.open += 1
+        msg.calls.append(req)
+        if engine.backpressure and len(engine.queues.main) >= engine.queue_max:
+            # No room: refused at once, as a rate-limited dependency would refuse it.
+            engine.metrics.generated += 1
+            engine.shed(req)
+            return
+        engine.submit(req)
+
+    def _call_done(self, msg: Message, req: Request, where: str) -> None:
+        msg.open -= 1
+        engine = self._engine
+        if msg.failed:
+            self.calls_wasted += req.attempts
+            if req.attempts == 0 and where == "expired":
+                self.calls_cancelled += 1
+        elif where == "succeeded":
+            msg.ok += 1
+            msg.spent += req.attempts
+            if msg.ok == self.calls:
+                self._complete(msg)
+            elif self.pattern == "sequential" and engine is not None and not engine.stopping:
+                self._submit_call(engine, msg)
+        else:
+            self._fail(msg, req)
+
+    def _complete(self, msg: Message) -> None:
+        self.completed += 1
+        self._second_completed += 1
+        self.in_progress.pop(msg.id, None)
+        msg.calls = []
+
+    def _fail(self, msg: Message, req: Request) -> None:
+        msg.failed = True
+        self.failed += 1
+        self.in_progress.pop(msg.id, None)
+        self.calls_wasted += msg.spent + req.attempts
+        # Cancel what was not sent yet: a past deadline makes the worker (or
+        # the ticker) expire it without a send. Calls in flight finish as they
+        # will; their attempts are counted as wasted when they do.
+        for other in msg.calls:
+            if self.cancel_failed and other is not req:
+                other.deadline = float("-inf")
+        msg.calls = []
+
+    def _shed(self, msg: Message, now: float, reason: str) -> None:
+        self.shed += 1
+        if self.shed_path:
+            engine = self._engine
+            offset = engine._wall_offset if engine is not None else 0.0
+            self._shed_lines.append(json.dumps({
+                "message": msg.id, "reason": reason, "calls": self.calls,
+                "arrived_at": round(msg.arrived_at + offset, 3),
+            }))
+
+    def _flush_shed(self, engine: "Engine") -> None:
+        if not self.shed_path or not self._shed_lines:
+            return
+        try:
+            with Path(self.shed_path).open("a", encoding="utf-8") as fh:
+                fh.write("\n".join(self._shed_lines) + "\n")
+        except OSError as exc:
+            problem = f"cannot write shed messages to {self.shed_path}: {exc.strerror or exc}"
+            if problem not in engine.problems:
+                engine.problems.append(problem)
+                engine.event("error", problem)
+            return
+        self._shed_lines.clear()
+
+    # ------------------------------------------------------------ engine hooks
+    def close_second(self) -> None:
+        """Roll the goodput series; the engine calls this once a second."""
+        self.goodput_series.append(float(self._second_completed))
+        self._second_completed = 0
+        if self._engine is not None:
+            self._flush_shed(self._engine)
+
+    def snapshot_fields(self) -> dict:
+        """The Snapshot fields this workload fills (see `Snapshot`)."""
+        engine = self._engine
+        elapsed = 0.0
+        if engine is not None and engine.loop is not None:
+            end = engine.ended_at if engine.ended_at is not None else engine.loop.time()
+            elapsed = max(0.0, end - engine.started_at)
+        return {
+            "calls_per_message": self.calls,
+            "message_pattern": self.pattern,
+            "messages_generated": self.arrived,
+            "messages_completed": self.completed,
+            "messages_failed": self.failed,
+            "messages_shed": self.shed,
+            "messages_queued": len(self.backlog),
+            "messages_in_progress": len(self.in_progress),
+            "calls_wasted": self.calls_wasted,
+            "calls_cancelled": self.calls_cancelled,
+            "goodput_tps": self.completed / elapsed if elapsed > 0 else 0.0,
+            "current_goodput": self.goodput_series[-1] if self.goodput_series else 0.0,
+            "goodput_series": tuple(self.goodput_series),
+            "throttle_mode": self.throttle_mode,
+            "throttle_rate": round(self.throttle_rate(), 3),
+            "excess": self.excess,
+        }
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def workload_from_config(cfg: RunConfig, rng: random.Random):
+    """The engine's workload: messages when `[messages]` is configured, else plain requests."""
+    if getattr(cfg, "messages", None) is not None:
+        return MessageWorkload.from_config(cfg, rng)
+    return Workload.from_config(cfg, rng)
