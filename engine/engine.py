@@ -216,7 +216,10 @@ class Engine:
             if not worker.blocked:
                 worker.blocked = True
                 self.event("error", f"{worker.label} {worker.masked} blocked by the server ({result.status})")
-            self._retry(req, now, immediate=True)
+            if not self.retry_errors:
+                self._bury(req, now)
+                return
+            self._retry(req, now, immediate=True)  # another key may still serve it
             return
         elif kind in (oc.NONCE, oc.CLIENT_ERROR):
             m.rejected_other += 1
