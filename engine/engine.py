@@ -26,7 +26,7 @@ from .messages import workload_from_config
 from .metrics import Metrics
 from .queues import Graveyard, WorkQueues
 from .request import Request
-from .snapshot import Event, KeyRow, Snapshot
+from .snapshot import Event, GateRow, KeyRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
 from .workload import Workload
@@ -243,8 +243,11 @@ class Engine:
         """Honour a server's delay: close the budget's gate for every sender (shared),
         or, in the pre-actor design kept for comparison, hold back only this request."""
         if self.shared_cooldown:
-            if gate.close(now + delay, reason):
+            escalations = gate.escalations
+            if gate.close(now + delay, reason, now):
                 self.event("cooldown", f"{gate.name} cooling down {delay:.1f}s: {reason}")
+                if gate.escalations > escalations:
+                    self.event("error", f"{gate.name}: the server escalated its penalty to {delay:.1f}s")
         else:
             req.eligible_at = now + delay * 1.1  # "slightly more than the error said"
 
@@ -450,6 +453,8 @@ class Engine:
             arrival_rate=self.workload.rate, latency=m.latency.summary(),
             tps_series=tuple(m.tps_series), p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series), keys=tuple(rows), events=tuple(self.events),
+            gates=tuple(GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
+                        for g in self.gates.values()),
             **self._workload_fields(),
         )
 

@@ -10,18 +10,25 @@ class CooldownGate:
     that budget checks it before sending, so one rejection pauses them all.
     """
 
-    __slots__ = ("name", "open_at", "reason", "closures")
+    __slots__ = ("name", "open_at", "reason", "closures", "escalations", "_last_delay")
 
     def __init__(self, name: str):
         self.name = name
         self.open_at = 0.0
         self.reason = ""
         self.closures = 0
+        self.escalations = 0  # closings asking for a longer wait than the previous one
+        self._last_delay = 0.0
 
-    def close(self, until: float, reason: str) -> bool:
+    def close(self, until: float, reason: str, now: float | None = None) -> bool:
         """Close until `until` unless already closed longer; True if it moved."""
         if until <= self.open_at:
             return False
+        if now is not None:
+            delay = until - now
+            if self.closures and delay > self._last_delay * 1.5:
+                self.escalations += 1
+            self._last_delay = delay
         self.open_at = until
         self.reason = reason
         self.closures += 1

@@ -33,6 +33,21 @@ class KeyRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GateRow:
+    """A cooldown gate: closed for `left_s` more seconds (0 when open) and why.
+
+    `escalations` counts closings that asked for a longer wait than the one
+    before: the server raising its penalty, which ratedeck exists to avoid.
+    """
+
+    name: str
+    left_s: float
+    reason: str
+    closures: int
+    escalations: int
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """A line of the event log: seconds since start, a kind and a text."""
 
@@ -123,6 +138,8 @@ class Snapshot:
     throttle_mode: str = "off"  # "off", "auto" or "fixed"
     throttle_rate: float = 0.0  # messages/s the entry admits now (0 with the throttle off)
     excess: str = "queue"  # "queue", "shed" or "sample"
+    # cooldown gates: one per key, plus "host" with a host-wide limit
+    gates: tuple["GateRow", ...] = ()
 
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""
