@@ -53,9 +53,9 @@ def parse_throttle(value: str | float) -> tuple[str, float]:
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(f"must be \"off\", \"auto\" or messages per second, got {value!r}") from None
+            raise ValueError(f"throttle must be \"off\", \"auto\" or messages per second, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"must be \"off\", \"auto\" or messages per second, got {value!r}")
+        raise ValueError(f"throttle must be \"off\", \"auto\" or messages per second, got {value!r}")
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"a fixed throttle must be above 0 messages/s, got {value!r}")
     return "fixed", float(value)
@@ -204,6 +204,9 @@ class MessageWorkload:
                 limit = self.throttle_rate(engine, now)
                 # 1. admit from the backlog when the throttle has room
                 if self.backlog and (mode == "off" or (limit > 0 and now >= next_admit)):
+                    if mode == "auto" and self._backed_up(engine, limit):
+                        next_admit = now + 1.0 / limit  # let the call queue drain first
+                        continue
                     if not self._room(engine):
                         await engine.queues.wait_space(max(1, engine.queue_max - self._first_calls() + 1))
                         continue
@@ -227,7 +230,8 @@ class MessageWorkload:
                             self._admit(engine, msg, now)
                         elif self.excess == "queue":
                             self.backlog.append(msg)  # admitted in step 1, at the throttle's pace
-                        elif limit > 0 and now >= next_admit and self._room(engine):
+                        elif (limit > 0 and now >= next_admit and self._room(engine)
+                              and not (mode == "auto" and self._backed_up(engine, limit))):
                             self._admit(engine, msg, now)
                             next_admit = max(next_admit + 1.0 / limit, now - 0.05)
                         else:
@@ -259,6 +263,15 @@ class MessageWorkload:
         if not engine.backpressure:
             return True
         return len(engine.queues.main) + self._first_calls() <= max(engine.queue_max, self._first_calls())
+
+    def _backed_up(self, engine: "Engine", limit: float) -> bool:
+        """More calls queued than the keys send in a quarter second (auto only).
+
+        Admitting at exactly capacity never drains calls queued earlier (after
+        a spell with the throttle off, or a pause), and calls that wait too
+        long expire and fail their messages; so auto holds back until they go.
+        """
+        return len(engine.queues) > max(self.calls, limit * self.calls * 0.25)
 
     def _first_calls(self) -> int:
         return self.calls if self.pattern == "parallel" else 1
