@@ -173,7 +173,7 @@ def run_console(cfg: RunConfig) -> int:
     for line in summary_lines(final):
         print(line)
     if cfg.report:
-        problem = write_report(final, cfg.report)
+        problem = write_report(final, cfg.report, host.session.server_stats)
         if problem:
             return fail(problem)
         print(f"report written to {cfg.report}")

@@ -96,12 +96,17 @@ async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | No
                 pass
     print("\n".join(summary_lines(snap)), file=out, flush=True)
     code = 0
+    if session.server_stats:
+        t = session.server_stats["totals"]
+        print(f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
+              f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
+              f"  audit {'ok' if session.server_stats['audit_ok'] else 'EXCEEDED'}", file=out)
     if cfg.engine.graveyard_path and snap.graveyard:
         print(f"graveyard: {snap.graveyard} requests in {cfg.engine.graveyard_path}", file=out)
     for problem in engine.problems:
         print(f"ratedeck: {problem}", file=sys.stderr)
     if cfg.report:
-        problem = write_report(snap, cfg.report)
+        problem = write_report(snap, cfg.report, session.server_stats)
         if problem:
             print(f"ratedeck: {problem}", file=sys.stderr)
             code = 2

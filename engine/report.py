@@ -8,8 +8,12 @@ from pathlib import Path
 from .snapshot import Snapshot
 
 
-def build_report(snap: Snapshot) -> dict:
-    """Report fields from a final snapshot. Keys appear masked only."""
+def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
+    """Report fields from a final snapshot. Keys appear masked only.
+
+    With the embedded simulator, `server` holds its own count of the run
+    (totals and the independent window audit): the server's view, not ours.
+    """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
     lat = snap.latency
     return {
@@ -44,13 +48,16 @@ def build_report(snap: Snapshot) -> dict:
                   "state": k.state} for k in snap.keys],
         "series": {"tps": list(snap.tps_series), "p50_ms": [r(x) for x in snap.p50_series],
                    "p99_ms": [r(x) for x in snap.p99_series]},
-    }
+        "gates": [{"name": g.name, "closures": g.closures, "escalations": g.escalations}
+                  for g in snap.gates if g.closures],
+    } | ({"server": {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}}
+         if server_stats else {})
 
 
-def write_report(snap: Snapshot, path: str) -> str | None:
+def write_report(snap: Snapshot, path: str, server_stats: dict | None = None) -> str | None:
     """Write the report; returns a problem text instead of raising."""
     try:
-        Path(path).write_text(json.dumps(build_report(snap), indent=2) + "\n", encoding="utf-8")
+        Path(path).write_text(json.dumps(build_report(snap, server_stats), indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         return f"cannot write report {path}: {exc.strerror or exc}"
     return None

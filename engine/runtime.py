@@ -44,6 +44,7 @@ class Session:
         self.cfg = cfg
         self._transport = transport
         self.server = None  # the embedded simulator, when there is no target
+        self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
 
@@ -81,6 +82,7 @@ class Session:
         snap = await self.engine.stop()
         await self._transport.close()
         if self.server is not None:
+            self.server_stats = self.server.rules.stats()
             await self.server.close()
         return snap
 
