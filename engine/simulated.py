@@ -19,34 +19,54 @@ from ratedeck.server.rules import RateRules
 from ratedeck.server.settings import ServerSettings
 
 from .config import KeySpec
-from .outcome import Outcome, classify
+from .delays import response_delay
+from .outcome import TIMEOUT, Outcome, classify
 from .request import Request
 
 
 class SimulatedTransport:
-    """A `Transport` that plays `RateRules` on the running loop's clock."""
+    """A `Transport` that plays `RateRules` on the running loop's clock.
 
-    def __init__(self, settings: ServerSettings, seed: int = 1):
+    Tests use the extras: `extra_in_ms` / `extra_out_ms` add uniform random
+    network delay to each leg, `fail_every` turns every Nth attempt into a
+    timeout, and `sends` / `cooldowns` log what was sent when and which
+    delays the client was told.
+    """
+
+    def __init__(self, settings: ServerSettings, seed: int = 1, *,
+                 extra_in_ms: tuple[float, float] = (0, 0), extra_out_ms: tuple[float, float] = (0, 0),
+                 fail_every: int = 0):
         self.settings = settings
         self.rules = RateRules(settings)
         self.rng = random.Random(seed)
+        self.extra_in_ms, self.extra_out_ms = extra_in_ms, extra_out_ms
+        self.fail_every = fail_every
         self.attempts = 0
+        self.sends: list[tuple[str, float]] = []  # (key, send time)
+        self.cooldowns: list[tuple[str, float, float]] = []  # (key, from, until) told to the client
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.attempts += 1
-        await self._delay(self.settings.latency_in_ms)
+        self.sends.append((key.secret, start))
+        await self._delay(self.settings.latency_in_ms, self.extra_in_ms)
+        if self.fail_every and self.attempts % self.fail_every == 0:
+            await asyncio.sleep(0.2)
+            return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
         decision = self.rules.decide(key.secret, nonce, loop.time() * 1000.0, req.id)
-        await self._delay(self.settings.latency_out_ms)
+        await self._delay(self.settings.latency_out_ms, self.extra_out_ms)
         body = json.dumps(decision.body)
-        # The simulator sends Retry-After as whole seconds only.
-        retry_after = decision.headers.get("Retry-After")
-        return Outcome(classify(decision.status, body), decision.status,
-                       float(retry_after) if retry_after is not None else None, loop.time() - start)
+        delay = response_delay(decision.status, decision.headers, body) if decision.status >= 400 else None
+        if delay is not None:
+            self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
+        return Outcome(classify(decision.status, body), decision.status, delay, loop.time() - start,
+                       policy_header=decision.headers.get("RateLimit-Policy"))
 
-    async def _delay(self, bounds: tuple[int, int]) -> None:
+    async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
         ms = self.rng.randint(*bounds)
+        if extra[1]:
+            ms += self.rng.uniform(*extra)
         if ms:
             await asyncio.sleep(ms / 1000.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import ServerSettings, seed_settings
-from sim_transport import SimTransport
+from ratedeck.engine.simulated import SimulatedTransport
 
 
 def seed_engine(tmp_path=None, *, server: ServerSettings | None = None, transport_kw=None, **sections):
@@ -14,7 +14,7 @@ def seed_engine(tmp_path=None, *, server: ServerSettings | None = None, transpor
     engine_over = overrides.setdefault("engine", {})
     engine_over.setdefault("graveyard_path", str(tmp_path / "graveyard.jsonl") if tmp_path else "")
     cfg = load_config(preset="seed", overrides=overrides)
-    transport = SimTransport(server or seed_settings(), **(transport_kw or {}))
+    transport = SimulatedTransport(server or seed_settings(), **(transport_kw or {}))
     return Engine(cfg, transport), transport
 
 

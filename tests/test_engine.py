@@ -12,7 +12,7 @@ from ratedeck.engine.commands import (PauseAll, PauseKey, ResumeAll, ResumeKey, 
 from ratedeck.engine.engine import UnknownKey
 from ratedeck.engine.policy import Policy
 from ratedeck.server.settings import seed_settings
-from virtual_time import run_virtual
+from ratedeck.engine.simulated import run_virtual
 
 
 def test_seed_mode_reaches_92_per_second_with_no_rejection():

@@ -15,7 +15,7 @@ from ratedeck.engine.engine import Engine
 from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.policy import Policy
 from ratedeck.server.settings import ServerSettings
-from virtual_time import run_virtual
+from ratedeck.engine.simulated import run_virtual
 
 
 # ---------------------------------------------------------------- delay sources

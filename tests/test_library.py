@@ -7,7 +7,7 @@ import pytest
 
 from ratedeck.engine.config import load_config
 from ratedeck.engine.library import CallFailed, RateDeck, RateLimited
-from virtual_time import run_virtual
+from ratedeck.engine.simulated import run_virtual
 
 
 class Slow(Exception):
