@@ -1,1 +1,269 @@
-"""ratedeck bench."""
+"""`ratedeck bench`: rate-limit clients head to head, plus micro and scaling numbers.
+
+Each strategy runs in its own child process against a fresh simulator
+(`ratedeck serve`) in another, for the same duration, one after another.
+Successes, expirations and latency come from the client; 429s and nonce
+rejections from the simulator's own counters. Then: limiter acquire cost
+against aiolimiter and pyrate-limiter, the engine's maximum throughput
+against a bare aiohttp loop, and how CPU per request and memory grow with
+the number of keys and the queue's depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any, Sequence
+
+from .scenarios import SCENARIOS, STRATEGIES
+
+EXIT_USAGE = 2
+DEFAULT_DURATION_S = 20.0
+QUICK_DURATION_S = 2.0
+MICRO_S = 3.0  # each throughput and scaling run
+SCALE_KEYS = (5, 50, 500)
+SCALE_QUEUE = (1_000, 10_000, 100_000, 1_000_000)
+SCALE_TOTAL_TPS = 1000  # keys share this rate in the scaling runs
+UNLIMITED = ("--mode", "standard", "--limit", "1000/1ms", "--latency", "0",
+             "--no-ratelimit-headers", "--no-retry-after")
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message is the whole line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + message
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ratedeck bench",
+        description="Run rate-limit clients one after another against the same simulator scenarios "
+                    "and compare successful req/s, 429s, latency, CPU and memory; then micro "
+                    "benchmarks and scaling. Scenarios: " + ", ".join(SCENARIOS)
+                    + ". Strategies: " + ", ".join(STRATEGIES) + ".",
+    )
+    p.add_argument("--duration", metavar="S", default=None,
+                   help=f"seconds each strategy runs per scenario (default {DEFAULT_DURATION_S:g})")
+    p.add_argument("--scenarios", metavar="A,B", help="only these scenarios (comma-separated)")
+    p.add_argument("--strategies", metavar="A,B", help="only these strategies (comma-separated)")
+    p.add_argument("--micro", choices=("full", "limiter", "none"), default=None,
+                   help="micro benchmarks: full (limiter, throughput, scaling; the default), "
+                        "limiter only, or none")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a tiny run: {QUICK_DURATION_S:g} s per strategy and the limiter micro only")
+    p.add_argument("--report", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="event loop for the asyncio clients (default uvloop when installed)")
+    p.add_argument("--seed", metavar="N", default="1", help="seed for latency draws and arrivals")
+    p.add_argument("--no-chart", action="store_true", help="print the table without bar charts")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse and check the options; raises `UsageError` with one line for bad input."""
+    args = build_parser().parse_args(list(argv))
+    if args.duration is None:
+        args.duration = QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S
+    else:
+        try:
+            args.duration = float(args.duration)
+        except ValueError:
+            raise UsageError(f"--duration: expected seconds, got {args.duration!r}") from None
+        if not args.duration > 0 or args.duration != args.duration or args.duration == float("inf"):
+            raise UsageError(f"--duration: must be a number of seconds above 0, got {args.duration:g}")
+    args.scenarios = _names("--scenarios", args.scenarios, SCENARIOS)
+    args.strategies = _names("--strategies", args.strategies, STRATEGIES)
+    if args.micro is None:
+        args.micro = "limiter" if args.quick else "full"
+    try:
+        args.seed = int(args.seed)
+    except ValueError:
+        raise UsageError(f"--seed: expected a whole number, got {args.seed!r}") from None
+    return args
+
+
+def _names(flag: str, text: str | None, known: dict[str, Any]) -> list[str]:
+    if text is None:
+        return list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(f"{flag}: expected names, got {text!r}; known: {', '.join(known)}")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"{flag}: unknown name {name!r}; known: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ratedeck bench [options]`: 0 when done, 2 on bad input, 1 if a run failed."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as exc:
+        print(f"ratedeck bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from .output import bar_charts, micro_table, report_dict, scenario_table, write_report
+    from .procs import BenchError
+
+    command = "ratedeck bench" + ("" if not argv else " " + shlex.join(argv))
+    try:
+        results = run_scenarios(args)
+        micro, scaling = run_micro(args)
+    except BenchError as exc:
+        print(f"ratedeck bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ratedeck bench: interrupted", file=sys.stderr)
+        return 130
+    print(f"\n{command}  (loop {args.loop}; every strategy offered each scenario's capacity; "
+          "429s and nonce rejections as the simulator counted them; latency = round trip of "
+          "successful attempts)\n")
+    for result in results:
+        print(scenario_table(result, args.duration))
+        print()
+    if results and not args.no_chart:
+        print(bar_charts(results, color=sys.stdout.isatty()))
+        print()
+    if micro:
+        print("micro and scaling")
+        print(micro_table(micro))
+    if args.report:
+        data = report_dict(results, micro, duration_s=args.duration, loop=args.loop,
+                           command=command, scaling=scaling)
+        problem = write_report(data, args.report)
+        if problem:
+            print(f"ratedeck bench: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"\nreport written to {args.report}")
+    return 0
+
+
+def _progress(text: str) -> None:
+    print(f"ratedeck bench: {text}", file=sys.stderr, flush=True)
+
+
+def run_scenarios(args: argparse.Namespace) -> list:
+    """Every selected strategy against every selected scenario, each in fresh processes."""
+    from .output import ScenarioResult, make_row
+    from .procs import Simulator, run_child
+    from .spec import RunSpec
+
+    results = []
+    for name in args.scenarios:
+        scenario = SCENARIOS[name]
+        result = ScenarioResult(name, scenario.summary, scenario.capacity_tps)
+        for strategy in args.strategies:
+            _progress(f"{name}: {strategy} for {args.duration:g} s")
+            with Simulator(scenario.serve_args, seed=args.seed) as sim:
+                spec = RunSpec(strategy, sim.url, scenario.keys, scenario.limit, scenario.window_s,
+                               scenario.nonce, scenario.capacity_tps, args.duration,
+                               loop=args.loop, seed=args.seed)
+                client = run_child(spec)
+                server = sim.stats()
+            result.rows.append(make_row(strategy, client, server, args.duration,
+                                        scenario.capacity_tps))
+        results.append(result)
+    return results
+
+
+def run_micro(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Limiter micro (and, with `--micro full`, throughput and scaling runs)."""
+    from .micro import limiter_micro
+
+    if args.micro == "none":
+        return [], []
+    _progress("micro: limiter acquire cost")
+    micro = limiter_micro(ops=50_000 if args.quick else 200_000, repeats=3 if args.quick else 7)
+    if args.micro == "limiter":
+        return micro, []
+    seconds = 1.5 if args.quick else MICRO_S
+    micro += throughput_runs(args, seconds)
+    scaling = scaling_runs(args, seconds)
+    for row in scaling:
+        tag = f"scale_{row['axis']}_{row['at']}"
+        micro.append({"name": f"{tag}_cpu_us_per_req", "value": round(row["cpu_us_per_req"], 1),
+                      "unit": "us/req"})
+        micro.append({"name": f"{tag}_peak_rss_mb", "value": round(row["peak_rss_mb"], 1),
+                      "unit": "MB"})
+        if row["axis"] == "queue" and row["at"] >= 100_000:  # smaller depths drown in noise
+            micro.append({"name": f"{tag}_bytes_per_queued", "value": round(row["bytes_per_queued"]),
+                          "unit": "B"})
+    return micro, scaling
+
+
+def throughput_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any]]:
+    """Engine vs a bare aiohttp loop, same concurrency, alternating, best of two each."""
+    from ratedeck.server.settings import generated_keys
+
+    from .procs import Simulator, run_child
+    from .spec import RunSpec
+
+    keys, in_flight = generated_keys(5), 8
+    best: dict[str, dict[str, Any]] = {}
+    with Simulator((*UNLIMITED, "--keys", str(len(keys))), seed=args.seed) as sim:
+        def spec(job: str, **extra: Any) -> RunSpec:
+            return RunSpec(job, sim.url, keys, 1_000_000, 1.0, False, 5_000_000.0, seconds,
+                           in_flight=in_flight, loop=args.loop, seed=args.seed, extra=extra)
+
+        for _ in range(2):
+            for job in ("bare-aiohttp", "engine-max"):
+                _progress(f"micro: {job} for {seconds:g} s")
+                r = run_child(spec(job))
+                if job not in best or r["ok_per_s"] > best[job]["ok_per_s"]:
+                    best[job] = r
+        # A diagnostic: the same engine with burst pacing (no even spreading of sends).
+        _progress(f"micro: engine-max (burst pacing) for {seconds:g} s")
+        burst = run_child(spec("engine-max", engine={"pacing": "burst"}))
+    bare, eng = best["bare-aiohttp"], best["engine-max"]
+    overhead = 100.0 * (1.0 - eng["ok_per_s"] / bare["ok_per_s"]) if bare["ok_per_s"] else 0.0
+    cpu_over = (100.0 * (eng["cpu_us_per_req"] / bare["cpu_us_per_req"] - 1.0)
+                if bare["cpu_us_per_req"] else 0.0)
+    c = len(keys) * in_flight
+    return [
+        {"name": f"engine_max_tps_c{c}", "value": round(eng["ok_per_s"], 1), "unit": "req/s"},
+        {"name": f"bare_aiohttp_max_tps_c{c}", "value": round(bare["ok_per_s"], 1), "unit": "req/s"},
+        {"name": "engine_throughput_overhead_pct", "value": round(overhead, 1), "unit": "%"},
+        {"name": "engine_cpu_us_per_req", "value": round(eng["cpu_us_per_req"], 1), "unit": "us/req"},
+        {"name": "bare_aiohttp_cpu_us_per_req", "value": round(bare["cpu_us_per_req"], 1),
+         "unit": "us/req"},
+        {"name": "engine_cpu_overhead_pct", "value": round(cpu_over, 1), "unit": "%"},
+        {"name": f"engine_max_tps_burst_pacing_c{c}", "value": round(burst["ok_per_s"], 1),
+         "unit": "req/s"},
+    ]
+
+
+def scaling_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any]]:
+    """CPU per request and memory as keys (5..500) and queue depth (10^3..10^6) grow."""
+    from ratedeck.server.settings import generated_keys
+
+    from .procs import Simulator, run_child
+    from .spec import RunSpec
+
+    rows = []
+    for n in SCALE_KEYS:
+        per_key = max(1, SCALE_TOTAL_TPS // n)
+        keys = generated_keys(n)
+        _progress(f"scaling: {n} keys x {per_key}/1s for {seconds:g} s")
+        serve = ("--mode", "standard", "--keys", str(n), "--limit", f"{per_key}/1s", "--latency", "0",
+                 "--no-ratelimit-headers")
+        with Simulator(serve, seed=args.seed) as sim:
+            r = run_child(RunSpec("scale-keys", sim.url, keys, per_key, 1.0, False,
+                                  float(per_key * n), seconds, loop=args.loop, seed=args.seed))
+        rows.append({"axis": "keys", "at": n, **r})
+    keys = generated_keys(5)
+    per_key = SCALE_TOTAL_TPS // len(keys)
+    for depth in SCALE_QUEUE:
+        _progress(f"scaling: queue of {depth:,} for {seconds:g} s")
+        serve = ("--mode", "standard", "--keys", str(len(keys)), "--limit", f"{per_key}/1s",
+                 "--latency", "0", "--no-ratelimit-headers")
+        with Simulator(serve, seed=args.seed) as sim:
+            extra = {"depth": depth, "workload": {"total": depth, "rate": 1e9}}
+            r = run_child(RunSpec("scale-queue", sim.url, keys, per_key, 1.0, False,
+                                  float(SCALE_TOTAL_TPS), seconds, loop=args.loop, seed=args.seed,
+                                  extra=extra), timeout_s=seconds + 120.0)
+        rows.append({"axis": "queue", "at": depth, **r})
+    return rows

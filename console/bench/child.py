@@ -1,0 +1,93 @@
+"""The child process that runs one strategy (or one micro job) and reports on stdout.
+
+    python -m ratedeck.console.bench.child  < spec.json
+
+It reads a `RunSpec` as JSON on stdin and prints one line `RESULT {json}`:
+the strategy's counters plus `cpu_s` (user + system CPU of this process
+during the run, imports excluded) and `peak_rss_mb` (this process's peak
+resident memory, imports included, since a user pays for those too).
+One process per run keeps CPU and memory figures per strategy and fair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+from .spec import RunSpec
+
+RESULT_PREFIX = "RESULT "
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop for "uvloop" when installed, else the standard one."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        return uvloop.new_event_loop
+    return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
+
+
+def cpu_now() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def run_spec(spec: RunSpec) -> dict[str, Any]:
+    """Run one job in this process; returns its JSON-ready result."""
+    from . import micro
+
+    if spec.strategy in micro.JOBS:
+        with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
+            return runner.run(micro.JOBS[spec.strategy](spec))
+    if spec.strategy == "improved-threads":
+        from .threaded import run_improved_threads
+
+        runner_fn: Callable[[], dict] = lambda: run_improved_threads(spec).summary()  # noqa: E731
+    else:
+        if spec.strategy == "ratedeck":
+            from .engine_run import run_engine as coro_fn
+
+            async def job() -> dict:
+                return await coro_fn(spec)
+        else:
+            from .baselines import ASYNC_RUNNERS
+
+            async def job() -> dict:
+                return (await ASYNC_RUNNERS[spec.strategy](spec)).summary()
+
+        def runner_fn() -> dict:
+            with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
+                return runner.run(job())
+
+    cpu0, t0 = cpu_now(), time.monotonic()
+    out = runner_fn()
+    out["cpu_s"] = cpu_now() - cpu0
+    out["wall_s"] = time.monotonic() - t0
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def main() -> int:
+    spec = RunSpec.from_json(json.load(sys.stdin))
+    result = run_spec(spec)
+    sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The bench's results as a text table, plotext bar charts and a JSON report."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The columns of a result row, in report order (stable names).
+ROW_FIELDS = ("strategy", "ok_per_s", "pct_capacity", "rejected_429", "rejected_nonce", "expired",
+              "p50_ms", "p99_ms", "cpu_s", "peak_rss_mb")
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario's rows, one per strategy, in the order they ran."""
+
+    name: str
+    summary: str
+    capacity_tps: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_row(strategy: str, client: dict[str, Any], server: dict[str, Any], duration_s: float,
+             capacity_tps: float) -> dict[str, Any]:
+    """A result row: successes from the client, 429s and nonce rejections as the server counted them.
+
+    Every HTTP 429 counts, including the seed server's "blocked" answers.
+    Extra fields after the stable ones help explain a row.
+    """
+    totals = server.get("totals", {})
+    host = server.get("host", {})
+    ok_per_s = client["succeeded"] / duration_s
+    row = {
+        "strategy": strategy,
+        "ok_per_s": round(ok_per_s, 2),
+        "pct_capacity": round(100.0 * ok_per_s / capacity_tps, 1) if capacity_tps else 0.0,
+        "rejected_429": int(totals.get("rejected_429", 0) + totals.get("blocked_answers", 0)
+                            + host.get("rejected_429", 0)),
+        "rejected_nonce": int(totals.get("rejected_nonce", 0)),
+        "expired": int(client.get("expired", 0)),
+        "p50_ms": round(float(client.get("p50_ms", 0.0)), 1),
+        "p99_ms": round(float(client.get("p99_ms", 0.0)), 1),
+        "cpu_s": round(float(client.get("cpu_s", 0.0)), 2),
+        "peak_rss_mb": round(float(client.get("peak_rss_mb", 0.0)), 1),
+        # extras, not part of the stable set
+        "succeeded": int(client["succeeded"]),
+        "generated": int(client.get("generated", 0)),
+        "sent": int(client.get("sent", 0)),
+        "graveyard": int(client.get("graveyard", 0)),
+        "failed": int(client.get("failed", 0)),
+        "server_ok": int(totals.get("ok", 0)),
+        "server_audit_ok": bool(server.get("audit_ok", True)),
+    }
+    return row
+
+
+def scenario_table(result: ScenarioResult, duration_s: float) -> str:
+    """A fixed-width table of one scenario's rows."""
+    head = (f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
+            f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'RSS MB':>8}")
+    lines = [f"{result.name}: {result.summary}",
+             f"capacity {result.capacity_tps:g} req/s, {duration_s:g} s per strategy", head,
+             "-" * len(head)]
+    for r in result.rows:
+        lines.append(
+            f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%{r['rejected_429']:>7}"
+            f"{r['rejected_nonce']:>7}{r['expired']:>8}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}"
+            f"{r['cpu_s']:>7.2f}{r['peak_rss_mb']:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def micro_table(micro: list[dict[str, Any]]) -> str:
+    """Micro and scaling numbers, one per line."""
+    if not micro:
+        return ""
+    width = max(len(m["name"]) for m in micro)
+    return "\n".join(f"{m['name']:<{width}}  {m['value']:>12,.3f} {m['unit']}" for m in micro)
+
+
+def bar_charts(results: list[ScenarioResult], color: bool, width: int | None = None) -> str:
+    """One horizontal plotext bar chart of successful req/s per scenario."""
+    import plotext as plt
+
+    width = width or min(100, shutil.get_terminal_size((100, 30)).columns)
+    out = []
+    for result in results:
+        if not result.rows:
+            continue
+        plt.clear_figure()
+        plt.plotsize(width, 2 * len(result.rows) + 6)
+        plt.theme("clear")
+        plt.bar([r["strategy"] for r in result.rows], [r["ok_per_s"] for r in result.rows],
+                orientation="horizontal", width=0.6)
+        plt.title(f"{result.name}: successful req/s (capacity {result.capacity_tps:g})")
+        out.append(plt.build())
+    text = "\n".join(out)
+    return text if color else plt.uncolorize(text)
+
+
+def report_dict(results: list[ScenarioResult], micro: list[dict[str, Any]], *, duration_s: float,
+                loop: str, command: str, scaling: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON report: `scenarios` and `micro` with stable names, plus run context."""
+    import os
+    import sys
+
+    return {
+        "command": command,
+        "duration_s": duration_s,
+        "loop": loop,
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                    "platform": platform.platform()},
+        "scenarios": [
+            {"name": r.name, "summary": r.summary, "capacity_tps": r.capacity_tps, "rows": r.rows}
+            for r in results
+        ],
+        "micro": micro,
+        "scaling": scaling or [],
+    }
+
+
+def write_report(data: dict[str, Any], path: str) -> str | None:
+    """Write the report; returns an error text instead of raising."""
+    try:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        return f"cannot write report {path}: {exc.strerror or exc}"
+    return None
