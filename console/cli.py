@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--key-header", metavar="NAME", help="send the key in this header")
     g.add_argument("--key-param", metavar="NAME", help="send the key in this query/form parameter")
+    p.add_argument("--nonce-param", metavar="NAME", help="parameter for a strictly increasing nonce; 'none' for targets without one")
     p.add_argument("--limit", metavar="N/W", action="append",
                    help="per-key limit like 20/1s; repeat for several (all must hold)")
     p.add_argument("--in-flight", type=int, metavar="N", help="requests in flight per key")
@@ -64,6 +65,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.key_param:
         o["target"]["key_param"] = args.key_param
         o["target"]["key_header"] = ""
+    if args.nonce_param:
+        o["target"]["nonce_param"] = "" if args.nonce_param.lower() == "none" else args.nonce_param
     if args.keys:
         o["keys"]["secrets"] = [args.keys] if args.keys.startswith(("@", "env:")) else [
             k for k in args.keys.split(",") if k.strip()]

@@ -64,7 +64,7 @@ class EngineConfig:
     in_flight_per_key: int = 8
     headroom: str | float = "adaptive"  # "adaptive" or fixed milliseconds
     headroom_initial_ms: float = 100.0
-    headroom_min_ms: float = 0.0
+    headroom_min_ms: float = 1.0  # timers and server stamps have about 1 ms grain
     headroom_max_ms: float = 500.0
     rejection_budget: int = 0  # 429s the user can afford while learning headroom
     pacing: str = "even"  # "even": spread sends across the window; "burst": window only

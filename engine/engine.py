@@ -65,7 +65,9 @@ class Engine:
         self.gates: dict[str, CooldownGate] = {}
         seconds = self.headroom.seconds
         # A host-wide limit is one more budget every key spends, with its own gate.
-        self.host_limiter = WindowLimiter(cfg.host_policies, seconds, e.pacing) if cfg.host_policies else None
+        pace = self.headroom.pace_seconds
+        self.host_limiter = (WindowLimiter(cfg.host_policies, seconds, e.pacing, pace_s=pace)
+                             if cfg.host_policies else None)
         self.host_gate = CooldownGate("host") if cfg.host_policies else None
         if self.host_gate is not None:
             self.gates["host"] = self.host_gate
@@ -73,7 +75,10 @@ class Engine:
         for spec in cfg.keys:
             gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
             gates = (gate, self.host_gate) if self.host_gate else (gate,)
-            limiter = WindowLimiter(spec.policies, seconds, e.pacing)
+            # Sends closer than the network jitter can reach a nonce-checking
+            # server out of order: keep whole gaps there.
+            limiter = WindowLimiter(spec.policies, seconds, e.pacing,
+                                    min_spacing=1.0 if cfg.target.nonce_param else 0.9, pace_s=pace)
             self.workers.append(KeyWorker(self, spec, limiter, gates, e.in_flight_per_key,
                                           use_nonce=bool(cfg.target.nonce_param), shared=shared))
         self.shared_cooldown = e.cooldown == "shared"
@@ -155,18 +160,18 @@ class Engine:
         return self.snapshot()
 
     # ------------------------------------------------------------ sending
-    def launch(self, worker: KeyWorker, req: Request, nonce: int | None) -> None:
+    def launch(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple = ()) -> None:
         """Send one attempt in its own task (so a key keeps several in flight)."""
         req.attempts += 1
         self.in_flight += 1
         self.metrics.sent += 1
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        task = self.loop.create_task(self._attempt(worker, req, nonce))
+        task = self.loop.create_task(self._attempt(worker, req, nonce, stamps))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _attempt(self, worker: KeyWorker, req: Request, nonce: int | None) -> None:
+    async def _attempt(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple) -> None:
         sent_at = self.loop.time()
         try:
             result = await self.transport.send(worker.spec, req, nonce)
@@ -179,6 +184,12 @@ class Engine:
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
+        if result.status is not None and stamps:
+            # The answer bounds how late the server stamped this request: its
+            # slot frees by that, not by the worst case (see headroom.py).
+            extra = self.headroom.extra_for(result.latency_s, self.loop.time())
+            for stamp in stamps:
+                stamp.extra = extra
         self._settle(worker, req, result, sent_at)
         worker.poke()
 
@@ -448,7 +459,7 @@ class Engine:
             rejected_other=m.rejected_other, failed=m.failed, retried=m.retried,
             failures=tuple(sorted(m.failures.items())), main_max=self.queue_max,
             main_peak=m.main_peak, main_avg=m.main_avg, dlq_peak=m.dlq_peak, dlq_avg=m.dlq_avg,
-            headroom_ms=h.value_ms, headroom_adaptive=h.adaptive, headroom_min_ms=h.seen_min_ms,
+            headroom_ms=h.effective_ms, headroom_adaptive=h.adaptive, headroom_min_ms=h.seen_min_ms,
             headroom_max_ms=h.seen_max_ms, backpressure=self.backpressure,
             arrival_rate=self.workload.rate, latency=m.latency.summary(),
             tps_series=tuple(m.tps_series), p50_series=tuple(m.p50_series),

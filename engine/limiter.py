@@ -15,6 +15,20 @@ from typing import Callable
 from .policy import Policy
 
 
+class Stamp:
+    """One grant: its send time, and the headroom its slot needs once known.
+
+    `extra` stays None until the request is answered; until then the
+    limiter's current headroom applies. Shared by every policy's ring.
+    """
+
+    __slots__ = ("t", "extra")
+
+    def __init__(self, t: float):
+        self.t = t
+        self.extra: float | None = None
+
+
 class WindowLimiter:
     """Grants send slots for one API key under one or more window policies.
 
@@ -25,18 +39,28 @@ class WindowLimiter:
             in order); "burst" lets a full window go at once.
         headroom_s: callable returning the current headroom in seconds; read
             at every decision, so a live change takes effect at once.
+        min_spacing: with even pacing, the gap between two sends as a fraction
+            of the even gap (W + headroom) / N. Timers fire late (uvloop by up to
+            a millisecond), and a gap measured from a late send loses that much
+            every time (about 9% at 100/s per key); a gap a little shorter than
+            even lets the window rings, which are exact, set the beat instead.
+            1.0 keeps every gap whole, for nonce-ordered targets where sends
+            closer than the network jitter may arrive out of order.
     """
 
-    __slots__ = ("policies", "pacing", "headroom_s", "_rings", "_last")
+    __slots__ = ("policies", "pacing", "headroom_s", "pace_s", "min_spacing", "_rings", "_last")
 
-    def __init__(self, policies: tuple[Policy, ...], headroom_s: Callable[[], float], pacing: str = "even"):
+    def __init__(self, policies: tuple[Policy, ...], headroom_s: Callable[[], float], pacing: str = "even",
+                 min_spacing: float = 1.0, pace_s: Callable[[], float] | None = None):
         if not policies:
             raise ValueError("a limiter needs at least one policy")
         self.policies = policies
         self.pacing = pacing
-        self.headroom_s = headroom_s
+        self.headroom_s = headroom_s  # for slots whose request is not answered yet
+        self.pace_s = pace_s or headroom_s  # the headroom the even gap assumes
+        self.min_spacing = min_spacing
         self._rings = tuple(deque(maxlen=p.limit) for p in policies)
-        self._last = float("-inf")
+        self._last = float("-inf")  # the last send
 
     def next_free(self, now: float) -> float:
         """The earliest time >= now at which a send keeps every policy."""
@@ -44,16 +68,25 @@ class WindowLimiter:
         t = now
         for policy, ring in zip(self.policies, self._rings):
             if len(ring) == policy.limit:
-                t = max(t, ring[0] + policy.window_s + h)
-            if self.pacing == "even":
-                t = max(t, self._last + (policy.window_s + h) / policy.limit)
+                head = ring[0]
+                free = head.t + policy.window_s + (h if head.extra is None else head.extra)
+                if free > t:
+                    t = free
+        if self.pacing == "even":
+            p = self.pace_s()
+            for policy in self.policies:
+                due = self._last + (policy.window_s + p) * self.min_spacing / policy.limit
+                if due > t:
+                    t = due
         return t
 
-    def record(self, at: float) -> None:
-        """Note a send at `at`; call only when `next_free(at) <= at`."""
+    def record(self, at: float) -> Stamp:
+        """Note a send at `at` (call only when `next_free(at) <= at`); returns its stamp."""
+        stamp = Stamp(at)
         for ring in self._rings:
-            ring.append(at)
+            ring.append(stamp)
         self._last = at
+        return stamp
 
     def add_policy(self, policy: Policy) -> bool:
         """Also enforce `policy` from now on (a limit the server advertised).
@@ -74,7 +107,7 @@ class WindowLimiter:
         """(sends in the current window, limit) for the tightest policy, for display."""
         policy, ring = min(zip(self.policies, self._rings), key=lambda pr: pr[0].rate)
         start = now - policy.window_s
-        return sum(1 for t in ring if t > start), policy.limit
+        return sum(1 for s in ring if s.t > start), policy.limit
 
     @property
     def capacity_tps(self) -> float:

@@ -70,7 +70,10 @@ class KeyWorker:
         return self._nonce
 
     def gate_open_at(self) -> float:
-        return max(g.open_at for g in self.gates)
+        gates = self.gates
+        if len(gates) == 1:
+            return gates[0].open_at
+        return max(g.open_at for g in gates)
 
     def next_free(self, now: float) -> float:
         if len(self.limiters) == 1:
@@ -85,30 +88,27 @@ class KeyWorker:
         woken_for_work = False
         while not engine.stopping:
             now = loop.time()
+            # What stops this key from sending right now, if anything: one slot
+            # computation per turn, since this loop runs for every send.
+            until = None
             if self.paused or self.blocked:
-                blocker = "paused"
-            elif self.gate_open_at() > now:
-                blocker = "gate"
+                blocked = True
+            elif (gate_at := self.gate_open_at()) > now:
+                blocked, until = True, gate_at
             elif self.in_flight >= self.max_in_flight:
-                blocker = "full"
-            elif self.next_free(now) > now:
-                blocker = "slot"
+                blocked = True
+            elif (slot_at := self.next_free(now)) > now:
+                blocked, until = True, slot_at
             else:
-                blocker = None
-            if blocker is not None:
+                blocked = False
+            if blocked:
                 if woken_for_work:
                     queues.pass_on()  # the work we were woken for goes to another key
                     woken_for_work = False
-                if blocker == "gate":
-                    await self._wait(self.gate_open_at())
-                elif blocker == "slot":
-                    await self._wait(self.next_free(now))
-                else:
-                    await self._wait()
+                await self._wait(until)
                 continue
             req = queues.pop_ready(now, engine.pool_ok)
             if req is None:
-                woken_for_work = False
                 await self._wait_for_work()
                 woken_for_work = True
                 continue
@@ -116,11 +116,13 @@ class KeyWorker:
             if req.deadline <= now:
                 engine.expire(req)
                 continue
-            for lim in self.limiters:
-                lim.record(now)
+            if len(self.limiters) == 1:
+                stamps = (self.limiter.record(now),)
+            else:
+                stamps = tuple(lim.record(now) for lim in self.limiters)
             self.in_flight += 1
             self.sent += 1
-            engine.launch(self, req, self.next_nonce() if self.use_nonce else None)
+            engine.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
 
     async def _wait_for_work(self) -> None:
         # The waiter future doubles as the queue's getter: a put wakes it, and

@@ -77,3 +77,42 @@ def test_bounds_hold():
     for i in range(10):
         h.observe_rejection(float(i))
     assert h.value_ms == 300
+
+
+def settled(rtts, rng_seed=1, seconds=3.0):
+    """A controller fed `rtts()` for a few seconds of evidence at 100 answers/s."""
+    h = HeadroomController(initial_ms=100)
+    t, step = 0.0, 0.01
+    while t < seconds:
+        h.observe_rtt(rtts(), t)
+        t += step
+    return h, t
+
+
+def test_per_request_extra_bounds_how_late_the_server_stamped_it():
+    rng = random.Random(8)
+    # One-sided: 1 ms round trips with rare 15 ms queueing spikes on the way in.
+    h, t = settled(lambda: 0.015 if rng.random() < 0.01 else 0.001 + rng.uniform(0, 0.0005))
+    assert h.extra_for(0.001, t) * 1000 < 3  # a fast answer frees its slot almost at once
+    spike = h.extra_for(0.015, t) * 1000
+    assert spike >= 14  # the spike's own slot waits out the whole spike
+    assert h.target_ms < 14  # which the symmetric estimate would under-cover
+
+
+def test_two_sided_jitter_caps_extras_by_the_symmetric_estimate():
+    rng = random.Random(9)
+    h, t = settled(lambda: rng.uniform(0, 0.05) + rng.uniform(0, 0.05))  # the seed server's legs
+    cap = max(h.value_ms, h.target_ms)
+    assert h.extra_for(0.099, t) * 1000 <= cap + 1e-9
+    assert h.extra_for(0.030, t) * 1000 < cap
+
+
+def test_no_per_request_extras_before_evidence_has_settled_or_with_a_fixed_headroom():
+    h = HeadroomController(initial_ms=100)
+    for i in range(50):
+        h.observe_rtt(0.01, i * 0.01)
+    assert h.extra_for(0.01, 0.5) is None  # too few answers, too little time
+    h, t = settled(lambda: 0.01)
+    assert h.extra_for(0.01, t) is not None
+    h.set_fixed(20)
+    assert h.extra_for(0.01, t) is None and h.effective_ms == 20

@@ -80,3 +80,27 @@ def test_parse_policy(text, limit, window):
 def test_bad_policies_say_what_is_wrong(text):
     with pytest.raises(PolicyError, match="limit|count|window"):
         parse_policy(text)
+
+
+def test_an_answered_slot_frees_by_its_own_extra_and_an_open_one_by_the_fallback():
+    lim = WindowLimiter((Policy(2, 1.0),), lambda: 0.1, pacing="burst")
+    a = lim.record(0.0)
+    b = lim.record(0.0)
+    assert lim.next_free(0.0) == pytest.approx(1.1)  # neither answered: fallback headroom
+    a.extra = 0.002
+    b.extra = 0.030
+    assert lim.next_free(0.0) == pytest.approx(1.002)  # the head's own extra
+    lim.record(1.002)
+    assert lim.next_free(1.002) == pytest.approx(1.030)  # then the slow one's
+
+
+def test_even_gap_may_run_a_little_short_so_late_timers_do_not_accumulate():
+    lim = WindowLimiter((Policy(100, 1.0),), lambda: 0.0, pacing="even", min_spacing=0.9)
+    t = 0.0
+    times = []
+    for _ in range(300):
+        t = lim.next_free(t) + 0.0005  # every wake-up half a millisecond late
+        lim.record(t)
+        times.append(t)
+    assert max_in_window(times, 1.0) <= 100
+    assert times[-1] - times[0] < 3.0 + 0.05  # about 100/s, not 100 per 1.05 s
