@@ -1,0 +1,25 @@
+"""The README's promises: its first two commands, and its library example runs as printed."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_readme_starts_with_the_two_commands():
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    install_run, install_test = blocks[0].strip(), blocks[1].strip()
+    assert README.index(blocks[0]) < README.index("## What it is")
+    assert install_run.endswith(".venv/bin/ratedeck") and "pip install -e ." in install_run
+    assert install_test.endswith(".venv/bin/pytest") and "'.[test]'" in install_test
+    assert "pytest" in (Path(__file__).parent.parent / ".ci" / "run").read_text()
+
+
+def test_library_example_runs(tmp_path):
+    section = README[README.index("## As a library"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[200, 200, 200, 200, 200]" in proc.stdout and "'status': 'OK'" in proc.stdout
