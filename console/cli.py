@@ -153,20 +153,20 @@ def save_config(cfg: RunConfig, path: str) -> int:
 
 
 def run_console(cfg: RunConfig) -> int:
-    """The Textual console on the run's engine, which runs in its own thread."""
+    """The Textual console; the engine runs in its own process (see engine/process_host.py)."""
+    from ratedeck.engine.process_host import ProcessHost
     from ratedeck.engine.report import write_report
-    from ratedeck.engine.runtime import ThreadHost
 
     from .app import RatedeckApp
     from .headless import summary_lines
 
-    host = ThreadHost(cfg)
+    host = ProcessHost(cfg)
     try:
         host.start()
     except ConfigError as exc:
         return fail(str(exc))
-    except OSError as exc:
-        return fail(f"cannot start: {exc}")
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        return fail(f"cannot start the engine: {exc}")
     app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None)
     try:
         final = app.run()
@@ -176,7 +176,7 @@ def run_console(cfg: RunConfig) -> int:
     for line in summary_lines(final):
         print(line)
     if cfg.report:
-        problem = write_report(final, cfg.report, host.session.server_stats)
+        problem = write_report(final, cfg.report, host.server_stats)
         if problem:
             return fail(problem)
         print(f"report written to {cfg.report}")

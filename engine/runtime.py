@@ -1,18 +1,17 @@
 """Running an engine: the target (maybe the embedded simulator), the transport, the host.
 
-Where the engine's loop runs is decided here and nowhere else:
-- `Session` runs everything on the caller's loop (headless runner, tests);
-- `ThreadHost` runs a `Session` on its own loop in a background thread, so the
-  console's rendering never delays a send (see the console issue's note for
-  the measurement behind this choice).
+Where the engine's loop runs:
+- `Session` runs everything on the caller's loop (headless runner, library, tests);
+- the console runs a `Session` in a child process (`process_host.ProcessHost`):
+  measured on 50 keys x 100/s, a thread of the console's own process lost
+  about 19% of throughput to rendering (one interpreter lock), a process
+  lost under 1%.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
-from concurrent.futures import Future
 
 from .commands import Command
 from .config import ConfigError, RunConfig, to_toml_dict
@@ -98,92 +97,6 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
 
 def _safe_url(url: str | None) -> str:
     return (url or "").split("?")[0]
-
-
-class ThreadHost:
-    """A `Session` on its own event loop in a daemon thread.
-
-    The engine publishes a snapshot every `publish_s`; `snapshot()` returns
-    the latest without touching engine state from this thread. Commands are
-    handed over with `call_soon_threadsafe`.
-    """
-
-    def __init__(self, cfg: RunConfig, transport: Transport | None = None, publish_s: float = 0.1):
-        self.session = Session(cfg, transport)
-        self.publish_s = publish_s
-        self._latest = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started: Future = Future()
-        self._final: Snapshot | None = None
-
-    def start(self) -> None:
-        """Start the thread and wait until the engine runs (raises what start raised)."""
-        self._thread = threading.Thread(target=self._main, name="ratedeck-engine", daemon=True)
-        self._thread.start()
-        self._started.result()
-
-    def _main(self) -> None:
-        loop = new_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._boot())
-        except BaseException as exc:  # report start failures to the caller
-            if not self._started.done():
-                self._started.set_exception(exc)
-            loop.close()
-            return
-        loop.run_forever()
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-
-    async def _boot(self) -> None:
-        await self.session.start()
-        self._latest = self.session.snapshot()
-        self._publisher = asyncio.get_running_loop().create_task(self._publish())
-        self._started.set_result(None)
-
-    async def _publish(self) -> None:
-        while True:
-            await asyncio.sleep(self.publish_s)
-            self._latest = self.session.snapshot()
-
-    def snapshot(self) -> Snapshot:
-        return self._final or self._latest
-
-    def send(self, command: Command) -> None:
-        self._loop.call_soon_threadsafe(self.session.send, command)
-
-    def effective_config(self) -> dict:
-        return asyncio.run_coroutine_threadsafe(self._config(), self._loop).result(5)
-
-    async def _config(self) -> dict:
-        return self.session.effective_config()
-
-    async def stop(self) -> Snapshot:
-        """Drain on the engine's loop, then end the thread; returns the final snapshot."""
-        if self._final is not None:
-            return self._final
-        fut = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
-        self._final = await asyncio.wrap_future(fut)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
-        return self._final
-
-    def stop_blocking(self) -> Snapshot:
-        """`stop()` for a caller with no running loop."""
-        if self._final is None:
-            self._final = asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        return self._final
-
-    async def _stop(self) -> Snapshot:
-        self._publisher.cancel()
-        snap = await self.session.stop()
-        self._latest = snap
-        return snap
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
