@@ -9,6 +9,7 @@ polls: callers ask `next_free(now)` and sleep exactly until then.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Callable
 
@@ -48,7 +49,8 @@ class WindowLimiter:
             closer than the network jitter may arrive out of order.
     """
 
-    __slots__ = ("policies", "pacing", "headroom_s", "pace_s", "min_spacing", "_rings", "_last")
+    __slots__ = ("policies", "pacing", "headroom_s", "pace_s", "min_spacing", "_rings", "_last",
+                 "_waiters", "_timer")
 
     def __init__(self, policies: tuple[Policy, ...], headroom_s: Callable[[], float], pacing: str = "even",
                  min_spacing: float = 1.0, pace_s: Callable[[], float] | None = None):
@@ -61,6 +63,8 @@ class WindowLimiter:
         self.min_spacing = min_spacing
         self._rings = tuple(deque(maxlen=p.limit) for p in policies)
         self._last = float("-inf")  # the last send
+        self._waiters: deque[tuple[asyncio.Future, float | None]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
 
     def next_free(self, now: float) -> float:
         """The earliest time >= now at which a send keeps every policy."""
@@ -87,6 +91,59 @@ class WindowLimiter:
             ring.append(stamp)
         self._last = at
         return stamp
+
+    async def acquire(self, deadline: float | None = None) -> Stamp | None:
+        """Wait for a slot (first come, first served) and take it.
+
+        Returns None, without taking a slot, when the slot would come after
+        `deadline` (loop time, e.g. a request's TTL): at once if that is
+        already certain, else when the deadline has passed. One timer serves
+        every waiter; the key workers use `next_free`/`record` directly.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self._waiters and self.next_free(now) <= now:
+            return self.record(now)
+        if deadline is not None and self.next_free(now) > deadline:
+            return None
+        fut = loop.create_future()
+        self._waiters.append((fut, deadline))
+        self._arm(loop)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._waiters = deque(w for w in self._waiters if w[0] is not fut)
+            if fut.done() and not fut.cancelled() and fut.result() is not None:
+                raise  # granted just as it was cancelled: the slot stays spent, like a send
+            raise
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._waiters:
+            self._timer = None
+            return
+        when = self.next_free(loop.time())
+        deadlines = [d for _, d in self._waiters if d is not None]
+        if deadlines:
+            when = min(when, min(deadlines))  # wake to let an expired waiter go
+        self._timer = loop.call_at(when, self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        kept: deque = deque()
+        for fut, deadline in self._waiters:
+            if fut.done():
+                continue
+            if not kept and self.next_free(now) <= now:
+                fut.set_result(self.record(now))  # its turn, and a slot is free
+            elif deadline is not None and deadline <= now:
+                fut.set_result(None)  # gave up: its slot would come too late
+            else:
+                kept.append((fut, deadline))
+        self._waiters = kept
+        self._arm(loop)
 
     def add_policy(self, policy: Policy) -> bool:
         """Also enforce `policy` from now on (a limit the server advertised).

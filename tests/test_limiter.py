@@ -104,3 +104,31 @@ def test_even_gap_may_run_a_little_short_so_late_timers_do_not_accumulate():
         times.append(t)
     assert max_in_window(times, 1.0) <= 100
     assert times[-1] - times[0] < 3.0 + 0.05  # about 100/s, not 100 per 1.05 s
+
+
+def test_acquire_waits_first_come_first_served_and_gives_up_at_its_deadline():
+    import asyncio
+
+    from ratedeck.engine.simulated import run_virtual
+
+    lim = WindowLimiter((Policy(2, 1.0),), lambda: 0.0, pacing="burst")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        got = []
+
+        async def take(name, deadline=None):
+            stamp = await lim.acquire(deadline)
+            got.append((name, round(loop.time(), 3), stamp is not None))
+
+        await take("a")
+        await take("b")
+        # window full until t=1.0: "c" waits, "d" cannot make its 0.5 deadline, "e" waits
+        await asyncio.gather(take("c"), take("d", deadline=0.5), take("e"), take("f", deadline=1.5))
+        return got
+
+    got = run_virtual(main())
+    assert got[:2] == [("a", 0.0, True), ("b", 0.0, True)]
+    assert ("d", 0.0, False) in got  # certain to miss: refused at once, no slot taken
+    assert ("c", 1.0, True) in got and ("e", 1.0, True) in got
+    assert ("f", 1.5, False) in got  # waited, then gave up cleanly at its deadline
