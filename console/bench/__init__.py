@@ -24,7 +24,8 @@ QUICK_DURATION_S = 2.0
 MICRO_S = 3.0  # each throughput and scaling run
 SCALE_KEYS = (5, 50, 500)
 SCALE_QUEUE = (1_000, 10_000, 100_000, 1_000_000)
-SCALE_TOTAL_TPS = 1000  # keys share this rate in the scaling runs
+SCALE_TOTAL_TPS = 1000  # keys share this rate in the key-scaling runs
+SCALE_QUEUE_DRAIN_TPS = 200  # the queue-scaling runs drain this fast
 UNLIMITED = ("--mode", "standard", "--limit", "1000/1ms", "--latency", "0",
              "--no-ratelimit-headers", "--no-retry-after")
 
@@ -254,8 +255,9 @@ def scaling_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any
             r = run_child(RunSpec("scale-keys", sim.url, keys, per_key, 1.0, False,
                                   float(per_key * n), seconds, loop=args.loop, seed=args.seed))
         rows.append({"axis": "keys", "at": n, **r})
+    # A slower drain (200/s) so even the smallest queue lasts the whole window.
     keys = generated_keys(5)
-    per_key = SCALE_TOTAL_TPS // len(keys)
+    per_key = SCALE_QUEUE_DRAIN_TPS // len(keys)
     for depth in SCALE_QUEUE:
         _progress(f"scaling: queue of {depth:,} for {seconds:g} s")
         serve = ("--mode", "standard", "--keys", str(len(keys)), "--limit", f"{per_key}/1s",
@@ -263,7 +265,7 @@ def scaling_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any
         with Simulator(serve, seed=args.seed) as sim:
             extra = {"depth": depth, "workload": {"total": depth, "rate": 1e9}}
             r = run_child(RunSpec("scale-queue", sim.url, keys, per_key, 1.0, False,
-                                  float(SCALE_TOTAL_TPS), seconds, loop=args.loop, seed=args.seed,
+                                  float(SCALE_QUEUE_DRAIN_TPS), seconds, loop=args.loop, seed=args.seed,
                                   extra=extra), timeout_s=seconds + 120.0)
         rows.append({"axis": "queue", "at": depth, **r})
     return rows

@@ -6,7 +6,8 @@
   nonce = wall time in ms; expired requests are dropped, no retries.
 - `improved-async`: the seed's improved client. The ring without the fixed
   interval, plus a 30..50 ms buffer from average latency x 1.1; one request in
-  flight per key; a soft queue cap (the generator sleeps 0.5 s at 50 queued);
+  flight per key; a soft queue cap (the generator sleeps 0.5 s once 50 are
+  queued, or half a second of work at faster rates);
   failures go to a DLQ and are retried up to 5 attempts, then the graveyard.
 - `improved-threads`: the same design on threads (one per key, plus generator
   and DLQ threads) with `http.client` keep-alive connections.
@@ -30,7 +31,7 @@ import aiohttp
 from .limiters import AdaptiveRing, FixedIntervalRing
 from .spec import RunSpec
 from .tally import FAILED, OK, Tally, classify
-from .work import DRAIN_S, MAX_ATTEMPTS, SOFT_QUEUE_CAP, BenchRequest, NonceSource, arrival_gaps, query
+from .work import DRAIN_S, MAX_ATTEMPTS, BenchRequest, NonceSource, arrival_gaps, query, soft_queue_cap
 
 
 # ---------------------------------------------------------------- asyncio clients
@@ -180,7 +181,7 @@ async def run_improved_async(spec: RunSpec) -> Tally:
             req = await dlq.get()
             client.queue.put_nowait(req)
 
-    tasks = [client.generate(soft_cap=SOFT_QUEUE_CAP), dlq_manager()]
+    tasks = [client.generate(soft_cap=soft_queue_cap(spec.offered_tps)), dlq_manager()]
     return await client.run(tasks + [worker(k) for k in spec.keys])
 
 
@@ -207,7 +208,7 @@ async def run_aiolimiter(spec: RunSpec) -> Tally:
             if kind != OK:
                 client.retry_or_bury(req, q.put_nowait)
 
-    tasks: list[Awaitable] = [client.generate(soft_cap=SOFT_QUEUE_CAP, cap_sleep_s=0.005)]
+    tasks: list[Awaitable] = [client.generate(soft_cap=soft_queue_cap(spec.offered_tps), cap_sleep_s=0.005)]
     for key in spec.keys:
         limiter, nonces = AsyncLimiter(spec.limit, spec.window_s), NonceSource()
         tasks.extend(sender(key, limiter, nonces) for _ in range(spec.in_flight))

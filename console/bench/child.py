@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import resource
 import sys
 import time
@@ -36,14 +35,27 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
+    """This process's peak resident set size in MB.
+
+    Linux: VmHWM from /proc, the high-water mark of this program's own memory.
+    Not ru_maxrss: Linux keeps that across fork and exec, so a child would
+    report its parent's peak if that was higher.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
 
 
 def cpu_now() -> float:
-    t = os.times()
-    return t.user + t.system
+    """User + system CPU seconds of this process, all threads (microsecond resolution)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_spec(spec: RunSpec) -> dict[str, Any]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
-import sys
 import time
 from typing import Any, Awaitable, Callable
 
@@ -26,8 +24,9 @@ WARMUP_S = 0.5
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+    from .child import cpu_now
+
+    return cpu_now()
 
 
 def _rss_mb() -> float:
@@ -41,8 +40,9 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
+    from .child import peak_rss_mb
+
+    return peak_rss_mb()
 
 
 # ---------------------------------------------------------------- limiter acquire cost

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from .limiters import AdaptiveRing
 from .spec import RunSpec
 from .tally import FAILED, OK, Tally, classify
-from .work import DRAIN_S, MAX_ATTEMPTS, SOFT_QUEUE_CAP, BenchRequest, NonceSource, arrival_gaps, query
+from .work import DRAIN_S, MAX_ATTEMPTS, BenchRequest, NonceSource, arrival_gaps, query, soft_queue_cap
 
 
 def run_improved_threads(spec: RunSpec) -> Tally:
@@ -29,13 +29,13 @@ def run_improved_threads(spec: RunSpec) -> Tally:
     def generator(tally: Tally) -> None:
         gap = arrival_gaps(spec.offered_tps, random.Random(spec.seed))
         next_t = time.monotonic()
-        rid = 0
+        rid, cap = 0, soft_queue_cap(spec.offered_tps)
         while not stop.is_set():
             now = time.monotonic()
             if next_t > now:
                 time.sleep(next_t - now)
                 continue
-            if main_q.qsize() >= SOFT_QUEUE_CAP:
+            if main_q.qsize() >= cap:
                 time.sleep(0.5)
                 continue
             rid += 1

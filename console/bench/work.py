@@ -8,7 +8,7 @@ from typing import Callable
 from urllib.parse import quote
 
 MAX_ATTEMPTS = 5
-SOFT_QUEUE_CAP = 50  # the improved client's backpressure threshold
+SOFT_QUEUE_CAP = 50  # the improved client's backpressure threshold (at the seed's 100/s)
 DRAIN_S = 2.0  # how long in-flight sends may finish after the run ends
 
 
@@ -46,3 +46,12 @@ def arrival_gaps(rate: float, rng: random.Random) -> Callable[[], float]:
     """Uniform random gaps in 0..2/rate seconds: mean 1/rate, the seed generator's shape."""
     high = 2.0 / rate
     return lambda: rng.uniform(0.0, high)
+
+
+def soft_queue_cap(offered_tps: float) -> int:
+    """The generator's backpressure threshold: 50, or half a second of work if more.
+
+    The seed's improved client sleeps 0.5 s once its queue holds that many;
+    a fixed 50 would starve a fast scenario (50 is 50 ms of work at 1000/s).
+    """
+    return max(SOFT_QUEUE_CAP, int(offered_tps * 0.5))
