@@ -32,6 +32,20 @@ from .worker import KeyWorker
 from .workload import Workload
 
 
+def engine_clock(loop: asyncio.AbstractEventLoop):
+    """The engine's one clock: the loop's own time, unless that time is coarse.
+
+    uvloop's `time()` is whole milliseconds, cached once per loop turn: a
+    send stamped with it can be stamped early by a busy turn, which eats
+    into the headroom. It counts on the same monotonic clock, so timers set
+    with `call_at` still agree with `time.monotonic()`. Standard and test
+    (virtual time) loops keep their own `time()`.
+    """
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return loop.time
+    return time.monotonic
+
+
 class UnknownKey(ValueError):
     """A command named a key id that does not exist."""
 
@@ -105,7 +119,8 @@ class Engine:
     def start(self) -> None:
         """Start workers, the generator and the ticker on the running loop."""
         self.loop = asyncio.get_running_loop()
-        self.started_at = self.loop.time()
+        self.clock = engine_clock(self.loop)
+        self.started_at = self.clock()
         self._wall_offset = time.time() - self.started_at
         self.finished = asyncio.Event()
         self.phase = "running"
@@ -152,8 +167,8 @@ class Engine:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        self._expire_queued(self.loop.time())
-        self.ended_at = self.loop.time()
+        self._expire_queued(self.clock())
+        self.ended_at = self.clock()
         self.phase = "stopped"
         self._flush_graveyard()
         self.event("info", "stopped")
@@ -172,7 +187,6 @@ class Engine:
         task.add_done_callback(self._sends.discard)
 
     async def _attempt(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple) -> None:
-        sent_at = self.loop.time()
         try:
             result = await self.transport.send(worker.spec, req, nonce)
         except asyncio.CancelledError:
@@ -184,23 +198,26 @@ class Engine:
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
+        now = self.clock()
         if result.status is not None and stamps:
+            # Timed from the slot's stamp, not from the socket write: the task
+            # may start late on a busy loop, and the server sees that delay too.
+            held = now - stamps[0].t
+            self.headroom.observe_rtt(held, now)
             # The answer bounds how late the server stamped this request: its
             # slot frees by that, not by the worst case (see headroom.py).
-            extra = self.headroom.extra_for(result.latency_s, self.loop.time())
+            extra = self.headroom.extra_for(held, now)
             for stamp in stamps:
                 stamp.extra = extra
-        self._settle(worker, req, result, sent_at)
+        self._settle(worker, req, result, now)
         worker.poke()
 
-    def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, sent_at: float) -> None:
-        now = self.loop.time()
+    def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         m = self.metrics
         kind = result.kind
         req.last_status = result.status
         req.result = result
         if result.status is not None:
-            self.headroom.observe_rtt(result.latency_s, now)
             worker.last_latency_ms = result.latency_s * 1000.0
             if result.policy_header is not None and result.policy_header != worker.policy_header:
                 self._learn_policy(worker, result.policy_header)
@@ -330,7 +347,7 @@ class Engine:
     def new_request(self, params: dict | None = None, pool: str | None = None,
                     ttl_s: float | None = None) -> Request:
         """A request created now, with the engine's TTL unless `ttl_s` is given."""
-        now = self.loop.time()
+        now = self.clock()
         self._next_id += 1
         if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
             raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
@@ -348,7 +365,7 @@ class Engine:
         next_second = self.started_at + 1.0
         while True:
             await asyncio.sleep(0.1)
-            now = loop.time()
+            now = self.clock()
             self._expire_queued(now)
             self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
             while now >= next_second:
@@ -430,14 +447,14 @@ class Engine:
             w.poke()
 
     def event(self, kind: str, text: str) -> None:
-        at = (self.loop.time() - self.started_at) if self.loop is not None else 0.0
+        at = (self.clock() - self.started_at) if self.loop is not None else 0.0
         self.events.append(Event(round(at, 1), kind, text))
 
     # ------------------------------------------------------------ reading
     def snapshot(self) -> Snapshot:
         """An immutable picture of everything, consistent because it is built on the loop."""
         m = self.metrics
-        now = self.loop.time() if self.loop is not None else 0.0
+        now = self.clock() if self.loop is not None else 0.0
         end = self.ended_at if self.ended_at is not None else now
         elapsed = max(0.0, end - self.started_at) if self.loop is not None else 0.0
         rows = []

@@ -121,12 +121,16 @@ class HeadroomController:
         to keep the fallback (fixed headroom, or no settled baseline yet).
 
         rtt_min only falls as samples accumulate, and an early, too high
-        baseline would make extras too small: so extras start after
-        `settle_s` seconds and 100 answers, and carry a margin of 1 ms plus
-        5% of the round-trip spread on top of any rejection-driven margin.
+        baseline would make extras too small: until `settle_s` seconds and
+        100 answers have passed, an answered slot keeps at least the fallback
+        in force then (so a later, narrower fallback cannot shrink it).
+        Extras carry a margin of 1 ms plus 5% of the round-trip spread on top
+        of any rejection-driven margin.
         """
-        if not self.adaptive or self._n < 100 or now - self._first_t < self.settle_s:
+        if not self.adaptive:
             return None
+        if self._n < 100 or now - self._first_t < self.settle_s:
+            return max(self.value_ms, (rtt_s - min(self._lo, rtt_s)) * 1000.0 + self.margin_ms) / 1000.0
         spread_ms = (self._hi - self._lo) * 1000.0
         extra_ms = (rtt_s - self._lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
         if self._target_ms is not None and self._mean_rtt - self._lo > 0.3 * (self._hi - self._lo):

@@ -186,18 +186,18 @@ class MessageWorkload:
         engine = engine or self._engine
         if engine is None or engine.loop is None:
             return 0.0
-        now = engine.loop.time() if now is None else now
+        now = engine.clock() if now is None else now
         return self.live_capacity(engine, now) / self.calls
 
     # ------------------------------------------------------------ the loop
     async def run(self, engine: "Engine") -> None:
         self._engine = engine
         loop = engine.loop
-        next_arrival = loop.time()
-        next_admit = loop.time()
+        next_arrival = engine.clock()
+        next_admit = engine.clock()
         try:
             while not engine.stopping:
-                now = loop.time()
+                now = engine.clock()
                 if self.total is not None and self.arrived >= self.total and not self.backlog:
                     break
                 mode = self.throttle_mode
@@ -399,7 +399,7 @@ class MessageWorkload:
         engine = self._engine
         elapsed = 0.0
         if engine is not None and engine.loop is not None:
-            end = engine.ended_at if engine.ended_at is not None else engine.loop.time()
+            end = engine.ended_at if engine.ended_at is not None else engine.clock()
             elapsed = max(0.0, end - engine.started_at)
         return {
             "calls_per_message": self.calls,

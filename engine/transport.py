@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 from urllib.parse import quote
 
@@ -82,8 +83,7 @@ class HttpTransport:
         t = self.target
         fields = self._fields(key, req, nonce)
         headers = {t.key_header: key.secret} if t.key_header else None
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = time.monotonic()  # precise even where the loop's clock is coarse
         try:
             if t.method == "GET":
                 query = "&".join(f"{k}={quote(v, safe='')}" for k, v in fields)
@@ -100,10 +100,10 @@ class HttpTransport:
                 raw = await resp.read()
                 headers = resp.headers
         except asyncio.TimeoutError:
-            return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
+            return Outcome(TIMEOUT, latency_s=time.monotonic() - start, error="timed out")
         except (aiohttp.ClientError, OSError) as exc:
-            return Outcome(CONNECTION, latency_s=loop.time() - start, error=type(exc).__name__)
-        latency = loop.time() - start
+            return Outcome(CONNECTION, latency_s=time.monotonic() - start, error=type(exc).__name__)
+        latency = time.monotonic() - start
         policy = headers.get("RateLimit-Policy")
         if status < 300:
             return Outcome(OK, status, None, latency, None, policy, Response(status, headers, raw))

@@ -87,7 +87,7 @@ class KeyWorker:
         queues = engine.queues
         woken_for_work = False
         while not engine.stopping:
-            now = loop.time()
+            now = engine.clock()
             # What stops this key from sending right now, if anything: one slot
             # computation per turn, since this loop runs for every send.
             until = None

@@ -62,18 +62,18 @@ class Workload:
         loop = engine.loop
         queues = engine.queues
         made = 0
-        next_t = loop.time()
+        next_t = engine.clock()
         while not engine.stopping:
             if self.total is not None and made >= self.total:
                 break
             if self.rate <= 0:
                 await self._sleep(loop, None)
-                next_t = loop.time()
+                next_t = engine.clock()
                 continue
             if engine.backpressure and len(queues.main) >= engine.queue_max:
                 await queues.wait_space(engine.queue_max)
                 continue
-            now = loop.time()
+            now = engine.clock()
             if next_t > now:
                 await self._sleep(loop, next_t)
                 continue

@@ -7,6 +7,7 @@ a form body), `GET /stats` (counters and audit), `POST /reset` (clear state).
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 import random
 from dataclasses import dataclass
@@ -28,8 +29,18 @@ _FORM_TYPE = "application/x-www-form-urlencoded"
 
 
 def _loop_clock_ms() -> float:
-    """The running event loop's monotonic clock, in milliseconds."""
-    return asyncio.get_running_loop().time() * 1000.0
+    """The moment a request is judged, in milliseconds.
+
+    The loop's own clock where it is precise (the standard loop, and test
+    loops on virtual time); `time.monotonic()` under uvloop, whose `time()`
+    is whole milliseconds cached once per loop turn, so a busy turn would
+    stamp requests early: a server that judges with a stale clock is not the
+    server the seed describes (it reads the time in each handler).
+    """
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return loop.time() * 1000.0
+    return time.monotonic() * 1000.0
 
 
 def _latency_draw(bounds: tuple[int, int], rng: random.Random) -> Callable[[], int]:
