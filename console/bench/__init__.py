@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK_DURATION_S:g} s per strategy and the limiter micro only")
     p.add_argument("--report", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
-                   help="event loop for the asyncio clients (default uvloop when installed)")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="asyncio",
+                   help="event loop for the asyncio clients (default asyncio, as ratedeck runs)")
     p.add_argument("--seed", metavar="N", default="1", help="seed for latency draws and arrivals")
     p.add_argument("--no-chart", action="store_true", help="print the table without bar charts")
     return p

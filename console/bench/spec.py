@@ -35,7 +35,7 @@ class RunSpec:
     duration_s: float
     ttl_s: float = 1.0
     in_flight: int = 8
-    loop: str = "uvloop"
+    loop: str = "asyncio"
     seed: int = 1
     extra: dict = field(default_factory=dict)
 
