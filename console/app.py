@@ -26,6 +26,7 @@ from ratedeck.engine.commands import (
     SetArrivalRate,
     SetBackpressure,
     SetHeadroom,
+    SetThrottle,
 )
 from ratedeck.engine.host import EngineHost
 from ratedeck.engine.snapshot import Snapshot
@@ -33,8 +34,12 @@ from ratedeck.engine.snapshot import Snapshot
 from .screens.headroom import HeadroomScreen
 from .screens.help import HelpScreen
 from .screens.palette import ControlsProvider
+from .screens.throttle import ThrottleScreen
 from .themes import DEFAULT_THEME, load_themes
+from .widgets import numbers
 from .widgets.event_log import EventLog
+from .widgets.gates import GatesPanel, has_history
+from .widgets.goodput import GoodputPanel, is_message_run
 from .widgets.keys_table import KeysTable
 from .widgets.latency import LatencyPanel
 from .widgets.limiter import LimiterPanel
@@ -52,14 +57,18 @@ _ALWAYS_AVAILABLE = {"show_help", "quit", "next_theme", "command_palette"}
 
 _HEADROOM = Binding.Group("headroom", compact=True)
 _ARRIVAL = Binding.Group("arrival", compact=True)
+_THROTTLE = Binding.Group("throttle", compact=True)
+# Controls of the entry throttle: only a message workload has one.
+_THROTTLE_ACTIONS = {"throttle_cycle", "throttle_set"}
 
 
 class RatedeckApp(App[Snapshot]):
     """The live console over an `EngineHost`.
 
     `run()` returns the engine's final `Snapshot` (from `host.stop()`) when
-    the operator quits with q or Ctrl+C. `keymap` maps binding ids (see
-    `BINDINGS`) to keys; `theme` names a theme from the themes folder.
+    the operator quits with q or Ctrl+C, or when a snapshot's `elapsed_s`
+    reaches `duration_s` (the same graceful drain). `keymap` maps binding
+    ids (see `BINDINGS`) to keys; `theme` names a theme from the themes folder.
     """
 
     CSS_PATH = "ratedeck.tcss"
@@ -87,6 +96,10 @@ class RatedeckApp(App[Snapshot]):
                 tooltip="Raise the arrival rate by 10%"),
         Binding("left_square_bracket", "rate_down", "Arrival -10%", id="rate_down", group=_ARRIVAL,
                 tooltip="Lower the arrival rate by 10%"),
+        Binding("g", "throttle_cycle", "Throttle mode", id="throttle_cycle", group=_THROTTLE,
+                tooltip="Cycle the throttle off → auto → fixed (message runs)"),
+        Binding("G", "throttle_set", "Throttle…", id="throttle_set", group=_THROTTLE,
+                tooltip="Type an exact entry throttle in messages/s (message runs)"),
         Binding("s", "save_profile", "Save", id="save_profile",
                 tooltip="Save the current settings to the profile file"),
         Binding("t", "next_theme", "Theme", id="next_theme", tooltip="Switch to the next theme"),
@@ -106,12 +119,14 @@ class RatedeckApp(App[Snapshot]):
         refresh_s: float = 0.25,
         title: str = "ratedeck",
         themes_dir: str | Path | None = None,
+        duration_s: float | None = None,
     ) -> None:
         super().__init__()
         self.host = host
         self.profile_path = profile_path
         self.refresh_s = refresh_s
         self.title = title
+        self.duration_s = duration_s
         self.snapshot: Snapshot | None = None
         self._requested_theme = theme
         self._requested_keymap = dict(keymap or {})
@@ -122,7 +137,8 @@ class RatedeckApp(App[Snapshot]):
         # repeated +/+ or ]/] presses build on each other.
         self._pending_headroom: float | None = None
         self._pending_rate: float | None = None
-        self._binding_state: tuple[bool, bool] | None = None
+        self._pending_throttle: tuple[str, float] | None = None
+        self._binding_state: tuple[bool, bool, bool] | None = None
         themes, problems = load_themes(themes_dir)
         for problem in problems:
             self._startup_notices.append((f"Theme file skipped: {problem}", "error"))
@@ -141,9 +157,11 @@ class RatedeckApp(App[Snapshot]):
         yield RunBar(id="run-bar")
         with Horizontal(id="top"):
             yield ThroughputPanel(id="throughput", classes="panel")
+            yield GoodputPanel(id="goodput", classes="panel")
             yield LatencyPanel(id="latency", classes="panel")
             yield QueuesPanel(id="queues", classes="panel")
         yield KeysTable(id="keys")
+        yield GatesPanel(id="gates", classes="panel")
         with Horizontal(id="bottom"):
             yield EventLog(id="events", classes="panel")
             yield LimiterPanel(id="limiter", classes="panel")
@@ -152,11 +170,14 @@ class RatedeckApp(App[Snapshot]):
     def on_mount(self) -> None:
         # Held once: while a modal is open, `query_one` would search the modal.
         self._run_bar = self.query_one(RunBar)
+        self._limiter = self.query_one(LimiterPanel)
         self._panels = (
             self.query_one(ThroughputPanel),
+            self.query_one(GoodputPanel),
             self.query_one(LatencyPanel),
             self.query_one(QueuesPanel),
-            self.query_one(LimiterPanel),
+            self._limiter,
+            self.query_one(GatesPanel),
         )
         self._keys_table = self.query_one(KeysTable)
         self._event_log = self.query_one(EventLog)
@@ -182,6 +203,9 @@ class RatedeckApp(App[Snapshot]):
         table: KeysTable | None = getattr(self, "_keys_table", None)
         if table is not None:
             table.compact = compact
+        limiter: LimiterPanel | None = getattr(self, "_limiter", None)
+        if limiter is not None:
+            limiter.compact = compact
 
     def _apply_theme_choice(self) -> None:
         wanted = self._requested_theme or DEFAULT_THEME
@@ -219,6 +243,7 @@ class RatedeckApp(App[Snapshot]):
         # After a full refresh interval the snapshot is the truth again.
         self._pending_headroom = None
         self._pending_rate = None
+        self._pending_throttle = None
         self.pull_snapshot()
 
     def pull_snapshot(self) -> None:
@@ -238,15 +263,20 @@ class RatedeckApp(App[Snapshot]):
     def show_snapshot(self, snap: Snapshot) -> None:
         """Pass `snap` down to the panels (attributes down)."""
         self.snapshot = snap
+        # Panels that only apply to some runs are shown by class (see ratedeck.tcss).
+        self.set_class(is_message_run(snap), "-messages")
+        self.set_class(has_history(snap.gates), "-gates")
         self._run_bar.snapshot = snap
         for panel in self._panels:
             panel.snapshot = snap
         self._keys_table.show_keys(snap.keys)
         self._event_log.events = snap.events
-        state = (bool(snap.keys), snap.headroom_adaptive)
+        state = (bool(snap.keys), snap.headroom_adaptive, is_message_run(snap))
         if state != self._binding_state:
             self._binding_state = state
             self.refresh_bindings()
+        if self.duration_s is not None and snap.elapsed_s >= self.duration_s and not self._draining:
+            self._begin_quit(f"{numbers.duration(self.duration_s)} run over")
 
     # ---------------------------------------------------------------- controls
 
@@ -261,7 +291,52 @@ class RatedeckApp(App[Snapshot]):
             return None
         if action == "headroom_adaptive" and snap is not None and snap.headroom_adaptive:
             return None
+        if action in _THROTTLE_ACTIONS and not is_message_run(snap):
+            return False  # hidden: a plain request run has no entry throttle
         return True
+
+    def unavailable_reason(self, action: str) -> str | None:
+        """Why control `action` cannot run now, or None if it can."""
+        if self.check_action(action, ()):
+            return None
+        if self._draining:
+            return "Draining: controls are off until the engine stops"
+        if action in _THROTTLE_ACTIONS:
+            return (
+                "The entry throttle applies to message runs only "
+                "(messages of several calls, set in the config's messages table)"
+            )
+        if action == "pause_key":
+            return "No keys to pause yet"
+        if action == "headroom_adaptive":
+            return "Headroom is already adaptive"
+        return "Not available now"
+
+    async def run_control(self, action: str) -> None:
+        """Run a control as its key would, or say why it cannot run (command palette)."""
+        reason = self.unavailable_reason(action)
+        if reason is not None:
+            self.notify(reason, severity="warning")
+            return
+        await self.run_action(action)
+
+    def on_key(self, event: events.Key) -> None:
+        # A hidden binding never reaches its action, so a throttle key pressed
+        # on a plain run would do nothing silently; say why instead.
+        if self.screen is not self.screen_stack[0] or self._draining:
+            return
+        for binding in self._control_bindings():
+            if binding.action in _THROTTLE_ACTIONS and event.key in self._keys_for(binding):
+                reason = self.unavailable_reason(binding.action)
+                if reason is not None:
+                    event.stop()
+                    self.notify(reason, severity="warning")
+                return
+
+    def _keys_for(self, binding: Binding) -> set[str]:
+        assert binding.id is not None
+        keys = self._keymap.get(binding.id, binding.key)
+        return {key.strip() for key in keys.split(",")}
 
     def _control_bindings(self) -> list[Binding]:
         return [binding for binding in Binding.make_bindings(self.BINDINGS) if binding.id]
@@ -362,6 +437,51 @@ class RatedeckApp(App[Snapshot]):
     def action_rate_down(self) -> None:
         self._change_rate(1 - ARRIVAL_STEP)
 
+    def _current_throttle(self) -> tuple[str, float]:
+        if self._pending_throttle is not None:
+            return self._pending_throttle
+        snap = self.snapshot
+        return (snap.throttle_mode, snap.throttle_rate) if snap else ("off", 0.0)
+
+    def _set_throttle(self, value: str | float) -> None:
+        if isinstance(value, str):
+            # "auto" follows live capacity; its rate shows with the next snapshot.
+            pending = (value, 0.0)
+            message = "Entry throttle off" if value == "off" else "Entry throttle auto (capacity / calls)"
+        else:
+            value = round(value, 2)
+            pending = ("fixed", value)
+            message = f"Entry throttle fixed at {value:g} msg/s"
+        if self._send(SetThrottle(value), message):
+            self._pending_throttle = pending
+
+    def action_throttle_cycle(self) -> None:
+        mode, rate = self._current_throttle()
+        if mode == "off":
+            self._set_throttle("auto")
+        elif mode == "auto":
+            snap = self.snapshot
+            if rate <= 0 and snap is not None and snap.calls_per_message > 0:
+                rate = snap.capacity_tps / snap.calls_per_message
+            if rate <= 0:
+                self.notify("No capacity known yet to fix the throttle at; turning it off",
+                            severity="warning")
+                self._set_throttle("off")
+                return
+            self._set_throttle(rate)
+        else:
+            self._set_throttle("off")
+
+    def action_throttle_set(self) -> None:
+        def chosen(value: str | float | None) -> None:
+            if value is not None:
+                self._set_throttle(value)
+
+        mode, rate = self._current_throttle()
+        if rate <= 0 and self.snapshot is not None and self.snapshot.calls_per_message > 0:
+            rate = round(self.snapshot.capacity_tps / self.snapshot.calls_per_message, 2)
+        self.push_screen(ThrottleScreen(mode, rate), chosen)
+
     def action_save_profile(self) -> None:
         path = Path(self.profile_path)
         try:
@@ -400,10 +520,13 @@ class RatedeckApp(App[Snapshot]):
         if self._draining:
             self.notify("Still draining…", timeout=2)
             return
+        self._begin_quit("Quitting")
+
+    def _begin_quit(self, title: str) -> None:
         self._draining = True
         self._run_bar.draining = True
         self.refresh_bindings()
-        self.notify("draining… waiting for in-flight requests", title="Quitting", timeout=30)
+        self.notify("draining… waiting for in-flight requests", title=title, timeout=30)
         self.run_worker(self._drain(), name="drain", exclusive=True)
 
     async def _drain(self) -> None:

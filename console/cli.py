@@ -167,7 +167,7 @@ def run_console(cfg: RunConfig) -> int:
         return fail(str(exc))
     except (OSError, RuntimeError, TimeoutError) as exc:
         return fail(f"cannot start the engine: {exc}")
-    app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None)
+    app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s)
     try:
         final = app.run()
     finally:

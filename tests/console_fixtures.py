@@ -20,9 +20,10 @@ from ratedeck.engine.commands import (
     SetArrivalRate,
     SetBackpressure,
     SetHeadroom,
+    SetThrottle,
 )
 from ratedeck.engine.masking import mask_secret
-from ratedeck.engine.snapshot import Event, KeyRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, Snapshot
 
 # 32-character secrets: tests assert none of these ever reaches the screen.
 SECRETS = {
@@ -152,6 +153,70 @@ def swelling_snapshot() -> Snapshot:
     )
 
 
+def gates_snapshot() -> Snapshot:
+    """The server closed k1's gate (Retry-After 5s) and, escalating, the host's.
+
+    As in the engine, a key's cooldown is the longest of its own gate and the
+    host gate, so every key is cooling; k4's gate closed once earlier and is
+    open again.
+    """
+    snap = main_snapshot()
+    keys = tuple(
+        dataclasses.replace(row, state="cooling", in_flight=0,
+                            cooldown_left_s=3.2 if row.label == "k1" else 1.0)
+        for row in snap.keys
+    )
+    gates = tuple(
+        GateRow(label, 3.2, "429, asked to wait 5s", 2, 0) if label == "k1"
+        else GateRow(label, 0.0, "429, asked to wait 2s", 1, 0) if label == "k4"
+        else GateRow(label, 0.0, "", 0, 0)
+        for label in SECRETS
+    ) + (GateRow("host", 1.0, "503, asked to wait 4s", 3, 1),)
+    return dataclasses.replace(
+        snap,
+        keys=keys,
+        gates=gates,
+        in_flight=0,
+        main_depth=snap.main_depth + snap.in_flight,  # nothing sends while the gates are shut
+        events=snap.events + (
+            Event(179.4, "cooldown", "k1 cooling down 5.0s: 429, asked to wait 5s"),
+            Event(180.0, "cooldown", "host cooling down 4.0s: 503, asked to wait 4s"),
+            Event(180.0, "error", "host: the server escalated its penalty to 4.0s"),
+        ),
+    )
+
+
+def open_gates() -> tuple[GateRow, ...]:
+    """A gate per key and the host's, none ever closed (a calm run)."""
+    return tuple(GateRow(label, 0.0, "", 0, 0) for label in (*SECRETS, "host"))
+
+
+def message_snapshot() -> Snapshot:
+    """Messages of 4 calls each behind an auto throttle: goodput near capacity / 4."""
+    snap = main_snapshot()
+    return dataclasses.replace(
+        snap,
+        arrival_rate=31.0,
+        gates=open_gates(),
+        calls_per_message=4,
+        message_pattern="parallel",
+        messages_generated=5_260,
+        messages_completed=5_096,
+        messages_failed=3,
+        messages_shed=41,
+        messages_queued=96,
+        messages_in_progress=24,
+        calls_wasted=9,
+        goodput_tps=27.8,
+        current_goodput=29.0,
+        goodput_series=_series(180, 28.0, 2.0, 9.0, 0.5),
+        throttle_mode="auto",
+        throttle_rate=29.3,
+        excess="queue",
+        events=snap.events + (Event(160.0, "setting", "entry throttle auto"),),
+    )
+
+
 def empty_snapshot() -> Snapshot:
     """Before the first request: no keys, no series."""
     return Snapshot(phase="starting")
@@ -160,9 +225,11 @@ def empty_snapshot() -> Snapshot:
 class FakeHost:
     """An `EngineHost` that serves a fixed snapshot and applies commands to itself.
 
-    Paused keys, headroom (value and adaptive flag), backpressure and arrival
-    rate are kept here so the next `snapshot()` reflects every command.
-    `commands` records what was sent; `stop_calls` counts `stop()`.
+    Paused keys, headroom (value and adaptive flag), backpressure, arrival
+    rate and the entry throttle are kept here so the next `snapshot()`
+    reflects every command. `advance(s)` moves time on: elapsed grows and
+    closed gates count down. `commands` records what was sent; `stop_calls`
+    counts `stop()`.
     """
 
     def __init__(self, base: Snapshot | None = None, config_extra: dict | None = None) -> None:
@@ -172,6 +239,10 @@ class FakeHost:
         self.headroom_adaptive = self.base.headroom_adaptive
         self.backpressure = self.base.backpressure
         self.arrival_rate = self.base.arrival_rate
+        self.throttle_mode = self.base.throttle_mode
+        self.throttle_fixed = self.base.throttle_rate if self.base.throttle_mode == "fixed" else 0.0
+        self.elapsed_s = self.base.elapsed_s
+        self.gates = self.base.gates
         self.events: list[Event] = list(self.base.events)
         self.commands: list[Command] = []
         self.stop_calls = 0
@@ -179,7 +250,24 @@ class FakeHost:
         self.config_extra = config_extra or {}
 
     def _event(self, kind: str, text: str) -> None:
-        self.events.append(Event(self.base.elapsed_s, kind, text))
+        self.events.append(Event(self.elapsed_s, kind, text))
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass: the run ages and every closed gate counts down."""
+        self.elapsed_s += seconds
+        self.gates = tuple(
+            dataclasses.replace(gate, left_s=round(max(0.0, gate.left_s - seconds), 1))
+            for gate in self.gates
+        )
+
+    def throttle_rate(self) -> float:
+        if self.throttle_mode == "fixed":
+            return self.throttle_fixed
+        if self.throttle_mode == "auto":
+            if self.base.throttle_mode == "auto":
+                return self.base.throttle_rate
+            return round(self.base.capacity_tps / self.base.calls_per_message, 3)
+        return 0.0
 
     def send(self, command: Command) -> None:
         self.commands.append(command)
@@ -207,8 +295,21 @@ class FakeHost:
             case SetArrivalRate(rate):
                 self.arrival_rate = rate
                 self._event("setting", f"arrival rate {rate:g}/s")
+            case SetThrottle(value):
+                # As the engine: a plain request run has no throttle to set.
+                if self.base.calls_per_message <= 1:
+                    self._event("error", "the entry throttle needs a message workload")
+                elif value in ("off", "auto"):
+                    self.throttle_mode = value
+                else:
+                    self.throttle_mode, self.throttle_fixed = "fixed", float(value)
+                self._event("setting", f"entry throttle {value}")
 
     def _key(self, row: KeyRow) -> KeyRow:
+        if row.state == "cooling":
+            left = max((gate.left_s for gate in self.gates if gate.name in (row.label, "host")),
+                       default=row.cooldown_left_s)
+            row = dataclasses.replace(row, cooldown_left_s=left, state="cooling" if left > 0 else "active")
         if row.label in self.paused:
             return dataclasses.replace(row, state="paused", cooldown_left_s=0.0)
         if row.state == "paused":
@@ -219,6 +320,10 @@ class FakeHost:
         return dataclasses.replace(
             self.base,
             phase="stopped" if self.stopped else self.base.phase,
+            elapsed_s=self.elapsed_s,
+            gates=self.gates,
+            throttle_mode=self.throttle_mode,
+            throttle_rate=self.throttle_rate(),
             keys=tuple(self._key(row) for row in self.base.keys),
             headroom_ms=self.headroom_ms,
             headroom_adaptive=self.headroom_adaptive,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shutil
 import tomllib
@@ -11,15 +12,28 @@ from pathlib import Path
 
 import pytest
 
-from console_fixtures import SECRETS, FakeHost, async_test, main_snapshot, make_app, screen_text
+from console_fixtures import (
+    SECRETS,
+    FakeHost,
+    async_test,
+    gates_snapshot,
+    main_snapshot,
+    make_app,
+    message_snapshot,
+    open_gates,
+    screen_text,
+)
 from ratedeck.console.screens.headroom import HeadroomScreen, parse_headroom
 from ratedeck.console.screens.help import HelpScreen
 from ratedeck.console.screens.palette import ControlsProvider
+from ratedeck.console.screens.throttle import ThrottleScreen, parse_throttle
 from ratedeck.console.themes import load_themes, theme_from_toml, ThemeFileError
+from ratedeck.console.widgets.gates import GatesPanel
+from ratedeck.console.widgets.goodput import GoodputPanel
 from ratedeck.console.widgets.keys_table import KeysTable
 from ratedeck.console.widgets.queues import QueuesPanel
 from ratedeck.console.widgets.run_bar import RunBar
-from ratedeck.engine.commands import PauseAll, PauseKey, ResumeAll, ResumeKey, SetHeadroom
+from ratedeck.engine.commands import PauseAll, PauseKey, ResumeAll, ResumeKey, SetHeadroom, SetThrottle
 
 SIZE = (120, 40)
 
@@ -405,3 +419,217 @@ async def test_host_snapshot_failure_is_reported_not_fatal():
         await pilot.pause()
         assert any("engine thread gone" in text for text in notices(app))
         assert app.snapshot == main_snapshot()
+
+
+# ---------------------------------------------------------------- gates, goodput, throttle, duration
+
+
+def throttle_state(host: FakeHost) -> tuple[str, float]:
+    return host.throttle_mode, host.throttle_rate()
+
+
+@async_test
+async def test_closed_gates_show_seconds_left_reason_and_escalation():
+    host = FakeHost(gates_snapshot())
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.query_one(GatesPanel).display
+        text = screen_text(app)
+        assert "2 closed" in text and "▲ 1 escalation" in text
+        assert "closed   3.2s" in text and "429, asked to wait 5s" in text
+        assert "503, asked to wait 4s" in text
+        assert "never closed: k2 k3 k5 k6" in text
+        # time passes: gates count down; the host gate opens and the keys it held run again
+        host.advance(1.5)
+        app.pull_snapshot()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "1 closed" in text and "closed   1.7s" in text
+        assert "last: 503, asked to wait 4s" in text and "▲ 1 escalation" in text
+        assert state_cell(app, "k1") == "◔ cooling 1.7s"
+        assert state_cell(app, "k2") == "● active"
+
+
+@async_test
+async def test_gates_panel_waits_until_a_gate_has_closed():
+    host = FakeHost(dataclasses.replace(main_snapshot(), gates=open_gates()))
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert not app.query_one(GatesPanel).display
+        assert "all 7 open · 0 escalations" in screen_text(app)
+
+
+@async_test
+async def test_compact_layout_keeps_the_gate_summary():
+    app = make_app(gates_snapshot())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not app.query_one(GatesPanel).display
+        text = screen_text(app)
+        assert "Gates    2 closed · ▲ 1 escalation · k1 3.2s, host 1.0s" in text
+
+
+@async_test
+async def test_goodput_shows_only_for_messages_of_several_calls():
+    app = make_app(main_snapshot())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert not app.query_one(GoodputPanel).display
+        assert app.query_one("#latency").display
+        assert "Throttle" not in screen_text(app)
+    app = make_app(message_snapshot())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.query_one(GoodputPanel).display
+        assert not app.query_one("#latency").display  # p50/p99 stay in the run bar
+        text = screen_text(app)
+        assert "29.0 msg/s" in text and "27.8 msg/s" in text
+        assert "done 5 096 · failed 3 · shed 41" in text
+        assert "calls wasted 9" in text
+        assert "auto 29.3 msg/s · excess queue" in text
+
+
+@async_test
+async def test_g_cycles_the_throttle_off_auto_fixed_off():
+    host = FakeHost(dataclasses.replace(message_snapshot(), throttle_mode="off", throttle_rate=0.0))
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        assert "g" in app.screen.active_bindings
+        await pilot.press("g")
+        assert host.commands[-1] == SetThrottle("auto")
+        assert throttle_state(host) == ("auto", 30.0)  # capacity 120/s over 4 calls
+        app._tick()  # the auto rate arrives with the next snapshot
+        await pilot.press("g")
+        assert host.commands[-1] == SetThrottle(30.0)
+        assert throttle_state(host) == ("fixed", 30.0)
+        assert "fixed 30.0 msg/s" in screen_text(app)
+        await pilot.press("g")
+        assert host.commands[-1] == SetThrottle("off")
+        assert throttle_state(host) == ("off", 0.0)
+        assert "off (no limit)" in screen_text(app)
+
+
+@async_test
+async def test_g_fixes_the_throttle_at_its_current_auto_rate():
+    host = FakeHost(message_snapshot())  # auto at 29.3 msg/s
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("g")
+        assert host.commands[-1] == SetThrottle(29.3)
+        await pilot.press("g", "g")  # fast presses build on what was just sent
+        assert host.commands[-2:] == [SetThrottle("off"), SetThrottle("auto")]
+
+
+@async_test
+async def test_shift_g_sets_an_exact_throttle_through_modal():
+    host = FakeHost(message_snapshot())
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("G")
+        assert isinstance(app.screen, ThrottleScreen)
+        app.screen.query_one("#throttle-input").value = "12.5 msg/s"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, ThrottleScreen)
+        assert host.commands[-1] == SetThrottle(12.5)
+        assert throttle_state(host) == ("fixed", 12.5)
+        assert "fixed 12.5 msg/s" in screen_text(app)
+
+
+@async_test
+async def test_bad_throttle_input_gives_notice_and_changes_nothing():
+    host = FakeHost(message_snapshot())
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("G")
+        app.screen.query_one("#throttle-input").value = "lots"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ThrottleScreen)
+        assert any("'lots' is not a number of messages per second" in text for text in notices(app))
+        app.screen.query_one("#throttle-input").value = "0"
+        await pilot.press("enter")
+        assert any("must be above 0" in text for text in notices(app))
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ThrottleScreen)
+        assert host.commands == []
+        assert throttle_state(host) == ("auto", 29.3)
+
+
+@async_test
+async def test_throttle_keys_on_a_plain_run_give_a_notice_and_send_nothing():
+    host = FakeHost()
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        bindings = app.screen.active_bindings
+        assert "g" not in bindings and "G" not in bindings  # hidden from the footer
+        for press in ("g", "G", "palette"):
+            app.clear_notifications()
+            if press == "palette":
+                await app.run_control("throttle_cycle")  # as the command palette does
+                await pilot.pause()
+            else:
+                await pilot.press(press)
+            assert any("message runs only" in text for text in notices(app)), press
+            assert not isinstance(app.screen, ThrottleScreen)
+        assert host.commands == []
+
+
+@async_test
+async def test_throttle_ids_take_a_keymap():
+    host = FakeHost(message_snapshot())
+    app = make_app(host=host, keymap={"throttle_cycle": "y", "throttle_set": "Y"})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("y")
+        assert host.commands[-1] == SetThrottle(29.3)
+        await pilot.press("Y")
+        assert isinstance(app.screen, ThrottleScreen)
+        assert not any("unknown action" in text for text in notices(app))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("25", 25.0), (" 12.5 msg/s ", 12.5), ("40/s", 40.0), ("AUTO", "auto"), ("off", "off")],
+)
+def test_parse_throttle_accepts_rates_and_modes(text: str, expected):
+    assert parse_throttle(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "fast", "0", "-3", "nan", "inf", "1e9"])
+def test_parse_throttle_rejects_bad_values(text: str):
+    with pytest.raises(ValueError):
+        parse_throttle(text)
+
+
+@async_test
+async def test_duration_ends_the_app_like_q_and_returns_the_final_snapshot():
+    host = FakeHost()  # 183.4 s into the run
+    app = make_app(host=host, duration_s=190)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.is_running and host.stop_calls == 0
+        host.advance(6.0)  # 189.4 s
+        app.pull_snapshot()
+        await pilot.pause()
+        assert host.stop_calls == 0
+        host.advance(1.0)  # 190.4 s: over
+        app.pull_snapshot()
+        await pilot.pause()
+        app.pull_snapshot()  # a late tick does not stop twice
+        await pilot.pause()
+    assert host.stop_calls == 1
+    assert app.return_value is not None
+    assert app.return_value.phase == "stopped"
+    assert app.return_value == host.snapshot()
+
+
+@async_test
+async def test_duration_already_passed_quits_at_once():
+    host = FakeHost()
+    app = make_app(host=host, duration_s=10)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+    assert host.stop_calls == 1
+    assert app.return_value.phase == "stopped"

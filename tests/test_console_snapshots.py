@@ -14,8 +14,10 @@ import pytest
 from console_fixtures import (
     SECRETS,
     cooldown_snapshot,
+    gates_snapshot,
     main_snapshot,
     make_app,
+    message_snapshot,
     paused_snapshot,
     swelling_snapshot,
 )
@@ -55,6 +57,20 @@ def test_help_screen(snap_compare):
 
 def test_compact_80x24(snap_compare):
     assert snap_compare(make_app(cooldown_snapshot()), terminal_size=COMPACT, run_before=settle)
+
+
+def test_gates_closed_with_escalation(snap_compare):
+    """k1's gate and the host gate closed; the host's escalated (error colour)."""
+    assert snap_compare(make_app(gates_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_message_run_goodput(snap_compare):
+    """Messages of 4 calls: goodput beside throughput, the throttle in the limiter."""
+    assert snap_compare(make_app(message_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_compact_80x24_gates_closed(snap_compare):
+    assert snap_compare(make_app(gates_snapshot()), terminal_size=COMPACT, run_before=settle)
 
 
 @pytest.mark.parametrize("theme", ["ratedeck-dark", "ratedeck-light", "ratedeck-high-contrast"])

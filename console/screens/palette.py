@@ -19,7 +19,7 @@ class ControlsProvider(Provider):
         commands: list[tuple[str, str, object]] = []
         for key, binding_id, description, action in app.control_rows():
             commands.append(
-                (description, f"key {key} · {binding_id}", partial(app.run_action, action))
+                (description, f"key {key} · {binding_id}", partial(app.run_control, action))
             )
         for name in app.ratedeck_themes:
             commands.append((f"Theme: {name}", "switch the console's colours", partial(app.use_theme, name)))

@@ -30,7 +30,8 @@ _STATE_ICON = {"active": "●", "paused": "‖", "cooling": "◔", "blocked": "�
 def state_text(row: KeyRow) -> str:
     """The words of the state cell: "cooling 3.2s" shows the seconds left."""
     if row.state == "cooling":
-        return f"{_STATE_ICON['cooling']} cooling {row.cooldown_left_s:.1f}s"
+        # At least 0.1s: a gate a few ms from opening is still closed, not "0.0s".
+        return f"{_STATE_ICON['cooling']} cooling {max(row.cooldown_left_s, 0.1):.1f}s"
     return f"{_STATE_ICON.get(row.state, '?')} {row.state}"
 
 

@@ -1,4 +1,4 @@
-"""Limiter settings the operator can steer: headroom, backpressure, arrival."""
+"""Limiter settings the operator can steer: headroom, backpressure, arrival, throttle."""
 
 from __future__ import annotations
 
@@ -9,21 +9,47 @@ from textual.widgets import Static
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
+from .gates import gates_summary
+from .goodput import is_message_run, messages_text
+
+
+def throttle_text(snap: Snapshot, excess: bool = True) -> str:
+    """Markup for the entry throttle: mode, the rate it admits now, what happens to the excess."""
+    if snap.throttle_mode == "off":
+        mode = "[b $text-warning]off[/] [$text-muted](no limit)[/]"
+    elif snap.throttle_mode == "auto":
+        mode = f"[b $text-success]auto[/] [b]{numbers.rate(snap.throttle_rate)} msg/s[/]"
+    else:
+        mode = f"[b $text-accent]fixed[/] [b]{numbers.rate(snap.throttle_rate)} msg/s[/]"
+    return f"{mode} [$text-muted]· excess {escape(snap.excess)}[/]" if excess else mode
 
 
 class LimiterPanel(Static):
     """Headroom (value, adaptive/fixed, range seen), backpressure, arrival rate.
 
     Below the settings it counts attempts and rejections: the evidence an
-    operator needs before moving headroom.
+    operator needs before moving headroom. A message run adds the entry
+    throttle; a run with cooldown gates adds a one-line gate summary.
+
+    With `compact` (80x24) the panel has three lines, so the settings share
+    the first, gates (or attempts, with no gates) take the second and the
+    third is the throttle and goodput for a message run, rejections otherwise.
     """
 
     snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    compact: reactive[bool] = reactive(False, init=False)
 
     def on_mount(self) -> None:
         self.border_title = "Limiter"
 
-    def watch_snapshot(self, snap: Snapshot | None) -> None:
+    def watch_snapshot(self) -> None:
+        self._render_panel()
+
+    def watch_compact(self) -> None:
+        self._render_panel()
+
+    def _render_panel(self) -> None:
+        snap = self.snapshot
         if snap is None:
             return
         mode = (
@@ -34,16 +60,48 @@ class LimiterPanel(Static):
             if snap.rejected_429
             else "0"
         )
-        causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
         pressure = "[b $text-success]on[/]" if snap.backpressure else "[b $text-warning]off[/]"
-        self.update(
-            f"[$text-muted]Headroom    [/][b]{snap.headroom_ms:.0f} ms[/] {mode}"
-            f" [$text-muted](seen {snap.headroom_min_ms:.0f}–{snap.headroom_max_ms:.0f})[/]\n"
-            f"[$text-muted]Backpressure[/] {pressure}\n"
-            f"[$text-muted]Arrival     [/][b]{numbers.rate(snap.arrival_rate)}/s[/]\n"
-            f"[$text-muted]Attempts    [/]{numbers.count(snap.sent)} sent"
-            f" · {numbers.count(snap.retried)} retried\n"
-            f"[$text-muted]Rejected    [/]{rejected_429} × 429 · {numbers.count(snap.rejected_other)} other"
-            f" · {numbers.count(snap.failed)} failed"
-            + (f"\n[$text-muted]Causes      [/]{escape(causes)}" if causes else "")
+        messages = is_message_run(snap)
+        unit = " msg/s" if messages else "/s"
+        headroom = (
+            f"[b]{snap.headroom_ms:.0f} ms[/] {mode}"
+            f" [$text-muted](seen {snap.headroom_min_ms:.0f}–{snap.headroom_max_ms:.0f})[/]"
         )
+        rejected = (
+            f"{rejected_429} × 429 · {numbers.count(snap.rejected_other)} other"
+            f" · {numbers.count(snap.failed)} failed"
+        )
+        attempts = f"{numbers.count(snap.sent)} sent · {numbers.count(snap.retried)} retried"
+        if self.compact:
+            lines = [
+                f"[$text-muted]Headroom[/] {headroom} [$text-muted]· backpressure[/] {pressure}"
+                f" [$text-muted]· arrival[/] [b]{numbers.rate(snap.arrival_rate)}{unit}[/]",
+            ]
+            if snap.gates:
+                lines.append(f"[$text-muted]Gates   [/] {gates_summary(snap.gates)}")
+            else:
+                lines.append(f"[$text-muted]Attempts[/] {attempts}")
+            if messages:
+                lines.append(
+                    f"[$text-muted]Throttle[/] {throttle_text(snap, excess=False)} [$text-muted]· goodput[/]"
+                    f" [b]{numbers.rate(snap.current_goodput)}/s[/] [$text-muted]·[/] {messages_text(snap)}"
+                )
+            else:
+                lines.append(f"[$text-muted]Rejected[/] {rejected}")
+            self.update("\n".join(lines))
+            return
+        causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
+        lines = [
+            f"[$text-muted]Headroom    [/]{headroom}",
+            f"[$text-muted]Backpressure[/] {pressure}",
+            f"[$text-muted]Arrival     [/][b]{numbers.rate(snap.arrival_rate)}{unit}[/]",
+        ]
+        if messages:
+            lines.append(f"[$text-muted]Throttle    [/]{throttle_text(snap)}")
+        lines.append(f"[$text-muted]Attempts    [/]{attempts}")
+        lines.append(f"[$text-muted]Rejected    [/]{rejected}")
+        if causes:
+            lines.append(f"[$text-muted]Causes      [/]{escape(causes)}")
+        if snap.gates:
+            lines.append(f"[$text-muted]Gates       [/]{gates_summary(snap.gates)}")
+        self.update("\n".join(lines))

@@ -1,0 +1,67 @@
+"""Goodput: messages completed per second, when a message needs several calls.
+
+Throughput counts calls; a message of n calls is only worth something when
+all n succeed. This panel shows the rate that matters to the caller, and what
+the failed ones cost. The app shows it only when `calls_per_message > 1`.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Sparkline, Static
+
+from ratedeck.engine.snapshot import Snapshot
+
+from . import numbers
+
+
+def is_message_run(snap: Snapshot | None) -> bool:
+    """True when the workload sends messages of several calls each."""
+    return snap is not None and snap.calls_per_message > 1
+
+
+def messages_text(snap: Snapshot) -> str:
+    """Markup: completed, failed and shed messages (failed/shed coloured when non-zero)."""
+    failed = (
+        f"[$text-error]{numbers.count(snap.messages_failed)}[/]"
+        if snap.messages_failed
+        else "0"
+    )
+    shed = f"[$text-warning]{numbers.count(snap.messages_shed)}[/]" if snap.messages_shed else "0"
+    return (
+        f"[$text-muted]done[/] [b]{numbers.count(snap.messages_completed)}[/]"
+        f" [$text-muted]· failed[/] {failed} [$text-muted]· shed[/] {shed}"
+    )
+
+
+class GoodputPanel(Vertical):
+    """A goodput sparkline (messages/s) with current and average goodput."""
+
+    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="goodput-stats", classes="panel-stats")
+        yield Sparkline([], id="goodput-spark")
+
+    def on_mount(self) -> None:
+        self.border_title = "Goodput"
+
+    def watch_snapshot(self, snap: Snapshot | None) -> None:
+        if snap is None:
+            return
+        wasted = (
+            f"[$text-warning]{numbers.count(snap.calls_wasted)}[/]" if snap.calls_wasted else "0"
+        )
+        self.query_one("#goodput-stats", Static).update(
+            f"[$text-muted]now[/] [b]{numbers.rate(snap.current_goodput)} msg/s[/]"
+            f"  [$text-muted]avg[/] [b]{numbers.rate(snap.goodput_tps)} msg/s[/]\n"
+            f"{messages_text(snap)}\n"
+            f"[$text-muted]calls wasted[/] {wasted}"
+            f" [$text-muted]· {snap.calls_per_message} calls per msg[/]"
+        )
+        self.query_one("#goodput-spark", Sparkline).data = list(snap.goodput_series)
+        self.border_subtitle = (
+            f"{snap.message_pattern} · last {numbers.duration(len(snap.goodput_series))}"
+        )
