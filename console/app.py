@@ -78,6 +78,9 @@ class RatedeckApp(App[Snapshot]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "show_help", "Help", id="show_help",
                 tooltip="List every key and what it does"),
+        # Quit comes second so a narrow footer (or a message run's extra
+        # controls) never pushes it off the edge.
+        Binding("q", "quit", "Quit", id="quit", tooltip="Drain in-flight work, then quit"),
         Binding("space", "pause_key", "Pause key", id="pause_key",
                 tooltip="Pause or resume the key under the cursor"),
         Binding("P", "pause_all", "Pause all", id="pause_all",
@@ -103,7 +106,6 @@ class RatedeckApp(App[Snapshot]):
         Binding("s", "save_profile", "Save", id="save_profile",
                 tooltip="Save the current settings to the profile file"),
         Binding("t", "next_theme", "Theme", id="next_theme", tooltip="Switch to the next theme"),
-        Binding("q", "quit", "Quit", id="quit", tooltip="Drain in-flight work, then quit"),
         # Ctrl+C is what operators press under stress; it must drain like q,
         # from any screen, so it is a priority binding.
         Binding("ctrl+c", "quit", "Quit", id="quit_interrupt", show=False, priority=True),
