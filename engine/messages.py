@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from .config import RunConfig
 from .request import Request
 from .workload import Workload, read_jsonl
+from .waker import Waker
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -133,7 +134,7 @@ class MessageWorkload:
         self._sample_acc = 0.0
         self._shed_lines: list[str] = []
         self._engine: Engine | None = None
-        self._waiter: asyncio.Future | None = None
+        self._waker = Waker()
         self._next_id = 0
 
     @classmethod
@@ -156,8 +157,7 @@ class MessageWorkload:
         self.poke()
 
     def poke(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._waker.poke()
 
     # ------------------------------------------------------------ the throttle
     def live_capacity(self, engine: "Engine", now: float) -> float:
@@ -277,17 +277,9 @@ class MessageWorkload:
         return self.calls if self.pattern == "parallel" else 1
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, engine: "Engine") -> None:
-        fut = loop.create_future()
-        self._waiter = fut
-        handle = loop.call_at(until, _wake, fut) if until is not None else None
         # With auto, pausing/resuming a key or a closing gate changes the rate:
         # the engine pokes the workload on commands; gates are caught above.
-        try:
-            await fut
-        finally:
-            self._waiter = None
-            if handle:
-                handle.cancel()
+        await self._waker.wait(loop, until)
 
     # ------------------------------------------------------------ message life
     def _arrive(self, now: float, params: dict | None) -> Message | None:
@@ -420,10 +412,6 @@ class MessageWorkload:
             "excess": self.excess,
         }
 
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def workload_from_config(cfg: RunConfig, rng: random.Random):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -10,6 +9,7 @@ from .config import KeySpec
 from .gate import CooldownGate
 from .limiter import WindowLimiter
 from .masking import mask_secret
+from .waker import Waker
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -43,26 +43,15 @@ class KeyWorker:
         self.sent = self.succeeded = self.rejected_429 = 0
         self.last_latency_ms: float | None = None
         self._nonce = 0
-        self._waiter: asyncio.Future | None = None
+        self._waker = Waker()
 
     # -- waking
     def poke(self) -> None:
         """Wake the worker from whatever it waits for, so it re-checks its state."""
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._waker.poke()
 
     async def _wait(self, until: float | None = None) -> None:
-        loop = self.engine.loop
-        fut = loop.create_future()
-        self._waiter = fut
-        handle = loop.call_at(until, _wake, fut) if until is not None else None
-        try:
-            await fut
-        finally:
-            self._waiter = None
-            if handle is not None:
-                handle.cancel()
+        await self._waker.wait(self.engine.loop, until)
 
     def next_nonce(self) -> int:
         """Strictly increasing per key, and above any earlier run's (epoch ms based)."""
@@ -125,20 +114,10 @@ class KeyWorker:
             engine.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
 
     async def _wait_for_work(self) -> None:
-        # The waiter future doubles as the queue's getter: a put wakes it, and
-        # so does poke() (pause, stop), with no extra task per wait.
-        fut = self.engine.loop.create_future()
-        self._waiter = fut
-        self.engine.queues.add_getter(fut)
-        try:
-            await fut
-        finally:
-            self._waiter = None
+        # The waiter doubles as the queue's getter: a put wakes it, and so
+        # does poke() (pause, stop), with no extra task per wait.
+        await self._waker.wait(self.engine.loop, None, register=self.engine.queues.add_getter)
 
     def window_fill(self, now: float) -> tuple[int, int]:
         return self.limiter.used(now)
 
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from .config import ConfigError, RunConfig
+from .waker import Waker
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -31,7 +32,7 @@ class Workload:
         self.items = items
         self.rng = rng or random.Random()
         self.exhausted = False
-        self._waiter: asyncio.Future | None = None
+        self._waker = Waker()
 
     @classmethod
     def from_config(cls, cfg: RunConfig, rng: random.Random) -> "Workload":
@@ -44,19 +45,10 @@ class Workload:
         self.poke()
 
     def poke(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._waker.poke()
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
-        fut = loop.create_future()
-        self._waiter = fut
-        handle = loop.call_at(until, _wake, fut) if until is not None else None
-        try:
-            await fut
-        finally:
-            self._waiter = None
-            if handle:
-                handle.cancel()
+        await self._waker.wait(loop, until)
 
     async def run(self, engine: "Engine") -> None:
         loop = engine.loop
@@ -90,11 +82,6 @@ class Workload:
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True
         engine._check_finished()
-
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def read_jsonl(path: str, pools: tuple[str, ...] = ()) -> Iterator[dict]:

@@ -1,0 +1,44 @@
+"""One pending wait that a timer or a poke ends: how the engine sleeps without polling."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+
+class Waker:
+    """Holds at most one waiting future; `poke()` ends the wait early.
+
+    `wait(loop, until)` sleeps until the loop time `until` (None: until
+    poked). `register` receives the future before the wait starts, so it can
+    also be handed to someone else who may end it (a queue's getter list).
+    """
+
+    __slots__ = ("_fut",)
+
+    def __init__(self):
+        self._fut: asyncio.Future | None = None
+
+    def poke(self) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, until: float | None = None,
+                   register: Callable[[asyncio.Future], None] | None = None) -> None:
+        fut = loop.create_future()
+        self._fut = fut
+        if register is not None:
+            register(fut)
+        handle = loop.call_at(until, _resolve, fut) if until is not None else None
+        try:
+            await fut
+        finally:
+            self._fut = None
+            if handle is not None:
+                handle.cancel()
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
