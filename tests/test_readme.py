@@ -23,3 +23,17 @@ def test_library_example_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "[200, 200, 200, 200, 200]" in proc.stdout and "'status': 'OK'" in proc.stdout
+
+
+def test_config_reference_loads(tmp_path, monkeypatch):
+    from ratedeck.engine.config import load_config
+
+    section = README[README.index("## Config reference"):]
+    block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "requests.jsonl").write_text('{"symbol": "ABC"}\n')
+    (tmp_path / "ratedeck.toml").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MY_KEYS", "first-key-0000001,second-key-000002")
+    cfg = load_config("ratedeck.toml")
+    assert [k.label for k in cfg.keys] == ["k1", "k2"] and cfg.keys[1].policies[0].limit == 10
+    assert cfg.host_policies and cfg.pools == {"read": 8, "write": 2} and cfg.messages.calls == 3
