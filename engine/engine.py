@@ -361,7 +361,6 @@ class Engine:
     # ------------------------------------------------------------ ticking
     async def _tick(self) -> None:
         """Ten times a second: expire queued requests, sample depths; each second roll series."""
-        loop = self.loop
         next_second = self.started_at + 1.0
         while True:
             await asyncio.sleep(0.1)

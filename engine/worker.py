@@ -72,7 +72,6 @@ class KeyWorker:
     # -- the loop
     async def run(self) -> None:
         engine = self.engine
-        loop = engine.loop
         queues = engine.queues
         woken_for_work = False
         while not engine.stopping:

@@ -1,7 +1,6 @@
 """Honouring "slow down" as one: delay sources, gate semantics, escalation, host budget, pools."""
 
 import asyncio
-from dataclasses import replace
 from email.utils import formatdate
 
 import pytest

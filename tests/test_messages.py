@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-from dataclasses import replace
 
 import pytest
 
