@@ -141,7 +141,11 @@ class RateDeck:
         req = engine.new_request(params, pool=pool, ttl_s=ttl_s)
         req.on_done = lambda r, where: fut.done() or fut.set_result(where)
         engine.submit(req)
-        where = await fut
+        try:
+            where = await fut
+        except asyncio.CancelledError:
+            req.cancelled = True  # not sent from now on; it ends as shed
+            raise
         return _result(req, where)
 
 

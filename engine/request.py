@@ -11,7 +11,7 @@ class Request:
     """
 
     __slots__ = ("id", "created_at", "deadline", "attempts", "eligible_at", "last_status",
-                 "last_error", "params", "on_done", "pool", "result")
+                 "last_error", "params", "on_done", "pool", "result", "cancelled")
 
     def __init__(self, id: int, created_at: float, deadline: float, params: dict | None = None, on_done=None,
                  pool: str | None = None):
@@ -27,6 +27,7 @@ class Request:
         self.on_done = on_done
         self.pool = pool  # the connection pool this request needs, if pools are configured
         self.result = None  # the last outcome (what a library caller gets)
+        self.cancelled = False  # the caller gave up: never send it again (ends as shed)
 
     def __lt__(self, other: "Request") -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

@@ -104,6 +104,9 @@ class KeyWorker:
             if req.deadline <= now:
                 engine.expire(req)
                 continue
+            if req.cancelled:
+                engine.shed(req)
+                continue
             if len(self.limiters) == 1:
                 stamps = (self.limiter.record(now),)
             else:

@@ -108,3 +108,27 @@ def test_an_http_error_answer_reaches_the_caller_as_call_failed():
     err = asyncio.run(main())
     assert err.response.status == 401
     assert "NOT-A-VALID-KEY" not in str(err)
+
+
+def test_a_cancelled_call_is_never_sent_and_ends_as_shed():
+    sent = []
+
+    async def fn(secret):
+        sent.append(secret)
+        return "ok"
+
+    async def main():
+        c = load_config(preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]},
+                                                  "engine": {"ttl_s": 60.0}})
+        async with RateDeck(c, delay_error=lambda e: None) as deck:
+            first = [asyncio.ensure_future(deck.run(fn)) for _ in range(30)]  # more than 20/1s
+            await asyncio.sleep(0.5)
+            late = first[25]
+            late.cancel()
+            done = await asyncio.gather(*first, return_exceptions=True)
+            return done, deck.snapshot()
+
+    done, snap = run_virtual(main())
+    assert isinstance(done[25], asyncio.CancelledError)
+    assert done.count("ok") == 29 and len(sent) == 29
+    assert snap.shed == 1 and snap.balance() == 0
