@@ -34,8 +34,5 @@ class CooldownGate:
         self.closures += 1
         return True
 
-    def is_open(self, now: float) -> bool:
-        return now >= self.open_at
-
     def left(self, now: float) -> float:
         return max(0.0, self.open_at - now)

@@ -124,7 +124,7 @@ class MessageWorkload:
         self.cancel_failed = True
         self.exhausted = False
         # message counters: arrived == completed + failed + shed + backlog + in progress
-        self.arrived = self.admitted = self.completed = self.failed = self.shed = 0
+        self.arrived = self.completed = self.failed = self.shed = 0
         self.calls_wasted = 0  # attempts spent on messages that failed
         self.calls_cancelled = 0  # calls of failed messages expired before any send
         self.goodput_series: deque[float] = deque(maxlen=series_len)
@@ -296,7 +296,6 @@ class MessageWorkload:
         return msg
 
     def _admit(self, engine: "Engine", msg: Message, now: float) -> None:
-        self.admitted += 1
         self.in_progress[msg.id] = msg
         first = self.calls if self.pattern == "parallel" else 1
         for _ in range(first):

@@ -46,14 +46,6 @@ class WorkQueues:
         self.main.append(req)
         self._wake()
 
-    def put_front(self, req: Request) -> None:
-        """Give back a request taken but not sent (a key was paused meanwhile)."""
-        if req.attempts:
-            heapq.heappush(self.dlq, req)
-        else:
-            self.main.appendleft(req)
-        self._wake()
-
     def retry(self, req: Request) -> None:
         """Queue a retry; it is served ahead of fresh work from `req.eligible_at` on."""
         heapq.heappush(self.dlq, req)
@@ -104,12 +96,6 @@ class WorkQueues:
     def pass_on(self) -> None:
         """A woken getter could not take the work: wake the next one instead."""
         self._wake()
-
-    def wake_all(self) -> None:
-        while self._getters:
-            fut = self._getters.popleft()
-            if not fut.done():
-                fut.set_result(None)
 
     def _wake(self) -> None:
         while self._getters:

@@ -13,7 +13,6 @@ from typing import Any
 from .child import RESULT_PREFIX
 from .spec import RunSpec
 
-START_TIMEOUT_S = 20.0
 
 
 class BenchError(RuntimeError):
