@@ -28,7 +28,7 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.engine.host import EngineHost
+from ratedeck.host.protocol import EngineHost
 from ratedeck.engine.snapshot import Snapshot
 
 from .screens.headroom import HeadroomScreen

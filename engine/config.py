@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .policy import Policy, PolicyError, format_policy, parse_policy
+from ratedeck.core.policy import Policy, PolicyError, format_policy, parse_policy
 
 SEED_KEYS = (
     "UT4NHL1J796WCHULA1750MXYF9F5JYA6",

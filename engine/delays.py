@@ -18,7 +18,7 @@ import time
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from .policy import Policy
+from ratedeck.core.policy import Policy
 
 # A hook gets (status, headers, body text) and returns seconds to wait, or None.
 DelayHook = Callable[[int, Mapping[str, str], str], "float | None"]

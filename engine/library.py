@@ -24,11 +24,11 @@ import dataclasses
 from typing import Any, Awaitable, Callable
 
 from . import outcome as oc
-from .config import KeySpec, RunConfig, load_config
+from .config import ConfigError, KeySpec, RunConfig, load_config
 from .request import Request
-from .runtime import Session
 from .snapshot import Snapshot
-from .transport import Transport
+from .engine import Engine
+from .transport import HttpTransport, Transport
 
 
 class CallError(Exception):
@@ -107,16 +107,26 @@ class RateDeck:
                                   messages=None)
         if transport is None and delay_error is not None:
             transport = FunctionTransport(delay_error)
-        self.session = Session(cfg, transport)
-        self.engine = None
+        if transport is None:
+            if cfg.target.url is None:
+                raise ConfigError("RateDeck", "target.url",
+                                  "a library deck needs a target URL, a transport or delay_error")
+            max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
+            transport = HttpTransport(cfg.target, cfg.target.url, max_conn)
+        self.cfg = cfg
+        self.transport = transport
+        self.engine: Engine | None = None
 
     async def __aenter__(self) -> "RateDeck":
-        self.engine = await self.session.start()
+        self.engine = Engine(self.cfg, self.transport)
         self.engine.retry_errors = False  # only rate limits are retried for a library caller
+        self.engine.start()
         return self
 
     async def __aexit__(self, *exc_info) -> None:
-        await self.session.stop()
+        if self.engine is not None:
+            await self.engine.stop()
+        await self.transport.close()
 
     async def call(self, params: dict[str, Any] | None = None, *, pool: str | None = None,
                    ttl_s: float | None = None) -> Any:

@@ -13,7 +13,7 @@ import asyncio
 from collections import deque
 from typing import Callable
 
-from .policy import Policy
+from ratedeck.core.policy import Policy
 
 
 class Stamp:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .config import KeySpec
 from .gate import CooldownGate
 from .limiter import WindowLimiter
-from .masking import mask_secret
+from ratedeck.core.secrets import mask_secret
 from .waker import Waker
 
 if TYPE_CHECKING:

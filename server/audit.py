@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ratedeck.engine.policy import Policy
+from ratedeck.core.policy import Policy
 
 
 class WindowAudit:

@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratedeck.engine.masking import mask_secret
-from ratedeck.engine.policy import Policy, format_policy
+from ratedeck.core.secrets import mask_secret
+from ratedeck.core.policy import Policy, format_policy
 
 from .audit import WindowAudit
 from .settings import ServerSettings

@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import replace
 from typing import Any, Callable
 
-from ratedeck.engine.policy import parse_policy
+from ratedeck.core.policy import parse_policy
 
 from .app import start_server
 from .settings import SEED_KEYS, ServerSettings, generated_keys, seed_settings, standard_settings

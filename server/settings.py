@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from ratedeck.engine.policy import Policy, parse_policy, format_policy
+from ratedeck.core.policy import Policy, parse_policy, format_policy
 
 #: The five API keys of the seed's original server; seed mode accepts exactly these.
 SEED_KEYS: tuple[str, ...] = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 
-from ratedeck.engine.policy import Policy
+from ratedeck.core.policy import Policy
 
 
 class SlotRing:

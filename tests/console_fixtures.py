@@ -22,7 +22,7 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.engine.masking import mask_secret
+from ratedeck.core.secrets import mask_secret
 from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, Snapshot
 
 # 32-character secrets: tests assert none of these ever reaches the screen.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import ServerSettings, seed_settings
-from ratedeck.engine.simulated import SimulatedTransport
+from ratedeck.server.simulated import SimulatedTransport
 
 
 def seed_engine(tmp_path=None, *, server: ServerSettings | None = None, transport_kw=None, **sections):

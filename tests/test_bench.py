@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from ratedeck.console.bench import DEFAULT_DURATION_S, QUICK_DURATION_S, UsageError, main, parse_args
-from ratedeck.console.bench.output import ROW_FIELDS, ScenarioResult, bar_charts, make_row
-from ratedeck.console.bench.scenarios import SCENARIOS, STRATEGIES
-from ratedeck.console.bench.spec import RunSpec
+from ratedeck.bench import DEFAULT_DURATION_S, QUICK_DURATION_S, UsageError, main, parse_args
+from ratedeck.bench.output import ROW_FIELDS, ScenarioResult, bar_charts, make_row
+from ratedeck.bench.scenarios import SCENARIOS, STRATEGIES
+from ratedeck.bench.spec import RunSpec
 
-CONSOLE = Path(__file__).resolve().parent.parent / "console"
 
 
 def test_defaults_run_everything_for_twenty_seconds():
@@ -58,12 +57,6 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, needle, capsys):
 def test_parse_args_raises_usage_error():
     with pytest.raises(UsageError, match="must be a number of seconds above 0"):
         parse_args(["--duration", "-1"])
-
-
-def test_the_cli_module_is_a_package():
-    # the CLI does `from .bench import main`; a module would shadow the package
-    assert not (CONSOLE / "bench.py").exists()
-    assert (CONSOLE / "bench" / "__init__.py").is_file()
 
 
 def test_scenarios_and_strategies_are_the_issue_s():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ratedeck.console.bench.limiters import AdaptiveRing, FixedIntervalRing
+from ratedeck.bench.limiters import AdaptiveRing, FixedIntervalRing
 
 
 def poll_grants(lim: FixedIntervalRing, count: int, start_ms: float = 0.0, step_ms: float = 1.0):

@@ -9,10 +9,10 @@ import sys
 import pytest
 import tomllib
 
-from ratedeck.console.cli import main
+from ratedeck.runner.cli import main
 from ratedeck.engine.config import SEED_KEYS, load_config
 
-RATEDECK = [sys.executable, "-m", "ratedeck.console.cli"]
+RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 
 
 def run_cli(capsys, *argv):

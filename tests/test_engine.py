@@ -10,9 +10,9 @@ from engine_helpers import audit_max, seed_engine
 from ratedeck.engine.commands import (PauseAll, PauseKey, ResumeAll, ResumeKey, SetArrivalRate,
                                       SetBackpressure, SetHeadroom)
 from ratedeck.engine.engine import UnknownKey
-from ratedeck.engine.policy import Policy
+from ratedeck.core.policy import Policy
 from ratedeck.server.settings import seed_settings
-from ratedeck.engine.simulated import run_virtual
+from ratedeck.server.simulated import run_virtual
 
 
 def test_seed_mode_reaches_92_per_second_with_no_rejection():

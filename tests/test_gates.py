@@ -12,9 +12,9 @@ from ratedeck.engine.delays import (advertised_policies, json_field_hook, parse_
                                     ratelimit_delay, response_delay, x_ratelimit_delay)
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.policy import Policy
+from ratedeck.core.policy import Policy
 from ratedeck.server.settings import ServerSettings
-from ratedeck.engine.simulated import run_virtual
+from ratedeck.server.simulated import run_virtual
 
 
 # ---------------------------------------------------------------- delay sources

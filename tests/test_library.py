@@ -1,13 +1,14 @@
 """ratedeck as a library: results, unchanged errors, rate limits retried behind the gate."""
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 
 from ratedeck.engine.config import load_config
 from ratedeck.engine.library import CallFailed, RateDeck, RateLimited
-from ratedeck.engine.simulated import run_virtual
+from ratedeck.server.app import start_server
+from ratedeck.server.settings import seed_settings
+from ratedeck.server.simulated import run_virtual
 
 
 class Slow(Exception):
@@ -82,11 +83,18 @@ def test_a_rate_limit_that_never_ends_gives_up_after_max_attempts():
     run_virtual(main())
 
 
-def test_http_calls_against_the_embedded_simulator():
+async def _simulator(settings=None):
+    return await start_server(settings or seed_settings())
+
+
+def test_http_calls_against_a_simulator_on_loopback():
     async def main():
-        async with RateDeck(load_config(preset="seed")) as deck:
+        server = await _simulator()
+        c = load_config(preset="seed", overrides={"target": {"url": f"{server.url}/api/request"}})
+        async with RateDeck(c) as deck:
             responses = await asyncio.gather(*(deck.call({"note": i}) for i in range(12)))
             snap = deck.snapshot()
+        await server.close()
         return responses, snap
 
     responses, snap = asyncio.run(main())
@@ -98,12 +106,14 @@ def test_http_calls_against_the_embedded_simulator():
 def test_an_http_error_answer_reaches_the_caller_as_call_failed():
     async def main():
         # The embedded seed server knows only its five keys: this one is refused with 401.
-        c = load_config(preset="seed", overrides={"keys": {"secrets": ["NOT-A-VALID-KEY-123"]}})
-        c = replace(c, server={"mode": "seed", "keys": ["UT4NHL1J796WCHULA1750MXYF9F5JYA6"]})
+        server = await _simulator()
+        c = load_config(preset="seed", overrides={"keys": {"secrets": ["NOT-A-VALID-KEY-123"]},
+                                                  "target": {"url": f"{server.url}/api/request"}})
         async with RateDeck(c) as deck:
             with pytest.raises(CallFailed) as info:
                 await deck.call()
-            return info.value
+        await server.close()
+        return info.value
 
     err = asyncio.run(main())
     assert err.response.status == 401

@@ -3,7 +3,7 @@
 import pytest
 
 from ratedeck.engine.limiter import WindowLimiter
-from ratedeck.engine.policy import Policy, PolicyError, parse_policy
+from ratedeck.core.policy import Policy, PolicyError, parse_policy
 
 
 def grant_all(lim, start, count):
@@ -109,7 +109,7 @@ def test_even_gap_may_run_a_little_short_so_late_timers_do_not_accumulate():
 def test_acquire_waits_first_come_first_served_and_gives_up_at_its_deadline():
     import asyncio
 
-    from ratedeck.engine.simulated import run_virtual
+    from ratedeck.server.simulated import run_virtual
 
     lim = WindowLimiter((Policy(2, 1.0),), lambda: 0.0, pacing="burst")
 

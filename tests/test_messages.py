@@ -8,7 +8,7 @@ import pytest
 from ratedeck.engine.commands import PauseKey, ResumeKey, SetThrottle
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.simulated import SimulatedTransport, run_virtual
+from ratedeck.server.simulated import SimulatedTransport, run_virtual
 from ratedeck.server.settings import ServerSettings, generated_keys
 
 CAPACITY = 100.0  # 5 keys x 20/1s

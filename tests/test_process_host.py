@@ -4,7 +4,7 @@ import time
 
 from ratedeck.engine.commands import PauseKey, SetHeadroom
 from ratedeck.engine.config import ConfigError, load_config
-from ratedeck.engine.process_host import ProcessHost
+from ratedeck.host.process_host import ProcessHost
 
 import pytest
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import aiohttp
 
-from ratedeck.engine.policy import parse_policy
+from ratedeck.core.policy import parse_policy
 from ratedeck.server.app import start_server
 from ratedeck.server.settings import SEED_KEYS, ServerSettings, seed_settings
 

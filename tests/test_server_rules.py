@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from ratedeck.engine.policy import Policy, parse_policy
+from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.server.audit import WindowAudit
 from ratedeck.server.rules import RateRules
 from ratedeck.server.settings import SEED_KEYS, ServerSettings, seed_settings

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from ratedeck.engine.policy import Policy
+from ratedeck.core.policy import Policy
 from ratedeck.server.serve import add_serve_arguments, run_serve, settings_from_args
 from ratedeck.server.settings import SEED_KEYS, seed_settings
 

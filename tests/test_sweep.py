@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ratedeck.console.sweep import main, parse_rates
+from ratedeck.runner.sweep import main, parse_rates
 
 
 @pytest.mark.parametrize("argv, where", [

@@ -79,11 +79,11 @@ class Simulator:
 
 
 def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
-    """Run `spec` in a fresh `python -m ratedeck.console.bench.child`; its result dict."""
+    """Run `spec` in a fresh `python -m ratedeck.bench.child`; its result dict."""
     timeout_s = timeout_s if timeout_s is not None else spec.duration_s + 60.0
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "ratedeck.console.bench.child"],
+            [sys.executable, "-m", "ratedeck.bench.child"],
             input=json.dumps(spec.to_json()), capture_output=True, text=True,
             timeout=timeout_s, env=_env(),
         )

@@ -8,8 +8,8 @@ import sys
 from typing import TextIO
 
 from ratedeck.engine.config import ConfigError, RunConfig
-from ratedeck.engine.report import write_report
-from ratedeck.engine.runtime import Session
+from ratedeck.runner.report import write_report
+from ratedeck.host.session import Session
 from ratedeck.engine.snapshot import Snapshot
 
 

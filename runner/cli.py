@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ui:
         from .headless import run_headless
 
-        from ratedeck.engine.runtime import new_loop
+        from ratedeck.host.session import new_loop
 
         try:
             with asyncio.Runner(loop_factory=new_loop) as runner:
@@ -154,10 +154,10 @@ def save_config(cfg: RunConfig, path: str) -> int:
 
 def run_console(cfg: RunConfig) -> int:
     """The Textual console; the engine runs in its own process (see engine/process_host.py)."""
-    from ratedeck.engine.process_host import ProcessHost
-    from ratedeck.engine.report import write_report
+    from ratedeck.host.process_host import ProcessHost
+    from ratedeck.runner.report import write_report
 
-    from .app import RatedeckApp
+    from ratedeck.console.app import RatedeckApp
     from .headless import summary_lines
 
     host = ProcessHost(cfg)
@@ -191,7 +191,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         add_serve_arguments(p)
         return run_serve(p.parse_args(argv))
     if name == "bench":
-        from .bench import main as bench_main
+        from ratedeck.bench import main as bench_main
 
         return bench_main(argv)
     from .sweep import main as sweep_main

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .commands import Command
-from .snapshot import Snapshot
+from ratedeck.engine.commands import Command
+from ratedeck.engine.snapshot import Snapshot
 
 
 class EngineHost(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .snapshot import Snapshot
+from ratedeck.engine.snapshot import Snapshot
 
 
 def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from ratedeck.engine.config import load_config
-from ratedeck.engine.runtime import Session
+from ratedeck.host.session import Session
 from ratedeck.engine.snapshot import Snapshot
 
 from .spec import RunSpec

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.policy import PolicyError, format_policy, parse_policy
+from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.snapshot import Snapshot
 
 # A quick API: small network jitter, so the learned headroom (and the capacity
@@ -160,7 +160,7 @@ def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
     if args.live:
         snap = asyncio.run(_run_live(cfg, args.duration))
     else:
-        from ratedeck.engine.simulated import SimulatedTransport, run_virtual
+        from ratedeck.server.simulated import SimulatedTransport, run_virtual
 
         engine = Engine(cfg, SimulatedTransport(settings, seed=args.seed))
         snap = run_virtual(engine.run(args.duration))
@@ -169,7 +169,7 @@ def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
 
 
 async def _run_live(cfg, duration: float) -> Snapshot:
-    from ratedeck.engine.runtime import Session
+    from ratedeck.host.session import Session
 
     session = Session(cfg)
     await session.start()

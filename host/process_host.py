@@ -16,9 +16,9 @@ import signal
 import threading
 from concurrent.futures import Future
 
-from .commands import Command
-from .config import ConfigError, RunConfig
-from .snapshot import Snapshot
+from ratedeck.engine.commands import Command
+from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.snapshot import Snapshot
 
 _SNAPSHOT, _CONFIG, _FINAL, _FAILED = "snapshot", "config", "final", "failed"
 
@@ -118,14 +118,14 @@ class ProcessHost:
 def _child_main(cfg: RunConfig, conn, publish_s: float) -> None:
     # The console handles Ctrl-C; a terminal's SIGINT must not kill the engine mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .runtime import new_loop
+    from .session import new_loop
 
     with asyncio.Runner(loop_factory=new_loop) as runner:
         runner.run(_child(cfg, conn, publish_s))
 
 
 async def _child(cfg: RunConfig, conn, publish_s: float) -> None:
-    from .runtime import Session
+    from .session import Session
 
     session = Session(cfg)
     try:

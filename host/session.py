@@ -14,11 +14,11 @@ import asyncio
 import dataclasses
 import os
 
-from .commands import Command
-from .config import ConfigError, RunConfig, to_toml_dict
-from .engine import Engine
-from .snapshot import Snapshot
-from .transport import HttpTransport, Transport
+from ratedeck.engine.commands import Command
+from ratedeck.engine.config import ConfigError, RunConfig, to_toml_dict
+from ratedeck.engine.engine import Engine
+from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.transport import HttpTransport, Transport
 
 
 def embedded_server_settings(cfg: RunConfig):

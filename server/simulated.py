@@ -15,13 +15,13 @@ import json
 import random
 import selectors
 
-from ratedeck.server.rules import RateRules
-from ratedeck.server.settings import ServerSettings
+from .rules import RateRules
+from .settings import ServerSettings
 
-from .config import KeySpec
-from .delays import response_delay
-from .outcome import TIMEOUT, Outcome, classify
-from .request import Request
+from ratedeck.engine.config import KeySpec
+from ratedeck.engine.delays import response_delay
+from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
+from ratedeck.engine.request import Request
 
 
 class SimulatedTransport:

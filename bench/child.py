@@ -1,6 +1,6 @@
 """The child process that runs one strategy (or one micro job) and reports on stdout.
 
-    python -m ratedeck.console.bench.child  < spec.json
+    python -m ratedeck.bench.child  < spec.json
 
 It reads a `RunSpec` as JSON on stdin and prints one line `RESULT {json}`:
 the strategy's counters plus `cpu_s` (user + system CPU of this process

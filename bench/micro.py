@@ -51,7 +51,7 @@ def _peak_rss_mb() -> float:
 def ratedeck_acquire(ops: int) -> float:
     """`next_free` + `record` on a fake clock that always has a free slot (20/1s, even pacing)."""
     from ratedeck.engine.limiter import WindowLimiter
-    from ratedeck.engine.policy import Policy
+    from ratedeck.core.policy import Policy
 
     lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even")
     t, step = 0.0, 0.06
@@ -184,7 +184,7 @@ async def _measure(duration_s: float, succeeded: Callable[[], int]) -> dict[str,
 
 def _engine_session(spec: RunSpec, **engine: Any):
     from ratedeck.engine.config import load_config
-    from ratedeck.engine.runtime import Session
+    from ratedeck.host.session import Session
 
     from .engine_run import engine_overrides
 
