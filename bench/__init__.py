@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .scenarios import SCENARIOS, STRATEGIES
 
@@ -26,8 +27,16 @@ SCALE_KEYS = (5, 50, 500)
 SCALE_QUEUE = (1_000, 10_000, 100_000, 1_000_000)
 SCALE_TOTAL_TPS = 1000  # keys share this rate in the key-scaling runs
 SCALE_QUEUE_DRAIN_TPS = 200  # the queue-scaling runs drain this fast
-UNLIMITED = ("--mode", "standard", "--limit", "1000/1ms", "--latency", "0",
-             "--no-ratelimit-headers", "--no-retry-after")
+UNLIMITED = (
+    "--mode",
+    "standard",
+    "--limit",
+    "1000/1ms",
+    "--latency",
+    "0",
+    "--no-ratelimit-headers",
+    "--no-retry-after",
+)
 
 
 class UsageError(Exception):
@@ -43,22 +52,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ratedeck bench",
         description="Run rate-limit clients one after another against the same simulator scenarios "
-                    "and compare successful req/s, 429s, latency, CPU and memory; then micro "
-                    "benchmarks and scaling. Scenarios: " + ", ".join(SCENARIOS)
-                    + ". Strategies: " + ", ".join(STRATEGIES) + ".",
+        "and compare successful req/s, 429s, latency, CPU and memory; then micro "
+        "benchmarks and scaling. Scenarios: "
+        + ", ".join(SCENARIOS)
+        + ". Strategies: "
+        + ", ".join(STRATEGIES)
+        + ".",
     )
-    p.add_argument("--duration", metavar="S", default=None,
-                   help=f"seconds each strategy runs per scenario (default {DEFAULT_DURATION_S:g})")
+    p.add_argument(
+        "--duration",
+        metavar="S",
+        default=None,
+        help=f"seconds each strategy runs per scenario (default {DEFAULT_DURATION_S:g})",
+    )
     p.add_argument("--scenarios", metavar="A,B", help="only these scenarios (comma-separated)")
     p.add_argument("--strategies", metavar="A,B", help="only these strategies (comma-separated)")
-    p.add_argument("--micro", choices=("full", "limiter", "none"), default=None,
-                   help="micro benchmarks: full (limiter, throughput, scaling; the default), "
-                        "limiter only, or none")
-    p.add_argument("--quick", action="store_true",
-                   help=f"a tiny run: {QUICK_DURATION_S:g} s per strategy and the limiter micro only")
+    p.add_argument(
+        "--micro",
+        choices=("full", "limiter", "none"),
+        default=None,
+        help="micro benchmarks: full (limiter, throughput, scaling; the default), limiter only, or none",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a tiny run: {QUICK_DURATION_S:g} s per strategy and the limiter micro only",
+    )
     p.add_argument("--report", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="asyncio",
-                   help="event loop for the asyncio clients (default asyncio, as ratedeck runs)")
+    p.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="asyncio",
+        help="event loop for the asyncio clients (default asyncio, as ratedeck runs)",
+    )
     p.add_argument("--seed", metavar="N", default="1", help="seed for latency draws and arrivals")
     p.add_argument("--no-chart", action="store_true", help="print the table without bar charts")
     return p
@@ -120,9 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ratedeck bench: interrupted", file=sys.stderr)
         return 130
-    print(f"\n{command}  (loop {args.loop}; every strategy offered each scenario's capacity; "
-          "429s and nonce rejections as the simulator counted them; latency = round trip of "
-          "successful attempts)\n")
+    print(
+        f"\n{command}  (loop {args.loop}; every strategy offered each scenario's capacity; "
+        "429s and nonce rejections as the simulator counted them; latency = round trip of "
+        "successful attempts)\n"
+    )
     for result in results:
         print(scenario_table(result, args.duration))
         print()
@@ -133,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("micro and scaling")
         print(micro_table(micro))
     if args.report:
-        data = report_dict(results, micro, duration_s=args.duration, loop=args.loop,
-                           command=command, scaling=scaling)
+        data = report_dict(
+            results, micro, duration_s=args.duration, loop=args.loop, command=command, scaling=scaling
+        )
         problem = write_report(data, args.report)
         if problem:
             print(f"ratedeck bench: error: {problem}", file=sys.stderr)
@@ -160,13 +189,21 @@ def run_scenarios(args: argparse.Namespace) -> list:
         for strategy in args.strategies:
             _progress(f"{name}: {strategy} for {args.duration:g} s")
             with Simulator(scenario.serve_args, seed=args.seed) as sim:
-                spec = RunSpec(strategy, sim.url, scenario.keys, scenario.limit, scenario.window_s,
-                               scenario.nonce, scenario.capacity_tps, args.duration,
-                               loop=args.loop, seed=args.seed)
+                spec = RunSpec(
+                    strategy,
+                    sim.url,
+                    scenario.keys,
+                    scenario.limit,
+                    scenario.window_s,
+                    scenario.nonce,
+                    scenario.capacity_tps,
+                    args.duration,
+                    loop=args.loop,
+                    seed=args.seed,
+                )
                 client = run_child(spec)
                 server = sim.stats()
-            result.rows.append(make_row(strategy, client, server, args.duration,
-                                        scenario.capacity_tps))
+            result.rows.append(make_row(strategy, client, server, args.duration, scenario.capacity_tps))
         results.append(result)
     return results
 
@@ -186,13 +223,14 @@ def run_micro(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict
     scaling = scaling_runs(args, seconds)
     for row in scaling:
         tag = f"scale_{row['axis']}_{row['at']}"
-        micro.append({"name": f"{tag}_cpu_us_per_req", "value": round(row["cpu_us_per_req"], 1),
-                      "unit": "us/req"})
-        micro.append({"name": f"{tag}_peak_rss_mb", "value": round(row["peak_rss_mb"], 1),
-                      "unit": "MB"})
+        micro.append(
+            {"name": f"{tag}_cpu_us_per_req", "value": round(row["cpu_us_per_req"], 1), "unit": "us/req"}
+        )
+        micro.append({"name": f"{tag}_peak_rss_mb", "value": round(row["peak_rss_mb"], 1), "unit": "MB"})
         if row["axis"] == "queue" and row["at"] >= 100_000:  # smaller depths drown in noise
-            micro.append({"name": f"{tag}_bytes_per_queued", "value": round(row["bytes_per_queued"]),
-                          "unit": "B"})
+            micro.append(
+                {"name": f"{tag}_bytes_per_queued", "value": round(row["bytes_per_queued"]), "unit": "B"}
+            )
     return micro, scaling
 
 
@@ -206,9 +244,22 @@ def throughput_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, 
     keys, in_flight = generated_keys(5), 8
     best: dict[str, dict[str, Any]] = {}
     with Simulator((*UNLIMITED, "--keys", str(len(keys))), seed=args.seed) as sim:
+
         def spec(job: str, **extra: Any) -> RunSpec:
-            return RunSpec(job, sim.url, keys, 1_000_000, 1.0, False, 5_000_000.0, seconds,
-                           in_flight=in_flight, loop=args.loop, seed=args.seed, extra=extra)
+            return RunSpec(
+                job,
+                sim.url,
+                keys,
+                1_000_000,
+                1.0,
+                False,
+                5_000_000.0,
+                seconds,
+                in_flight=in_flight,
+                loop=args.loop,
+                seed=args.seed,
+                extra=extra,
+            )
 
         for _ in range(2):
             for job in ("bare-aiohttp", "engine-max"):
@@ -221,19 +272,18 @@ def throughput_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, 
         burst = run_child(spec("engine-max", engine={"pacing": "burst"}))
     bare, eng = best["bare-aiohttp"], best["engine-max"]
     overhead = 100.0 * (1.0 - eng["ok_per_s"] / bare["ok_per_s"]) if bare["ok_per_s"] else 0.0
-    cpu_over = (100.0 * (eng["cpu_us_per_req"] / bare["cpu_us_per_req"] - 1.0)
-                if bare["cpu_us_per_req"] else 0.0)
+    cpu_over = (
+        100.0 * (eng["cpu_us_per_req"] / bare["cpu_us_per_req"] - 1.0) if bare["cpu_us_per_req"] else 0.0
+    )
     c = len(keys) * in_flight
     return [
         {"name": f"engine_max_tps_c{c}", "value": round(eng["ok_per_s"], 1), "unit": "req/s"},
         {"name": f"bare_aiohttp_max_tps_c{c}", "value": round(bare["ok_per_s"], 1), "unit": "req/s"},
         {"name": "engine_throughput_overhead_pct", "value": round(overhead, 1), "unit": "%"},
         {"name": "engine_cpu_us_per_req", "value": round(eng["cpu_us_per_req"], 1), "unit": "us/req"},
-        {"name": "bare_aiohttp_cpu_us_per_req", "value": round(bare["cpu_us_per_req"], 1),
-         "unit": "us/req"},
+        {"name": "bare_aiohttp_cpu_us_per_req", "value": round(bare["cpu_us_per_req"], 1), "unit": "us/req"},
         {"name": "engine_cpu_overhead_pct", "value": round(cpu_over, 1), "unit": "%"},
-        {"name": f"engine_max_tps_burst_pacing_c{c}", "value": round(burst["ok_per_s"], 1),
-         "unit": "req/s"},
+        {"name": f"engine_max_tps_burst_pacing_c{c}", "value": round(burst["ok_per_s"], 1), "unit": "req/s"},
     ]
 
 
@@ -249,23 +299,66 @@ def scaling_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any
         per_key = max(1, SCALE_TOTAL_TPS // n)
         keys = generated_keys(n)
         _progress(f"scaling: {n} keys x {per_key}/1s for {seconds:g} s")
-        serve = ("--mode", "standard", "--keys", str(n), "--limit", f"{per_key}/1s", "--latency", "0",
-                 "--no-ratelimit-headers")
+        serve = (
+            "--mode",
+            "standard",
+            "--keys",
+            str(n),
+            "--limit",
+            f"{per_key}/1s",
+            "--latency",
+            "0",
+            "--no-ratelimit-headers",
+        )
         with Simulator(serve, seed=args.seed) as sim:
-            r = run_child(RunSpec("scale-keys", sim.url, keys, per_key, 1.0, False,
-                                  float(per_key * n), seconds, loop=args.loop, seed=args.seed))
+            r = run_child(
+                RunSpec(
+                    "scale-keys",
+                    sim.url,
+                    keys,
+                    per_key,
+                    1.0,
+                    False,
+                    float(per_key * n),
+                    seconds,
+                    loop=args.loop,
+                    seed=args.seed,
+                )
+            )
         rows.append({"axis": "keys", "at": n, **r})
     # A slower drain (200/s) so even the smallest queue lasts the whole window.
     keys = generated_keys(5)
     per_key = SCALE_QUEUE_DRAIN_TPS // len(keys)
     for depth in SCALE_QUEUE:
         _progress(f"scaling: queue of {depth:,} for {seconds:g} s")
-        serve = ("--mode", "standard", "--keys", str(len(keys)), "--limit", f"{per_key}/1s",
-                 "--latency", "0", "--no-ratelimit-headers")
+        serve = (
+            "--mode",
+            "standard",
+            "--keys",
+            str(len(keys)),
+            "--limit",
+            f"{per_key}/1s",
+            "--latency",
+            "0",
+            "--no-ratelimit-headers",
+        )
         with Simulator(serve, seed=args.seed) as sim:
             extra = {"depth": depth, "workload": {"total": depth, "rate": 1e9}}
-            r = run_child(RunSpec("scale-queue", sim.url, keys, per_key, 1.0, False,
-                                  float(SCALE_QUEUE_DRAIN_TPS), seconds, loop=args.loop, seed=args.seed,
-                                  extra=extra), timeout_s=seconds + 120.0)
+            r = run_child(
+                RunSpec(
+                    "scale-queue",
+                    sim.url,
+                    keys,
+                    per_key,
+                    1.0,
+                    False,
+                    float(SCALE_QUEUE_DRAIN_TPS),
+                    seconds,
+                    loop=args.loop,
+                    seed=args.seed,
+                    extra=extra,
+                ),
+                timeout_s=seconds + 120.0,
+            )
         rows.append({"axis": "queue", "at": depth, **r})
     return rows

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -32,7 +32,6 @@ from .limiters import AdaptiveRing, FixedIntervalRing
 from .spec import RunSpec
 from .tally import FAILED, OK, Tally, classify
 from .work import DRAIN_S, MAX_ATTEMPTS, BenchRequest, NonceSource, arrival_gaps, query, soft_queue_cap
-
 
 # ---------------------------------------------------------------- asyncio clients
 
@@ -62,7 +61,7 @@ class AsyncClient:
             async with self.session.get(f"{self.spec.url}?{query(key, req.id, nonce)}") as resp:
                 body = await resp.text()
                 kind = classify(resp.status, body)
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             kind = FAILED
         finally:
             self.in_flight -= 1
@@ -100,8 +99,9 @@ class AsyncClient:
     async def run(self, tasks: list[Awaitable]) -> Tally:
         connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         skip_auto_headers=("User-Agent",)) as self.session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+        ) as self.session:
             running = [asyncio.ensure_future(t) for t in tasks]
             await asyncio.sleep(self.spec.duration_s)
             self.stopping = True

@@ -16,7 +16,8 @@ import json
 import resource
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .spec import RunSpec
 

@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from ratedeck.engine.config import load_config
-from ratedeck.host.session import Session
 from ratedeck.engine.snapshot import Snapshot
+from ratedeck.host.session import Session
 
 from .spec import RunSpec
 
@@ -40,9 +40,15 @@ async def run_engine(spec: RunSpec) -> dict:
 def snapshot_summary(snap: Snapshot) -> dict:
     """The engine's final snapshot in the bench's client-side terms."""
     return {
-        "generated": snap.generated, "sent": snap.sent, "succeeded": snap.succeeded,
-        "rejected_429": snap.rejected_429, "rejected_nonce": snap.rejected_other,
-        "failed": snap.failed, "expired": snap.expired, "graveyard": snap.graveyard,
-        "p50_ms": snap.latency.p50, "p99_ms": snap.latency.p99,
+        "generated": snap.generated,
+        "sent": snap.sent,
+        "succeeded": snap.succeeded,
+        "rejected_429": snap.rejected_429,
+        "rejected_nonce": snap.rejected_other,
+        "failed": snap.failed,
+        "expired": snap.expired,
+        "graveyard": snap.graveyard,
+        "p50_ms": snap.latency.p50,
+        "p99_ms": snap.latency.p99,
         "headroom_ms": round(snap.headroom_ms, 1),
     }

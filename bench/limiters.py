@@ -59,11 +59,27 @@ class AdaptiveRing:
     caller re-checks after sleeping.
     """
 
-    __slots__ = ("limit", "window_ms", "buffer_ms", "min_buffer_ms", "max_buffer_ms",
-                 "_times", "_index", "_latencies")
+    __slots__ = (
+        "limit",
+        "window_ms",
+        "buffer_ms",
+        "min_buffer_ms",
+        "max_buffer_ms",
+        "_times",
+        "_index",
+        "_latencies",
+    )
 
-    def __init__(self, limit: int = 20, window_ms: float = 1000.0, *, initial_buffer_ms: float = 40.0,
-                 min_buffer_ms: float = 30.0, max_buffer_ms: float = 50.0, samples: int = 100):
+    def __init__(
+        self,
+        limit: int = 20,
+        window_ms: float = 1000.0,
+        *,
+        initial_buffer_ms: float = 40.0,
+        min_buffer_ms: float = 30.0,
+        max_buffer_ms: float = 50.0,
+        samples: int = 100,
+    ):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.limit = limit

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .spec import RunSpec
 
@@ -50,8 +51,8 @@ def _peak_rss_mb() -> float:
 
 def ratedeck_acquire(ops: int) -> float:
     """`next_free` + `record` on a fake clock that always has a free slot (20/1s, even pacing)."""
-    from ratedeck.engine.limiter import WindowLimiter
     from ratedeck.core.policy import Policy
+    from ratedeck.engine.limiter import WindowLimiter
 
     lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even")
     t, step = 0.0, 0.06
@@ -121,8 +122,10 @@ def limiter_micro(ops: int = 200_000, repeats: int = 7) -> list[dict[str, Any]]:
     machine hits them alike. A library that is not installed is skipped.
     """
     runs = [("limiter_acquire_ratedeck", ratedeck_acquire)]
-    for name, fn, module in (("limiter_acquire_aiolimiter", aiolimiter_acquire, "aiolimiter"),
-                             ("limiter_acquire_pyrate", pyrate_acquire, "pyrate_limiter")):
+    for name, fn, module in (
+        ("limiter_acquire_aiolimiter", aiolimiter_acquire, "aiolimiter"),
+        ("limiter_acquire_pyrate", pyrate_acquire, "pyrate_limiter"),
+    ):
         try:
             __import__(module)
         except ImportError:
@@ -132,8 +135,7 @@ def limiter_micro(ops: int = 200_000, repeats: int = 7) -> list[dict[str, Any]]:
     for _ in range(repeats):
         for name, fn in runs:
             best[name] = min(best[name], fn(ops))
-    return [{"name": name, "value": round(best[name] / ops * 1e6, 3), "unit": "us/op"}
-            for name, _ in runs]
+    return [{"name": name, "value": round(best[name] / ops * 1e6, 3), "unit": "us/op"} for name, _ in runs]
 
 
 # ---------------------------------------------------------------- child jobs
@@ -160,11 +162,12 @@ async def bare_aiohttp(spec: RunSpec) -> dict[str, Any]:
                     await resp.text()
                     if resp.status == 200:
                         counts["ok"] += 1
-            except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                     skip_auto_headers=("User-Agent",)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+    ) as session:
         tasks = [asyncio.ensure_future(one(i)) for i in range(concurrency)]
         result = await _measure(spec.duration_s, lambda: counts["ok"])
         stop = True
@@ -178,8 +181,14 @@ async def _measure(duration_s: float, succeeded: Callable[[], int]) -> dict[str,
     ok0, cpu0, t0 = succeeded(), _cpu(), time.monotonic()
     await asyncio.sleep(max(0.1, duration_s - WARMUP_S))
     ok, cpu, wall = succeeded() - ok0, _cpu() - cpu0, time.monotonic() - t0
-    return {"succeeded": ok, "wall_s": wall, "cpu_s": cpu, "ok_per_s": ok / wall,
-            "cpu_us_per_req": cpu / ok * 1e6 if ok else 0.0, "peak_rss_mb": _peak_rss_mb()}
+    return {
+        "succeeded": ok,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "ok_per_s": ok / wall,
+        "cpu_us_per_req": cpu / ok * 1e6 if ok else 0.0,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def _engine_session(spec: RunSpec, **engine: Any):
@@ -238,10 +247,15 @@ async def scale_queue(spec: RunSpec) -> dict[str, Any]:
         result = await _measure(spec.duration_s, lambda: engine.metrics.succeeded)
     finally:
         await session.stop()
-    result.update({
-        "depth": depth, "fill_s": fill_s, "fill_us_per_req": fill_cpu / depth * 1e6,
-        "rss_full_mb": rss_full, "bytes_per_queued": (rss_full - rss0) * 1024 * 1024 / depth,
-    })
+    result.update(
+        {
+            "depth": depth,
+            "fill_s": fill_s,
+            "fill_us_per_req": fill_cpu / depth * 1e6,
+            "rss_full_mb": rss_full,
+            "bytes_per_queued": (rss_full - rss0) * 1024 * 1024 / depth,
+        }
+    )
     return result
 
 

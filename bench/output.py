@@ -10,8 +10,18 @@ from pathlib import Path
 from typing import Any
 
 #: The columns of a result row, in report order (stable names).
-ROW_FIELDS = ("strategy", "ok_per_s", "pct_capacity", "rejected_429", "rejected_nonce", "expired",
-              "p50_ms", "p99_ms", "cpu_s", "peak_rss_mb")
+ROW_FIELDS = (
+    "strategy",
+    "ok_per_s",
+    "pct_capacity",
+    "rejected_429",
+    "rejected_nonce",
+    "expired",
+    "p50_ms",
+    "p99_ms",
+    "cpu_s",
+    "peak_rss_mb",
+)
 
 
 @dataclass
@@ -24,8 +34,9 @@ class ScenarioResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def make_row(strategy: str, client: dict[str, Any], server: dict[str, Any], duration_s: float,
-             capacity_tps: float) -> dict[str, Any]:
+def make_row(
+    strategy: str, client: dict[str, Any], server: dict[str, Any], duration_s: float, capacity_tps: float
+) -> dict[str, Any]:
     """A result row: successes from the client, 429s and nonce rejections as the server counted them.
 
     Every HTTP 429 counts, including the seed server's "blocked" answers.
@@ -38,8 +49,9 @@ def make_row(strategy: str, client: dict[str, Any], server: dict[str, Any], dura
         "strategy": strategy,
         "ok_per_s": round(ok_per_s, 2),
         "pct_capacity": round(100.0 * ok_per_s / capacity_tps, 1) if capacity_tps else 0.0,
-        "rejected_429": int(totals.get("rejected_429", 0) + totals.get("blocked_answers", 0)
-                            + host.get("rejected_429", 0)),
+        "rejected_429": int(
+            totals.get("rejected_429", 0) + totals.get("blocked_answers", 0) + host.get("rejected_429", 0)
+        ),
         "rejected_nonce": int(totals.get("rejected_nonce", 0)),
         "expired": int(client.get("expired", 0)),
         "p50_ms": round(float(client.get("p50_ms", 0.0)), 1),
@@ -60,11 +72,16 @@ def make_row(strategy: str, client: dict[str, Any], server: dict[str, Any], dura
 
 def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
-    head = (f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
-            f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'RSS MB':>8}")
-    lines = [f"{result.name}: {result.summary}",
-             f"capacity {result.capacity_tps:g} req/s, {duration_s:g} s per strategy", head,
-             "-" * len(head)]
+    head = (
+        f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'RSS MB':>8}"
+    )
+    lines = [
+        f"{result.name}: {result.summary}",
+        f"capacity {result.capacity_tps:g} req/s, {duration_s:g} s per strategy",
+        head,
+        "-" * len(head),
+    ]
     for r in result.rows:
         lines.append(
             f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%{r['rejected_429']:>7}"
@@ -94,16 +111,27 @@ def bar_charts(results: list[ScenarioResult], color: bool, width: int | None = N
         plt.clear_figure()
         plt.plotsize(width, 2 * len(result.rows) + 6)
         plt.theme("clear")
-        plt.bar([r["strategy"] for r in result.rows], [r["ok_per_s"] for r in result.rows],
-                orientation="horizontal", width=0.6)
+        plt.bar(
+            [r["strategy"] for r in result.rows],
+            [r["ok_per_s"] for r in result.rows],
+            orientation="horizontal",
+            width=0.6,
+        )
         plt.title(f"{result.name}: successful req/s (capacity {result.capacity_tps:g})")
         out.append(plt.build())
     text = "\n".join(out)
     return text if color else plt.uncolorize(text)
 
 
-def report_dict(results: list[ScenarioResult], micro: list[dict[str, Any]], *, duration_s: float,
-                loop: str, command: str, scaling: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def report_dict(
+    results: list[ScenarioResult],
+    micro: list[dict[str, Any]],
+    *,
+    duration_s: float,
+    loop: str,
+    command: str,
+    scaling: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The JSON report: `scenarios` and `micro` with stable names, plus run context."""
     import os
     import sys
@@ -112,8 +140,11 @@ def report_dict(results: list[ScenarioResult], micro: list[dict[str, Any]], *, d
         "command": command,
         "duration_s": duration_s,
         "loop": loop,
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
         "scenarios": [
             {"name": r.name, "summary": r.summary, "capacity_tps": r.capacity_tps, "rows": r.rows}
             for r in results

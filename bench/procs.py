@@ -14,7 +14,6 @@ from .child import RESULT_PREFIX
 from .spec import RunSpec
 
 
-
 class BenchError(RuntimeError):
     """A child process failed; the message says which and why, in one line."""
 
@@ -33,16 +32,25 @@ class Simulator:
     """
 
     def __init__(self, serve_args: tuple[str, ...] | list[str], seed: int | None = 1):
-        self.args = [sys.executable, "-m", "ratedeck.server.serve", "--host", "127.0.0.1",
-                     "--port", "0", *serve_args]
+        self.args = [
+            sys.executable,
+            "-m",
+            "ratedeck.server.serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *serve_args,
+        ]
         if seed is not None:
             self.args += ["--seed", str(seed)]
         self.proc: subprocess.Popen | None = None
         self.base = ""
 
-    def __enter__(self) -> "Simulator":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=_env())
+    def __enter__(self) -> Simulator:
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("ratedeck serve:"):
             err = self.proc.stderr.read() if self.proc.stderr else ""
@@ -84,13 +92,16 @@ def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
     try:
         done = subprocess.run(
             [sys.executable, "-m", "ratedeck.bench.child"],
-            input=json.dumps(spec.to_json()), capture_output=True, text=True,
-            timeout=timeout_s, env=_env(),
+            input=json.dumps(spec.to_json()),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=_env(),
         )
     except subprocess.TimeoutExpired:
         raise BenchError(f"{spec.strategy}: no result within {timeout_s:.0f} s") from None
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+            return json.loads(line[len(RESULT_PREFIX) :])
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
     raise BenchError(f"{spec.strategy}: the run failed (exit {done.returncode}): {tail[:300]}")

@@ -52,7 +52,7 @@ class RunSpec:
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> "RunSpec":
+    def from_json(cls, data: dict) -> RunSpec:
         data = dict(data)
         data["keys"] = tuple(data["keys"])
         return cls(**data)

@@ -51,9 +51,17 @@ class Tally:
         else:
             self.failed += 1
 
-    def merge(self, other: "Tally") -> None:
-        for name in ("generated", "sent", "ok", "rejected_429", "rejected_nonce", "failed",
-                     "expired", "graveyard"):
+    def merge(self, other: Tally) -> None:
+        for name in (
+            "generated",
+            "sent",
+            "ok",
+            "rejected_429",
+            "rejected_nonce",
+            "failed",
+            "expired",
+            "graveyard",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.latencies_ms.extend(other.latencies_ms)
 
@@ -61,10 +69,16 @@ class Tally:
         """Counters and p50/p99 latency, JSON-ready."""
         lat = sorted(self.latencies_ms)
         return {
-            "generated": self.generated, "sent": self.sent, "succeeded": self.ok,
-            "rejected_429": self.rejected_429, "rejected_nonce": self.rejected_nonce,
-            "failed": self.failed, "expired": self.expired, "graveyard": self.graveyard,
-            "p50_ms": percentile(lat, 0.50), "p99_ms": percentile(lat, 0.99),
+            "generated": self.generated,
+            "sent": self.sent,
+            "succeeded": self.ok,
+            "rejected_429": self.rejected_429,
+            "rejected_nonce": self.rejected_nonce,
+            "failed": self.failed,
+            "expired": self.expired,
+            "graveyard": self.graveyard,
+            "p50_ms": percentile(lat, 0.50),
+            "p99_ms": percentile(lat, 0.99),
         }
 
 

@@ -28,8 +28,8 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.host.protocol import EngineHost
 from ratedeck.engine.snapshot import Snapshot
+from ratedeck.host.protocol import EngineHost
 
 from .screens.headroom import HeadroomScreen
 from .screens.help import HelpScreen
@@ -76,35 +76,98 @@ class RatedeckApp(App[Snapshot]):
     COMMANDS = App.COMMANDS | {ControlsProvider}
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("question_mark", "show_help", "Help", id="show_help",
-                tooltip="List every key and what it does"),
+        Binding(
+            "question_mark", "show_help", "Help", id="show_help", tooltip="List every key and what it does"
+        ),
         # Quit comes second so a narrow footer (or a message run's extra
         # controls) never pushes it off the edge.
         Binding("q", "quit", "Quit", id="quit", tooltip="Drain in-flight work, then quit"),
-        Binding("space", "pause_key", "Pause key", id="pause_key",
-                tooltip="Pause or resume the key under the cursor"),
-        Binding("P", "pause_all", "Pause all", id="pause_all",
-                tooltip="Pause every key, or resume them all if all are paused"),
-        Binding("plus", "headroom_up", "Headroom +5 ms", id="headroom_up", group=_HEADROOM,
-                tooltip="Raise headroom by 5 ms (switches to a fixed headroom)"),
-        Binding("minus", "headroom_down", "Headroom -5 ms", id="headroom_down", group=_HEADROOM,
-                tooltip="Lower headroom by 5 ms (switches to a fixed headroom)"),
-        Binding("h", "headroom_set", "Headroom…", id="headroom_set",
-                tooltip="Type an exact fixed headroom in ms"),
-        Binding("a", "headroom_adaptive", "Adaptive", id="headroom_adaptive",
-                tooltip="Let the limiter learn the headroom again"),
-        Binding("b", "toggle_backpressure", "Backpressure", id="toggle_backpressure",
-                tooltip="Turn the main queue's backpressure limit on or off"),
-        Binding("right_square_bracket", "rate_up", "Arrival +10%", id="rate_up", group=_ARRIVAL,
-                tooltip="Raise the arrival rate by 10%"),
-        Binding("left_square_bracket", "rate_down", "Arrival -10%", id="rate_down", group=_ARRIVAL,
-                tooltip="Lower the arrival rate by 10%"),
-        Binding("g", "throttle_cycle", "Throttle mode", id="throttle_cycle", group=_THROTTLE,
-                tooltip="Cycle the throttle off → auto → fixed (message runs)"),
-        Binding("G", "throttle_set", "Throttle…", id="throttle_set", group=_THROTTLE,
-                tooltip="Type an exact entry throttle in messages/s (message runs)"),
-        Binding("s", "save_profile", "Save", id="save_profile",
-                tooltip="Save the current settings to the profile file"),
+        Binding(
+            "space",
+            "pause_key",
+            "Pause key",
+            id="pause_key",
+            tooltip="Pause or resume the key under the cursor",
+        ),
+        Binding(
+            "P",
+            "pause_all",
+            "Pause all",
+            id="pause_all",
+            tooltip="Pause every key, or resume them all if all are paused",
+        ),
+        Binding(
+            "plus",
+            "headroom_up",
+            "Headroom +5 ms",
+            id="headroom_up",
+            group=_HEADROOM,
+            tooltip="Raise headroom by 5 ms (switches to a fixed headroom)",
+        ),
+        Binding(
+            "minus",
+            "headroom_down",
+            "Headroom -5 ms",
+            id="headroom_down",
+            group=_HEADROOM,
+            tooltip="Lower headroom by 5 ms (switches to a fixed headroom)",
+        ),
+        Binding(
+            "h", "headroom_set", "Headroom…", id="headroom_set", tooltip="Type an exact fixed headroom in ms"
+        ),
+        Binding(
+            "a",
+            "headroom_adaptive",
+            "Adaptive",
+            id="headroom_adaptive",
+            tooltip="Let the limiter learn the headroom again",
+        ),
+        Binding(
+            "b",
+            "toggle_backpressure",
+            "Backpressure",
+            id="toggle_backpressure",
+            tooltip="Turn the main queue's backpressure limit on or off",
+        ),
+        Binding(
+            "right_square_bracket",
+            "rate_up",
+            "Arrival +10%",
+            id="rate_up",
+            group=_ARRIVAL,
+            tooltip="Raise the arrival rate by 10%",
+        ),
+        Binding(
+            "left_square_bracket",
+            "rate_down",
+            "Arrival -10%",
+            id="rate_down",
+            group=_ARRIVAL,
+            tooltip="Lower the arrival rate by 10%",
+        ),
+        Binding(
+            "g",
+            "throttle_cycle",
+            "Throttle mode",
+            id="throttle_cycle",
+            group=_THROTTLE,
+            tooltip="Cycle the throttle off → auto → fixed (message runs)",
+        ),
+        Binding(
+            "G",
+            "throttle_set",
+            "Throttle…",
+            id="throttle_set",
+            group=_THROTTLE,
+            tooltip="Type an exact entry throttle in messages/s (message runs)",
+        ),
+        Binding(
+            "s",
+            "save_profile",
+            "Save",
+            id="save_profile",
+            tooltip="Save the current settings to the profile file",
+        ),
         Binding("t", "next_theme", "Theme", id="next_theme", tooltip="Switch to the next theme"),
         # Ctrl+C is what operators press under stress; it must drain like q,
         # from any screen, so it is a priority binding.
@@ -230,8 +293,7 @@ class RatedeckApp(App[Snapshot]):
         unknown = sorted(set(self._requested_keymap) - known)
         if unknown:
             self.notify(
-                f"Keymap: unknown action id(s) {', '.join(unknown)}; "
-                f"known ids: {', '.join(sorted(known))}",
+                f"Keymap: unknown action id(s) {', '.join(unknown)}; known ids: {', '.join(sorted(known))}",
                 severity="warning",
                 timeout=10,
             )
@@ -378,8 +440,9 @@ class RatedeckApp(App[Snapshot]):
             self.notify("No key selected", severity="warning")
             return
         if row.state == "blocked":
-            self.notify(f"{label} is blocked by the server; it cannot be paused or resumed",
-                        severity="warning")
+            self.notify(
+                f"{label} is blocked by the server; it cannot be paused or resumed", severity="warning"
+            )
             return
         if row.state == "paused":
             self._send(ResumeKey(row.label), f"Resumed {row.label}")
@@ -466,8 +529,9 @@ class RatedeckApp(App[Snapshot]):
             if rate <= 0 and snap is not None and snap.calls_per_message > 0:
                 rate = snap.capacity_tps / snap.calls_per_message
             if rate <= 0:
-                self.notify("No capacity known yet to fix the throttle at; turning it off",
-                            severity="warning")
+                self.notify(
+                    "No capacity known yet to fix the throttle at; turning it off", severity="warning"
+                )
                 self._set_throttle("off")
                 return
             self._set_throttle(rate)

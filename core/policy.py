@@ -33,9 +33,7 @@ def parse_policy(text: str) -> Policy:
     """Parse "20/1s", "600/1m", "5/500ms", "100/s" into a `Policy`."""
     match = _PATTERN.match(str(text))
     if not match:
-        raise PolicyError(
-            f"{text!r} is not a limit; write N/W with a unit, like 20/1s, 600/1m or 5/500ms"
-        )
+        raise PolicyError(f"{text!r} is not a limit; write N/W with a unit, like 20/1s, 600/1m or 5/500ms")
     limit = int(match.group(1))
     amount = float(match.group(2)) if match.group(2) else 1.0
     window = amount * _UNITS[match.group(3)]

@@ -142,8 +142,13 @@ class RunConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # Behaves like the seed's client setup, against the seed-compatible simulator.
     "seed": {
-        "target": {"method": "GET", "key_param": "api_key", "nonce_param": "nonce",
-                   "id_param": "req_id", "timeout_s": 1.0},
+        "target": {
+            "method": "GET",
+            "key_param": "api_key",
+            "nonce_param": "nonce",
+            "id_param": "req_id",
+            "timeout_s": 1.0,
+        },
         "keys": {"secrets": list(SEED_KEYS), "limits": ["20/1s"]},
         "engine": {"ttl_s": 1.0, "rejection_budget": 0, "queue_max": 50},
         "server": {"mode": "seed"},
@@ -154,8 +159,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # ---------------------------------------------------------------- loading
 
 
-def load_config(path: str | None = None, preset: str | None = None,
-                overrides: dict[str, Any] | None = None) -> RunConfig:
+def load_config(
+    path: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
     """Build a `RunConfig` from a preset, a TOML file and flag overrides.
 
     With nothing given, the "seed" preset is used, so the first run works
@@ -166,7 +172,7 @@ def load_config(path: str | None = None, preset: str | None = None,
     if preset is None:
         preset = file_data.pop("preset", None)
         if preset is not None and not isinstance(preset, str):
-            raise ConfigError(str(path), "preset", f"must be a preset name like \"seed\", got {preset!r}")
+            raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {preset!r}')
     else:
         file_data.pop("preset", None)
     if preset is None and path is None:
@@ -215,14 +221,27 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             into[k] = v
 
 
-_SECTIONS = {"preset", "target", "keys", "engine", "workload", "server", "run", "console", "messages", "pools"}
+_SECTIONS = {
+    "preset",
+    "target",
+    "keys",
+    "engine",
+    "workload",
+    "server",
+    "run",
+    "console",
+    "messages",
+    "pools",
+}
 
 
 def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     """Validate a plain dict (as read from TOML) into a `RunConfig`."""
     for name in data:
         if name not in _SECTIONS:
-            raise ConfigError(source, name, f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}")
+            raise ConfigError(
+                source, name, f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
+            )
         if name == "preset":
             continue
         if not isinstance(data[name], dict):
@@ -244,7 +263,9 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     if workload.rate is not None and workload.rate < 0:
         raise ConfigError(source, "workload.rate", f"must be 0 or more, got {workload.rate}")
     if workload.arrival not in ("constant", "poisson"):
-        raise ConfigError(source, "workload.arrival", f"must be 'constant' or 'poisson', got {workload.arrival!r}")
+        raise ConfigError(
+            source, "workload.arrival", f"must be 'constant' or 'poisson', got {workload.arrival!r}"
+        )
     if workload.file is not None and not Path(workload.file).is_file():
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
     if workload.total is not None and workload.total < 0:
@@ -256,16 +277,20 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     console = data.get("console", {})
     for k in run:
         if k not in ("duration_s", "report", "plot", "seed"):
-            raise ConfigError(source, f"run.{k}", "unknown setting; expected duration_s, report, plot or seed")
+            raise ConfigError(
+                source, f"run.{k}", "unknown setting; expected duration_s, report, plot or seed"
+            )
     for k in console:
         if k not in ("theme", "keymap"):
             raise ConfigError(source, f"console.{k}", "unknown setting; expected theme or keymap")
     duration = run.get("duration_s")
-    if duration is not None and (not isinstance(duration, (int, float)) or isinstance(duration, bool) or duration <= 0):
+    if duration is not None and (
+        not isinstance(duration, (int, float)) or isinstance(duration, bool) or duration <= 0
+    ):
         raise ConfigError(source, "run.duration_s", f"must be a number of seconds above 0, got {duration!r}")
     keymap = console.get("keymap", {})
     if not isinstance(keymap, dict) or not all(isinstance(x, str) for x in keymap.values()):
-        raise ConfigError(source, "console.keymap", "must be a table of action = \"key\" strings")
+        raise ConfigError(source, "console.keymap", 'must be a table of action = "key" strings')
     server = data.get("server", {})
     host_raw = data.get("keys", {}).get("host_limits", [])
     host_policies = _policies(host_raw, source, "keys.host_limits") if host_raw else ()
@@ -275,11 +300,21 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
         messages = v.dataclass_from(MessagesConfig, data["messages"], "messages")
         _check_messages(messages, source)
     return RunConfig(
-        target=target, keys=keys, engine=engine, workload=workload, server=dict(server),
+        target=target,
+        keys=keys,
+        engine=engine,
+        workload=workload,
+        server=dict(server),
         duration_s=float(duration) if duration is not None else None,
-        report=run.get("report"), plot=bool(run.get("plot", False)),
-        theme=console.get("theme"), keymap=dict(keymap), seed=run.get("seed"),
-        key_sources=key_sources, messages=messages, host_policies=host_policies, pools=pools,
+        report=run.get("report"),
+        plot=bool(run.get("plot", False)),
+        theme=console.get("theme"),
+        keymap=dict(keymap),
+        seed=run.get("seed"),
+        key_sources=key_sources,
+        messages=messages,
+        host_policies=host_policies,
+        pools=pools,
     )
 
 
@@ -290,11 +325,14 @@ def _check_engine(e: EngineConfig, source: str) -> None:
     if e.in_flight_per_key < 1:
         bad("in_flight_per_key", f"must be at least 1, got {e.in_flight_per_key}")
     if isinstance(e.headroom, str) and e.headroom != "adaptive":
-        bad("headroom", f"must be \"adaptive\" or milliseconds, got {e.headroom!r}")
+        bad("headroom", f'must be "adaptive" or milliseconds, got {e.headroom!r}')
     if not isinstance(e.headroom, str) and e.headroom < 0:
         bad("headroom", f"must be 0 ms or more, got {e.headroom}")
     if not 0 <= e.headroom_min_ms <= e.headroom_max_ms:
-        bad("headroom_min_ms", f"need 0 <= headroom_min_ms <= headroom_max_ms, got {e.headroom_min_ms} and {e.headroom_max_ms}")
+        bad(
+            "headroom_min_ms",
+            f"need 0 <= headroom_min_ms <= headroom_max_ms, got {e.headroom_min_ms} and {e.headroom_max_ms}",
+        )
     if e.rejection_budget < 0:
         bad("rejection_budget", f"must be 0 or more, got {e.rejection_budget}")
     if e.pacing not in ("even", "burst"):
@@ -322,7 +360,7 @@ def _check_messages(m: MessagesConfig, source: str) -> None:
     if m.pattern not in ("parallel", "sequential"):
         bad("pattern", f"must be 'parallel' or 'sequential', got {m.pattern!r}")
     if isinstance(m.throttle, str) and m.throttle not in ("off", "auto"):
-        bad("throttle", f"must be \"off\", \"auto\" or messages per second, got {m.throttle!r}")
+        bad("throttle", f'must be "off", "auto" or messages per second, got {m.throttle!r}')
     if not isinstance(m.throttle, str) and not m.throttle > 0:
         bad("throttle", f"a fixed throttle must be above 0 messages/s, got {m.throttle}")
     if m.excess not in ("queue", "shed", "sample"):
@@ -344,8 +382,9 @@ class _Validator:
         values = {}
         for name, value in table.items():
             if name not in known:
-                raise ConfigError(self.source, f"{section}.{name}",
-                                  f"unknown setting; known: {', '.join(known)}")
+                raise ConfigError(
+                    self.source, f"{section}.{name}", f"unknown setting; known: {', '.join(known)}"
+                )
             values[name] = self._coerce(known[name], value, f"{section}.{name}")
         return cls(**values)
 
@@ -385,7 +424,9 @@ class _Validator:
 def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     for k in table:
         if k not in ("secrets", "limits", "limits_by_key", "host_limits"):
-            raise ConfigError(source, f"keys.{k}", "unknown setting; expected secrets, limits, limits_by_key or host_limits")
+            raise ConfigError(
+                source, f"keys.{k}", "unknown setting; expected secrets, limits, limits_by_key or host_limits"
+            )
     raw = table.get("secrets", [])
     if isinstance(raw, str):
         raw = [raw]
@@ -401,14 +442,20 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     default = _policies(table.get("limits", ["20/1s"]), source, "keys.limits")
     by_key = table.get("limits_by_key", {})
     if not isinstance(by_key, dict):
-        raise ConfigError(source, "keys.limits_by_key", "must be a table like k2 = [\"10/1s\"]")
+        raise ConfigError(source, "keys.limits_by_key", 'must be a table like k2 = ["10/1s"]')
     labels = [f"k{i + 1}" for i in range(len(secrets))]
     for label in by_key:
         if label not in labels:
-            raise ConfigError(source, f"keys.limits_by_key.{label}", f"no such key; keys are k1..k{len(secrets)}")
+            raise ConfigError(
+                source, f"keys.limits_by_key.{label}", f"no such key; keys are k1..k{len(secrets)}"
+            )
     return tuple(
-        KeySpec(label, secret, _policies(by_key[label], source, f"keys.limits_by_key.{label}") if label in by_key else default)
-        for label, secret in zip(labels, secrets)
+        KeySpec(
+            label,
+            secret,
+            _policies(by_key[label], source, f"keys.limits_by_key.{label}") if label in by_key else default,
+        )
+        for label, secret in zip(labels, secrets, strict=False)
     )
 
 
@@ -417,7 +464,9 @@ def _pools(table: dict[str, Any], source: str) -> dict[str, int]:
     pools = {}
     for name, capacity in table.items():
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ConfigError(source, f"pools.{name}", f"must be a whole number of connections >= 1, got {capacity!r}")
+            raise ConfigError(
+                source, f"pools.{name}", f"must be a whole number of connections >= 1, got {capacity!r}"
+            )
         pools[str(name)] = capacity
     return pools
 
@@ -426,7 +475,7 @@ def _policies(value: Any, source: str, where: str) -> tuple[Policy, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise ConfigError(source, where, "must be a list of limits like [\"20/1s\", \"600/1m\"]")
+        raise ConfigError(source, where, 'must be a list of limits like ["20/1s", "600/1m"]')
     try:
         return tuple(parse_policy(v) for v in value)
     except PolicyError as exc:
@@ -494,7 +543,16 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
         out["server"] = dict(cfg.server)
     if cfg.pools:
         out["pools"] = dict(cfg.pools)
-    run = {k: v for k, v in (("duration_s", cfg.duration_s), ("report", cfg.report), ("plot", cfg.plot), ("seed", cfg.seed)) if v is not None}
+    run = {
+        k: v
+        for k, v in (
+            ("duration_s", cfg.duration_s),
+            ("report", cfg.report),
+            ("plot", cfg.plot),
+            ("seed", cfg.seed),
+        )
+        if v is not None
+    }
     if run:
         out["run"] = run
     console = {k: v for k, v in (("theme", cfg.theme), ("keymap", cfg.keymap or None)) if v is not None}

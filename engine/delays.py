@@ -15,8 +15,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ratedeck.core.policy import Policy
 
@@ -81,7 +82,9 @@ def advertised_policies(header: str | None) -> tuple[Policy, ...]:
     return tuple(policies)
 
 
-def x_ratelimit_delay(remaining: str | None, reset: str | None, now_wall: float | None = None) -> float | None:
+def x_ratelimit_delay(
+    remaining: str | None, reset: str | None, now_wall: float | None = None
+) -> float | None:
     """X-RateLimit-Reset when X-RateLimit-Remaining is 0: a delta, or an epoch time."""
     if reset is None or remaining is None:
         return None
@@ -97,14 +100,16 @@ def x_ratelimit_delay(remaining: str | None, reset: str | None, now_wall: float 
     return max(0.0, value)
 
 
-def response_delay(status: int, headers: Mapping[str, str], body: str,
-                   hook: DelayHook | None = None) -> float | None:
+def response_delay(
+    status: int, headers: Mapping[str, str], body: str, hook: DelayHook | None = None
+) -> float | None:
     """How long the server asks us to wait, from whichever source it used."""
     for value in (
         parse_retry_after(headers.get("Retry-After")),
         ratelimit_delay(headers.get("RateLimit")) if status in (429, 503) else None,
         x_ratelimit_delay(headers.get("X-RateLimit-Remaining"), headers.get("X-RateLimit-Reset"))
-        if status in (429, 503) else None,
+        if status in (429, 503)
+        else None,
     ):
         if value is not None:
             return value

@@ -14,13 +14,21 @@ import time
 from collections import deque
 
 from . import outcome as oc
-from .commands import (Command, PauseAll, PauseKey, ResumeAll, ResumeKey, SetArrivalRate,
-                       SetBackpressure, SetHeadroom)
-from .commands import SetThrottle
+from .commands import (
+    Command,
+    PauseAll,
+    PauseKey,
+    ResumeAll,
+    ResumeKey,
+    SetArrivalRate,
+    SetBackpressure,
+    SetHeadroom,
+    SetThrottle,
+)
 from .config import RunConfig
+from .delays import advertised_policies
 from .gate import CooldownGate
 from .headroom import HeadroomController
-from .delays import advertised_policies
 from .limiter import WindowLimiter
 from .messages import workload_from_config
 from .metrics import Metrics
@@ -57,14 +65,22 @@ class Engine:
     `apply(command)`, read it with `snapshot()`, end it with `await stop()`.
     """
 
-    def __init__(self, cfg: RunConfig, transport: Transport, *, workload: Workload | None = None,
-                 rng: random.Random | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        transport: Transport,
+        *,
+        workload: Workload | None = None,
+        rng: random.Random | None = None,
+    ):
         self.cfg = cfg
         self.transport = transport
         self.rng = rng or random.Random(cfg.seed)
         e = cfg.engine
         self.headroom = HeadroomController(
-            initial_ms=e.headroom_initial_ms, min_ms=e.headroom_min_ms, max_ms=e.headroom_max_ms,
+            initial_ms=e.headroom_initial_ms,
+            min_ms=e.headroom_min_ms,
+            max_ms=e.headroom_max_ms,
             fixed_ms=None if e.headroom == "adaptive" else float(e.headroom),
             rejection_budget=e.rejection_budget,
         )
@@ -80,8 +96,9 @@ class Engine:
         seconds = self.headroom.seconds
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds
-        self.host_limiter = (WindowLimiter(cfg.host_policies, seconds, e.pacing, pace_s=pace)
-                             if cfg.host_policies else None)
+        self.host_limiter = (
+            WindowLimiter(cfg.host_policies, seconds, e.pacing, pace_s=pace) if cfg.host_policies else None
+        )
         self.host_gate = CooldownGate("host") if cfg.host_policies else None
         if self.host_gate is not None:
             self.gates["host"] = self.host_gate
@@ -91,10 +108,24 @@ class Engine:
             gates = (gate, self.host_gate) if self.host_gate else (gate,)
             # Sends closer than the network jitter can reach a nonce-checking
             # server out of order: keep whole gaps there.
-            limiter = WindowLimiter(spec.policies, seconds, e.pacing,
-                                    min_spacing=1.0 if cfg.target.nonce_param else 0.9, pace_s=pace)
-            self.workers.append(KeyWorker(self, spec, limiter, gates, e.in_flight_per_key,
-                                          use_nonce=bool(cfg.target.nonce_param), shared=shared))
+            limiter = WindowLimiter(
+                spec.policies,
+                seconds,
+                e.pacing,
+                min_spacing=1.0 if cfg.target.nonce_param else 0.9,
+                pace_s=pace,
+            )
+            self.workers.append(
+                KeyWorker(
+                    self,
+                    spec,
+                    limiter,
+                    gates,
+                    e.in_flight_per_key,
+                    use_nonce=bool(cfg.target.nonce_param),
+                    shared=shared,
+                )
+            )
         self.shared_cooldown = e.cooldown == "shared"
         self.retry_errors = True  # the library turns this off: errors reach the caller at once
         self.pool_capacity = dict(cfg.pools)
@@ -138,7 +169,7 @@ class Engine:
             else:
                 try:
                     await asyncio.wait_for(self.finished.wait(), duration_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             snap = await self.stop()
@@ -234,7 +265,9 @@ class Engine:
             if result.retry_after_s is not None:
                 host = self.host_gate is not None and self.cfg.target.host_limit_match in (result.error or "")
                 gate = self.host_gate if host else worker.gates[0]
-                self._cool(gate, req, now, result.retry_after_s, f"429, asked to wait {result.retry_after_s:g}s")
+                self._cool(
+                    gate, req, now, result.retry_after_s, f"429, asked to wait {result.retry_after_s:g}s"
+                )
         elif kind == oc.BLOCKED:
             if result.status == 429:
                 m.rejected_429 += 1
@@ -260,8 +293,13 @@ class Engine:
             cause = f"{result.status}" if result.status is not None else kind
             m.fail(cause)
             if result.retry_after_s is not None:
-                self._cool(worker.gates[0], req, now, result.retry_after_s,
-                           f"{cause}, asked to wait {result.retry_after_s:g}s")
+                self._cool(
+                    worker.gates[0],
+                    req,
+                    now,
+                    result.retry_after_s,
+                    f"{cause}, asked to wait {result.retry_after_s:g}s",
+                )
             if not self.retry_errors:
                 self._bury(req, now)
                 return
@@ -321,7 +359,9 @@ class Engine:
         self.metrics.graveyard += 1
         self.graveyard.add(req, now, self._wall_offset)
         if self.metrics.graveyard <= 20 or self.metrics.graveyard % 100 == 0:
-            self.event("graveyard", f"request {req.id} buried after {req.attempts} attempts ({req.last_error})")
+            self.event(
+                "graveyard", f"request {req.id} buried after {req.attempts} attempts ({req.last_error})"
+            )
         self._finish(req, "graveyard")
 
     def expire(self, req: Request) -> None:
@@ -337,15 +377,15 @@ class Engine:
             req.on_done(req, where)
         self._check_finished()
 
-
     # ------------------------------------------------------------ generator side
     def submit(self, req: Request) -> None:
         """Accept a newly generated request into the main queue."""
         self.metrics.generated += 1
         self.queues.put(req)
 
-    def new_request(self, params: dict | None = None, pool: str | None = None,
-                    ttl_s: float | None = None) -> Request:
+    def new_request(
+        self, params: dict | None = None, pool: str | None = None, ttl_s: float | None = None
+    ) -> Request:
         """A request created now, with the engine's TTL unless `ttl_s` is given."""
         now = self.clock()
         self._next_id += 1
@@ -354,8 +394,12 @@ class Engine:
         return Request(self._next_id, now, now + (self.ttl_s if ttl_s is None else ttl_s), params, pool=pool)
 
     def _check_finished(self) -> None:
-        if (self.workload.exhausted and not self.in_flight and not len(self.queues)
-                and self.finished is not None):
+        if (
+            self.workload.exhausted
+            and not self.in_flight
+            and not len(self.queues)
+            and self.finished is not None
+        ):
             self.finished.set()
 
     # ------------------------------------------------------------ ticking
@@ -460,28 +504,64 @@ class Engine:
         for w in self.workers:
             used, limit = w.window_fill(now)
             left = max(g.left(now) for g in w.gates)
-            state = ("blocked" if w.blocked else "paused" if w.paused
-                     else "cooling" if left > 0 else "active")
-            rows.append(KeyRow(w.label, w.masked, state, round(left, 1), w.in_flight, w.sent,
-                               w.succeeded, w.rejected_429, used, limit, w.last_latency_ms))
+            state = "blocked" if w.blocked else "paused" if w.paused else "cooling" if left > 0 else "active"
+            rows.append(
+                KeyRow(
+                    w.label,
+                    w.masked,
+                    state,
+                    round(left, 1),
+                    w.in_flight,
+                    w.sent,
+                    w.succeeded,
+                    w.rejected_429,
+                    used,
+                    limit,
+                    w.last_latency_ms,
+                )
+            )
         h = self.headroom
         return Snapshot(
-            elapsed_s=elapsed, phase=self.phase, capacity_tps=self.capacity_tps(),
+            elapsed_s=elapsed,
+            phase=self.phase,
+            capacity_tps=self.capacity_tps(),
             throughput_tps=m.succeeded / elapsed if elapsed > 0 else 0.0,
             current_tps=m.tps_series[-1] if m.tps_series else 0.0,
-            generated=m.generated, succeeded=m.succeeded, expired=m.expired, graveyard=m.graveyard,
-            shed=m.shed, main_depth=len(self.queues.main), dlq_depth=len(self.queues.dlq),
-            in_flight=self.in_flight, sent=m.sent, rejected_429=m.rejected_429,
-            rejected_other=m.rejected_other, failed=m.failed, retried=m.retried,
-            failures=tuple(sorted(m.failures.items())), main_max=self.queue_max,
-            main_peak=m.main_peak, main_avg=m.main_avg, dlq_peak=m.dlq_peak, dlq_avg=m.dlq_avg,
-            headroom_ms=h.effective_ms, headroom_adaptive=h.adaptive, headroom_min_ms=h.seen_min_ms,
-            headroom_max_ms=h.seen_max_ms, backpressure=self.backpressure,
-            arrival_rate=self.workload.rate, latency=m.latency.summary(),
-            tps_series=tuple(m.tps_series), p50_series=tuple(m.p50_series),
-            p99_series=tuple(m.p99_series), keys=tuple(rows), events=tuple(self.events),
-            gates=tuple(GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
-                        for g in self.gates.values()),
+            generated=m.generated,
+            succeeded=m.succeeded,
+            expired=m.expired,
+            graveyard=m.graveyard,
+            shed=m.shed,
+            main_depth=len(self.queues.main),
+            dlq_depth=len(self.queues.dlq),
+            in_flight=self.in_flight,
+            sent=m.sent,
+            rejected_429=m.rejected_429,
+            rejected_other=m.rejected_other,
+            failed=m.failed,
+            retried=m.retried,
+            failures=tuple(sorted(m.failures.items())),
+            main_max=self.queue_max,
+            main_peak=m.main_peak,
+            main_avg=m.main_avg,
+            dlq_peak=m.dlq_peak,
+            dlq_avg=m.dlq_avg,
+            headroom_ms=h.effective_ms,
+            headroom_adaptive=h.adaptive,
+            headroom_min_ms=h.seen_min_ms,
+            headroom_max_ms=h.seen_max_ms,
+            backpressure=self.backpressure,
+            arrival_rate=self.workload.rate,
+            latency=m.latency.summary(),
+            tps_series=tuple(m.tps_series),
+            p50_series=tuple(m.p50_series),
+            p99_series=tuple(m.p99_series),
+            keys=tuple(rows),
+            events=tuple(self.events),
+            gates=tuple(
+                GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
+                for g in self.gates.values()
+            ),
             **self._workload_fields(),
         )
 

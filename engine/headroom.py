@@ -56,17 +56,52 @@ class HeadroomController:
     """
 
     __slots__ = (
-        "adaptive", "value_ms", "min_ms", "max_ms", "rejection_budget", "jitter_share",
-        "safety", "narrow_ms_per_s", "settle_s", "rejections", "seen_min_ms", "seen_max_ms",
-        "_buckets", "_bucket_end", "_bucket_lo", "_bucket_hi", "_lo", "_hi", "_first_t",
-        "_target_ms", "_floor_ms", "_last_t", "_clean_since", "_probe", "_prior", "_hold_until",
-        "margin_ms", "_mean_extra_ms", "_n", "_mean_rtt",
+        "adaptive",
+        "value_ms",
+        "min_ms",
+        "max_ms",
+        "rejection_budget",
+        "jitter_share",
+        "safety",
+        "narrow_ms_per_s",
+        "settle_s",
+        "rejections",
+        "seen_min_ms",
+        "seen_max_ms",
+        "_buckets",
+        "_bucket_end",
+        "_bucket_lo",
+        "_bucket_hi",
+        "_lo",
+        "_hi",
+        "_first_t",
+        "_target_ms",
+        "_floor_ms",
+        "_last_t",
+        "_clean_since",
+        "_probe",
+        "_prior",
+        "_hold_until",
+        "margin_ms",
+        "_mean_extra_ms",
+        "_n",
+        "_mean_rtt",
     )
 
-    def __init__(self, *, initial_ms: float = 100.0, min_ms: float = 0.0, max_ms: float = 500.0,
-                 fixed_ms: float | None = None, rejection_budget: int = 0,
-                 jitter_share: float = 0.5, safety: float = 1.25, narrow_ms_per_s: float = 10.0,
-                 settle_s: float = 2.0, window_s: int = 10):
+    def __init__(
+        self,
+        *,
+        initial_ms: float = 100.0,
+        min_ms: float = 0.0,
+        max_ms: float = 500.0,
+        fixed_ms: float | None = None,
+        rejection_budget: int = 0,
+        jitter_share: float = 0.5,
+        safety: float = 1.25,
+        narrow_ms_per_s: float = 10.0,
+        settle_s: float = 2.0,
+        window_s: int = 10,
+    ):
         self.min_ms, self.max_ms = min_ms, max_ms
         self.rejection_budget = rejection_budget
         self.jitter_share, self.safety = jitter_share, safety

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from . import outcome as oc
 from .config import ConfigError, KeySpec, RunConfig, load_config
+from .engine import Engine
 from .request import Request
 from .snapshot import Snapshot
-from .engine import Engine
 from .transport import HttpTransport, Transport
 
 
@@ -81,8 +82,14 @@ class FunctionTransport:
         except Exception as exc:
             delay = self.delay_error(exc)
             kind = oc.RATE_LIMITED if delay is not None else oc.CLIENT_ERROR
-            return oc.Outcome(kind, 429 if delay is not None else 0, delay, loop.time() - start,
-                              error=type(exc).__name__, response=exc)
+            return oc.Outcome(
+                kind,
+                429 if delay is not None else 0,
+                delay,
+                loop.time() - start,
+                error=type(exc).__name__,
+                response=exc,
+            )
         return oc.Outcome(oc.OK, 200, None, loop.time() - start, response=value)
 
     async def close(self) -> None:
@@ -98,26 +105,35 @@ class RateDeck:
     full (backpressure), so a program cannot flood memory.
     """
 
-    def __init__(self, cfg: RunConfig | None = None, *, transport: Transport | None = None,
-                 delay_error: Callable[[BaseException], float | None] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig | None = None,
+        *,
+        transport: Transport | None = None,
+        delay_error: Callable[[BaseException], float | None] | None = None,
+    ):
         cfg = cfg or load_config()
         # No generated traffic, and no graveyard file: failed calls reach their callers.
-        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, rate=0.0, file=None),
-                                  engine=dataclasses.replace(cfg.engine, graveyard_path=None),
-                                  messages=None)
+        cfg = dataclasses.replace(
+            cfg,
+            workload=dataclasses.replace(cfg.workload, rate=0.0, file=None),
+            engine=dataclasses.replace(cfg.engine, graveyard_path=None),
+            messages=None,
+        )
         if transport is None and delay_error is not None:
             transport = FunctionTransport(delay_error)
         if transport is None:
             if cfg.target.url is None:
-                raise ConfigError("RateDeck", "target.url",
-                                  "a library deck needs a target URL, a transport or delay_error")
+                raise ConfigError(
+                    "RateDeck", "target.url", "a library deck needs a target URL, a transport or delay_error"
+                )
             max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
             transport = HttpTransport(cfg.target, cfg.target.url, max_conn)
         self.cfg = cfg
         self.transport = transport
         self.engine: Engine | None = None
 
-    async def __aenter__(self) -> "RateDeck":
+    async def __aenter__(self) -> RateDeck:
         self.engine = Engine(self.cfg, self.transport)
         self.engine.retry_errors = False  # only rate limits are retried for a library caller
         self.engine.start()
@@ -128,13 +144,15 @@ class RateDeck:
             await self.engine.stop()
         await self.transport.close()
 
-    async def call(self, params: dict[str, Any] | None = None, *, pool: str | None = None,
-                   ttl_s: float | None = None) -> Any:
+    async def call(
+        self, params: dict[str, Any] | None = None, *, pool: str | None = None, ttl_s: float | None = None
+    ) -> Any:
         """Send one request (parameters added to the configured ones); return the response."""
         return await self._submit(dict(params or {}), pool, ttl_s)
 
-    async def run(self, fn: Callable[[str], Awaitable[Any]], *, pool: str | None = None,
-                  ttl_s: float | None = None) -> Any:
+    async def run(
+        self, fn: Callable[[str], Awaitable[Any]], *, pool: str | None = None, ttl_s: float | None = None
+    ) -> Any:
         """Run `await fn(secret)` on the next free key; return what it returns."""
         return await self._submit({"__fn__": fn}, pool, ttl_s)
 
@@ -167,10 +185,17 @@ def _result(req: Request, where: str) -> Any:
         raise CallExpired(f"call {req.id} expired after {req.attempts} attempts", outcome)
     if where == "shed":
         raise CallShed(f"call {req.id} was shed", outcome)
-    if outcome is not None and isinstance(outcome.response, BaseException) and outcome.kind != oc.RATE_LIMITED:
+    if (
+        outcome is not None
+        and isinstance(outcome.response, BaseException)
+        and outcome.kind != oc.RATE_LIMITED
+    ):
         raise outcome.response  # your own error, unchanged
     if outcome is not None and outcome.kind == oc.RATE_LIMITED:
         raise RateLimited(f"call {req.id} still rate-limited after {req.attempts} attempts", outcome)
     status = outcome.status if outcome is not None else None
-    raise CallFailed(f"call {req.id} failed: {outcome.error if outcome else 'no answer'}"
-                     + (f" (HTTP {status})" if status else ""), outcome)
+    raise CallFailed(
+        f"call {req.id} failed: {outcome.error if outcome else 'no answer'}"
+        + (f" (HTTP {status})" if status else ""),
+        outcome,
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from ratedeck.core.policy import Policy
 
@@ -49,11 +49,26 @@ class WindowLimiter:
             closer than the network jitter may arrive out of order.
     """
 
-    __slots__ = ("policies", "pacing", "headroom_s", "pace_s", "min_spacing", "_rings", "_last",
-                 "_waiters", "_timer")
+    __slots__ = (
+        "policies",
+        "pacing",
+        "headroom_s",
+        "pace_s",
+        "min_spacing",
+        "_rings",
+        "_last",
+        "_waiters",
+        "_timer",
+    )
 
-    def __init__(self, policies: tuple[Policy, ...], headroom_s: Callable[[], float], pacing: str = "even",
-                 min_spacing: float = 1.0, pace_s: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        policies: tuple[Policy, ...],
+        headroom_s: Callable[[], float],
+        pacing: str = "even",
+        min_spacing: float = 1.0,
+        pace_s: Callable[[], float] | None = None,
+    ):
         if not policies:
             raise ValueError("a limiter needs at least one policy")
         self.policies = policies
@@ -70,7 +85,7 @@ class WindowLimiter:
         """The earliest time >= now at which a send keeps every policy."""
         h = self.headroom_s()
         t = now
-        for policy, ring in zip(self.policies, self._rings):
+        for policy, ring in zip(self.policies, self._rings, strict=False):
             if len(ring) == policy.limit:
                 head = ring[0]
                 free = head.t + policy.window_s + (h if head.extra is None else head.extra)
@@ -155,14 +170,14 @@ class WindowLimiter:
         if any(p.window_s >= policy.window_s and p.limit <= policy.limit for p in self.policies):
             return False
         longest = max(self._rings, key=len)
-        ring = deque(list(longest)[-policy.limit:], maxlen=policy.limit)
+        ring = deque(list(longest)[-policy.limit :], maxlen=policy.limit)
         self.policies = self.policies + (policy,)
         self._rings = self._rings + (ring,)
         return True
 
     def used(self, now: float) -> tuple[int, int]:
         """(sends in the current window, limit) for the tightest policy, for display."""
-        policy, ring = min(zip(self.policies, self._rings), key=lambda pr: pr[0].rate)
+        policy, ring = min(zip(self.policies, self._rings, strict=False), key=lambda pr: pr[0].rate)
         start = now - policy.window_s
         return sum(1 for s in ring if s.t > start), policy.limit
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 from .config import RunConfig
 from .request import Request
-from .workload import Workload, read_jsonl
 from .waker import Waker
+from .workload import Workload, read_jsonl
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -54,9 +54,11 @@ def parse_throttle(value: str | float) -> tuple[str, float]:
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(f"throttle must be \"off\", \"auto\" or messages per second, got {value!r}") from None
+            raise ValueError(
+                f'throttle must be "off", "auto" or messages per second, got {value!r}'
+            ) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"throttle must be \"off\", \"auto\" or messages per second, got {value!r}")
+        raise ValueError(f'throttle must be "off", "auto" or messages per second, got {value!r}')
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"a fixed throttle must be above 0 messages/s, got {value!r}")
     return "fixed", float(value)
@@ -98,11 +100,23 @@ class MessageWorkload:
             shed; a taken message the throttle cannot admit is shed too).
     """
 
-    def __init__(self, rate: float, *, calls: int = 1, pattern: str = "parallel",
-                 throttle: str | float = "off", excess: str = "queue", sample_fraction: float = 1.0,
-                 shed_path: str | None = None, backlog_max: int = 1000, poisson: bool = False,
-                 total: int | None = None, items=None, rng: random.Random | None = None,
-                 series_len: int = 300):
+    def __init__(
+        self,
+        rate: float,
+        *,
+        calls: int = 1,
+        pattern: str = "parallel",
+        throttle: str | float = "off",
+        excess: str = "queue",
+        sample_fraction: float = 1.0,
+        shed_path: str | None = None,
+        backlog_max: int = 1000,
+        poisson: bool = False,
+        total: int | None = None,
+        items=None,
+        rng: random.Random | None = None,
+        series_len: int = 300,
+    ):
         if calls < 1:
             raise ValueError(f"calls must be at least 1, got {calls}")
         if pattern not in PATTERNS:
@@ -138,13 +152,23 @@ class MessageWorkload:
         self._next_id = 0
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random) -> "MessageWorkload":
+    def from_config(cls, cfg: RunConfig, rng: random.Random) -> MessageWorkload:
         m, w = cfg.messages, cfg.workload
         items = read_jsonl(w.file) if w.file else None
-        return cls(cfg.arrival_rate / m.calls if w.rate is None else cfg.arrival_rate,
-                   calls=m.calls, pattern=m.pattern, throttle=m.throttle, excess=m.excess,
-                   sample_fraction=m.sample_fraction, shed_path=m.shed_path, backlog_max=m.backlog_max,
-                   poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
+        return cls(
+            cfg.arrival_rate / m.calls if w.rate is None else cfg.arrival_rate,
+            calls=m.calls,
+            pattern=m.pattern,
+            throttle=m.throttle,
+            excess=m.excess,
+            sample_fraction=m.sample_fraction,
+            shed_path=m.shed_path,
+            backlog_max=m.backlog_max,
+            poisson=w.arrival == "poisson",
+            total=w.total,
+            items=items,
+            rng=rng,
+        )
 
     # ------------------------------------------------------------ steering
     def set_rate(self, rate: float) -> None:
@@ -152,7 +176,7 @@ class MessageWorkload:
         self.poke()
 
     def set_throttle(self, value: str | float) -> None:
-        """"off", "auto" or a fixed rate in messages/s; raises ValueError otherwise."""
+        """ "off", "auto" or a fixed rate in messages/s; raises ValueError otherwise."""
         self.throttle_mode, self.throttle_fixed = parse_throttle(value)
         self.poke()
 
@@ -160,7 +184,7 @@ class MessageWorkload:
         self._waker.poke()
 
     # ------------------------------------------------------------ the throttle
-    def live_capacity(self, engine: "Engine", now: float) -> float:
+    def live_capacity(self, engine: Engine, now: float) -> float:
         """Calls per second the keys that can send now really allow.
 
         Keys that are paused, blocked or cooling down count for nothing. The
@@ -177,7 +201,7 @@ class MessageWorkload:
             total += min(p.limit / (p.window_s + h) for p in w.limiter.policies)
         return total
 
-    def throttle_rate(self, engine: "Engine | None" = None, now: float | None = None) -> float:
+    def throttle_rate(self, engine: Engine | None = None, now: float | None = None) -> float:
         """Messages per second the entry admits; 0 with the throttle off (no limit)."""
         if self.throttle_mode == "fixed":
             return self.throttle_fixed
@@ -190,7 +214,7 @@ class MessageWorkload:
         return self.live_capacity(engine, now) / self.calls
 
     # ------------------------------------------------------------ the loop
-    async def run(self, engine: "Engine") -> None:
+    async def run(self, engine: Engine) -> None:
         self._engine = engine
         loop = engine.loop
         next_arrival = engine.clock()
@@ -230,8 +254,12 @@ class MessageWorkload:
                             self._admit(engine, msg, now)
                         elif self.excess == "queue":
                             self.backlog.append(msg)  # admitted in step 1, at the throttle's pace
-                        elif (limit > 0 and now >= next_admit and self._room(engine)
-                              and not (mode == "auto" and self._backed_up(engine, limit))):
+                        elif (
+                            limit > 0
+                            and now >= next_admit
+                            and self._room(engine)
+                            and not (mode == "auto" and self._backed_up(engine, limit))
+                        ):
                             self._admit(engine, msg, now)
                             next_admit = max(next_admit + 1.0 / limit, now - 0.05)
                         else:
@@ -258,13 +286,13 @@ class MessageWorkload:
             self._flush_shed(engine)
         engine._check_finished()
 
-    def _room(self, engine: "Engine") -> bool:
+    def _room(self, engine: Engine) -> bool:
         """Whether the main queue takes this message's first calls without refusing one."""
         if not engine.backpressure:
             return True
         return len(engine.queues.main) + self._first_calls() <= max(engine.queue_max, self._first_calls())
 
-    def _backed_up(self, engine: "Engine", limit: float) -> bool:
+    def _backed_up(self, engine: Engine, limit: float) -> bool:
         """More calls queued than the keys send in a quarter second (auto only).
 
         Admitting at exactly capacity never drains calls queued earlier (after
@@ -276,7 +304,7 @@ class MessageWorkload:
     def _first_calls(self) -> int:
         return self.calls if self.pattern == "parallel" else 1
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, engine: "Engine") -> None:
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, engine: Engine) -> None:
         # With auto, pausing/resuming a key or a closing gate changes the rate:
         # the engine pokes the workload on commands; gates are caught above.
         await self._waker.wait(loop, until)
@@ -295,7 +323,7 @@ class MessageWorkload:
             self._sample_acc -= 1.0
         return msg
 
-    def _admit(self, engine: "Engine", msg: Message, now: float) -> None:
+    def _admit(self, engine: Engine, msg: Message, now: float) -> None:
         self.in_progress[msg.id] = msg
         first = self.calls if self.pattern == "parallel" else 1
         for _ in range(first):
@@ -303,7 +331,7 @@ class MessageWorkload:
                 break
             self._submit_call(engine, msg)
 
-    def _submit_call(self, engine: "Engine", msg: Message) -> None:
+    def _submit_call(self, engine: Engine, msg: Message) -> None:
         params = dict(msg.params or {}, message=msg.id, call=msg.next_call)
         req = engine.new_request(params)
         req.on_done = partial(self._call_done, msg)
@@ -358,12 +386,18 @@ class MessageWorkload:
         if self.shed_path:
             engine = self._engine
             offset = engine._wall_offset if engine is not None else 0.0
-            self._shed_lines.append(json.dumps({
-                "message": msg.id, "reason": reason, "calls": self.calls,
-                "arrived_at": round(msg.arrived_at + offset, 3),
-            }))
+            self._shed_lines.append(
+                json.dumps(
+                    {
+                        "message": msg.id,
+                        "reason": reason,
+                        "calls": self.calls,
+                        "arrived_at": round(msg.arrived_at + offset, 3),
+                    }
+                )
+            )
 
-    def _flush_shed(self, engine: "Engine") -> None:
+    def _flush_shed(self, engine: Engine) -> None:
         if not self.shed_path or not self._shed_lines:
             return
         try:
@@ -410,7 +444,6 @@ class MessageWorkload:
             "throttle_rate": round(self.throttle_rate(), 3),
             "excess": self.excess,
         }
-
 
 
 def workload_from_config(cfg: RunConfig, rng: random.Random):

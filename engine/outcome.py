@@ -18,9 +18,16 @@ class Outcome:
 
     __slots__ = ("kind", "status", "retry_after_s", "latency_s", "error", "policy_header", "response")
 
-    def __init__(self, kind: str, status: int | None = None, retry_after_s: float | None = None,
-                 latency_s: float = 0.0, error: str | None = None, policy_header: str | None = None,
-                 response=None):
+    def __init__(
+        self,
+        kind: str,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        latency_s: float = 0.0,
+        error: str | None = None,
+        policy_header: str | None = None,
+        response=None,
+    ):
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s  # the delay the server asked for, from any source

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from .request import Request
 
-
 _POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
 
 
@@ -170,14 +169,18 @@ class Graveyard:
         self.count += 1
         if not self.path:
             return
-        self._lines.append(json.dumps({
-            "id": req.id,
-            "attempts": req.attempts,
-            "last_status": req.last_status,
-            "last_error": req.last_error,
-            "created_at": round(req.created_at + wall_offset, 3),
-            "buried_at": round(now + wall_offset, 3),
-        }))
+        self._lines.append(
+            json.dumps(
+                {
+                    "id": req.id,
+                    "attempts": req.attempts,
+                    "last_status": req.last_status,
+                    "last_error": req.last_error,
+                    "created_at": round(req.created_at + wall_offset, 3),
+                    "buried_at": round(now + wall_offset, 3),
+                }
+            )
+        )
 
     def flush(self) -> str | None:
         """Append pending lines to the file; returns an error text instead of raising."""

@@ -10,11 +10,30 @@ class Request:
     holds a retry back until its backoff has passed.
     """
 
-    __slots__ = ("id", "created_at", "deadline", "attempts", "eligible_at", "last_status",
-                 "last_error", "params", "on_done", "pool", "result", "cancelled")
+    __slots__ = (
+        "id",
+        "created_at",
+        "deadline",
+        "attempts",
+        "eligible_at",
+        "last_status",
+        "last_error",
+        "params",
+        "on_done",
+        "pool",
+        "result",
+        "cancelled",
+    )
 
-    def __init__(self, id: int, created_at: float, deadline: float, params: dict | None = None, on_done=None,
-                 pool: str | None = None):
+    def __init__(
+        self,
+        id: int,
+        created_at: float,
+        deadline: float,
+        params: dict | None = None,
+        on_done=None,
+        pool: str | None = None,
+    ):
         self.id = id
         self.created_at = created_at
         self.deadline = deadline
@@ -29,5 +48,5 @@ class Request:
         self.result = None  # the last outcome (what a library caller gets)
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
 
-    def __lt__(self, other: "Request") -> bool:  # heap order for the DLQ
+    def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

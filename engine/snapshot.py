@@ -139,13 +139,18 @@ class Snapshot:
     throttle_rate: float = 0.0  # messages/s the entry admits now (0 with the throttle off)
     excess: str = "queue"  # "queue", "shed" or "sample"
     # cooldown gates: one per key, plus "host" with a host-wide limit
-    gates: tuple["GateRow", ...] = ()
+    gates: tuple[GateRow, ...] = ()
 
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""
         return self.generated - (
-            self.succeeded + self.expired + self.graveyard + self.shed
-            + self.main_depth + self.dlq_depth + self.in_flight
+            self.succeeded
+            + self.expired
+            + self.graveyard
+            + self.shed
+            + self.main_depth
+            + self.dlq_depth
+            + self.in_flight
         )
 
     @property

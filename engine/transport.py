@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Protocol
 from urllib.parse import quote
@@ -48,8 +47,9 @@ class HttpTransport:
     because the URL may carry the key.
     """
 
-    def __init__(self, target: TargetConfig, url: str, max_connections: int,
-                 delay_hook: DelayHook | None = None):
+    def __init__(
+        self, target: TargetConfig, url: str, max_connections: int, delay_hook: DelayHook | None = None
+    ):
         self.target = target
         self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
@@ -58,11 +58,13 @@ class HttpTransport:
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
 
     def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                         ttl_dns_cache=300, enable_cleanup_closed=False)
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=False
+        )
         timeout = aiohttp.ClientTimeout(total=self.target.timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              skip_auto_headers=("User-Agent",))
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+        )
         return self._session
 
     def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
@@ -99,7 +101,7 @@ class HttpTransport:
                 status = resp.status
                 raw = await resp.read()
                 headers = resp.headers
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Outcome(TIMEOUT, latency_s=time.monotonic() - start, error="timed out")
         except (aiohttp.ClientError, OSError) as exc:
             return Outcome(CONNECTION, latency_s=time.monotonic() - start, error=type(exc).__name__)
@@ -109,8 +111,15 @@ class HttpTransport:
             return Outcome(OK, status, None, latency, None, policy, Response(status, headers, raw))
         body = raw.decode("utf-8", "replace")
         delay = response_delay(status, headers, body, self.delay_hook)
-        return Outcome(classify(status, body), status, delay, latency,
-                       body[:200].replace(key.secret, "…"), policy, Response(status, headers, raw))
+        return Outcome(
+            classify(status, body),
+            status,
+            delay,
+            latency,
+            body[:200].replace(key.secret, "…"),
+            policy,
+            Response(status, headers, raw),
+        )
 
     async def close(self) -> None:
         if self._session is not None:

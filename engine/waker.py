@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 
 class Waker:
@@ -24,8 +24,12 @@ class Waker:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def wait(self, loop: asyncio.AbstractEventLoop, until: float | None = None,
-                   register: Callable[[asyncio.Future], None] | None = None) -> None:
+    async def wait(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        until: float | None = None,
+        register: Callable[[asyncio.Future], None] | None = None,
+    ) -> None:
         fut = loop.create_future()
         self._fut = fut
         if register is not None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ratedeck.core.secrets import mask_secret
+
 from .config import KeySpec
 from .gate import CooldownGate
 from .limiter import WindowLimiter
-from ratedeck.core.secrets import mask_secret
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -24,9 +25,16 @@ class KeyWorker:
     wait is a single future woken by a timer or by `poke()`; nothing polls.
     """
 
-    def __init__(self, engine: "Engine", spec: KeySpec, limiter: WindowLimiter,
-                 gates: tuple[CooldownGate, ...], max_in_flight: int, use_nonce: bool,
-                 shared: tuple[WindowLimiter, ...] = ()):
+    def __init__(
+        self,
+        engine: Engine,
+        spec: KeySpec,
+        limiter: WindowLimiter,
+        gates: tuple[CooldownGate, ...],
+        max_in_flight: int,
+        use_nonce: bool,
+        shared: tuple[WindowLimiter, ...] = (),
+    ):
         self.engine = engine
         self.spec = spec
         self.label = spec.label
@@ -122,4 +130,3 @@ class KeyWorker:
 
     def window_fill(self, now: float) -> tuple[int, int]:
         return self.limiter.used(now)
-

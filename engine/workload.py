@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from .config import ConfigError, RunConfig
 from .waker import Waker
@@ -24,8 +25,15 @@ class Workload:
     either runs out, `exhausted` becomes true.
     """
 
-    def __init__(self, rate: float, *, poisson: bool = False, total: int | None = None,
-                 items: Iterator[dict] | None = None, rng: random.Random | None = None):
+    def __init__(
+        self,
+        rate: float,
+        *,
+        poisson: bool = False,
+        total: int | None = None,
+        items: Iterator[dict] | None = None,
+        rng: random.Random | None = None,
+    ):
         self.rate = float(rate)
         self.poisson = poisson
         self.total = total
@@ -35,7 +43,7 @@ class Workload:
         self._waker = Waker()
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random) -> "Workload":
+    def from_config(cls, cfg: RunConfig, rng: random.Random) -> Workload:
         w = cfg.workload
         items = read_jsonl(w.file, tuple(cfg.pools)) if w.file else None
         return cls(cfg.arrival_rate, poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
@@ -50,7 +58,7 @@ class Workload:
     async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
         await self._waker.wait(loop, until)
 
-    async def run(self, engine: "Engine") -> None:
+    async def run(self, engine: Engine) -> None:
         loop = engine.loop
         queues = engine.queues
         made = 0

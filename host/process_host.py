@@ -38,8 +38,9 @@ class ProcessHost:
         self._send_lock = threading.Lock()
         ctx = mp.get_context("spawn")  # no fork of a process that may already hold threads
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(cfg, child_conn, publish_s),
-                                 name="ratedeck-engine", daemon=True)
+        self._proc = ctx.Process(
+            target=_child_main, args=(cfg, child_conn, publish_s), name="ratedeck-engine", daemon=True
+        )
         self._child_conn = child_conn
         self._reader: threading.Thread | None = None
 
@@ -115,6 +116,7 @@ class ProcessHost:
 
 # -- child side
 
+
 def _child_main(cfg: RunConfig, conn, publish_s: float) -> None:
     # The console handles Ctrl-C; a terminal's SIGINT must not kill the engine mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -158,7 +160,7 @@ async def _child(cfg: RunConfig, conn, publish_s: float) -> None:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), publish_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         try:
             conn.send((_SNAPSHOT, session.snapshot()))

@@ -90,8 +90,11 @@ class Session:
 def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     """The run's config with the live settings (headroom, backpressure, rate) folded in."""
     h = engine.headroom
-    eng = dataclasses.replace(cfg.engine, backpressure=engine.backpressure,
-                              headroom="adaptive" if h.adaptive else round(h.value_ms, 1))
+    eng = dataclasses.replace(
+        cfg.engine,
+        backpressure=engine.backpressure,
+        headroom="adaptive" if h.adaptive else round(h.value_ms, 1),
+    )
     wl = dataclasses.replace(cfg.workload, rate=engine.workload.rate)
     return dataclasses.replace(cfg, engine=eng, workload=wl)
 

@@ -17,9 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ratedeck",
         description="Push work through rate-limited HTTP APIs as fast as the limits allow, and never faster. "
-                    "With no target, ratedeck starts its simulator in-process (seed mode).",
+        "With no target, ratedeck starts its simulator in-process (seed mode).",
         epilog="Other commands: 'ratedeck serve' (the simulator), 'ratedeck bench' (benchmarks), "
-               "'ratedeck sweep' (goodput against arrival rate). Each takes --help.",
+        "'ratedeck sweep' (goodput against arrival rate). Each takes --help.",
     )
     p.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
     p.add_argument("--preset", metavar="NAME", help="built-in settings; 'seed' matches the seed server")
@@ -29,13 +29,23 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--key-header", metavar="NAME", help="send the key in this header")
     g.add_argument("--key-param", metavar="NAME", help="send the key in this query/form parameter")
-    p.add_argument("--nonce-param", metavar="NAME", help="parameter for a strictly increasing nonce; 'none' for targets without one")
-    p.add_argument("--limit", metavar="N/W", action="append",
-                   help="per-key limit like 20/1s; repeat for several (all must hold)")
+    p.add_argument(
+        "--nonce-param",
+        metavar="NAME",
+        help="parameter for a strictly increasing nonce; 'none' for targets without one",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N/W",
+        action="append",
+        help="per-key limit like 20/1s; repeat for several (all must hold)",
+    )
     p.add_argument("--in-flight", type=int, metavar="N", help="requests in flight per key")
     p.add_argument("--rate", type=float, metavar="R", help="arrival rate in requests/s (default: capacity)")
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals instead of evenly spaced")
-    p.add_argument("--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)")
+    p.add_argument(
+        "--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)"
+    )
     p.add_argument("--total", type=int, metavar="N", help="stop generating after N requests")
     p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
     p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
@@ -45,8 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graveyard", metavar="FILE", help="JSONL file for requests that used up their attempts")
     p.add_argument("--plot", action="store_true", help="print TPS and latency charts at the end (headless)")
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
-    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="headless metrics every S seconds")
-    p.add_argument("--theme", metavar="NAME", help="console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast)")
+    p.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="headless metrics every S seconds"
+    )
+    p.add_argument(
+        "--theme",
+        metavar="NAME",
+        help="console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast)",
+    )
     p.add_argument("--seed", type=int, metavar="N", help="random seed for jitter and arrivals")
     p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
     return p
@@ -54,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Flags as a config dict that `load_config` merges over the file."""
-    o: dict[str, dict[str, Any]] = {"target": {}, "keys": {}, "engine": {}, "workload": {}, "run": {}, "console": {}}
+    o: dict[str, dict[str, Any]] = {
+        "target": {},
+        "keys": {},
+        "engine": {},
+        "workload": {},
+        "run": {},
+        "console": {},
+    }
     if args.target:
         o["target"]["url"] = args.target
     if args.method:
@@ -68,14 +91,19 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.nonce_param:
         o["target"]["nonce_param"] = "" if args.nonce_param.lower() == "none" else args.nonce_param
     if args.keys:
-        o["keys"]["secrets"] = [args.keys] if args.keys.startswith(("@", "env:")) else [
-            k for k in args.keys.split(",") if k.strip()]
+        o["keys"]["secrets"] = (
+            [args.keys]
+            if args.keys.startswith(("@", "env:"))
+            else [k for k in args.keys.split(",") if k.strip()]
+        )
     if args.limit:
         o["keys"]["limits"] = args.limit
     if args.in_flight is not None:
         o["engine"]["in_flight_per_key"] = args.in_flight
     if args.headroom is not None:
-        o["engine"]["headroom"] = args.headroom if args.headroom == "adaptive" else _number("--headroom", args.headroom)
+        o["engine"]["headroom"] = (
+            args.headroom if args.headroom == "adaptive" else _number("--headroom", args.headroom)
+        )
     if args.no_backpressure:
         o["engine"]["backpressure"] = False
     if args.ttl is not None:
@@ -107,7 +135,9 @@ def _number(flag: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ConfigError("command line", flag, f"must be a number of ms or 'adaptive', got {text!r}") from None
+        raise ConfigError(
+            "command line", flag, f"must be a number of ms or 'adaptive', got {text!r}"
+        ) from None
 
 
 def fail(message: str) -> int:
@@ -129,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         return fail("--interval: must be above 0 seconds")
     if args.no_ui:
-        from .headless import run_headless
-
         from ratedeck.host.session import new_loop
+
+        from .headless import run_headless
 
         try:
             with asyncio.Runner(loop_factory=new_loop) as runner:
@@ -154,10 +184,10 @@ def save_config(cfg: RunConfig, path: str) -> int:
 
 def run_console(cfg: RunConfig) -> int:
     """The Textual console; the engine runs in its own process (see engine/process_host.py)."""
+    from ratedeck.console.app import RatedeckApp
     from ratedeck.host.process_host import ProcessHost
     from ratedeck.runner.report import write_report
 
-    from ratedeck.console.app import RatedeckApp
     from .headless import summary_lines
 
     host = ProcessHost(cfg)

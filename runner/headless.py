@@ -8,9 +8,9 @@ import sys
 from typing import TextIO
 
 from ratedeck.engine.config import ConfigError, RunConfig
-from ratedeck.runner.report import write_report
-from ratedeck.host.session import Session
 from ratedeck.engine.snapshot import Snapshot
+from ratedeck.host.session import Session
+from ratedeck.runner.report import write_report
 
 
 def metrics_block(snap: Snapshot) -> list[str]:
@@ -43,7 +43,9 @@ def summary_lines(snap: Snapshot) -> list[str]:
         + ("" if snap.balance() == 0 else f"  (MISMATCH {snap.balance()})")
     )
     for k in snap.keys:
-        lines.append(f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}")
+        lines.append(
+            f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
+        )
     return lines
 
 
@@ -68,8 +70,12 @@ async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | No
             pass
     target = session.target_url.split("?")[0] if session.target_url else "?"
     where = "embedded simulator" if session.server else "target"
-    print(f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {target}"
-          + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"), file=out, flush=True)
+    print(
+        f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {target}"
+        + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        file=out,
+        flush=True,
+    )
     deadline = loop.time() + cfg.duration_s if cfg.duration_s else None
     waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.finished.wait())]
     try:
@@ -98,9 +104,12 @@ async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | No
     code = 0
     if session.server_stats:
         t = session.server_stats["totals"]
-        print(f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
-              f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
-              f"  audit {'ok' if session.server_stats['audit_ok'] else 'EXCEEDED'}", file=out)
+        print(
+            f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
+            f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
+            f"  audit {'ok' if session.server_stats['audit_ok'] else 'EXCEEDED'}",
+            file=out,
+        )
     if cfg.engine.graveyard_path and snap.graveyard:
         print(f"graveyard: {snap.graveyard} requests in {cfg.engine.graveyard_path}", file=out)
     for problem in engine.problems:

@@ -37,21 +37,52 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
         },
         "balance_ok": snap.balance() == 0,
         "failures": dict(snap.failures),
-        "latency_ms": {"mean": r(lat.mean), "p50": r(lat.p50), "p90": r(lat.p90),
-                       "p99": r(lat.p99), "max": r(lat.max)},
-        "headroom_ms": {"final": r(snap.headroom_ms, 1), "min": r(snap.headroom_min_ms, 1),
-                        "max": r(snap.headroom_max_ms, 1), "adaptive": snap.headroom_adaptive},
-        "queues": {"main_max": snap.main_peak, "main_avg": r(snap.main_avg),
-                   "dlq_max": snap.dlq_peak, "dlq_avg": r(snap.dlq_avg), "graveyard": snap.graveyard},
-        "keys": [{"key": f"{k.label} {k.masked}", "sent": k.sent, "succeeded": k.succeeded,
-                  "rejected_429": k.rejected_429, "paused": k.state == "paused",
-                  "state": k.state} for k in snap.keys],
-        "series": {"tps": list(snap.tps_series), "p50_ms": [r(x) for x in snap.p50_series],
-                   "p99_ms": [r(x) for x in snap.p99_series]},
-        "gates": [{"name": g.name, "closures": g.closures, "escalations": g.escalations}
-                  for g in snap.gates if g.closures],
-    } | ({"server": {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}}
-         if server_stats else {})
+        "latency_ms": {
+            "mean": r(lat.mean),
+            "p50": r(lat.p50),
+            "p90": r(lat.p90),
+            "p99": r(lat.p99),
+            "max": r(lat.max),
+        },
+        "headroom_ms": {
+            "final": r(snap.headroom_ms, 1),
+            "min": r(snap.headroom_min_ms, 1),
+            "max": r(snap.headroom_max_ms, 1),
+            "adaptive": snap.headroom_adaptive,
+        },
+        "queues": {
+            "main_max": snap.main_peak,
+            "main_avg": r(snap.main_avg),
+            "dlq_max": snap.dlq_peak,
+            "dlq_avg": r(snap.dlq_avg),
+            "graveyard": snap.graveyard,
+        },
+        "keys": [
+            {
+                "key": f"{k.label} {k.masked}",
+                "sent": k.sent,
+                "succeeded": k.succeeded,
+                "rejected_429": k.rejected_429,
+                "paused": k.state == "paused",
+                "state": k.state,
+            }
+            for k in snap.keys
+        ],
+        "series": {
+            "tps": list(snap.tps_series),
+            "p50_ms": [r(x) for x in snap.p50_series],
+            "p99_ms": [r(x) for x in snap.p99_series],
+        },
+        "gates": [
+            {"name": g.name, "closures": g.closures, "escalations": g.escalations}
+            for g in snap.gates
+            if g.closures
+        ],
+    } | (
+        {"server": {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}}
+        if server_stats
+        else {}
+    )
 
 
 def write_report(snap: Snapshot, path: str, server_stats: dict | None = None) -> str | None:

@@ -25,9 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.snapshot import Snapshot
 
 # A quick API: small network jitter, so the learned headroom (and the capacity
@@ -58,29 +58,55 @@ class Point:
     balance_ok: bool
 
     def as_json(self) -> dict:
-        return {"arrival_rate": self.arrival_rate, "throttle": self.throttle,
-                "goodput": round(self.goodput, 3), "messages_failed": self.messages_failed,
-                "calls_wasted": self.calls_wasted}
+        return {
+            "arrival_rate": self.arrival_rate,
+            "throttle": self.throttle,
+            "goodput": round(self.goodput, 3),
+            "messages_failed": self.messages_failed,
+            "calls_wasted": self.calls_wasted,
+        }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ratedeck sweep",
-                description="Goodput (messages completed per second) against arrival rate, "
-                            "with the entry throttle off and auto, against the simulator.")
+    p = _Parser(
+        prog="ratedeck sweep",
+        description="Goodput (messages completed per second) against arrival rate, "
+        "with the entry throttle off and auto, against the simulator.",
+    )
     p.add_argument("--calls", type=int, default=3, metavar="N", help="calls each message needs (default 3)")
-    p.add_argument("--pattern", choices=("parallel", "sequential"), default="parallel",
-                   help="calls at once, or each after the previous succeeded (default parallel)")
-    p.add_argument("--rates", default="10:150:10", metavar="A:B:STEP",
-                   help="arrival rates in messages/s, from A to B inclusive (default 10:150:10)")
+    p.add_argument(
+        "--pattern",
+        choices=("parallel", "sequential"),
+        default="parallel",
+        help="calls at once, or each after the previous succeeded (default parallel)",
+    )
+    p.add_argument(
+        "--rates",
+        default="10:150:10",
+        metavar="A:B:STEP",
+        help="arrival rates in messages/s, from A to B inclusive (default 10:150:10)",
+    )
     p.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per point (default 10)")
     p.add_argument("--keys", type=int, default=5, metavar="N", help="API keys of the simulator (default 5)")
     p.add_argument("--limit", default="20/1s", metavar="N/W", help="per-key limit (default 20/1s)")
-    p.add_argument("--excess", choices=("queue", "shed", "sample"), default="queue",
-                   help="what the throttle does with excess messages (default queue)")
-    p.add_argument("--sample-fraction", type=float, default=1.0, metavar="F",
-                   help="with --excess sample: fraction of messages processed (default 1)")
-    p.add_argument("--backpressure", action="store_true",
-                   help="keep the engine's call-queue backpressure on in the baseline")
+    p.add_argument(
+        "--excess",
+        choices=("queue", "shed", "sample"),
+        default="queue",
+        help="what the throttle does with excess messages (default queue)",
+    )
+    p.add_argument(
+        "--sample-fraction",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="with --excess sample: fraction of messages processed (default 1)",
+    )
+    p.add_argument(
+        "--backpressure",
+        action="store_true",
+        help="keep the engine's call-queue backpressure on in the baseline",
+    )
     p.add_argument("--ttl", type=float, default=1.0, metavar="S", help="call time-to-live (default 1 s)")
     p.add_argument("--report", metavar="FILE", help="write the points as JSON here")
     p.add_argument("--live", action="store_true", help="run against the embedded HTTP simulator in real time")
@@ -89,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_rates(text: str) -> list[float]:
-    """"A:B:STEP" -> [A, A+STEP, ..., B]; raises SweepArgumentError naming the value."""
+    """ "A:B:STEP" -> [A, A+STEP, ..., B]; raises SweepArgumentError naming the value."""
     parts = text.split(":")
     try:
         if len(parts) != 3:
@@ -113,7 +139,9 @@ def check_args(args: argparse.Namespace) -> list[float]:
     if args.keys < 1:
         raise SweepArgumentError(f"--keys: must be at least 1, got {args.keys}")
     if not 0 < args.sample_fraction <= 1:
-        raise SweepArgumentError(f"--sample-fraction: must be above 0 and at most 1, got {args.sample_fraction}")
+        raise SweepArgumentError(
+            f"--sample-fraction: must be above 0 and at most 1, got {args.sample_fraction}"
+        )
     if not args.ttl > 0:
         raise SweepArgumentError(f"--ttl: must be above 0 seconds, got {args.ttl}")
     try:
@@ -129,19 +157,35 @@ def check_args(args: argparse.Namespace) -> list[float]:
 def server_settings(args: argparse.Namespace):
     from ratedeck.server.settings import ServerSettings, generated_keys
 
-    return ServerSettings(mode="standard", keys=generated_keys(args.keys), policies=(parse_policy(args.limit),),
-                          latency_in_ms=SIM_LATENCY_MS, latency_out_ms=SIM_LATENCY_MS, seed=args.seed)
+    return ServerSettings(
+        mode="standard",
+        keys=generated_keys(args.keys),
+        policies=(parse_policy(args.limit),),
+        latency_in_ms=SIM_LATENCY_MS,
+        latency_out_ms=SIM_LATENCY_MS,
+        seed=args.seed,
+    )
 
 
 def point_config(args: argparse.Namespace, rate: float, throttle: str, settings):
     overrides = {
         "keys": {"secrets": list(settings.keys), "limits": [args.limit]},
         "target": {"nonce_param": ""},
-        "engine": {"graveyard_path": "", "ttl_s": args.ttl, "headroom_initial_ms": SIM_HEADROOM_INITIAL_MS,
-                   "backpressure": bool(args.backpressure)},
+        "engine": {
+            "graveyard_path": "",
+            "ttl_s": args.ttl,
+            "headroom_initial_ms": SIM_HEADROOM_INITIAL_MS,
+            "backpressure": bool(args.backpressure),
+        },
         "workload": {"rate": rate, "arrival": "poisson"},
-        "messages": {"calls": args.calls, "pattern": args.pattern, "throttle": throttle,
-                     "excess": args.excess, "sample_fraction": args.sample_fraction, "shed_path": ""},
+        "messages": {
+            "calls": args.calls,
+            "pattern": args.pattern,
+            "throttle": throttle,
+            "excess": args.excess,
+            "sample_fraction": args.sample_fraction,
+            "shed_path": "",
+        },
         "server": settings.to_dict(),
         "run": {"seed": args.seed},
     }
@@ -164,8 +208,15 @@ def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
 
         engine = Engine(cfg, SimulatedTransport(settings, seed=args.seed))
         snap = run_virtual(engine.run(args.duration))
-    return Point(rate, throttle, steady_goodput(snap), snap.messages_failed, snap.calls_wasted,
-                 snap.messages_completed, snap.balance() == 0)
+    return Point(
+        rate,
+        throttle,
+        steady_goodput(snap),
+        snap.messages_failed,
+        snap.calls_wasted,
+        snap.messages_completed,
+        snap.balance() == 0,
+    )
 
 
 async def _run_live(cfg, duration: float) -> Snapshot:
@@ -194,13 +245,17 @@ def table(points: list[Point], capacity: float, args: argparse.Namespace) -> lis
     by = {(p.arrival_rate, p.throttle): p for p in points}
     rates = sorted({p.arrival_rate for p in points})
     model = args.pattern == "parallel"
-    head = (f"{'arrival/s':>9}  {'goodput off':>11} {'failed':>7} {'wasted':>7}"
-            f"  {'goodput auto':>12} {'failed':>7} {'wasted':>7}" + (f"  {'seed model':>10}" if model else ""))
+    head = (
+        f"{'arrival/s':>9}  {'goodput off':>11} {'failed':>7} {'wasted':>7}"
+        f"  {'goodput auto':>12} {'failed':>7} {'wasted':>7}" + (f"  {'seed model':>10}" if model else "")
+    )
     lines = [head, "-" * len(head)]
     for r in rates:
         off, auto = by[(r, "off")], by[(r, "auto")]
-        line = (f"{r:>9g}  {off.goodput:>11.1f} {off.messages_failed:>7} {off.calls_wasted:>7}"
-                f"  {auto.goodput:>12.1f} {auto.messages_failed:>7} {auto.calls_wasted:>7}")
+        line = (
+            f"{r:>9g}  {off.goodput:>11.1f} {off.messages_failed:>7} {off.calls_wasted:>7}"
+            f"  {auto.goodput:>12.1f} {auto.messages_failed:>7} {auto.calls_wasted:>7}"
+        )
         if model:
             line += f"  {seed_model(r, capacity, args.calls):>10.1f}"
         lines.append(line)
@@ -220,8 +275,10 @@ def chart(points: list[Point], capacity: float, args: argparse.Namespace, color:
     if args.pattern == "parallel":
         plt.plot(rates, [seed_model(r, capacity, args.calls) for r in rates], label="seed model")
     plt.hline(capacity / args.calls)
-    plt.title(f"Goodput vs arrival rate: {args.calls} {args.pattern} call(s) per message, "
-              f"capacity {capacity:g}/s (line at capacity/n = {capacity / args.calls:.1f})")
+    plt.title(
+        f"Goodput vs arrival rate: {args.calls} {args.pattern} call(s) per message, "
+        f"capacity {capacity:g}/s (line at capacity/n = {capacity / args.calls:.1f})"
+    )
     plt.xlabel("arrival rate (messages/s)")
     plt.ylabel("messages/s")
     text = plt.build()
@@ -243,9 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratedeck sweep: {exc}", file=sys.stderr)
         return 2
     where = "embedded HTTP simulator, real time" if args.live else "simulator rules on a virtual clock"
-    print(f"sweep: {len(rates)} rates x 2 throttles x {args.duration:g} s, {args.calls} {args.pattern} call(s)"
-          f" per message, {args.keys} keys x {format_policy(parse_policy(args.limit))}"
-          f" = {capacity:g} calls/s ({where})", flush=True)
+    print(
+        f"sweep: {len(rates)} rates x 2 throttles x {args.duration:g} s, {args.calls} {args.pattern} call(s)"
+        f" per message, {args.keys} keys x {format_policy(parse_policy(args.limit))}"
+        f" = {capacity:g} calls/s ({where})",
+        flush=True,
+    )
     points: list[Point] = []
     try:
         for rate in rates:
@@ -263,13 +323,21 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: request accounting did not balance in some runs", file=sys.stderr)
     print(chart(points, capacity, args, color=sys.stdout.isatty()))
     if args.report:
-        report = {"capacity_tps": capacity, "calls_per_message": args.calls, "pattern": args.pattern,
-                  "duration_s": args.duration, "excess": args.excess, "live": args.live,
-                  "points": [p.as_json() for p in points]}
+        report = {
+            "capacity_tps": capacity,
+            "calls_per_message": args.calls,
+            "pattern": args.pattern,
+            "duration_s": args.duration,
+            "excess": args.excess,
+            "live": args.live,
+            "points": [p.as_json() for p in points],
+        }
         try:
             Path(args.report).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
-            print(f"ratedeck sweep: cannot write report {args.report}: {exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"ratedeck sweep: cannot write report {args.report}: {exc.strerror or exc}", file=sys.stderr
+            )
             return 1
         print(f"report written to {args.report}")
     return 0

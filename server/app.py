@@ -7,11 +7,11 @@ a form body), `GET /stats` (counters and audit), `POST /reset` (clear state).
 from __future__ import annotations
 
 import asyncio
-import time
 import json
 import random
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 from urllib.parse import parse_qsl
 
 from aiohttp import web
@@ -89,9 +89,7 @@ class ApiHandlers:
             if delay_ms:
                 await self._sleep(delay_ms / 1000.0)
             # The decision time is taken after the incoming delay, as the seed server does.
-            decision = rules.decide(
-                api_key, params.get("nonce"), self._clock_ms(), params.get("req_id")
-            )
+            decision = rules.decide(api_key, params.get("nonce"), self._clock_ms(), params.get("req_id"))
         delay_ms = self._draw_out()
         if delay_ms:
             await self._sleep(delay_ms / 1000.0)
@@ -165,7 +163,7 @@ class RunningServer:
         """Stop listening and close open connections."""
         await self.runner.cleanup()
 
-    async def __aenter__(self) -> "RunningServer":
+    async def __aenter__(self) -> RunningServer:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -80,8 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     command = [
-        sys.executable, "-m", "ratedeck.server.serve", "--mode", "standard", "--port", "0",
-        "--latency", "0", "--limit", "1000/1ms", "--keys", str(args.keys),
+        sys.executable,
+        "-m",
+        "ratedeck.server.serve",
+        "--mode",
+        "standard",
+        "--port",
+        "0",
+        "--latency",
+        "0",
+        "--limit",
+        "1000/1ms",
+        "--keys",
+        str(args.keys),
     ]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
@@ -92,13 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             import uvloop
+
             loop_factory = uvloop.new_event_loop
         except ImportError:
             loop_factory = None
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            result = runner.run(
-                drive(url, list(generated_keys(args.keys)), args.seconds, args.connections)
-            )
+            result = runner.run(drive(url, list(generated_keys(args.keys)), args.seconds, args.connections))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=10)

@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratedeck.core.secrets import mask_secret
 from ratedeck.core.policy import Policy, format_policy
+from ratedeck.core.secrets import mask_secret
 
 from .audit import WindowAudit
 from .settings import ServerSettings
@@ -49,10 +49,24 @@ class KeyState:
     """
 
     __slots__ = (
-        "index", "key", "rings", "audits", "last_nonce", "strikes",
-        "cooldown_until_ms", "cooldown_s", "requests", "ok", "accepted",
-        "rejected_429", "rejected_host", "rejected_nonce", "blocked_answers",
-        "faults", "requests_during_cooldown", "escalations",
+        "index",
+        "key",
+        "rings",
+        "audits",
+        "last_nonce",
+        "strikes",
+        "cooldown_until_ms",
+        "cooldown_s",
+        "requests",
+        "ok",
+        "accepted",
+        "rejected_429",
+        "rejected_host",
+        "rejected_nonce",
+        "blocked_answers",
+        "faults",
+        "requests_during_cooldown",
+        "escalations",
     )
 
     def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
@@ -110,18 +124,14 @@ class RateRules:
     def reset(self) -> None:
         """Forget every stamp, nonce, block and counter (settings stay)."""
         policies = self.settings.policies
-        self._states = {
-            key: KeyState(i, key, policies) for i, key in enumerate(self.settings.keys)
-        }
+        self._states = {key: KeyState(i, key, policies) for i, key in enumerate(self.settings.keys)}
         self._host = HostState(self.settings.host_policies)
 
     def is_known(self, api_key: str | None) -> bool:
         """True if `api_key` is one of the valid keys."""
         return api_key in self._states
 
-    def decide(
-        self, api_key: str | None, nonce: Any, now_ms: float, req_id: Any = None
-    ) -> Decision:
+    def decide(self, api_key: str | None, nonce: Any, now_ms: float, req_id: Any = None) -> Decision:
         """Answer one request that the server timestamps at `now_ms`.
 
         `nonce` may be an int or the raw query string; anything that is not an
@@ -163,7 +173,9 @@ class RateRules:
                 state.rejected_host += 1
                 host.rejected_429 += 1
                 return Decision(
-                    429, _error(MSG_HOST_LIMIT), self._headers(state, now_ms, wait_ms),
+                    429,
+                    _error(MSG_HOST_LIMIT),
+                    self._headers(state, now_ms, wait_ms),
                     "host_limited",
                 )
 
@@ -174,16 +186,16 @@ class RateRules:
             if value is None or value <= state.last_nonce:
                 state.rejected_nonce += 1
                 return Decision(
-                    400, _error(MSG_INVALID_NONCE), self._headers(state, now_ms, None),
+                    400,
+                    _error(MSG_INVALID_NONCE),
+                    self._headers(state, now_ms, None),
                     "invalid_nonce",
                 )
             state.last_nonce = value
 
         if settings.error_rate and self._rng.random() < settings.error_rate:
             state.faults += 1
-            return Decision(
-                503, _error(MSG_UNAVAILABLE), self._headers(state, now_ms, 1000.0), "fault"
-            )
+            return Decision(503, _error(MSG_UNAVAILABLE), self._headers(state, now_ms, 1000.0), "fault")
 
         state.ok += 1
         return Decision(200, {"status": "OK", "req_id": req_id}, self._headers(state, now_ms, None))
@@ -245,8 +257,16 @@ class RateRules:
         keys = [_key_stats(state, block_after) for state in self._states.values()]
         host = self._host
         counters = (
-            "requests", "ok", "accepted", "rejected_429", "rejected_host", "rejected_nonce",
-            "blocked_answers", "faults", "requests_during_cooldown", "escalations",
+            "requests",
+            "ok",
+            "accepted",
+            "rejected_429",
+            "rejected_host",
+            "rejected_nonce",
+            "blocked_answers",
+            "faults",
+            "requests_during_cooldown",
+            "escalations",
         )
         totals = {name: sum(row[name] for row in keys) for name in counters}
         host_audit = [_audit_row(a) for a in host.audits]
@@ -316,9 +336,7 @@ def _policy_header(settings: ServerSettings) -> str:
     for policy in settings.policies:
         items.append(f'"{format_policy(policy)}";q={policy.limit};w={_seconds(policy.window_s)}')
     for policy in settings.host_policies:
-        items.append(
-            f'"host {format_policy(policy)}";q={policy.limit};w={_seconds(policy.window_s)}'
-        )
+        items.append(f'"host {format_policy(policy)}";q={policy.limit};w={_seconds(policy.window_s)}')
     return ", ".join(items)
 
 

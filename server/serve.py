@@ -8,8 +8,9 @@ import contextlib
 import signal
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from ratedeck.core.policy import parse_policy
 
@@ -23,37 +24,41 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `serve` options to `parser`; values are checked later by `run_serve`."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", default="9999", help="port to listen on (0 picks a free one)")
-    parser.add_argument(
-        "--mode", default="seed", help="seed (like the seed's original server) or standard"
-    )
+    parser.add_argument("--mode", default="seed", help="seed (like the seed's original server) or standard")
     parser.add_argument("--config", help="TOML file with server settings; options override it")
-    parser.add_argument(
-        "--keys", help="how many keys (N) or a comma-separated list of keys"
-    )
+    parser.add_argument("--keys", help="how many keys (N) or a comma-separated list of keys")
     parser.add_argument(
         "--limit", action="append", metavar="N/W", help="per-key limit like 20/1s (repeatable)"
     )
     parser.add_argument(
-        "--host-limit", action="append", metavar="N/W",
+        "--host-limit",
+        action="append",
+        metavar="N/W",
         help="limit shared by all keys, like 500/1s (repeatable)",
     )
+    parser.add_argument("--latency", metavar="LOW:HIGH", help="simulated ms each way, like 0:50 or 0")
     parser.add_argument(
-        "--latency", metavar="LOW:HIGH", help="simulated ms each way, like 0:50 or 0"
-    )
-    parser.add_argument(
-        "--retry-after", action=argparse.BooleanOptionalAction, default=None,
+        "--retry-after",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="send Retry-After on 429 and 503",
     )
     parser.add_argument(
-        "--ratelimit-headers", action=argparse.BooleanOptionalAction, default=None,
+        "--ratelimit-headers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="send RateLimit-Policy, RateLimit and X-RateLimit-* headers",
     )
     parser.add_argument(
-        "--escalation", action=argparse.BooleanOptionalAction, default=None,
+        "--escalation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="a rejected key cools down; retrying during the cooldown doubles it",
     )
     parser.add_argument(
-        "--nonce", action=argparse.BooleanOptionalAction, default=None,
+        "--nonce",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="require a strictly increasing integer nonce per key",
     )
     parser.add_argument("--block-after", metavar="N", help="block a key after N rejections (0 never)")
@@ -70,9 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.limit:
         changes["policies"] = tuple(_option("--limit", parse_policy, v) for v in args.limit)
     if args.host_limit:
-        changes["host_policies"] = tuple(
-            _option("--host-limit", parse_policy, v) for v in args.host_limit
-        )
+        changes["host_policies"] = tuple(_option("--host-limit", parse_policy, v) for v in args.host_limit)
     if args.latency is not None:
         latency = _option("--latency", _parse_latency, args.latency)
         changes["latency_in_ms"] = changes["latency_out_ms"] = latency
@@ -108,8 +111,9 @@ async def _serve_forever(settings: ServerSettings, host: str, port: int) -> int:
     try:
         server = await start_server(settings, host, port)
     except OSError as exc:
-        print(f"ratedeck serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"ratedeck serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr
+        )
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -171,8 +175,7 @@ def _parse_keys(text: str, mode: str) -> tuple[str, ...]:
         if mode == "seed":
             if not 1 <= count <= len(SEED_KEYS):
                 raise ValueError(
-                    f"--keys: seed mode has {len(SEED_KEYS)} keys, got {count}; "
-                    "use --mode standard for more"
+                    f"--keys: seed mode has {len(SEED_KEYS)} keys, got {count}; use --mode standard for more"
                 )
             return SEED_KEYS[:count]
         if count < 1:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
-from ratedeck.core.policy import Policy, parse_policy, format_policy
+from ratedeck.core.policy import Policy, format_policy, parse_policy
 
 #: The five API keys of the seed's original server; seed mode accepts exactly these.
 SEED_KEYS: tuple[str, ...] = (
@@ -102,9 +103,7 @@ class ServerSettings:
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"error_rate: must be between 0 and 1, got {self.error_rate!r}")
         if self.escalation_base_s <= 0:
-            raise ValueError(
-                f"escalation_base_s: must be above 0 seconds, got {self.escalation_base_s!r}"
-            )
+            raise ValueError(f"escalation_base_s: must be above 0 seconds, got {self.escalation_base_s!r}")
         if self.escalation_cap_s < self.escalation_base_s:
             raise ValueError(
                 f"escalation_cap_s: must be at least escalation_base_s "
@@ -114,7 +113,7 @@ class ServerSettings:
             raise ValueError(f"seed: must be a whole number, got {self.seed!r}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ServerSettings":
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerSettings:
         """Build settings from a TOML-style table; missing fields take the mode's defaults.
 
         Policies are strings ("20/1s"), latencies two-element lists, `keys` a list
@@ -201,7 +200,7 @@ def _convert_field(name: str, value: Any) -> Any:
         if isinstance(value, (str, Policy)):
             value = [value]
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{name}: expected a list of limits like [\"20/1s\"], got {value!r}")
+            raise ValueError(f'{name}: expected a list of limits like ["20/1s"], got {value!r}')
         try:
             return tuple(p if isinstance(p, Policy) else parse_policy(p) for p in value)
         except ValueError as exc:

@@ -15,13 +15,13 @@ import json
 import random
 import selectors
 
-from .rules import RateRules
-from .settings import ServerSettings
-
 from ratedeck.engine.config import KeySpec
 from ratedeck.engine.delays import response_delay
 from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
 from ratedeck.engine.request import Request
+
+from .rules import RateRules
+from .settings import ServerSettings
 
 
 class SimulatedTransport:
@@ -33,9 +33,15 @@ class SimulatedTransport:
     delays the client was told.
     """
 
-    def __init__(self, settings: ServerSettings, seed: int = 1, *,
-                 extra_in_ms: tuple[float, float] = (0, 0), extra_out_ms: tuple[float, float] = (0, 0),
-                 fail_every: int = 0):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        seed: int = 1,
+        *,
+        extra_in_ms: tuple[float, float] = (0, 0),
+        extra_out_ms: tuple[float, float] = (0, 0),
+        fail_every: int = 0,
+    ):
         self.settings = settings
         self.rules = RateRules(settings)
         self.rng = random.Random(seed)
@@ -60,8 +66,13 @@ class SimulatedTransport:
         delay = response_delay(decision.status, decision.headers, body) if decision.status >= 400 else None
         if delay is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
-        return Outcome(classify(decision.status, body), decision.status, delay, loop.time() - start,
-                       policy_header=decision.headers.get("RateLimit-Policy"))
+        return Outcome(
+            classify(decision.status, body),
+            decision.status,
+            delay,
+            loop.time() - start,
+            policy_header=decision.headers.get("RateLimit-Policy"),
+        )
 
     async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
         ms = self.rng.randint(*bounds)

@@ -51,6 +51,4 @@ class SlotRing:
         """How many requests would fit at `now_ms` (free slots right now)."""
         # Stamps are in time order starting at `index`; count those already out of the window.
         stamps, start, limit = self.stamps, self.index, self.limit
-        return bisect_left(
-            range(limit), now_ms - self.window_ms, key=lambda i: stamps[(start + i) % limit]
-        )
+        return bisect_left(range(limit), now_ms - self.window_ms, key=lambda i: stamps[(start + i) % limit])

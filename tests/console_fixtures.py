@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from ratedeck.console.app import RatedeckApp
+from ratedeck.core.secrets import mask_secret
 from ratedeck.engine.commands import (
     Command,
     PauseAll,
@@ -22,7 +23,6 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.core.secrets import mask_secret
 from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, Snapshot
 
 # 32-character secrets: tests assert none of these ever reaches the screen.
@@ -131,8 +131,9 @@ def paused_snapshot() -> Snapshot:
 
 def cooldown_snapshot() -> Snapshot:
     """k4 rejected with Retry-After: cooling with 3.5 s left, 429 counted."""
-    snap = with_key_state(main_snapshot(), "k4", state="cooling", cooldown_left_s=3.5, in_flight=0,
-                          rejected_429=4)
+    snap = with_key_state(
+        main_snapshot(), "k4", state="cooling", cooldown_left_s=3.5, in_flight=0, rejected_429=4
+    )
     return dataclasses.replace(
         snap, events=snap.events + (Event(180.0, "cooldown", "k4 got 429, Retry-After 5s: cooling"),)
     )
@@ -162,13 +163,16 @@ def gates_snapshot() -> Snapshot:
     """
     snap = main_snapshot()
     keys = tuple(
-        dataclasses.replace(row, state="cooling", in_flight=0,
-                            cooldown_left_s=3.2 if row.label == "k1" else 1.0)
+        dataclasses.replace(
+            row, state="cooling", in_flight=0, cooldown_left_s=3.2 if row.label == "k1" else 1.0
+        )
         for row in snap.keys
     )
     gates = tuple(
-        GateRow(label, 3.2, "429, asked to wait 5s", 2, 0) if label == "k1"
-        else GateRow(label, 0.0, "429, asked to wait 2s", 1, 0) if label == "k4"
+        GateRow(label, 3.2, "429, asked to wait 5s", 2, 0)
+        if label == "k1"
+        else GateRow(label, 0.0, "429, asked to wait 2s", 1, 0)
+        if label == "k4"
         else GateRow(label, 0.0, "", 0, 0)
         for label in SECRETS
     ) + (GateRow("host", 1.0, "503, asked to wait 4s", 3, 1),)
@@ -178,7 +182,8 @@ def gates_snapshot() -> Snapshot:
         gates=gates,
         in_flight=0,
         main_depth=snap.main_depth + snap.in_flight,  # nothing sends while the gates are shut
-        events=snap.events + (
+        events=snap.events
+        + (
             Event(179.4, "cooldown", "k1 cooling down 5.0s: 429, asked to wait 5s"),
             Event(180.0, "cooldown", "host cooling down 4.0s: 503, asked to wait 4s"),
             Event(180.0, "error", "host: the server escalated its penalty to 4.0s"),
@@ -256,8 +261,7 @@ class FakeHost:
         """Let `seconds` pass: the run ages and every closed gate counts down."""
         self.elapsed_s += seconds
         self.gates = tuple(
-            dataclasses.replace(gate, left_s=round(max(0.0, gate.left_s - seconds), 1))
-            for gate in self.gates
+            dataclasses.replace(gate, left_s=round(max(0.0, gate.left_s - seconds), 1)) for gate in self.gates
         )
 
     def throttle_rate(self) -> float:
@@ -307,8 +311,10 @@ class FakeHost:
 
     def _key(self, row: KeyRow) -> KeyRow:
         if row.state == "cooling":
-            left = max((gate.left_s for gate in self.gates if gate.name in (row.label, "host")),
-                       default=row.cooldown_left_s)
+            left = max(
+                (gate.left_s for gate in self.gates if gate.name in (row.label, "host")),
+                default=row.cooldown_left_s,
+            )
             row = dataclasses.replace(row, cooldown_left_s=left, state="cooling" if left > 0 else "active")
         if row.label in self.paused:
             return dataclasses.replace(row, state="paused", cooldown_left_s=0.0)
@@ -369,8 +375,16 @@ def screen_text(app: RatedeckApp) -> str:
     from rich.console import Console
 
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
 

@@ -2,7 +2,6 @@
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,6 @@ from ratedeck.bench import DEFAULT_DURATION_S, QUICK_DURATION_S, UsageError, mai
 from ratedeck.bench.output import ROW_FIELDS, ScenarioResult, bar_charts, make_row
 from ratedeck.bench.scenarios import SCENARIOS, STRATEGIES
 from ratedeck.bench.spec import RunSpec
-
 
 
 def test_defaults_run_everything_for_twenty_seconds():
@@ -34,16 +32,19 @@ def test_filters_keep_the_order_given_and_drop_repeats():
     assert args.strategies == ["ratedeck", "original"]
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--duration", "-1"], "--duration"),
-    (["--duration", "0"], "--duration"),
-    (["--duration", "soon"], "--duration"),
-    (["--scenarios", "nope"], "unknown name 'nope'"),
-    (["--strategies", "seed,original"], "unknown name 'seed'"),
-    (["--scenarios", ","], "--scenarios"),
-    (["--seed", "x"], "--seed"),
-    (["--no-such-option"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--duration", "-1"], "--duration"),
+        (["--duration", "0"], "--duration"),
+        (["--duration", "soon"], "--duration"),
+        (["--scenarios", "nope"], "unknown name 'nope'"),
+        (["--strategies", "seed,original"], "unknown name 'seed'"),
+        (["--scenarios", ","], "--scenarios"),
+        (["--seed", "x"], "--seed"),
+        (["--no-such-option"], "unrecognized arguments"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(argv, needle, capsys):
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -68,19 +69,39 @@ def test_scenarios_and_strategies_are_the_issue_s():
 
 
 def test_run_spec_round_trips_through_json():
-    spec = RunSpec("ratedeck", "http://127.0.0.1:1/api/request", ("a", "b"), 20, 1.0, True, 40.0, 2.0,
-                   extra={"depth": 10})
+    spec = RunSpec(
+        "ratedeck",
+        "http://127.0.0.1:1/api/request",
+        ("a", "b"),
+        20,
+        1.0,
+        True,
+        40.0,
+        2.0,
+        extra={"depth": 10},
+    )
     assert RunSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     assert spec.policy_text == "20/1s"
 
 
 def test_a_row_takes_429s_and_nonce_rejections_from_the_server():
-    client = {"succeeded": 190, "expired": 3, "p50_ms": 51.04, "p99_ms": 95.0, "cpu_s": 1.234,
-              "peak_rss_mb": 36.71, "rejected_429": 0, "rejected_nonce": 0}
-    server = {"totals": {"ok": 191, "rejected_429": 10, "blocked_answers": 40, "rejected_nonce": 7},
-              "host": {"rejected_429": 0}, "audit_ok": True}
+    client = {
+        "succeeded": 190,
+        "expired": 3,
+        "p50_ms": 51.04,
+        "p99_ms": 95.0,
+        "cpu_s": 1.234,
+        "peak_rss_mb": 36.71,
+        "rejected_429": 0,
+        "rejected_nonce": 0,
+    }
+    server = {
+        "totals": {"ok": 191, "rejected_429": 10, "blocked_answers": 40, "rejected_nonce": 7},
+        "host": {"rejected_429": 0},
+        "audit_ok": True,
+    }
     row = make_row("original", client, server, duration_s=2.0, capacity_tps=100.0)
-    assert tuple(row)[:len(ROW_FIELDS)] == ROW_FIELDS
+    assert tuple(row)[: len(ROW_FIELDS)] == ROW_FIELDS
     assert row["ok_per_s"] == 95.0
     assert row["pct_capacity"] == 95.0
     assert row["rejected_429"] == 50  # every HTTP 429, "blocked" answers included
@@ -89,8 +110,12 @@ def test_a_row_takes_429s_and_nonce_rejections_from_the_server():
 
 
 def test_bar_charts_without_colour_have_no_escape_codes():
-    result = ScenarioResult("seed", "s", 100.0, rows=[
-        {"strategy": "original", "ok_per_s": 82.0}, {"strategy": "ratedeck", "ok_per_s": 93.5}])
+    result = ScenarioResult(
+        "seed",
+        "s",
+        100.0,
+        rows=[{"strategy": "original", "ok_per_s": 82.0}, {"strategy": "ratedeck", "ok_per_s": 93.5}],
+    )
     text = bar_charts([result], color=False, width=80)
     assert "original" in text and "ratedeck" in text
     assert "\x1b[" not in text
@@ -99,8 +124,18 @@ def test_bar_charts_without_colour_have_no_escape_codes():
 def test_quick_run_writes_the_report_with_stable_names(tmp_path, capsys):
     """One scenario, two strategies, each in its own process against a fresh simulator."""
     report = tmp_path / "bench.json"
-    code = main(["--quick", "--scenarios", "seed", "--strategies", "original,ratedeck",
-                 "--no-chart", "--report", str(report)])
+    code = main(
+        [
+            "--quick",
+            "--scenarios",
+            "seed",
+            "--strategies",
+            "original,ratedeck",
+            "--no-chart",
+            "--report",
+            str(report),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "seed:" in out and "original" in out and "ratedeck" in out

@@ -5,12 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-
-import pytest
 import tomllib
 
-from ratedeck.runner.cli import main
+import pytest
+
 from ratedeck.engine.config import SEED_KEYS, load_config
+from ratedeck.runner.cli import main
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 
@@ -21,16 +21,19 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-@pytest.mark.parametrize("content,needles", [
-    ('[engine]\nin_flight_per_key = "x"\n', ["engine.in_flight_per_key", "whole number", "'x'"]),
-    ("[engine]\nqueue_max = 0\n", ["engine.queue_max", "at least 1"]),
-    ("[enigne]\nqueue_max = 3\n", ["enigne", "unknown section"]),
-    ("[engine]\nheadroom = \"wide\"\n", ["engine.headroom", "wide"]),
-    ("[keys]\nsecrets = [\"env:RATEDECK_TEST_NOPE\"]\n", ["keys.secrets[0]", "RATEDECK_TEST_NOPE"]),
-    ("[keys]\nsecrets = [\"a-key-1234567\"]\nlimits = [\"fast\"]\n", ["keys.limits", "fast"]),
-    ("[target]\nurl = \"ftp://x\"\n", ["target.url", "http://"]),
-    ("this is not toml", ["not valid TOML"]),
-])
+@pytest.mark.parametrize(
+    "content,needles",
+    [
+        ('[engine]\nin_flight_per_key = "x"\n', ["engine.in_flight_per_key", "whole number", "'x'"]),
+        ("[engine]\nqueue_max = 0\n", ["engine.queue_max", "at least 1"]),
+        ("[enigne]\nqueue_max = 3\n", ["enigne", "unknown section"]),
+        ('[engine]\nheadroom = "wide"\n', ["engine.headroom", "wide"]),
+        ('[keys]\nsecrets = ["env:RATEDECK_TEST_NOPE"]\n', ["keys.secrets[0]", "RATEDECK_TEST_NOPE"]),
+        ('[keys]\nsecrets = ["a-key-1234567"]\nlimits = ["fast"]\n', ["keys.limits", "fast"]),
+        ('[target]\nurl = "ftp://x"\n', ["target.url", "http://"]),
+        ("this is not toml", ["not valid TOML"]),
+    ],
+)
 def test_a_bad_config_gets_one_clear_line_and_exit_2(tmp_path, capsys, content, needles):
     path = tmp_path / "bad.toml"
     path.write_text(content)
@@ -55,8 +58,19 @@ def test_missing_config_file_and_bad_flags(capsys, tmp_path):
 
 def test_save_config_round_trips_and_never_writes_a_literal_key(tmp_path, capsys):
     out_path = tmp_path / "profile.toml"
-    code, _, _ = run_cli(capsys, "--keys", "SECRET-AAAA-1111,SECRET-BBBB-2222", "--limit", "10/1s",
-                         "--limit", "500/1h", "--in-flight", "3", "--save-config", str(out_path))
+    code, _, _ = run_cli(
+        capsys,
+        "--keys",
+        "SECRET-AAAA-1111,SECRET-BBBB-2222",
+        "--limit",
+        "10/1s",
+        "--limit",
+        "500/1h",
+        "--in-flight",
+        "3",
+        "--save-config",
+        str(out_path),
+    )
     assert code == 0
     text = out_path.read_text()
     assert "SECRET-AAAA" not in text and "env:RATEDECK_KEYS" in text
@@ -77,18 +91,48 @@ def test_save_config_round_trips_and_never_writes_a_literal_key(tmp_path, capsys
 
 def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     report = tmp_path / "report.json"
-    proc = subprocess.run(RATEDECK + ["--no-ui", "--duration", "3", "--interval", "1", "--report", str(report),
-                                      "--plot", "--graveyard", str(tmp_path / "g.jsonl")],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        RATEDECK
+        + [
+            "--no-ui",
+            "--duration",
+            "3",
+            "--interval",
+            "1",
+            "--report",
+            str(report),
+            "--plot",
+            "--graveyard",
+            str(tmp_path / "g.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--- ratedeck metrics at" in proc.stdout and "final summary" in proc.stdout
     assert "Throughput per second" in proc.stdout  # the plot
     data = json.loads(report.read_text())
     req = data["requests"]
     assert data["balance_ok"] and req["succeeded"] > 100 and req["rejected_429"] == 0
-    assert req["generated"] == (req["succeeded"] + req["expired"] + req["graveyard"] + req["shed"]
-                                + req["queued_at_end"] + req["in_flight_at_end"])
-    for name in ("duration_s", "capacity_tps", "throughput_tps", "latency_ms", "headroom_ms", "queues", "keys"):
+    assert req["generated"] == (
+        req["succeeded"]
+        + req["expired"]
+        + req["graveyard"]
+        + req["shed"]
+        + req["queued_at_end"]
+        + req["in_flight_at_end"]
+    )
+    for name in (
+        "duration_s",
+        "capacity_tps",
+        "throughput_tps",
+        "latency_ms",
+        "headroom_ms",
+        "queues",
+        "keys",
+    ):
         assert name in data
     everything = proc.stdout + proc.stderr + report.read_text()
     assert not any(key in everything for key in SEED_KEYS)
@@ -97,8 +141,13 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_stops_gracefully_with_report(tmp_path, sig):
     report = tmp_path / "report.json"
-    proc = subprocess.Popen(RATEDECK + ["--no-ui", "--interval", "0.5", "--report", str(report)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        RATEDECK + ["--no-ui", "--interval", "0.5", "--report", str(report)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         for line in proc.stdout:  # wait for real traffic, not for wall time
             if line.startswith("requests") and "succeeded 0 " not in line:

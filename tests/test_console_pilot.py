@@ -11,7 +11,6 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-
 from console_fixtures import (
     SECRETS,
     FakeHost,
@@ -23,11 +22,12 @@ from console_fixtures import (
     open_gates,
     screen_text,
 )
+
 from ratedeck.console.screens.headroom import HeadroomScreen, parse_headroom
 from ratedeck.console.screens.help import HelpScreen
 from ratedeck.console.screens.palette import ControlsProvider
 from ratedeck.console.screens.throttle import ThrottleScreen, parse_throttle
-from ratedeck.console.themes import load_themes, theme_from_toml, ThemeFileError
+from ratedeck.console.themes import ThemeFileError, load_themes, theme_from_toml
 from ratedeck.console.widgets.gates import GatesPanel
 from ratedeck.console.widgets.goodput import GoodputPanel
 from ratedeck.console.widgets.keys_table import KeysTable
@@ -316,9 +316,7 @@ async def test_broken_default_theme_falls_back_to_textual(tmp_path: Path):
 def test_load_themes_ships_three_valid_themes():
     themes, problems = load_themes()
     assert problems == []
-    assert {theme.name for theme in themes} == {
-        "ratedeck-dark", "ratedeck-light", "ratedeck-high-contrast"
-    }
+    assert {theme.name for theme in themes} == {"ratedeck-dark", "ratedeck-light", "ratedeck-high-contrast"}
 
 
 def test_theme_file_problems_name_the_field():
@@ -328,9 +326,7 @@ def test_theme_file_problems_name_the_field():
         theme_from_toml('name = "t"\nprimary = "#000000"\ndark = "yes"\n', "t.toml")
 
 
-@pytest.mark.parametrize(
-    "text, expected", [("35", 35.0), (" 12.5ms ", 12.5), ("0", 0.0)]
-)
+@pytest.mark.parametrize("text, expected", [("35", 35.0), (" 12.5ms ", 12.5), ("0", 0.0)])
 def test_parse_headroom_accepts_milliseconds(text: str, expected: float):
     assert parse_headroom(text) == expected
 

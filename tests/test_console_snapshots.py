@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from console_fixtures import (
     SECRETS,
     cooldown_snapshot,

@@ -5,12 +5,19 @@ import json
 from dataclasses import replace
 
 import pytest
-
 from engine_helpers import audit_max, seed_engine
-from ratedeck.engine.commands import (PauseAll, PauseKey, ResumeAll, ResumeKey, SetArrivalRate,
-                                      SetBackpressure, SetHeadroom)
-from ratedeck.engine.engine import UnknownKey
+
 from ratedeck.core.policy import Policy
+from ratedeck.engine.commands import (
+    PauseAll,
+    PauseKey,
+    ResumeAll,
+    ResumeKey,
+    SetArrivalRate,
+    SetBackpressure,
+    SetHeadroom,
+)
+from ratedeck.engine.engine import UnknownKey
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import run_virtual
 
@@ -33,7 +40,9 @@ def test_seed_mode_reaches_92_per_second_with_no_rejection():
 @pytest.mark.parametrize("extra_ms", [(0, 40), (0, 120)])
 def test_extra_network_delay_never_exceeds_the_server_limit(extra_ms):
     # Extra random delay on both legs: the headroom must learn the wider spread.
-    engine, transport = seed_engine(transport_kw={"extra_in_ms": extra_ms, "extra_out_ms": extra_ms, "seed": 9})
+    engine, transport = seed_engine(
+        transport_kw={"extra_in_ms": extra_ms, "extra_out_ms": extra_ms, "seed": 9}
+    )
     snap = run_virtual(engine.run(60))
     stats = transport.rules.stats()
     assert audit_max(stats) <= 20
@@ -47,8 +56,9 @@ def test_extra_network_delay_never_exceeds_the_server_limit(extra_ms):
 
 
 def test_requests_balance_at_every_snapshot_under_injected_faults(tmp_path):
-    engine, transport = seed_engine(tmp_path, transport_kw={"fail_every": 7},
-                                    engine={"max_attempts": 2, "ttl_s": 1.0})
+    engine, transport = seed_engine(
+        tmp_path, transport_kw={"fail_every": 7}, engine={"max_attempts": 2, "ttl_s": 1.0}
+    )
     balances = []
 
     async def main():
@@ -62,8 +72,15 @@ def test_requests_balance_at_every_snapshot_under_injected_faults(tmp_path):
     assert snap.failed > 0 and snap.graveyard > 0  # the faults did bite
     assert set(balances) == {0}
     assert snap.balance() == 0
-    assert snap.generated == (snap.succeeded + snap.expired + snap.graveyard + snap.shed
-                              + snap.main_depth + snap.dlq_depth + snap.in_flight)
+    assert snap.generated == (
+        snap.succeeded
+        + snap.expired
+        + snap.graveyard
+        + snap.shed
+        + snap.main_depth
+        + snap.dlq_depth
+        + snap.in_flight
+    )
     lines = (tmp_path / "graveyard.jsonl").read_text().splitlines()
     assert len(lines) == snap.graveyard
     first = json.loads(lines[0])
@@ -131,10 +148,18 @@ def test_pausing_a_key_stops_its_sends_and_resuming_restarts_them():
 def test_retry_after_closes_the_key_gate_and_nothing_is_sent_during_cooldown():
     # The client believes 20/1s; the server allows 10/1s and answers 429 with
     # Retry-After. After each such answer the key must send nothing until it passes.
-    server = replace(seed_settings(), mode="standard", policies=(Policy(10, 1.0),),
-                     retry_after=True, block_after=0, nonce=False, whole_ms_stamps=False)
-    engine, transport = seed_engine(server=server, target={"nonce_param": ""},
-                                    engine={"ttl_s": 30.0, "max_attempts": 10})
+    server = replace(
+        seed_settings(),
+        mode="standard",
+        policies=(Policy(10, 1.0),),
+        retry_after=True,
+        block_after=0,
+        nonce=False,
+        whole_ms_stamps=False,
+    )
+    engine, transport = seed_engine(
+        server=server, target={"nonce_param": ""}, engine={"ttl_s": 30.0, "max_attempts": 10}
+    )
     states = []
 
     async def main():

@@ -1,28 +1,39 @@
 """Honouring "slow down" as one: delay sources, gate semantics, escalation, host budget, pools."""
 
 import asyncio
+import json
 from email.utils import formatdate
 
 import pytest
-
 from engine_helpers import seed_engine
+
+from ratedeck.core.policy import Policy
 from ratedeck.engine import outcome as oc
 from ratedeck.engine.config import load_config
-from ratedeck.engine.delays import (advertised_policies, json_field_hook, parse_retry_after,
-                                    ratelimit_delay, response_delay, x_ratelimit_delay)
+from ratedeck.engine.delays import (
+    advertised_policies,
+    json_field_hook,
+    parse_retry_after,
+    ratelimit_delay,
+    response_delay,
+    x_ratelimit_delay,
+)
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.core.policy import Policy
 from ratedeck.server.settings import ServerSettings
 from ratedeck.server.simulated import run_virtual
 
-
 # ---------------------------------------------------------------- delay sources
+
 
 def test_retry_after_seconds_and_http_date():
     assert parse_retry_after("7") == 7.0
     assert parse_retry_after(formatdate(1000.0 + 30, usegmt=True), now_wall=1000.0) == pytest.approx(30)
-    assert parse_retry_after("soon") is None and parse_retry_after("-3") is None and parse_retry_after(None) is None
+    assert (
+        parse_retry_after("soon") is None
+        and parse_retry_after("-3") is None
+        and parse_retry_after(None) is None
+    )
 
 
 def test_ratelimit_fields():
@@ -53,6 +64,7 @@ def test_gate_keeps_the_longest_delay():
 
 # ---------------------------------------------------------------- gate semantics on the engine
 
+
 class ScriptedTransport:
     """Answers per a script: (key secret, virtual time) -> (kind, retry_after). Logs sends."""
 
@@ -78,10 +90,14 @@ class ScriptedTransport:
 
 
 def one_key_engine(transport, **engine):
-    cfg = load_config(preset="seed", overrides={
-        "keys": {"secrets": ["KEY-ONE-0000000000"], "limits": ["20/1s"]},
-        "target": {"nonce_param": ""},
-        "engine": {"graveyard_path": "", "ttl_s": 30.0, "max_attempts": 10, **engine}})
+    cfg = load_config(
+        preset="seed",
+        overrides={
+            "keys": {"secrets": ["KEY-ONE-0000000000"], "limits": ["20/1s"]},
+            "target": {"nonce_param": ""},
+            "engine": {"graveyard_path": "", "ttl_s": 30.0, "max_attempts": 10, **engine},
+        },
+    )
     return Engine(cfg, transport)
 
 
@@ -106,7 +122,7 @@ def test_concurrent_rejections_close_one_gate_longest_wins_and_nothing_is_sent_m
     rejected_at = [t for _, t in transport.sends if 0.1 <= t < 0.3]
     assert len(rejected_at) >= 3
     last_answer = max(rejected_at) + 0.2
-    gate_open = min(t + 0.2 + d for t, d in zip(sorted(rejected_at), [2.0, 5.0, 3.0]))
+    gate_open = min(t + 0.2 + d for t, d in zip(sorted(rejected_at), [2.0, 5.0, 3.0], strict=False))
     # nothing goes out between the first rejection's answer and the longest delay's end
     first_answer = min(rejected_at) + 0.2
     quiet = [t for _, t in transport.sends if first_answer < t < min(rejected_at) + 0.2 + 5.0 - 0.01]
@@ -160,13 +176,24 @@ def test_stopping_while_the_gate_is_closed_sends_nothing_and_loses_nothing():
 
 # ---------------------------------------------------------------- escalation, by the server's stats
 
+
 def escalation_run(**engine):
-    server = ServerSettings(mode="standard", keys=("key-000", "key-001", "key-002"),
-                            policies=(Policy(10, 1.0),), latency_in_ms=(0, 50), latency_out_ms=(0, 50),
-                            escalation=True, escalation_base_s=1.0, escalation_cap_s=16.0)
-    eng, transport = seed_engine(server=server, keys={"secrets": list(server.keys), "limits": ["20/1s"]},
-                                 target={"nonce_param": ""},
-                                 engine={"ttl_s": 60.0, "max_attempts": 20, **engine})
+    server = ServerSettings(
+        mode="standard",
+        keys=("key-000", "key-001", "key-002"),
+        policies=(Policy(10, 1.0),),
+        latency_in_ms=(0, 50),
+        latency_out_ms=(0, 50),
+        escalation=True,
+        escalation_base_s=1.0,
+        escalation_cap_s=16.0,
+    )
+    eng, transport = seed_engine(
+        server=server,
+        keys={"secrets": list(server.keys), "limits": ["20/1s"]},
+        target={"nonce_param": ""},
+        engine={"ttl_s": 60.0, "max_attempts": 20, **engine},
+    )
     snap = run_virtual(eng.run(120))
     return snap, transport.rules.stats()["totals"]
 
@@ -189,13 +216,21 @@ def test_shared_gates_alone_beat_per_request_retries_when_no_policy_is_advertise
 
 # ---------------------------------------------------------------- host-wide budget
 
+
 def test_a_host_wide_limit_is_one_budget_for_all_keys():
-    server = ServerSettings(mode="standard", keys=tuple(f"key-{i:03d}" for i in range(5)),
-                            policies=(Policy(20, 1.0),), host_policies=(Policy(50, 1.0),),
-                            latency_in_ms=(0, 20), latency_out_ms=(0, 20))
-    eng, transport = seed_engine(server=server, keys={"secrets": list(server.keys), "limits": ["20/1s"],
-                                                       "host_limits": ["50/1s"]},
-                                 target={"nonce_param": ""})
+    server = ServerSettings(
+        mode="standard",
+        keys=tuple(f"key-{i:03d}" for i in range(5)),
+        policies=(Policy(20, 1.0),),
+        host_policies=(Policy(50, 1.0),),
+        latency_in_ms=(0, 20),
+        latency_out_ms=(0, 20),
+    )
+    eng, transport = seed_engine(
+        server=server,
+        keys={"secrets": list(server.keys), "limits": ["20/1s"], "host_limits": ["50/1s"]},
+        target={"nonce_param": ""},
+    )
     snap = run_virtual(eng.run(30))
     stats = transport.rules.stats()
     assert stats["host"]["rejected_429"] == 0 and stats["totals"]["rejected_429"] == 0
@@ -206,9 +241,9 @@ def test_a_host_wide_limit_is_one_budget_for_all_keys():
 
 # ---------------------------------------------------------------- pools
 
+
 def test_a_pool_caps_concurrent_calls_and_other_pools_keep_going(tmp_path):
-    lines = [('{"_pool": "write", "i": %d}' % i) if i % 4 == 0 else ('{"_pool": "read", "i": %d}' % i)
-             for i in range(200)]
+    lines = [json.dumps({"_pool": "write" if i % 4 == 0 else "read", "i": i}) for i in range(200)]
     path = tmp_path / "work.jsonl"
     path.write_text("\n".join(lines))
     concurrent = {"read": 0, "write": 0}
@@ -224,9 +259,15 @@ def test_a_pool_caps_concurrent_calls_and_other_pools_keep_going(tmp_path):
                 concurrent[req.pool] -= 1
 
     transport = PoolTransport(lambda k, t: (oc.OK, None), rtt=0.4)
-    cfg = load_config(preset="seed", overrides={
-        "target": {"nonce_param": ""}, "workload": {"file": str(path)}, "pools": {"read": 6, "write": 1},
-        "engine": {"graveyard_path": "", "ttl_s": 60.0}})
+    cfg = load_config(
+        preset="seed",
+        overrides={
+            "target": {"nonce_param": ""},
+            "workload": {"file": str(path)},
+            "pools": {"read": 6, "write": 1},
+            "engine": {"graveyard_path": "", "ttl_s": 60.0},
+        },
+    )
     snap = run_virtual(Engine(cfg, transport).run(None))
     assert snap.succeeded == 200
     assert peak["write"] == 1 and 2 <= peak["read"] <= 6

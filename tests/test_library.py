@@ -59,8 +59,9 @@ def test_rate_limits_are_retried_behind_the_gate_and_siblings_wait_too():
         return "ok"
 
     async def main():
-        c = load_config(preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]},
-                                                  "engine": {"ttl_s": 60.0}})
+        c = load_config(
+            preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
+        )
         async with RateDeck(c, delay_error=lambda e: e.delay if isinstance(e, Slow) else None) as deck:
             return await asyncio.gather(*(deck.run(fn) for _ in range(5)))
 
@@ -107,8 +108,13 @@ def test_an_http_error_answer_reaches_the_caller_as_call_failed():
     async def main():
         # The embedded seed server knows only its five keys: this one is refused with 401.
         server = await _simulator()
-        c = load_config(preset="seed", overrides={"keys": {"secrets": ["NOT-A-VALID-KEY-123"]},
-                                                  "target": {"url": f"{server.url}/api/request"}})
+        c = load_config(
+            preset="seed",
+            overrides={
+                "keys": {"secrets": ["NOT-A-VALID-KEY-123"]},
+                "target": {"url": f"{server.url}/api/request"},
+            },
+        )
         async with RateDeck(c) as deck:
             with pytest.raises(CallFailed) as info:
                 await deck.call()
@@ -128,8 +134,9 @@ def test_a_cancelled_call_is_never_sent_and_ends_as_shed():
         return "ok"
 
     async def main():
-        c = load_config(preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]},
-                                                  "engine": {"ttl_s": 60.0}})
+        c = load_config(
+            preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
+        )
         async with RateDeck(c, delay_error=lambda e: None) as deck:
             first = [asyncio.ensure_future(deck.run(fn)) for _ in range(30)]  # more than 20/1s
             await asyncio.sleep(0.5)

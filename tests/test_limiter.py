@@ -2,8 +2,8 @@
 
 import pytest
 
-from ratedeck.engine.limiter import WindowLimiter
 from ratedeck.core.policy import Policy, PolicyError, parse_policy
+from ratedeck.engine.limiter import WindowLimiter
 
 
 def grant_all(lim, start, count):
@@ -35,7 +35,7 @@ def test_burst_pacing_allows_a_full_window_then_waits_window_plus_headroom():
 def test_even_pacing_spreads_sends_and_never_exceeds_the_window():
     lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, pacing="even")
     times = grant_all(lim, 0.0, 200)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert min(gaps) == pytest.approx(1.05 / 20)
     # as the server counts: at most 20 in any window of 1 s, even in a closed window
     assert max_in_window(times, 1.0) <= 20
@@ -68,8 +68,16 @@ def test_used_counts_the_current_window():
     assert lim.used(0.95) == (3, 10)
 
 
-@pytest.mark.parametrize("text,limit,window", [("20/1s", 20, 1.0), ("600/1m", 600, 60.0),
-                                               ("5/500ms", 5, 0.5), ("100/s", 100, 1.0), ("1/1h", 1, 3600.0)])
+@pytest.mark.parametrize(
+    "text,limit,window",
+    [
+        ("20/1s", 20, 1.0),
+        ("600/1m", 600, 60.0),
+        ("5/500ms", 5, 0.5),
+        ("100/s", 100, 1.0),
+        ("1/1h", 1, 3600.0),
+    ],
+)
 def test_parse_policy(text, limit, window):
     p = parse_policy(text)
     assert (p.limit, p.window_s) == (limit, window)

@@ -8,26 +8,42 @@ import pytest
 from ratedeck.engine.commands import PauseKey, ResumeKey, SetThrottle
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.server.simulated import SimulatedTransport, run_virtual
 from ratedeck.server.settings import ServerSettings, generated_keys
+from ratedeck.server.simulated import SimulatedTransport, run_virtual
 
 CAPACITY = 100.0  # 5 keys x 20/1s
 
 
-def message_engine(*, rate, calls=3, pattern="parallel", throttle="off", excess="queue", server=None,
-                   engine=None, **messages):
+def message_engine(
+    *, rate, calls=3, pattern="parallel", throttle="off", excess="queue", server=None, engine=None, **messages
+):
     """An engine running messages against a quick simulator (0..10 ms each way)."""
-    server = server or ServerSettings(mode="standard", keys=generated_keys(5), latency_in_ms=(0, 10),
-                                      latency_out_ms=(0, 10), seed=3)
-    cfg = load_config(preset=None, overrides={
-        "keys": {"secrets": list(server.keys), "limits": ["20/1s"]},
-        "target": {"nonce_param": ""},
-        "engine": {"graveyard_path": "", "headroom_initial_ms": 20.0, "backpressure": False, **(engine or {})},
-        "workload": {"rate": rate, "arrival": "poisson"},
-        "messages": {"calls": calls, "pattern": pattern, "throttle": throttle, "excess": excess,
-                     "shed_path": "", **messages},
-        "run": {"seed": 5},
-    })
+    server = server or ServerSettings(
+        mode="standard", keys=generated_keys(5), latency_in_ms=(0, 10), latency_out_ms=(0, 10), seed=3
+    )
+    cfg = load_config(
+        preset=None,
+        overrides={
+            "keys": {"secrets": list(server.keys), "limits": ["20/1s"]},
+            "target": {"nonce_param": ""},
+            "engine": {
+                "graveyard_path": "",
+                "headroom_initial_ms": 20.0,
+                "backpressure": False,
+                **(engine or {}),
+            },
+            "workload": {"rate": rate, "arrival": "poisson"},
+            "messages": {
+                "calls": calls,
+                "pattern": pattern,
+                "throttle": throttle,
+                "excess": excess,
+                "shed_path": "",
+                **messages,
+            },
+            "run": {"seed": 5},
+        },
+    )
     return Engine(cfg, SimulatedTransport(server, seed=7))
 
 
@@ -37,15 +53,27 @@ def steady(snap):
 
 
 def message_balance(s):
-    return s.messages_generated - (s.messages_completed + s.messages_failed + s.messages_shed
-                                   + s.messages_queued + s.messages_in_progress)
+    return s.messages_generated - (
+        s.messages_completed
+        + s.messages_failed
+        + s.messages_shed
+        + s.messages_queued
+        + s.messages_in_progress
+    )
 
 
 def test_a_message_completes_only_when_every_call_succeeds():
     # One answer in five is a 503 and a call gets a single attempt: a message of
     # three calls then completes with probability 0.8^3 (about half).
-    server = ServerSettings(mode="standard", keys=generated_keys(5), latency_in_ms=(0, 10),
-                            latency_out_ms=(0, 10), error_rate=0.2, retry_after=False, seed=3)
+    server = ServerSettings(
+        mode="standard",
+        keys=generated_keys(5),
+        latency_in_ms=(0, 10),
+        latency_out_ms=(0, 10),
+        error_rate=0.2,
+        retry_after=False,
+        seed=3,
+    )
     engine = message_engine(rate=20, server=server, engine={"max_attempts": 1})
     snap = run_virtual(engine.run(10))
     assert snap.graveyard > 0 and snap.messages_failed > 0
@@ -105,7 +133,9 @@ def test_sequential_plateaus_with_the_throttle_and_falls_without_it():
     off, auto = {}, {}
     for rate in (50, 100, 150):
         off[rate] = steady(run_virtual(message_engine(rate=rate, pattern="sequential").run(8)))
-        auto[rate] = steady(run_virtual(message_engine(rate=rate, pattern="sequential", throttle="auto").run(8)))
+        auto[rate] = steady(
+            run_virtual(message_engine(rate=rate, pattern="sequential", throttle="auto").run(8))
+        )
     assert min(auto.values()) >= 0.95 * CAPACITY / 3
     assert max(auto.values()) - min(auto.values()) < 1.0  # a plateau
     assert off[50] > off[100] > off[150]  # falls steadily as arrivals grow
@@ -193,15 +223,18 @@ def test_plain_workload_snapshots_keep_message_defaults():
     assert snap.throttle_mode == "off" and snap.goodput_series == () and snap.messages_completed == 0
 
 
-@pytest.mark.parametrize("table, key", [
-    ({"calls": 0}, "messages.calls"),
-    ({"pattern": "zigzag"}, "messages.pattern"),
-    ({"throttle": "fast"}, "messages.throttle"),
-    ({"throttle": -5}, "messages.throttle"),
-    ({"excess": "drop"}, "messages.excess"),
-    ({"sample_fraction": 1.5}, "messages.sample_fraction"),
-    ({"bogus": 1}, "messages.bogus"),
-])
+@pytest.mark.parametrize(
+    "table, key",
+    [
+        ({"calls": 0}, "messages.calls"),
+        ({"pattern": "zigzag"}, "messages.pattern"),
+        ({"throttle": "fast"}, "messages.throttle"),
+        ({"throttle": -5}, "messages.throttle"),
+        ({"excess": "drop"}, "messages.excess"),
+        ({"sample_fraction": 1.5}, "messages.sample_fraction"),
+        ({"bogus": 1}, "messages.bogus"),
+    ],
+)
 def test_bad_messages_settings_name_the_key(table, key):
     with pytest.raises(ConfigError) as info:
         load_config(preset="seed", overrides={"messages": table})
@@ -209,8 +242,8 @@ def test_bad_messages_settings_name_the_key(table, key):
 
 
 def test_messages_section_selects_the_message_workload():
-    from ratedeck.engine.messages import MessageWorkload
     from ratedeck.engine.config import to_toml_dict
+    from ratedeck.engine.messages import MessageWorkload
 
     cfg = load_config(preset="seed", overrides={"messages": {"calls": 3, "throttle": 25}})
     assert cfg.messages.calls == 3 and cfg.messages.throttle == 25.0
@@ -219,5 +252,6 @@ def test_messages_section_selects_the_message_workload():
     assert engine.workload.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
     assert to_toml_dict(cfg)["messages"]["calls"] == 3
     plain = load_config(preset="seed")
-    assert plain.messages is None and not isinstance(Engine(plain, SimulatedTransport(ServerSettings())).workload,
-                                                     MessageWorkload)
+    assert plain.messages is None and not isinstance(
+        Engine(plain, SimulatedTransport(ServerSettings())).workload, MessageWorkload
+    )

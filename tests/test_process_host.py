@@ -2,11 +2,11 @@
 
 import time
 
+import pytest
+
 from ratedeck.engine.commands import PauseKey, SetHeadroom
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.host.process_host import ProcessHost
-
-import pytest
 
 
 def wait_for(host, predicate, timeout=20.0):

@@ -18,9 +18,11 @@ def test_readme_starts_with_the_two_commands():
 
 
 def test_library_example_runs(tmp_path):
-    section = README[README.index("## As a library"):]
+    section = README[README.index("## As a library") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "[200, 200, 200, 200, 200]" in proc.stdout and "'status': 'OK'" in proc.stdout
 
@@ -28,7 +30,7 @@ def test_library_example_runs(tmp_path):
 def test_config_reference_loads(tmp_path, monkeypatch):
     from ratedeck.engine.config import load_config
 
-    section = README[README.index("## Config reference"):]
+    section = README[README.index("## Config reference") :]
     block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     (tmp_path / "requests.jsonl").write_text('{"symbol": "ABC"}\n')
     (tmp_path / "ratedeck.toml").write_text(block)

@@ -83,7 +83,10 @@ def test_decision_time_is_taken_after_the_incoming_latency():
 def test_latency_is_drawn_within_the_configured_range():
     fake = FakeTime()
     settings = replace(
-        seed_settings(), latency_in_ms=(3, 9), latency_out_ms=(0, 0), policies=(parse_policy("1000/1s"),),
+        seed_settings(),
+        latency_in_ms=(3, 9),
+        latency_out_ms=(0, 0),
+        policies=(parse_policy("1000/1s"),),
         seed=5,
     )
 

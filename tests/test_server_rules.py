@@ -146,8 +146,11 @@ def test_retry_after_is_the_wait_rounded_up_to_whole_seconds():
 
 def test_escalation_doubles_the_cooldown_up_to_the_cap():
     settings = plain(
-        policies=(parse_policy("1/1s"),), escalation=True, escalation_base_s=1.0,
-        escalation_cap_s=4.0, retry_after=True,
+        policies=(parse_policy("1/1s"),),
+        escalation=True,
+        escalation_base_s=1.0,
+        escalation_cap_s=4.0,
+        retry_after=True,
     )
     rules = RateRules(settings)
     assert rules.decide("k-one", None, 0.0).status == 200

@@ -31,9 +31,26 @@ def test_defaults_are_the_seed_server():
 def test_standard_mode_options():
     settings = settings_from_args(
         parse(
-            "--mode", "standard", "--keys", "12", "--limit", "20/1s", "--limit", "600/1m",
-            "--latency", "5:10", "--no-retry-after", "--escalation", "--host-limit", "500/1s",
-            "--block-after", "3", "--error-rate", "0.1", "--seed", "9",
+            "--mode",
+            "standard",
+            "--keys",
+            "12",
+            "--limit",
+            "20/1s",
+            "--limit",
+            "600/1m",
+            "--latency",
+            "5:10",
+            "--no-retry-after",
+            "--escalation",
+            "--host-limit",
+            "500/1s",
+            "--block-after",
+            "3",
+            "--error-rate",
+            "0.1",
+            "--seed",
+            "9",
         )
     )
     assert settings.keys[0] == "key-000" and len(settings.keys) == 12
@@ -77,7 +94,13 @@ def test_bad_values_give_one_message_and_exit_2(argv, flag, capsys):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serves_until_a_signal_and_exits_quietly(signum):
     command = [
-        sys.executable, "-m", "ratedeck.server.serve", "--port", "0", "--latency", "0",
+        sys.executable,
+        "-m",
+        "ratedeck.server.serve",
+        "--port",
+        "0",
+        "--latency",
+        "0",
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

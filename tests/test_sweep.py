@@ -7,16 +7,19 @@ import pytest
 from ratedeck.runner.sweep import main, parse_rates
 
 
-@pytest.mark.parametrize("argv, where", [
-    (["--rates", "10:5:1"], "--rates"),
-    (["--rates", "10:50"], "--rates"),
-    (["--rates", "a:b:c"], "--rates"),
-    (["--calls", "0"], "--calls"),
-    (["--calls", "three"], "--calls"),
-    (["--pattern", "zigzag"], "--pattern"),
-    (["--duration", "0"], "--duration"),
-    (["--limit", "fast"], "--limit"),
-])
+@pytest.mark.parametrize(
+    "argv, where",
+    [
+        (["--rates", "10:5:1"], "--rates"),
+        (["--rates", "10:50"], "--rates"),
+        (["--rates", "a:b:c"], "--rates"),
+        (["--calls", "0"], "--calls"),
+        (["--calls", "three"], "--calls"),
+        (["--pattern", "zigzag"], "--pattern"),
+        (["--duration", "0"], "--duration"),
+        (["--limit", "fast"], "--limit"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_option(argv, where, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -37,8 +40,12 @@ def test_a_tiny_sweep_reports_with_stable_names(tmp_path, capsys):
     assert report["capacity_tps"] == 100 and report["calls_per_message"] == 3
     assert report["pattern"] == "parallel"
     points = report["points"]
-    assert [(p["arrival_rate"], p["throttle"]) for p in points] == [(10, "off"), (10, "auto"),
-                                                                   (100, "off"), (100, "auto")]
+    assert [(p["arrival_rate"], p["throttle"]) for p in points] == [
+        (10, "off"),
+        (10, "auto"),
+        (100, "off"),
+        (100, "auto"),
+    ]
     for p in points:
         assert set(p) >= {"arrival_rate", "throttle", "goodput", "messages_failed", "calls_wasted"}
     by = {(p["arrival_rate"], p["throttle"]): p for p in points}

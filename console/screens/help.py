@@ -40,8 +40,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll(id="help-body"):
                 yield Static(lines, id="help-lines")
             yield Static(
-                "[$text-muted]Remap with a keymap (action id → key) · "
-                "Ctrl+P command palette · Esc close[/]",
+                "[$text-muted]Remap with a keymap (action id → key) · Ctrl+P command palette · Esc close[/]",
                 id="help-foot",
             )
 

@@ -18,9 +18,7 @@ class ControlsProvider(Provider):
         app: RatedeckApp = self.app  # type: ignore[assignment]
         commands: list[tuple[str, str, object]] = []
         for key, binding_id, description, action in app.control_rows():
-            commands.append(
-                (description, f"key {key} · {binding_id}", partial(app.run_control, action))
-            )
+            commands.append((description, f"key {key} · {binding_id}", partial(app.run_control, action)))
         for name in app.ratedeck_themes:
             commands.append((f"Theme: {name}", "switch the console's colours", partial(app.use_theme, name)))
         return commands

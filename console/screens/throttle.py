@@ -29,9 +29,7 @@ def parse_throttle(text: str) -> str | float:
     try:
         value = float(cleaned)
     except ValueError:
-        raise ValueError(
-            f"{text.strip()!r} is not a number of messages per second (or off, auto)"
-        ) from None
+        raise ValueError(f"{text.strip()!r} is not a number of messages per second (or off, auto)") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"A fixed throttle must be above 0 messages/s, not {text.strip()!r}")
     if value > MAX_THROTTLE:

@@ -106,15 +106,13 @@ class GatesPanel(Static):
         if hidden:
             more_closed = sum(1 for gate in hidden if gate.left_s > 0)
             lines.append(
-                f"[$text-muted]+{len(hidden)} more ({more_closed} closed) · "
-                f"longest waits are listed first[/]"
+                f"[$text-muted]+{len(hidden)} more ({more_closed} closed) · longest waits are listed first[/]"
             )
         if quiet:
             lines.append(f"[$text-muted]never closed: {escape(' '.join(quiet))}[/]")
         self.update("\n".join(lines) or "[$text-muted]no gates[/]")
         closed = len(closed_gates(gates))
         raised = escalations(gates)
-        self.border_subtitle = (
-            f"{closed} closed of {len(gates)}"
-            + (f" · [b $text-error]▲ {plural(raised, 'escalation')}[/]" if raised else " · 0 escalations")
+        self.border_subtitle = f"{closed} closed of {len(gates)}" + (
+            f" · [b $text-error]▲ {plural(raised, 'escalation')}[/]" if raised else " · 0 escalations"
         )

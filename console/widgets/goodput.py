@@ -24,11 +24,7 @@ def is_message_run(snap: Snapshot | None) -> bool:
 
 def messages_text(snap: Snapshot) -> str:
     """Markup: completed, failed and shed messages (failed/shed coloured when non-zero)."""
-    failed = (
-        f"[$text-error]{numbers.count(snap.messages_failed)}[/]"
-        if snap.messages_failed
-        else "0"
-    )
+    failed = f"[$text-error]{numbers.count(snap.messages_failed)}[/]" if snap.messages_failed else "0"
     shed = f"[$text-warning]{numbers.count(snap.messages_shed)}[/]" if snap.messages_shed else "0"
     return (
         f"[$text-muted]done[/] [b]{numbers.count(snap.messages_completed)}[/]"
@@ -51,9 +47,7 @@ class GoodputPanel(Vertical):
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None:
             return
-        wasted = (
-            f"[$text-warning]{numbers.count(snap.calls_wasted)}[/]" if snap.calls_wasted else "0"
-        )
+        wasted = f"[$text-warning]{numbers.count(snap.calls_wasted)}[/]" if snap.calls_wasted else "0"
         self.query_one("#goodput-stats", Static).update(
             f"[$text-muted]now[/] [b]{numbers.rate(snap.current_goodput)} msg/s[/]"
             f"  [$text-muted]avg[/] [b]{numbers.rate(snap.goodput_tps)} msg/s[/]\n"
@@ -62,6 +56,4 @@ class GoodputPanel(Vertical):
             f" [$text-muted]· {snap.calls_per_message} calls per msg[/]"
         )
         self.query_one("#goodput-spark", Sparkline).data = list(snap.goodput_series)
-        self.border_subtitle = (
-            f"{snap.message_pattern} · last {numbers.duration(len(snap.goodput_series))}"
-        )
+        self.border_subtitle = f"{snap.message_pattern} · last {numbers.duration(len(snap.goodput_series))}"

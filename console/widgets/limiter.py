@@ -52,14 +52,8 @@ class LimiterPanel(Static):
         snap = self.snapshot
         if snap is None:
             return
-        mode = (
-            "[b $text-success]adaptive[/]" if snap.headroom_adaptive else "[b $text-warning]fixed[/]"
-        )
-        rejected_429 = (
-            f"[$text-warning]{numbers.count(snap.rejected_429)}[/]"
-            if snap.rejected_429
-            else "0"
-        )
+        mode = "[b $text-success]adaptive[/]" if snap.headroom_adaptive else "[b $text-warning]fixed[/]"
+        rejected_429 = f"[$text-warning]{numbers.count(snap.rejected_429)}[/]" if snap.rejected_429 else "0"
         pressure = "[b $text-success]on[/]" if snap.backpressure else "[b $text-warning]off[/]"
         messages = is_message_run(snap)
         unit = " msg/s" if messages else "/s"
