@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ratedeck.core.loops import LOOP_NAMES
+
 from .scenarios import SCENARIOS, STRATEGIES
 
 EXIT_USAGE = 2
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the results as JSON")
     p.add_argument(
         "--loop",
-        choices=("uvloop", "asyncio"),
+        choices=LOOP_NAMES,
         default="asyncio",
         help="event loop for the asyncio clients (default asyncio, as ratedeck runs)",
     )

@@ -19,20 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ratedeck.core.loops import loop_factory
+
 from .spec import RunSpec
 
 RESULT_PREFIX = "RESULT "
-
-
-def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop for "uvloop" when installed, else the standard one."""
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop
-    return None
 
 
 def peak_rss_mb() -> float:

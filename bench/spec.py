@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ratedeck.core.loops import LoopName
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -35,7 +37,7 @@ class RunSpec:
     duration_s: float
     ttl_s: float = 1.0
     in_flight: int = 8
-    loop: str = "asyncio"
+    loop: LoopName = "asyncio"
     seed: int = 1
     extra: dict = field(default_factory=dict)
 

@@ -13,18 +13,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy, PolicyError, format_policy, parse_policy
-
-SEED_KEYS = (
-    "UT4NHL1J796WCHULA1750MXYF9F5JYA6",
-    "8TY2F3KIL38T741G1UCBMCAQ75XU9F5O",
-    "954IXKJN28CBDKHSKHURQIVLQHZIEEM9",
-    "EUU46ID478HOO7GOXFASKPOZ9P91XGYS",
-    "46V5EZ5K2DFAGW85J18L50SGO25WJ5JE",
-)
+from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.throttle import parse_throttle
 
 
-class ConfigError(ValueError):
+class ConfigError(RatedeckError, ValueError):
     """A setting that cannot be used; `str()` is the whole user-facing message."""
 
     def __init__(self, source: str, key: str, problem: str):
@@ -359,10 +354,10 @@ def _check_messages(m: MessagesConfig, source: str) -> None:
         bad("calls", f"must be at least 1, got {m.calls}")
     if m.pattern not in ("parallel", "sequential"):
         bad("pattern", f"must be 'parallel' or 'sequential', got {m.pattern!r}")
-    if isinstance(m.throttle, str) and m.throttle not in ("off", "auto"):
-        bad("throttle", f'must be "off", "auto" or messages per second, got {m.throttle!r}')
-    if not isinstance(m.throttle, str) and not m.throttle > 0:
-        bad("throttle", f"a fixed throttle must be above 0 messages/s, got {m.throttle}")
+    try:
+        parse_throttle(m.throttle)
+    except ValueError as exc:
+        bad("throttle", str(exc))
     if m.excess not in ("queue", "shed", "sample"):
         bad("excess", f"must be 'queue', 'shed' or 'sample', got {m.excess!r}")
     if not 0.0 < m.sample_fraction <= 1.0:

@@ -30,6 +30,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ratedeck.core.throttle import parse_throttle
+
 from .config import RunConfig
 from .request import Request
 from .waker import Waker
@@ -40,28 +42,6 @@ if TYPE_CHECKING:
 
 PATTERNS = ("parallel", "sequential")
 EXCESS = ("queue", "shed", "sample")
-
-
-def parse_throttle(value: str | float) -> tuple[str, float]:
-    """("off"|"auto"|"fixed", rate) from "off", "auto" or a rate in messages/s.
-
-    Raises ValueError with a short reason for anything else.
-    """
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("off", "auto"):
-            return text, 0.0
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(
-                f'throttle must be "off", "auto" or messages per second, got {value!r}'
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f'throttle must be "off", "auto" or messages per second, got {value!r}')
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"a fixed throttle must be above 0 messages/s, got {value!r}")
-    return "fixed", float(value)
 
 
 class Message:

@@ -120,9 +120,9 @@ class ProcessHost:
 def _child_main(cfg: RunConfig, conn, publish_s: float) -> None:
     # The console handles Ctrl-C; a terminal's SIGINT must not kill the engine mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .session import new_loop
+    from ratedeck.core.loops import loop_factory
 
-    with asyncio.Runner(loop_factory=new_loop) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_child(cfg, conn, publish_s))
 
 

@@ -10,9 +10,7 @@ Where the engine's loop runs:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 
 from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig, to_toml_dict
@@ -101,20 +99,3 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
 
 def _safe_url(url: str | None) -> str:
     return (url or "").split("?")[0]
-
-
-def new_loop() -> asyncio.AbstractEventLoop:
-    """The engine's event loop: the standard one.
-
-    Measured on 50 keys x 100/s (README): uvloop was no faster once sends
-    stopped waiting on late timers, and its whole-millisecond clock needs
-    care; RATEDECK_LOOP=uvloop selects it for comparison when installed.
-    """
-    if os.environ.get("RATEDECK_LOOP") == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()

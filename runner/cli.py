@@ -159,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         return fail("--interval: must be above 0 seconds")
     if args.no_ui:
-        from ratedeck.host.session import new_loop
+        from ratedeck.core.loops import loop_factory
 
         from .headless import run_headless
 
         try:
-            with asyncio.Runner(loop_factory=new_loop) as runner:
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
                 return runner.run(run_headless(cfg, interval_s=args.interval))
         except KeyboardInterrupt:  # a second Ctrl-C during the drain
             return 130

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ratedeck.core.loops import loop_factory
+
 from .settings import generated_keys
 
 
@@ -101,13 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if not url:
             print(f"server did not start: {line!r}", file=sys.stderr)
             return 1
-        try:
-            import uvloop
-
-            loop_factory = uvloop.new_event_loop
-        except ImportError:
-            loop_factory = None
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
+        with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
             result = runner.run(drive(url, list(generated_keys(args.keys)), args.seconds, args.connections))
     finally:
         server.send_signal(signal.SIGTERM)

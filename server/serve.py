@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ratedeck.core.loops import loop_factory
 from ratedeck.core.policy import parse_policy
 
 from .app import start_server
@@ -101,7 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"ratedeck serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
             return runner.run(_serve_forever(settings, args.host, port))
     except KeyboardInterrupt:
         return 0  # a second Ctrl-C during shutdown: still quiet
@@ -129,15 +130,6 @@ async def _serve_forever(settings: ServerSettings, host: str, port: int) -> int:
     finally:
         await server.close()
     return 0
-
-
-def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop if installed: it roughly doubles requests per second."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _base_settings(args: argparse.Namespace) -> ServerSettings:

@@ -7,15 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ratedeck.core.policy import Policy, format_policy, parse_policy
-
-#: The five API keys of the seed's original server; seed mode accepts exactly these.
-SEED_KEYS: tuple[str, ...] = (
-    "UT4NHL1J796WCHULA1750MXYF9F5JYA6",
-    "8TY2F3KIL38T741G1UCBMCAQ75XU9F5O",
-    "954IXKJN28CBDKHSKHURQIVLQHZIEEM9",
-    "EUU46ID478HOO7GOXFASKPOZ9P91XGYS",
-    "46V5EZ5K2DFAGW85J18L50SGO25WJ5JE",
-)
+from ratedeck.core.seed_server import SEED_KEYS
 
 MODES = ("seed", "standard")
 

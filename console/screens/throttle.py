@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
-MAX_THROTTLE = 1_000_000.0
+from ratedeck.core.throttle import parse_throttle as core_parse_throttle
 
 
 def parse_throttle(text: str) -> str | float:
-    """What the operator typed as a throttle: messages/s ("25", "25/s",
-    "12.5 msg/s"), or the words "off" and "auto".
-
-    Raises `ValueError` with a message fit to show the operator.
-    """
-    cleaned = text.strip().lower()
-    if cleaned in ("off", "auto"):
-        return cleaned
-    for suffix in ("msg/s", "/s"):
-        cleaned = cleaned.removesuffix(suffix).strip()
-    if not cleaned:
-        raise ValueError("Type a throttle in messages per second, e.g. 25 (or off, auto)")
-    try:
-        value = float(cleaned)
-    except ValueError:
-        raise ValueError(f"{text.strip()!r} is not a number of messages per second (or off, auto)") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"A fixed throttle must be above 0 messages/s, not {text.strip()!r}")
-    if value > MAX_THROTTLE:
-        raise ValueError(f"A throttle of {value:g} messages/s is more than the {MAX_THROTTLE:g} allowed")
-    return value
+    """What the operator typed: messages/s ("25", "25/s", "12.5 msg/s"), "off" or "auto"."""
+    mode, rate = core_parse_throttle(text)
+    return rate if mode == "fixed" else mode
 
 
 class ThrottleScreen(ModalScreen[str | float | None]):
