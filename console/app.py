@@ -506,7 +506,9 @@ class RatedeckApp(App[Snapshot]):
         if self._pending_throttle is not None:
             return self._pending_throttle
         snap = self.snapshot
-        return (snap.throttle_mode, snap.throttle_rate) if snap else ("off", 0.0)
+        if snap is None or snap.messages is None:
+            return ("off", 0.0)
+        return (snap.messages.throttle_mode, snap.messages.throttle_rate)
 
     def _set_throttle(self, value: str | float) -> None:
         if isinstance(value, str):
@@ -526,8 +528,8 @@ class RatedeckApp(App[Snapshot]):
             self._set_throttle("auto")
         elif mode == "auto":
             snap = self.snapshot
-            if rate <= 0 and snap is not None and snap.calls_per_message > 0:
-                rate = snap.capacity_tps / snap.calls_per_message
+            if rate <= 0 and snap is not None and snap.messages is not None:
+                rate = snap.capacity_tps / snap.messages.calls_per_message
             if rate <= 0:
                 self.notify(
                     "No capacity known yet to fix the throttle at; turning it off", severity="warning"
@@ -544,8 +546,9 @@ class RatedeckApp(App[Snapshot]):
                 self._set_throttle(value)
 
         mode, rate = self._current_throttle()
-        if rate <= 0 and self.snapshot is not None and self.snapshot.calls_per_message > 0:
-            rate = round(self.snapshot.capacity_tps / self.snapshot.calls_per_message, 2)
+        snap = self.snapshot
+        if rate <= 0 and snap is not None and snap.messages is not None:
+            rate = round(snap.capacity_tps / snap.messages.calls_per_message, 2)
         self.push_screen(ThrottleScreen(mode, rate), chosen)
 
     def action_save_profile(self) -> None:

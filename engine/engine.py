@@ -1,17 +1,29 @@
-"""The engine: key workers, queues, generator, outcome handling and snapshots.
+"""The engine: key workers, queues, a work source, settling answers, snapshots.
 
-Every request ends in exactly one place: succeeded, expired, graveyard or
-shed; while the run lasts it is queued (main or DLQ) or in flight. The engine
-owns all state and runs on one asyncio loop; other threads talk to it through
-a host (`runtime.py`).
+Every request ends in exactly one place (`Ending`): succeeded, expired,
+graveyard or shed; while the run lasts it is queued (main or DLQ) or in
+flight. The engine owns all state and runs on one asyncio loop; a front end
+reaches it through a host (`ratedeck.host`), which pulls snapshots and
+pushes commands.
+
+A request's path, one direction: a `Source` submits it (`SourceSink`) ->
+`WorkQueues` -> a `KeyWorker` takes it when its limiter has a slot and
+`launch`es it -> the `Transport` answers -> `settle.decide` says what the
+answer means -> `_apply` counts it, pauses whom it must, and ends or
+retries the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import deque
+
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.secrets import redact
+from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
 
 from . import outcome as oc
 from .commands import (
@@ -26,18 +38,18 @@ from .commands import (
     SetThrottle,
 )
 from .config import RunConfig
-from .delays import advertised_policies
 from .gate import CooldownGate
 from .headroom import HeadroomController
-from .limiter import WindowLimiter
-from .messages import workload_from_config
+from .limiter import Stamp, WindowLimiter
+from .messages import source_from_config
 from .metrics import Metrics
+from .ports import Source
 from .queues import Graveyard, WorkQueues
-from .request import Request
-from .snapshot import Event, GateRow, KeyRow, Snapshot
+from .request import CallFn, Request
+from .settle import Scope, SettleRules, Tally, Verdict, decide
+from .snapshot import Event, GateRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
-from .workload import Workload
 
 
 def engine_clock(loop: asyncio.AbstractEventLoop):
@@ -54,7 +66,7 @@ def engine_clock(loop: asyncio.AbstractEventLoop):
     return time.monotonic
 
 
-class UnknownKey(ValueError):
+class UnknownKey(RatedeckError, ValueError):
     """A command named a key id that does not exist."""
 
 
@@ -70,7 +82,7 @@ class Engine:
         cfg: RunConfig,
         transport: Transport,
         *,
-        workload: Workload | None = None,
+        source: Source | None = None,
         rng: random.Random | None = None,
     ):
         self.cfg = cfg
@@ -90,44 +102,43 @@ class Engine:
         self.backpressure = e.backpressure
         self.queue_max = e.queue_max
         self.ttl_s = e.ttl_s
-        self.workload = workload or workload_from_config(cfg, self.rng)
+        self.source: Source = source or source_from_config(cfg, self.rng)
         self.workers: list[KeyWorker] = []
         self.gates: dict[str, CooldownGate] = {}
+        self._secrets = tuple(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
+        pacing = Pacing(e.pacing)
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds
         self.host_limiter = (
-            WindowLimiter(cfg.host_policies, seconds, e.pacing, pace_s=pace) if cfg.host_policies else None
+            WindowLimiter(cfg.host_policies, seconds, pacing, pace_s=pace) if cfg.host_policies else None
         )
         self.host_gate = CooldownGate("host") if cfg.host_policies else None
         if self.host_gate is not None:
             self.gates["host"] = self.host_gate
         shared = (self.host_limiter,) if self.host_limiter else ()
+        uses_nonce = bool(cfg.target.nonce_param)
         for spec in cfg.keys:
             gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
             gates = (gate, self.host_gate) if self.host_gate else (gate,)
             # Sends closer than the network jitter can reach a nonce-checking
             # server out of order: keep whole gaps there.
             limiter = WindowLimiter(
-                spec.policies,
-                seconds,
-                e.pacing,
-                min_spacing=1.0 if cfg.target.nonce_param else 0.9,
-                pace_s=pace,
+                spec.policies, seconds, pacing, min_spacing=1.0 if uses_nonce else 0.9, pace_s=pace
             )
             self.workers.append(
                 KeyWorker(
-                    self,
-                    spec,
-                    limiter,
-                    gates,
-                    e.in_flight_per_key,
-                    use_nonce=bool(cfg.target.nonce_param),
-                    shared=shared,
+                    self, spec, limiter, gates, e.in_flight_per_key, use_nonce=uses_nonce, shared=shared
                 )
             )
-        self.shared_cooldown = e.cooldown == "shared"
-        self.retry_errors = True  # the library turns this off: errors reach the caller at once
+        self.cooldown_scope = CooldownScope(e.cooldown)
+        self.settle_rules = SettleRules(
+            max_attempts=e.max_attempts,
+            backoff_base_s=e.backoff_base_ms / 1000.0,
+            backoff_cap_s=e.backoff_cap_ms / 1000.0,
+            host_gate=self.host_gate is not None,
+            host_limit_match=cfg.target.host_limit_match,
+        )
         self.pool_capacity = dict(cfg.pools)
         self.pool_in_use = dict.fromkeys(cfg.pools, 0)
         self.pool_ok = self._pool_has_room if cfg.pools else None
@@ -135,8 +146,9 @@ class Engine:
         self.in_flight = 0
         self.events: deque[Event] = deque(maxlen=200)
         self.stopping = False
-        self.phase = "starting"
+        self.phase = Phase.STARTING
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.clock = time.monotonic  # replaced by the loop's clock in start()
         self.started_at = 0.0
         self.ended_at: float | None = None
         self._wall_offset = 0.0
@@ -146,23 +158,33 @@ class Engine:
         self._next_id = 0
         self.problems: list[str] = []
 
+    @property
+    def retry_errors(self) -> bool:
+        """Whether errors other than rate limits are retried (a library caller wants them at once)."""
+        return self.settle_rules.retry_errors
+
+    @retry_errors.setter
+    def retry_errors(self, on: bool) -> None:
+        self.settle_rules = dataclasses.replace(self.settle_rules, retry_errors=on)
+
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Start workers, the generator and the ticker on the running loop."""
+        """Start workers, the source and the ticker on the running loop."""
         self.loop = asyncio.get_running_loop()
         self.clock = engine_clock(self.loop)
         self.started_at = self.clock()
         self._wall_offset = time.time() - self.started_at
         self.finished = asyncio.Event()
-        self.phase = "running"
+        self.phase = Phase.RUNNING
         self._tasks = [self.loop.create_task(w.run(), name=f"key-{w.label}") for w in self.workers]
-        self._tasks.append(self.loop.create_task(self.workload.run(self), name="generator"))
+        self._tasks.append(self.loop.create_task(self.source.run(self), name="source"))
         self._tasks.append(self.loop.create_task(self._tick(), name="ticker"))
-        self.event("info", f"started: {len(self.workers)} keys, capacity {self.cfg.capacity_tps:g}/s")
+        self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {self.cfg.capacity_tps:g}/s")
 
     async def run(self, duration_s: float | None = None) -> Snapshot:
         """Start, run until `duration_s` passes or the workload is done, then stop."""
         self.start()
+        assert self.finished is not None
         try:
             if duration_s is None:
                 await self.finished.wait()
@@ -184,7 +206,7 @@ class Engine:
         if self.ended_at is not None:
             return self.snapshot()
         self.stopping = True
-        self.phase = "draining"
+        self.phase = Phase.DRAINING
         self.queues.release_space()
         for w in self.workers:
             w.poke()
@@ -193,20 +215,23 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         if self._sends:
-            done, pending = await asyncio.wait(set(self._sends), timeout=timeout)
+            _done, pending = await asyncio.wait(set(self._sends), timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         self._expire_queued(self.clock())
         self.ended_at = self.clock()
-        self.phase = "stopped"
+        self.phase = Phase.STOPPED
+        self.source.close_second()  # flush what the source still holds (shed lines)
         self._flush_graveyard()
-        self.event("info", "stopped")
+        self.event(EventKind.INFO, "stopped")
         return self.snapshot()
 
     # ------------------------------------------------------------ sending
-    def launch(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple = ()) -> None:
+    def launch(
+        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...] = ()
+    ) -> None:
         """Send one attempt in its own task (so a key keeps several in flight)."""
         req.attempts += 1
         self.in_flight += 1
@@ -217,114 +242,109 @@ class Engine:
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _attempt(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple) -> None:
+    async def _attempt(
+        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...]
+    ) -> None:
         try:
             result = await self.transport.send(worker.spec, req, nonce)
         except asyncio.CancelledError:
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
-        worker.in_flight -= 1
+        worker.answered(result)
         self.in_flight -= 1
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
         now = self.clock()
-        if result.status is not None and stamps:
-            # Timed from the slot's stamp, not from the socket write: the task
-            # may start late on a busy loop, and the server sees that delay too.
-            held = now - stamps[0].t
-            self.headroom.observe_rtt(held, now)
-            # The answer bounds how late the server stamped this request: its
-            # slot frees by that, not by the worst case (see headroom.py).
-            extra = self.headroom.extra_for(held, now)
-            for stamp in stamps:
-                stamp.extra = extra
-        self._settle(worker, req, result, now)
+        try:
+            if result.status is not None and stamps:
+                # Timed from the slot's stamp, not from the socket write: the task
+                # may start late on a busy loop, and the server sees that delay too.
+                held = now - stamps[0].t
+                self.headroom.observe_rtt(held, now)
+                # The answer bounds how late the server stamped this request: its
+                # slot frees by that, not by the worst case (see headroom.py).
+                extra = self.headroom.extra_for(held, now)
+                for stamp in stamps:
+                    stamp.extra = extra
+            self._settle(worker, req, result, now)
+        except Exception as exc:
+            # Whatever went wrong in handling the answer, the request is
+            # accounted for: it ends in the graveyard with the error named.
+            self._settle_failed(req, exc, now)
         worker.poke()
 
     def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        m = self.metrics
-        kind = result.kind
+        """Decide what the answer means (`settle.decide`, pure) and apply it here."""
         req.last_status = result.status
         req.result = result
-        if result.status is not None:
-            worker.last_latency_ms = result.latency_s * 1000.0
-            if result.policy_header is not None and result.policy_header != worker.policy_header:
-                self._learn_policy(worker, result.policy_header)
-        if kind == oc.OK:
+        if result.policy_header is not None and self.cfg.engine.learn_policy:
+            for policy in worker.adopt_advertised(result.policy_header):
+                self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
+        verdict = decide(result, req, self.settle_rules, now)
+        self._apply(verdict, worker, req, result, now)
+
+    def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+        """Apply one verdict: count, pause, block, then end or retry the request."""
+        m = self.metrics
+        worker.tally(v.tally)
+        if v.tally is Tally.SUCCEEDED:
             m.success(result.latency_s * 1000.0)
-            worker.succeeded += 1
-            self._finish(req, "succeeded")
-            return
-        req.last_error = result.error or kind
-        if kind == oc.RATE_LIMITED:
+        elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
-            worker.rejected_429 += 1
-            self.headroom.observe_rejection(now)
-            if result.retry_after_s is not None:
-                host = self.host_gate is not None and self.cfg.target.host_limit_match in (result.error or "")
-                gate = self.host_gate if host else worker.gates[0]
-                self._cool(
-                    gate, req, now, result.retry_after_s, f"429, asked to wait {result.retry_after_s:g}s"
-                )
-        elif kind == oc.BLOCKED:
-            if result.status == 429:
-                m.rejected_429 += 1
-                worker.rejected_429 += 1
-            else:
-                m.rejected_other += 1
-            if not worker.blocked:
-                worker.blocked = True
-                self.event("error", f"{worker.label} {worker.masked} blocked by the server ({result.status})")
-            if not self.retry_errors:
-                self._bury(req, now)
-                return
-            self._retry(req, now, immediate=True)  # another key may still serve it
-            return
-        elif kind in (oc.NONCE, oc.CLIENT_ERROR):
+        elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
-            if kind == oc.CLIENT_ERROR:
-                self._bury(req, now)  # retrying a bad request only repeats the error
-                return
-            self._retry(req, now, immediate=True)
+        else:
+            m.fail(v.cause or str(result.kind))
+        if v.tally is not Tally.SUCCEEDED:
+            req.last_error = result.error or str(result.kind)
+        if v.widen_headroom:
+            self.headroom.observe_rejection(now)
+        if v.cooldown is not None:
+            host = v.cooldown.scope is Scope.HOST and self.host_gate is not None
+            gate = self.host_gate if host else worker.gates[0]
+            self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
+        if v.block_key and worker.block():
+            self.event(
+                EventKind.ERROR, f"{worker.label} {worker.masked} blocked by the server ({result.status})"
+            )
+        if v.ending is Ending.SUCCEEDED:
+            self._finish(req, Ending.SUCCEEDED)
+        elif v.ending is Ending.GRAVEYARD:
+            self._bury(req, now)
+        elif v.ending is Ending.EXPIRED:
+            self.expire(req)
+        else:
+            delay = self.rng.uniform(0, v.backoff_cap_s) if v.backoff_cap_s > 0 else 0.0
+            req.eligible_at = max(req.eligible_at, now + delay)
+            self.metrics.retried += 1
+            self.queues.retry(req)
+
+    def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
+        problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
+        self.event(EventKind.ERROR, redact(problem, self._secrets, 300))
+        if req.ending is not None:
             return
-        else:  # server error, timeout, connection
-            cause = f"{result.status}" if result.status is not None else kind
-            m.fail(cause)
-            if result.retry_after_s is not None:
-                self._cool(
-                    worker.gates[0],
-                    req,
-                    now,
-                    result.retry_after_s,
-                    f"{cause}, asked to wait {result.retry_after_s:g}s",
-                )
-            if not self.retry_errors:
-                self._bury(req, now)
-                return
-        self._retry(req, now)
+        if req in self.queues.dlq:  # queued for a retry before the error: it is still accounted
+            return
+        self.metrics.fail(f"internal:{type(exc).__name__}")
+        req.last_error = f"internal error: {type(exc).__name__}"
+        self._bury(req, now)
 
     def _cool(self, gate: CooldownGate, req: Request, now: float, delay: float, reason: str) -> None:
         """Honour a server's delay: close the budget's gate for every sender (shared),
         or, in the pre-actor design kept for comparison, hold back only this request."""
-        if self.shared_cooldown:
+        if self.cooldown_scope is CooldownScope.SHARED:
             escalations = gate.escalations
             if gate.close(now + delay, reason, now):
-                self.event("cooldown", f"{gate.name} cooling down {delay:.1f}s: {reason}")
+                self.event(EventKind.COOLDOWN, f"{gate.name} cooling down {delay:.1f}s: {reason}")
                 if gate.escalations > escalations:
-                    self.event("error", f"{gate.name}: the server escalated its penalty to {delay:.1f}s")
+                    self.event(
+                        EventKind.ERROR, f"{gate.name}: the server escalated its penalty to {delay:.1f}s"
+                    )
         else:
             req.eligible_at = now + delay * 1.1  # "slightly more than the error said"
-
-    def _learn_policy(self, worker: KeyWorker, header: str) -> None:
-        """Adopt limits the server advertises (RateLimit-Policy) that are tighter than ours."""
-        worker.policy_header = header
-        if not self.cfg.engine.learn_policy:
-            return
-        for policy in advertised_policies(header):
-            if worker.limiter.add_policy(policy):
-                self.event("setting", f"{worker.label}: server advertises {policy}; adopted it")
 
     def _pool_has_room(self, pool: str | None) -> bool:
         if pool is None:
@@ -332,70 +352,100 @@ class Engine:
         return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
 
     def capacity_tps(self) -> float:
-        """Requests per second the keys allow now (advertised limits included), host limit applied."""
+        """Requests per second the keys allow (advertised limits included), host limit applied."""
         total = sum(w.limiter.capacity_tps for w in self.workers)
         if self.host_limiter is not None:
             total = min(total, self.host_limiter.capacity_tps)
         return total
 
-    def _retry(self, req: Request, now: float, immediate: bool = False) -> None:
-        if req.attempts >= self.cfg.engine.max_attempts:
-            self._bury(req, now)
-            return
-        if req.deadline <= now:
-            self.expire(req)
-            return
-        e = self.cfg.engine
-        if immediate:
-            delay = 0.0
-        else:  # exponential backoff with full jitter
-            cap = min(e.backoff_cap_ms, e.backoff_base_ms * (2 ** (req.attempts - 1)))
-            delay = self.rng.uniform(0, cap) / 1000.0
-        req.eligible_at = max(req.eligible_at, now + delay)
-        self.metrics.retried += 1
-        self.queues.retry(req)
+    def live_capacity(self, now: float) -> float:
+        """Requests per second the keys that can send now really allow.
+
+        Keys that are paused, blocked or cooling down count for nothing. The
+        limiter spaces sends by (window + headroom) / limit, so the headroom
+        is part of the rate: the nominal limit would promise a few percent
+        more than can be sent.
+        """
+        h = self.headroom.seconds()
+        total = 0.0
+        for w in self.workers:
+            if w.can_send(now):
+                total += min(p.limit / (p.window_s + h) for p in w.limiter.policies)
+        if self.host_limiter is not None and self.host_gate is not None:
+            if self.host_gate.open_at > now:
+                return 0.0
+            total = min(total, min(p.limit / (p.window_s + h) for p in self.host_limiter.policies))
+        return total
+
+    def next_gate_open(self, now: float) -> float | None:
+        later = [w.gate_open_at() for w in self.workers if not (w.paused or w.blocked)]
+        later = [t for t in later if t > now]
+        return min(later) if later else None
 
     def _bury(self, req: Request, now: float) -> None:
         self.metrics.graveyard += 1
         self.graveyard.add(req, now, self._wall_offset)
         if self.metrics.graveyard <= 20 or self.metrics.graveyard % 100 == 0:
             self.event(
-                "graveyard", f"request {req.id} buried after {req.attempts} attempts ({req.last_error})"
+                EventKind.GRAVEYARD,
+                f"request {req.id} buried after {req.attempts} attempts ({req.last_error})",
             )
-        self._finish(req, "graveyard")
+        self._finish(req, Ending.GRAVEYARD)
 
     def expire(self, req: Request) -> None:
         self.metrics.expired += 1
-        self._finish(req, "expired")
+        self._finish(req, Ending.EXPIRED)
 
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1
-        self._finish(req, "shed")
+        self._finish(req, Ending.SHED)
 
-    def _finish(self, req: Request, where: str) -> None:
+    def _finish(self, req: Request, ending: Ending) -> None:
+        req.ending = ending
         if req.on_done is not None:
-            req.on_done(req, where)
+            req.on_done(req, ending)
         self._check_finished()
 
-    # ------------------------------------------------------------ generator side
+    # ------------------------------------------------------------ the source's side (SourceSink)
     def submit(self, req: Request) -> None:
-        """Accept a newly generated request into the main queue."""
+        """Accept a new request into the main queue."""
         self.metrics.generated += 1
         self.queues.put(req)
 
+    def refuse(self, req: Request) -> None:
+        """A new request that found no room: counted as generated, and shed at once."""
+        self.metrics.generated += 1
+        self.shed(req)
+
     def new_request(
-        self, params: dict | None = None, pool: str | None = None, ttl_s: float | None = None
+        self,
+        params: dict | None = None,
+        pool: str | None = None,
+        ttl_s: float | None = None,
+        call: CallFn | None = None,
     ) -> Request:
         """A request created now, with the engine's TTL unless `ttl_s` is given."""
         now = self.clock()
         self._next_id += 1
         if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
             raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
-        return Request(self._next_id, now, now + (self.ttl_s if ttl_s is None else ttl_s), params, pool=pool)
+        deadline = now + (self.ttl_s if ttl_s is None else ttl_s)
+        return Request(self._next_id, now, deadline, params, pool=pool, call=call)
+
+    def source_done(self) -> None:
+        self._check_finished()
+
+    def wall_time(self, t: float) -> float:
+        return t + self._wall_offset
+
+    def problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+            self.event(EventKind.ERROR, text)
 
     def _check_finished(self) -> None:
         if (
-            self.workload.exhausted
+            self.source.exhausted
             and not self.in_flight
             and not len(self.queues)
             and self.finished is not None
@@ -413,7 +463,7 @@ class Engine:
             self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
             while now >= next_second:
                 self.metrics.close_second()
-                self._workload_second()
+                self.source.close_second()
                 next_second += 1.0
                 self._flush_graveyard()
             self._check_finished()
@@ -424,60 +474,59 @@ class Engine:
 
     def _flush_graveyard(self) -> None:
         problem = self.graveyard.flush()
-        if problem and problem not in self.problems:
-            self.problems.append(problem)
-            self.event("error", problem)
+        if problem:
+            self.problem(problem)
 
     # ------------------------------------------------------------ control
     def apply(self, cmd: Command) -> None:
-        """Apply one command now. Raises `UnknownKey` for a key id that does not exist."""
+        """Apply one command now. Raises `UnknownKey` for a key id that does not exist,
+        ValueError for a value the engine cannot take."""
         match cmd:
             case PauseKey(key=key):
                 self._worker(key).paused = True
-                self.event("pause", f"{key} paused")
+                self.event(EventKind.PAUSE, f"{key} paused")
             case ResumeKey(key=key):
                 w = self._worker(key)
                 w.paused = False
                 w.poke()
-                self.event("pause", f"{key} resumed")
+                self.event(EventKind.PAUSE, f"{key} resumed")
             case PauseAll():
                 for w in self.workers:
                     w.paused = True
-                self.event("pause", "all keys paused")
+                self.event(EventKind.PAUSE, "all keys paused")
             case ResumeAll():
                 for w in self.workers:
                     w.paused = False
                     w.poke()
-                self.event("pause", "all keys resumed")
+                self.event(EventKind.PAUSE, "all keys resumed")
             case SetHeadroom(ms=None):
                 self.headroom.set_adaptive()
-                self.event("setting", "headroom adaptive")
+                self.event(EventKind.SETTING, "headroom adaptive")
                 self._poke_all()
             case SetHeadroom(ms=ms):
-                if ms < 0:
-                    raise ValueError(f"headroom must be 0 ms or more, got {ms}")
+                if not ms >= 0 or ms == float("inf"):
+                    raise ValueError(f"headroom must be a finite number of ms, 0 or more, got {ms}")
                 self.headroom.set_fixed(ms)
-                self.event("setting", f"headroom fixed at {self.headroom.value_ms:g} ms")
+                self.event(EventKind.SETTING, f"headroom fixed at {self.headroom.value_ms:g} ms")
                 self._poke_all()
             case SetBackpressure(on=on):
                 self.backpressure = on
                 if not on:
                     self.queues.release_space()
-                self.workload.poke()
-                self.event("setting", f"backpressure {'on' if on else 'off'}")
+                self.source.poke()
+                self.event(EventKind.SETTING, f"backpressure {'on' if on else 'off'}")
             case SetArrivalRate(rate=rate):
-                if rate < 0:
-                    raise ValueError(f"arrival rate must be 0 or more, got {rate}")
-                self.workload.set_rate(rate)
-                self.event("setting", f"arrival rate {rate:g}/s")
+                if not rate >= 0 or rate == float("inf"):
+                    raise ValueError(f"arrival rate must be a finite number, 0 or more, got {rate}")
+                self.source.set_rate(rate)
+                self.event(EventKind.SETTING, f"arrival rate {rate:g}/s")
             case SetThrottle(mode_or_rate=value):
-                set_throttle = getattr(self.workload, "set_throttle", None)
-                if set_throttle is None:
-                    raise ValueError("the entry throttle needs a message workload ([messages] in the config)")
-                set_throttle(value)
-                self.event("setting", f"entry throttle {value}")
+                self.source.set_throttle(value)
+                self.event(EventKind.SETTING, f"entry throttle {value}")
             case _:
                 raise TypeError(f"not a command: {cmd!r}")
+        # Pausing or resuming keys changes what an auto throttle may admit.
+        self.source.poke()
 
     def _worker(self, key: str) -> KeyWorker:
         try:
@@ -489,9 +538,9 @@ class Engine:
         for w in self.workers:
             w.poke()
 
-    def event(self, kind: str, text: str) -> None:
+    def event(self, kind: EventKind, text: str) -> None:
         at = (self.clock() - self.started_at) if self.loop is not None else 0.0
-        self.events.append(Event(round(at, 1), kind, text))
+        self.events.append(Event(round(at, 1), EventKind(kind), text))
 
     # ------------------------------------------------------------ reading
     def snapshot(self) -> Snapshot:
@@ -500,26 +549,6 @@ class Engine:
         now = self.clock() if self.loop is not None else 0.0
         end = self.ended_at if self.ended_at is not None else now
         elapsed = max(0.0, end - self.started_at) if self.loop is not None else 0.0
-        rows = []
-        for w in self.workers:
-            used, limit = w.window_fill(now)
-            left = max(g.left(now) for g in w.gates)
-            state = "blocked" if w.blocked else "paused" if w.paused else "cooling" if left > 0 else "active"
-            rows.append(
-                KeyRow(
-                    w.label,
-                    w.masked,
-                    state,
-                    round(left, 1),
-                    w.in_flight,
-                    w.sent,
-                    w.succeeded,
-                    w.rejected_429,
-                    used,
-                    limit,
-                    w.last_latency_ms,
-                )
-            )
         h = self.headroom
         return Snapshot(
             elapsed_s=elapsed,
@@ -551,28 +580,16 @@ class Engine:
             headroom_min_ms=h.seen_min_ms,
             headroom_max_ms=h.seen_max_ms,
             backpressure=self.backpressure,
-            arrival_rate=self.workload.rate,
+            arrival_rate=self.source.rate,
             latency=m.latency.summary(),
             tps_series=tuple(m.tps_series),
             p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series),
-            keys=tuple(rows),
+            keys=tuple(w.row(now) for w in self.workers),
             events=tuple(self.events),
             gates=tuple(
                 GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
                 for g in self.gates.values()
             ),
-            **self._workload_fields(),
+            messages=self.source.stats(elapsed),
         )
-
-    # ------------------------------------------------------------ workload hooks
-    # A workload may add Snapshot fields (`snapshot_fields()`) and roll its own
-    # per-second series (`close_second()`): the message workload does both.
-    def _workload_fields(self) -> dict:
-        fields = getattr(self.workload, "snapshot_fields", None)
-        return fields() if fields is not None else {}
-
-    def _workload_second(self) -> None:
-        close = getattr(self.workload, "close_second", None)
-        if close is not None:
-            close()

@@ -24,15 +24,18 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.vocab import Ending
+
 from . import outcome as oc
 from .config import ConfigError, KeySpec, RunConfig, load_config
 from .engine import Engine
-from .request import Request
+from .request import CallFn, Request
 from .snapshot import Snapshot
 from .transport import HttpTransport, Transport
 
 
-class CallError(Exception):
+class CallError(RatedeckError):
     """A call that did not succeed; `outcome` is the last attempt's outcome, if any."""
 
     def __init__(self, message: str, outcome: oc.Outcome | None = None):
@@ -72,7 +75,9 @@ class FunctionTransport:
         self.delay_error = delay_error
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> oc.Outcome:
-        fn = req.params["__fn__"]
+        fn = req.call
+        if fn is None:
+            raise TypeError("a FunctionTransport runs RateDeck.run(fn) calls only")
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:
@@ -148,25 +153,27 @@ class RateDeck:
         self, params: dict[str, Any] | None = None, *, pool: str | None = None, ttl_s: float | None = None
     ) -> Any:
         """Send one request (parameters added to the configured ones); return the response."""
-        return await self._submit(dict(params or {}), pool, ttl_s)
+        return await self._submit(dict(params or {}), pool, ttl_s, None)
 
     async def run(
         self, fn: Callable[[str], Awaitable[Any]], *, pool: str | None = None, ttl_s: float | None = None
     ) -> Any:
         """Run `await fn(secret)` on the next free key; return what it returns."""
-        return await self._submit({"__fn__": fn}, pool, ttl_s)
+        return await self._submit(None, pool, ttl_s, fn)
 
     def snapshot(self) -> Snapshot:
         return self.engine.snapshot()
 
-    async def _submit(self, params: dict, pool: str | None, ttl_s: float | None) -> Any:
+    async def _submit(
+        self, params: dict | None, pool: str | None, ttl_s: float | None, fn: CallFn | None
+    ) -> Any:
         engine = self.engine
         if engine is None:
             raise RuntimeError("use RateDeck as 'async with RateDeck(...) as deck'")
         if engine.backpressure:
             await engine.queues.wait_space(engine.queue_max)
         fut = engine.loop.create_future()
-        req = engine.new_request(params, pool=pool, ttl_s=ttl_s)
+        req = engine.new_request(params, pool=pool, ttl_s=ttl_s, call=fn)
         req.on_done = lambda r, where: fut.done() or fut.set_result(where)
         engine.submit(req)
         try:
@@ -177,13 +184,13 @@ class RateDeck:
         return _result(req, where)
 
 
-def _result(req: Request, where: str) -> Any:
+def _result(req: Request, where: Ending) -> Any:
     outcome: oc.Outcome | None = req.result
-    if where == "succeeded":
+    if where is Ending.SUCCEEDED:
         return outcome.response
-    if where == "expired":
+    if where is Ending.EXPIRED:
         raise CallExpired(f"call {req.id} expired after {req.attempts} attempts", outcome)
-    if where == "shed":
+    if where is Ending.SHED:
         raise CallShed(f"call {req.id} was shed", outcome)
     if (
         outcome is not None

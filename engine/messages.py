@@ -31,17 +31,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ratedeck.core.throttle import parse_throttle
+from ratedeck.core.vocab import Excess, MessagePattern
 
 from .config import RunConfig
 from .request import Request
+from .snapshot import MessageStats
 from .waker import Waker
 from .workload import Workload, read_jsonl
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .ports import Source, SourceSink
 
-PATTERNS = ("parallel", "sequential")
-EXCESS = ("queue", "shed", "sample")
+PATTERNS = tuple(MessagePattern)
+EXCESS = tuple(Excess)
 
 
 class Message:
@@ -64,8 +66,8 @@ class Message:
 class MessageWorkload:
     """Messages of `calls` calls arriving at `rate` per second, behind an entry throttle.
 
-    Same interface as `Workload` (`rate`, `exhausted`, `set_rate`, `poke`,
-    `run`), plus `set_throttle`, and `snapshot_fields` / `close_second`,
+    A `Source` like `Workload`, with an entry throttle (`set_throttle`) and
+    its own part of the snapshot (`stats`) and per-second series (`close_second`),
     which the engine calls when it builds a snapshot and once a second.
 
     Attributes:
@@ -127,7 +129,7 @@ class MessageWorkload:
         self.in_progress: dict[int, Message] = {}
         self._sample_acc = 0.0
         self._shed_lines: list[str] = []
-        self._engine: Engine | None = None
+        self._sink: SourceSink | None = None
         self._waker = Waker()
         self._next_id = 0
 
@@ -164,57 +166,44 @@ class MessageWorkload:
         self._waker.poke()
 
     # ------------------------------------------------------------ the throttle
-    def live_capacity(self, engine: Engine, now: float) -> float:
-        """Calls per second the keys that can send now really allow.
+    def throttle_rate(self, sink: SourceSink | None = None, now: float | None = None) -> float:
+        """Messages per second the entry admits; 0 with the throttle off (no limit).
 
-        Keys that are paused, blocked or cooling down count for nothing. The
-        limiter spaces sends by (window + headroom) / limit, so the headroom
-        is part of the rate: using the nominal limit would admit a few percent
-        more calls than can be sent, the call queue would fill, and calls
-        would be refused.
+        "auto" admits what the keys that can send now allow (the engine's live
+        capacity, headroom included) divided by the calls a message needs.
         """
-        h = engine.headroom.seconds()
-        total = 0.0
-        for w in engine.workers:
-            if w.paused or w.blocked or w.gate_open_at() > now:
-                continue
-            total += min(p.limit / (p.window_s + h) for p in w.limiter.policies)
-        return total
-
-    def throttle_rate(self, engine: Engine | None = None, now: float | None = None) -> float:
-        """Messages per second the entry admits; 0 with the throttle off (no limit)."""
         if self.throttle_mode == "fixed":
             return self.throttle_fixed
         if self.throttle_mode == "off":
             return 0.0
-        engine = engine or self._engine
-        if engine is None or engine.loop is None:
+        sink = sink or self._sink
+        if sink is None or sink.loop is None:
             return 0.0
-        now = engine.clock() if now is None else now
-        return self.live_capacity(engine, now) / self.calls
+        now = sink.clock() if now is None else now
+        return sink.live_capacity(now) / self.calls
 
     # ------------------------------------------------------------ the loop
-    async def run(self, engine: Engine) -> None:
-        self._engine = engine
-        loop = engine.loop
-        next_arrival = engine.clock()
-        next_admit = engine.clock()
+    async def run(self, sink: SourceSink) -> None:
+        self._sink = sink
+        loop = sink.loop
+        next_arrival = sink.clock()
+        next_admit = sink.clock()
         try:
-            while not engine.stopping:
-                now = engine.clock()
+            while not sink.stopping:
+                now = sink.clock()
                 if self.total is not None and self.arrived >= self.total and not self.backlog:
                     break
                 mode = self.throttle_mode
-                limit = self.throttle_rate(engine, now)
+                limit = self.throttle_rate(sink, now)
                 # 1. admit from the backlog when the throttle has room
                 if self.backlog and (mode == "off" or (limit > 0 and now >= next_admit)):
-                    if mode == "auto" and self._backed_up(engine, limit):
+                    if mode == "auto" and self._backed_up(sink, limit):
                         next_admit = now + 1.0 / limit  # let the call queue drain first
                         continue
-                    if not self._room(engine):
-                        await engine.queues.wait_space(max(1, engine.queue_max - self._first_calls() + 1))
+                    if not self._room(sink):
+                        await sink.queues.wait_space(max(1, sink.queue_max - self._first_calls() + 1))
                         continue
-                    self._admit(engine, self.backlog.popleft(), now)
+                    self._admit(sink, self.backlog.popleft(), now)
                     if limit > 0:
                         next_admit = max(next_admit + 1.0 / limit, now - 0.05)
                     continue
@@ -231,16 +220,16 @@ class MessageWorkload:
                     msg = self._arrive(now, params)
                     if msg is not None:
                         if mode == "off":
-                            self._admit(engine, msg, now)
+                            self._admit(sink, msg, now)
                         elif self.excess == "queue":
                             self.backlog.append(msg)  # admitted in step 1, at the throttle's pace
                         elif (
                             limit > 0
                             and now >= next_admit
-                            and self._room(engine)
-                            and not (mode == "auto" and self._backed_up(engine, limit))
+                            and self._room(sink)
+                            and not (mode == "auto" and self._backed_up(sink, limit))
                         ):
-                            self._admit(engine, msg, now)
+                            self._admit(sink, msg, now)
                             next_admit = max(next_admit + 1.0 / limit, now - 0.05)
                         else:
                             self._shed(msg, now, "throttle")
@@ -256,35 +245,34 @@ class MessageWorkload:
                     wake.append(next_admit)
                 elif self.backlog and mode == "auto":
                     # auto with no live capacity: re-check when a gate opens
-                    gates = [w.gate_open_at() for w in engine.workers if not (w.paused or w.blocked)]
-                    later = [g for g in gates if g > now]
                     # a resumed key does not poke the workload: look again soon
-                    wake.append(min(later) if later else now + 0.5)
-                await self._sleep(loop, min(wake) if wake else None, engine)
+                    opens = sink.next_gate_open(now)
+                    wake.append(opens if opens is not None else now + 0.5)
+                await self._sleep(loop, min(wake) if wake else None, sink)
         finally:
-            self.exhausted = not engine.stopping
-            self._flush_shed(engine)
-        engine._check_finished()
+            self.exhausted = not sink.stopping
+            self._flush_shed(sink)
+        sink.source_done()
 
-    def _room(self, engine: Engine) -> bool:
+    def _room(self, sink: SourceSink) -> bool:
         """Whether the main queue takes this message's first calls without refusing one."""
-        if not engine.backpressure:
+        if not sink.backpressure:
             return True
-        return len(engine.queues.main) + self._first_calls() <= max(engine.queue_max, self._first_calls())
+        return len(sink.queues.main) + self._first_calls() <= max(sink.queue_max, self._first_calls())
 
-    def _backed_up(self, engine: Engine, limit: float) -> bool:
+    def _backed_up(self, sink: SourceSink, limit: float) -> bool:
         """More calls queued than the keys send in a quarter second (auto only).
 
         Admitting at exactly capacity never drains calls queued earlier (after
         a spell with the throttle off, or a pause), and calls that wait too
         long expire and fail their messages; so auto holds back until they go.
         """
-        return len(engine.queues) > max(self.calls, limit * self.calls * 0.25)
+        return len(sink.queues) > max(self.calls, limit * self.calls * 0.25)
 
     def _first_calls(self) -> int:
         return self.calls if self.pattern == "parallel" else 1
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, engine: Engine) -> None:
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, sink: SourceSink) -> None:
         # With auto, pausing/resuming a key or a closing gate changes the rate:
         # the engine pokes the workload on commands; gates are caught above.
         await self._waker.wait(loop, until)
@@ -303,31 +291,30 @@ class MessageWorkload:
             self._sample_acc -= 1.0
         return msg
 
-    def _admit(self, engine: Engine, msg: Message, now: float) -> None:
+    def _admit(self, sink: SourceSink, msg: Message, now: float) -> None:
         self.in_progress[msg.id] = msg
         first = self.calls if self.pattern == "parallel" else 1
         for _ in range(first):
             if msg.failed:
                 break
-            self._submit_call(engine, msg)
+            self._submit_call(sink, msg)
 
-    def _submit_call(self, engine: Engine, msg: Message) -> None:
+    def _submit_call(self, sink: SourceSink, msg: Message) -> None:
         params = dict(msg.params or {}, message=msg.id, call=msg.next_call)
-        req = engine.new_request(params)
+        req = sink.new_request(params)
         req.on_done = partial(self._call_done, msg)
         msg.next_call += 1
         msg.open += 1
         msg.calls.append(req)
-        if engine.backpressure and len(engine.queues.main) >= engine.queue_max:
+        if sink.backpressure and len(sink.queues.main) >= sink.queue_max:
             # No room: refused at once, as a rate-limited dependency would refuse it.
-            engine.metrics.generated += 1
-            engine.shed(req)
+            sink.refuse(req)
             return
-        engine.submit(req)
+        sink.submit(req)
 
     def _call_done(self, msg: Message, req: Request, where: str) -> None:
         msg.open -= 1
-        engine = self._engine
+        sink = self._sink
         if msg.failed:
             self.calls_wasted += req.attempts
             if req.attempts == 0 and where == "expired":
@@ -337,8 +324,8 @@ class MessageWorkload:
             msg.spent += req.attempts
             if msg.ok == self.calls:
                 self._complete(msg)
-            elif self.pattern == "sequential" and engine is not None and not engine.stopping:
-                self._submit_call(engine, msg)
+            elif self.pattern == "sequential" and sink is not None and not sink.stopping:
+                self._submit_call(sink, msg)
         else:
             self._fail(msg, req)
 
@@ -364,20 +351,20 @@ class MessageWorkload:
     def _shed(self, msg: Message, now: float, reason: str) -> None:
         self.shed += 1
         if self.shed_path:
-            engine = self._engine
-            offset = engine._wall_offset if engine is not None else 0.0
+            sink = self._sink
+            arrived = sink.wall_time(msg.arrived_at) if sink is not None else msg.arrived_at
             self._shed_lines.append(
                 json.dumps(
                     {
                         "message": msg.id,
                         "reason": reason,
                         "calls": self.calls,
-                        "arrived_at": round(msg.arrived_at + offset, 3),
+                        "arrived_at": round(arrived, 3),
                     }
                 )
             )
 
-    def _flush_shed(self, engine: Engine) -> None:
+    def _flush_shed(self, sink: SourceSink) -> None:
         if not self.shed_path or not self._shed_lines:
             return
         try:
@@ -385,9 +372,7 @@ class MessageWorkload:
                 fh.write("\n".join(self._shed_lines) + "\n")
         except OSError as exc:
             problem = f"cannot write shed messages to {self.shed_path}: {exc.strerror or exc}"
-            if problem not in engine.problems:
-                engine.problems.append(problem)
-                engine.event("error", problem)
+            sink.problem(problem)
             return
         self._shed_lines.clear()
 
@@ -396,38 +381,33 @@ class MessageWorkload:
         """Roll the goodput series; the engine calls this once a second."""
         self.goodput_series.append(float(self._second_completed))
         self._second_completed = 0
-        if self._engine is not None:
-            self._flush_shed(self._engine)
+        if self._sink is not None:
+            self._flush_shed(self._sink)
 
-    def snapshot_fields(self) -> dict:
-        """The Snapshot fields this workload fills (see `Snapshot`)."""
-        engine = self._engine
-        elapsed = 0.0
-        if engine is not None and engine.loop is not None:
-            end = engine.ended_at if engine.ended_at is not None else engine.clock()
-            elapsed = max(0.0, end - engine.started_at)
-        return {
-            "calls_per_message": self.calls,
-            "message_pattern": self.pattern,
-            "messages_generated": self.arrived,
-            "messages_completed": self.completed,
-            "messages_failed": self.failed,
-            "messages_shed": self.shed,
-            "messages_queued": len(self.backlog),
-            "messages_in_progress": len(self.in_progress),
-            "calls_wasted": self.calls_wasted,
-            "calls_cancelled": self.calls_cancelled,
-            "goodput_tps": self.completed / elapsed if elapsed > 0 else 0.0,
-            "current_goodput": self.goodput_series[-1] if self.goodput_series else 0.0,
-            "goodput_series": tuple(self.goodput_series),
-            "throttle_mode": self.throttle_mode,
-            "throttle_rate": round(self.throttle_rate(), 3),
-            "excess": self.excess,
-        }
+    def stats(self, elapsed_s: float) -> MessageStats:
+        """This run's message counts, for the snapshot."""
+        return MessageStats(
+            calls_per_message=self.calls,
+            pattern=MessagePattern(self.pattern),
+            generated=self.arrived,
+            completed=self.completed,
+            failed=self.failed,
+            shed=self.shed,
+            queued=len(self.backlog),
+            in_progress=len(self.in_progress),
+            calls_wasted=self.calls_wasted,
+            calls_cancelled=self.calls_cancelled,
+            goodput_tps=self.completed / elapsed_s if elapsed_s > 0 else 0.0,
+            current_goodput=self.goodput_series[-1] if self.goodput_series else 0.0,
+            goodput_series=tuple(self.goodput_series),
+            throttle_mode=self.throttle_mode,
+            throttle_rate=round(self.throttle_rate(), 3),
+            excess=Excess(self.excess),
+        )
 
 
-def workload_from_config(cfg: RunConfig, rng: random.Random):
-    """The engine's workload: messages when `[messages]` is configured, else plain requests."""
-    if getattr(cfg, "messages", None) is not None:
+def source_from_config(cfg: RunConfig, rng: random.Random) -> Source:
+    """The engine's work source: messages when `[messages]` is configured, else plain requests."""
+    if cfg.messages is not None:
         return MessageWorkload.from_config(cfg, rng)
     return Workload.from_config(cfg, rng)

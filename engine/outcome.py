@@ -1,16 +1,20 @@
-"""What came back from one attempt, and what it means for the request."""
+"""What came back from one attempt, and what kind of answer it is."""
 
 from __future__ import annotations
 
-# Kinds of outcome. The engine decides what to do by kind alone.
-OK = "ok"
-RATE_LIMITED = "rate_limited"  # 429: too fast (retry, widen headroom)
-BLOCKED = "blocked"  # the key is refused for good (401/403, seed's "blocked")
-NONCE = "nonce"  # out-of-order nonce: the server wasted our slot; retry
-CLIENT_ERROR = "client_error"  # other 4xx: retrying will not help
-SERVER_ERROR = "server_error"  # 5xx (503 may carry Retry-After)
-TIMEOUT = "timeout"
-CONNECTION = "connection"
+from typing import Any
+
+from ratedeck.core.vocab import OutcomeKind
+
+# Short names for the kinds, as transports and tests use them.
+OK = OutcomeKind.OK
+RATE_LIMITED = OutcomeKind.RATE_LIMITED
+BLOCKED = OutcomeKind.BLOCKED
+NONCE = OutcomeKind.NONCE
+CLIENT_ERROR = OutcomeKind.CLIENT_ERROR
+SERVER_ERROR = OutcomeKind.SERVER_ERROR
+TIMEOUT = OutcomeKind.TIMEOUT
+CONNECTION = OutcomeKind.CONNECTION
 
 
 class Outcome:
@@ -20,19 +24,19 @@ class Outcome:
 
     def __init__(
         self,
-        kind: str,
+        kind: OutcomeKind,
         status: int | None = None,
         retry_after_s: float | None = None,
         latency_s: float = 0.0,
         error: str | None = None,
         policy_header: str | None = None,
-        response=None,
+        response: Any = None,
     ):
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s  # the delay the server asked for, from any source
         self.latency_s = latency_s
-        self.error = error
+        self.error = error  # a short, already redacted description
         self.policy_header = policy_header  # RateLimit-Policy as sent, when present
         self.response = response  # what a library caller gets back (transport-specific)
 
@@ -40,11 +44,13 @@ class Outcome:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"
 
 
-def classify(status: int, body: str) -> str:
+def classify(status: int, body: str, uses_nonce: bool = False) -> OutcomeKind:
     """Map an HTTP status and body to an outcome kind.
 
     The body matters for the seed server: its permanent block is a 429 that
-    says "blocked", and a nonce rejection is a plain 400.
+    says "blocked", and a nonce rejection is a plain 400 that says "nonce".
+    A 400 is read as a nonce rejection (and retried) only when the target
+    uses a nonce; elsewhere the word in a body means nothing.
     """
     if 200 <= status < 300:
         return OK
@@ -52,7 +58,7 @@ def classify(status: int, body: str) -> str:
         return BLOCKED if "blocked" in body else RATE_LIMITED
     if status in (401, 403):
         return BLOCKED
-    if status == 400 and "nonce" in body:
+    if uses_nonce and status == 400 and "nonce" in body:
         return NONCE
     if 400 <= status < 500:
         return CLIENT_ERROR

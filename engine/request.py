@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ratedeck.core.vocab import Ending
+
+#: Called once with (request, ending) when a request reaches its final place.
+DoneCallback = Callable[["Request", Ending], None]
+#: A library caller's own coroutine function, run with the key's secret (`RateDeck.run`).
+CallFn = Callable[[str], Awaitable[Any]]
+
 
 class Request:
     """One request, from generation to its single final place.
 
     Times are engine clock seconds. `attempts` counts sends; `eligible_at`
-    holds a retry back until its backoff has passed.
+    holds a retry back until its backoff has passed. `params` are what the
+    target receives; `call` is a library caller's function, never sent.
     """
 
     __slots__ = (
@@ -19,10 +30,12 @@ class Request:
         "last_status",
         "last_error",
         "params",
+        "call",
         "on_done",
         "pool",
         "result",
         "cancelled",
+        "ending",
     )
 
     def __init__(
@@ -31,8 +44,9 @@ class Request:
         created_at: float,
         deadline: float,
         params: dict | None = None,
-        on_done=None,
+        on_done: DoneCallback | None = None,
         pool: str | None = None,
+        call: CallFn | None = None,
     ):
         self.id = id
         self.created_at = created_at
@@ -42,11 +56,12 @@ class Request:
         self.last_status: int | None = None
         self.last_error: str | None = None
         self.params = params
-        # called once with (request, outcome_name) when the request reaches its final place
+        self.call = call
         self.on_done = on_done
         self.pool = pool  # the connection pool this request needs, if pools are configured
-        self.result = None  # the last outcome (what a library caller gets)
+        self.result: Any = None  # the last Outcome (what a library caller gets)
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
+        self.ending: Ending | None = None  # set once, when it reaches its final place
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, Phase
+
 
 @dataclass(frozen=True, slots=True)
 class KeyRow:
     """One API key as the console's key table shows it.
 
     `label` is the key's id ("k1"); `masked` is the secret with all but its
-    last characters hidden. `state` is one of "active", "paused", "cooling"
-    (a cooldown gate is closed; see `cooldown_left_s`) or "blocked" (the
-    server refused the key for good; it is no longer used).
+    last characters hidden. `state` says whether it can send now: a
+    `cooling` key has a closed gate (see `cooldown_left_s`); a `blocked` one
+    was refused by the server for good and is no longer used.
     """
 
     label: str
     masked: str
-    state: str = "active"
+    state: KeyState = KeyState.ACTIVE
     cooldown_left_s: float = 0.0
     in_flight: int = 0
     sent: int = 0
@@ -52,7 +54,7 @@ class Event:
     """A line of the event log: seconds since start, a kind and a text."""
 
     at_s: float
-    kind: str  # "cooldown", "pause", "setting", "graveyard", "error", "info"
+    kind: EventKind
     text: str
 
 
@@ -68,6 +70,36 @@ class LatencySummary:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageStats:
+    """A message run's part of a snapshot (engine/messages.py).
+
+    A message ends in one place: generated == completed + failed + shed +
+    queued + in_progress.
+    """
+
+    calls_per_message: int = 1
+    pattern: MessagePattern = MessagePattern.PARALLEL
+    generated: int = 0  # arrived at the entry
+    completed: int = 0  # every call succeeded
+    failed: int = 0  # a call expired, was buried or was refused
+    shed: int = 0  # dropped at the entry (throttle excess or not sampled)
+    queued: int = 0  # waiting at the entry for the throttle
+    in_progress: int = 0
+    calls_wasted: int = 0  # attempts spent on messages that failed
+    calls_cancelled: int = 0  # calls of failed messages expired before being sent
+    goodput_tps: float = 0.0  # messages completed per second since start
+    current_goodput: float = 0.0  # messages completed in the last full second
+    goodput_series: tuple[float, ...] = ()  # per second, oldest first, like tps_series
+    throttle_mode: str = "off"  # "off", "auto" or "fixed"
+    throttle_rate: float = 0.0  # messages/s the entry admits now (0 with the throttle off)
+    excess: Excess = Excess.QUEUE
+
+    def balance(self) -> int:
+        """generated minus every place a message can be; 0 when nothing is lost."""
+        return self.generated - (self.completed + self.failed + self.shed + self.queued + self.in_progress)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the engine knows, at one instant, as scalars and tuples.
 
@@ -79,7 +111,7 @@ class Snapshot:
     """
 
     elapsed_s: float = 0.0
-    phase: str = "running"  # "starting", "running", "draining", "stopped"
+    phase: Phase = Phase.RUNNING
     capacity_tps: float = 0.0
     throughput_tps: float = 0.0  # successes per second since start
     current_tps: float = 0.0  # successes in the last full second
@@ -119,25 +151,8 @@ class Snapshot:
     p99_series: tuple[float, ...] = ()
     keys: tuple[KeyRow, ...] = ()
     events: tuple[Event, ...] = ()  # newest last
-    # messages of several calls (engine/messages.py); zeros for a plain request workload.
-    # A message ends in one place: messages_generated == messages_completed
-    # + messages_failed + messages_shed + messages_queued + messages_in_progress.
-    calls_per_message: int = 1
-    message_pattern: str = "parallel"  # or "sequential"
-    messages_generated: int = 0  # arrived at the entry
-    messages_completed: int = 0  # every call succeeded
-    messages_failed: int = 0  # a call expired, was buried or was refused
-    messages_shed: int = 0  # dropped at the entry (throttle excess or not sampled)
-    messages_queued: int = 0  # waiting at the entry for the throttle
-    messages_in_progress: int = 0
-    calls_wasted: int = 0  # attempts spent on messages that failed
-    calls_cancelled: int = 0  # calls of failed messages expired before being sent
-    goodput_tps: float = 0.0  # messages completed per second since start
-    current_goodput: float = 0.0  # messages completed in the last full second
-    goodput_series: tuple[float, ...] = ()  # per second, oldest first, like tps_series
-    throttle_mode: str = "off"  # "off", "auto" or "fixed"
-    throttle_rate: float = 0.0  # messages/s the entry admits now (0 with the throttle off)
-    excess: str = "queue"  # "queue", "shed" or "sample"
+    # a message run's own counts (None for a plain request workload)
+    messages: MessageStats | None = None
     # cooldown gates: one per key, plus "host" with a host-wide limit
     gates: tuple[GateRow, ...] = ()
 

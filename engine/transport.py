@@ -112,7 +112,7 @@ class HttpTransport:
         body = raw.decode("utf-8", "replace")
         delay = response_delay(status, headers, body, self.delay_hook)
         return Outcome(
-            classify(status, body),
+            classify(status, body, uses_nonce=bool(t.nonce_param)),
             status,
             delay,
             latency,

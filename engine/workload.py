@@ -9,15 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ratedeck.core.vocab import Arrival
+
 from .config import ConfigError, RunConfig
 from .waker import Waker
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .ports import SourceSink
+    from .snapshot import MessageStats
 
 
 class Workload:
-    """Produces requests at `rate` per second (constant spacing or Poisson).
+    """A `Source` of requests at `rate` per second (constant spacing or Poisson).
 
     With backpressure on it waits while the main queue is full, so nothing is
     dropped; with it off the queue grows and TTLs expire. `items` (from a
@@ -46,34 +49,45 @@ class Workload:
     def from_config(cls, cfg: RunConfig, rng: random.Random) -> Workload:
         w = cfg.workload
         items = read_jsonl(w.file, tuple(cfg.pools)) if w.file else None
-        return cls(cfg.arrival_rate, poisson=w.arrival == "poisson", total=w.total, items=items, rng=rng)
+        return cls(
+            cfg.arrival_rate, poisson=w.arrival == Arrival.POISSON, total=w.total, items=items, rng=rng
+        )
 
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
         self.poke()
 
+    def set_throttle(self, value: str | float) -> None:
+        raise ValueError("the entry throttle needs a message workload ([messages] in the config)")
+
     def poke(self) -> None:
         self._waker.poke()
+
+    def close_second(self) -> None:
+        pass
+
+    def stats(self, elapsed_s: float) -> MessageStats | None:
+        return None
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
         await self._waker.wait(loop, until)
 
-    async def run(self, engine: Engine) -> None:
-        loop = engine.loop
-        queues = engine.queues
+    async def run(self, sink: SourceSink) -> None:
+        loop = sink.loop
+        queues = sink.queues
         made = 0
-        next_t = engine.clock()
-        while not engine.stopping:
+        next_t = sink.clock()
+        while not sink.stopping:
             if self.total is not None and made >= self.total:
                 break
             if self.rate <= 0:
                 await self._sleep(loop, None)
-                next_t = engine.clock()
+                next_t = sink.clock()
                 continue
-            if engine.backpressure and len(queues.main) >= engine.queue_max:
-                await queues.wait_space(engine.queue_max)
+            if sink.backpressure and len(queues.main) >= sink.queue_max:
+                await queues.wait_space(sink.queue_max)
                 continue
-            now = engine.clock()
+            now = sink.clock()
             if next_t > now:
                 await self._sleep(loop, next_t)
                 continue
@@ -83,13 +97,13 @@ class Workload:
                 if params is None:
                     break
             pool = params.pop("_pool", None) if params else None
-            engine.submit(engine.new_request(params, pool=pool))
+            sink.submit(sink.new_request(params, pool=pool))
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
             # After a stall (backpressure, rate 0) do not burst to catch up.
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True
-        engine._check_finished()
+        sink.source_done()
 
 
 def read_jsonl(path: str, pools: tuple[str, ...] = ()) -> Iterator[dict]:

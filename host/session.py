@@ -93,7 +93,7 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
         backpressure=engine.backpressure,
         headroom="adaptive" if h.adaptive else round(h.value_ms, 1),
     )
-    wl = dataclasses.replace(cfg.workload, rate=engine.workload.rate)
+    wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
     return dataclasses.replace(cfg, engine=eng, workload=wl)
 
 

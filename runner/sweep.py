@@ -194,8 +194,9 @@ def point_config(args: argparse.Namespace, rate: float, throttle: str, settings)
 
 def steady_goodput(snap: Snapshot) -> float:
     """Messages completed per second, leaving out the first second (the ramp)."""
-    series = snap.goodput_series[1:]
-    return sum(series) / len(series) if series else snap.goodput_tps
+    assert snap.messages is not None
+    series = snap.messages.goodput_series[1:]
+    return sum(series) / len(series) if series else snap.messages.goodput_tps
 
 
 def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
@@ -208,13 +209,14 @@ def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
 
         engine = Engine(cfg, SimulatedTransport(settings, seed=args.seed))
         snap = run_virtual(engine.run(args.duration))
+    assert snap.messages is not None
     return Point(
         rate,
         throttle,
         steady_goodput(snap),
-        snap.messages_failed,
-        snap.calls_wasted,
-        snap.messages_completed,
+        snap.messages.failed,
+        snap.messages.calls_wasted,
+        snap.messages.completed,
         snap.balance() == 0,
     )
 

@@ -67,7 +67,7 @@ class SimulatedTransport:
         if delay is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
         return Outcome(
-            classify(decision.status, body),
+            classify(decision.status, body, uses_nonce=nonce is not None),
             decision.status,
             delay,
             loop.time() - start,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ratedeck.console.app import RatedeckApp
 from ratedeck.core.secrets import mask_secret
+from ratedeck.core.vocab import Excess, MessagePattern
 from ratedeck.engine.commands import (
     Command,
     PauseAll,
@@ -23,7 +24,7 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, MessageStats, Snapshot
 
 # 32-character secrets: tests assert none of these ever reaches the screen.
 SECRETS = {
@@ -203,21 +204,23 @@ def message_snapshot() -> Snapshot:
         snap,
         arrival_rate=31.0,
         gates=open_gates(),
-        calls_per_message=4,
-        message_pattern="parallel",
-        messages_generated=5_260,
-        messages_completed=5_096,
-        messages_failed=3,
-        messages_shed=41,
-        messages_queued=96,
-        messages_in_progress=24,
-        calls_wasted=9,
-        goodput_tps=27.8,
-        current_goodput=29.0,
-        goodput_series=_series(180, 28.0, 2.0, 9.0, 0.5),
-        throttle_mode="auto",
-        throttle_rate=29.3,
-        excess="queue",
+        messages=MessageStats(
+            calls_per_message=4,
+            pattern=MessagePattern.PARALLEL,
+            generated=5_260,
+            completed=5_096,
+            failed=3,
+            shed=41,
+            queued=96,
+            in_progress=24,
+            calls_wasted=9,
+            goodput_tps=27.8,
+            current_goodput=29.0,
+            goodput_series=_series(180, 28.0, 2.0, 9.0, 0.5),
+            throttle_mode="auto",
+            throttle_rate=29.3,
+            excess=Excess.QUEUE,
+        ),
         events=snap.events + (Event(160.0, "setting", "entry throttle auto"),),
     )
 
@@ -244,8 +247,11 @@ class FakeHost:
         self.headroom_adaptive = self.base.headroom_adaptive
         self.backpressure = self.base.backpressure
         self.arrival_rate = self.base.arrival_rate
-        self.throttle_mode = self.base.throttle_mode
-        self.throttle_fixed = self.base.throttle_rate if self.base.throttle_mode == "fixed" else 0.0
+        base_messages = self.base.messages
+        self.throttle_mode = base_messages.throttle_mode if base_messages else "off"
+        self.throttle_fixed = (
+            base_messages.throttle_rate if base_messages and base_messages.throttle_mode == "fixed" else 0.0
+        )
         self.elapsed_s = self.base.elapsed_s
         self.gates = self.base.gates
         self.events: list[Event] = list(self.base.events)
@@ -265,12 +271,13 @@ class FakeHost:
         )
 
     def throttle_rate(self) -> float:
+        m = self.base.messages
         if self.throttle_mode == "fixed":
             return self.throttle_fixed
-        if self.throttle_mode == "auto":
-            if self.base.throttle_mode == "auto":
-                return self.base.throttle_rate
-            return round(self.base.capacity_tps / self.base.calls_per_message, 3)
+        if self.throttle_mode == "auto" and m is not None:
+            if m.throttle_mode == "auto":
+                return m.throttle_rate
+            return round(self.base.capacity_tps / m.calls_per_message, 3)
         return 0.0
 
     def send(self, command: Command) -> None:
@@ -301,7 +308,7 @@ class FakeHost:
                 self._event("setting", f"arrival rate {rate:g}/s")
             case SetThrottle(value):
                 # As the engine: a plain request run has no throttle to set.
-                if self.base.calls_per_message <= 1:
+                if self.base.messages is None or self.base.messages.calls_per_message <= 1:
                     self._event("error", "the entry throttle needs a message workload")
                 elif value in ("off", "auto"):
                     self.throttle_mode = value
@@ -328,8 +335,13 @@ class FakeHost:
             phase="stopped" if self.stopped else self.base.phase,
             elapsed_s=self.elapsed_s,
             gates=self.gates,
-            throttle_mode=self.throttle_mode,
-            throttle_rate=self.throttle_rate(),
+            messages=(
+                dataclasses.replace(
+                    self.base.messages, throttle_mode=self.throttle_mode, throttle_rate=self.throttle_rate()
+                )
+                if self.base.messages is not None
+                else None
+            ),
             keys=tuple(self._key(row) for row in self.base.keys),
             headroom_ms=self.headroom_ms,
             headroom_adaptive=self.headroom_adaptive,

@@ -489,7 +489,12 @@ async def test_goodput_shows_only_for_messages_of_several_calls():
 
 @async_test
 async def test_g_cycles_the_throttle_off_auto_fixed_off():
-    host = FakeHost(dataclasses.replace(message_snapshot(), throttle_mode="off", throttle_rate=0.0))
+    snap = message_snapshot()
+    host = FakeHost(
+        dataclasses.replace(
+            snap, messages=dataclasses.replace(snap.messages, throttle_mode="off", throttle_rate=0.0)
+        )
+    )
     app = make_app(host=host)
     async with app.run_test(size=SIZE) as pilot:
         assert "g" in app.screen.active_bindings

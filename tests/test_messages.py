@@ -48,18 +48,12 @@ def message_engine(
 
 
 def steady(snap):
-    series = snap.goodput_series[1:]
+    series = snap.messages.goodput_series[1:]
     return sum(series) / len(series)
 
 
 def message_balance(s):
-    return s.messages_generated - (
-        s.messages_completed
-        + s.messages_failed
-        + s.messages_shed
-        + s.messages_queued
-        + s.messages_in_progress
-    )
+    return s.messages.balance()
 
 
 def test_a_message_completes_only_when_every_call_succeeds():
@@ -76,18 +70,18 @@ def test_a_message_completes_only_when_every_call_succeeds():
     )
     engine = message_engine(rate=20, server=server, engine={"max_attempts": 1})
     snap = run_virtual(engine.run(10))
-    assert snap.graveyard > 0 and snap.messages_failed > 0
-    share = snap.messages_completed / (snap.messages_completed + snap.messages_failed)
+    assert snap.graveyard > 0 and snap.messages.failed > 0
+    share = snap.messages.completed / (snap.messages.completed + snap.messages.failed)
     assert 0.35 < share < 0.65
     # every completed message accounts for three successful calls
-    assert 3 * snap.messages_completed <= snap.succeeded
+    assert 3 * snap.messages.completed <= snap.succeeded
     assert snap.balance() == 0 and message_balance(snap) == 0
 
 
 def test_below_capacity_every_message_completes_and_nothing_is_wasted():
     snap = run_virtual(message_engine(rate=20).run(10))
-    assert snap.messages_failed == 0 and snap.calls_wasted == 0
-    assert snap.messages_completed >= snap.messages_generated - 2  # the last ones still in flight
+    assert snap.messages.failed == 0 and snap.messages.calls_wasted == 0
+    assert snap.messages.completed >= snap.messages.generated - 2  # the last ones still in flight
     assert 15 <= steady(snap) <= 25  # Poisson arrivals at 20/s
 
 
@@ -107,16 +101,16 @@ def test_calls_and_messages_balance_at_every_snapshot_under_overload(pattern):
     assert {s.balance() for s in snaps} == {0}
     assert {message_balance(s) for s in snaps} == {0}
     end = snaps[-1]
-    assert end.messages_failed > 0 and end.expired > 0
+    assert end.messages.failed > 0 and end.expired > 0
 
 
 def test_calls_spent_on_failed_messages_are_counted_as_wasted():
     snap = run_virtual(message_engine(rate=100).run(8))
-    useful = 3 * snap.messages_completed
-    assert snap.calls_wasted > 0
+    useful = 3 * snap.messages.completed
+    assert snap.messages.calls_wasted > 0
     # attempts are either part of a completed message, wasted, or still open
-    assert useful + snap.calls_wasted <= snap.sent
-    assert snap.sent - useful - snap.calls_wasted <= 3 * snap.messages_in_progress + 3
+    assert useful + snap.messages.calls_wasted <= snap.sent
+    assert snap.sent - useful - snap.messages.calls_wasted <= 3 * snap.messages.in_progress + 3
 
 
 def test_parallel_at_three_times_overload_auto_throttle_holds_goodput_without_it_it_falls():
@@ -124,9 +118,9 @@ def test_parallel_at_three_times_overload_auto_throttle_holds_goodput_without_it
     off = run_virtual(message_engine(rate=rate, throttle="off").run(10))
     auto = run_virtual(message_engine(rate=rate, throttle="auto").run(10))
     assert steady(auto) >= 0.95 * CAPACITY / 3
-    assert auto.messages_failed == 0
+    assert auto.messages.failed == 0
     assert steady(off) < 0.75 * CAPACITY / 3
-    assert off.calls_wasted > 10 * auto.calls_wasted
+    assert off.messages.calls_wasted > 10 * auto.messages.calls_wasted
 
 
 def test_sequential_plateaus_with_the_throttle_and_falls_without_it():
@@ -157,23 +151,23 @@ def test_auto_throttle_follows_a_paused_key_and_its_resumption():
         return before, paused, await engine.stop()
 
     before, paused, after = run_virtual(main())
-    assert before.throttle_mode == "auto"
-    assert paused.throttle_rate == pytest.approx(before.throttle_rate * 4 / 5, rel=0.05)
-    assert after.throttle_rate == pytest.approx(before.throttle_rate, rel=0.05)
+    assert before.messages.throttle_mode == "auto"
+    assert paused.messages.throttle_rate == pytest.approx(before.messages.throttle_rate * 4 / 5, rel=0.05)
+    assert after.messages.throttle_rate == pytest.approx(before.messages.throttle_rate, rel=0.05)
     # goodput followed the four remaining keys, and no message failed for it
-    assert paused.goodput_series[-1] <= 4 * 20 / 3 + 1
-    assert after.messages_failed == 0 and after.balance() == 0
+    assert paused.messages.goodput_series[-1] <= 4 * 20 / 3 + 1
+    assert after.messages.failed == 0 and after.balance() == 0
 
 
 def test_shed_messages_are_counted_and_written_to_the_shed_file(tmp_path):
     path = tmp_path / "shed.jsonl"
     engine = message_engine(rate=30, throttle=10.0, excess="shed", shed_path=str(path))
     snap = run_virtual(engine.run(6))
-    assert snap.throttle_mode == "fixed" and snap.throttle_rate == 10.0
-    assert snap.messages_shed > 80  # about 20 of 30 per second
+    assert snap.messages.throttle_mode == "fixed" and snap.messages.throttle_rate == 10.0
+    assert snap.messages.shed > 80  # about 20 of 30 per second
     assert 9 <= steady(snap) <= 11
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    assert len(lines) == snap.messages_shed
+    assert len(lines) == snap.messages.shed
     assert lines[0]["reason"] == "throttle" and lines[0]["calls"] == 3
     assert message_balance(snap) == 0
 
@@ -181,16 +175,16 @@ def test_shed_messages_are_counted_and_written_to_the_shed_file(tmp_path):
 def test_sample_processes_the_configured_fraction():
     engine = message_engine(rate=60, throttle="auto", excess="sample", sample_fraction=0.25)
     snap = run_virtual(engine.run(10))
-    taken = snap.messages_generated - snap.messages_shed
-    assert taken / snap.messages_generated == pytest.approx(0.25, abs=0.02)
-    assert snap.messages_failed == 0 and 13 <= steady(snap) <= 17
+    taken = snap.messages.generated - snap.messages.shed
+    assert taken / snap.messages.generated == pytest.approx(0.25, abs=0.02)
+    assert snap.messages.failed == 0 and 13 <= steady(snap) <= 17
 
 
 def test_queue_excess_holds_messages_at_the_entry_and_the_source_waits_when_full():
     engine = message_engine(rate=100, throttle="auto", excess="queue", backlog_max=50)
     snap = run_virtual(engine.run(6))
-    assert snap.messages_queued == 50 and snap.messages_shed == 0
-    assert snap.messages_generated < 100 * 6 * 0.7  # the source was held back
+    assert snap.messages.queued == 50 and snap.messages.shed == 0
+    assert snap.messages.generated < 100 * 6 * 0.7  # the source was held back
     assert steady(snap) >= 0.95 * CAPACITY / 3 and message_balance(snap) == 0
 
 
@@ -210,17 +204,17 @@ def test_set_throttle_switches_live_and_rejects_nonsense():
         return snap, await engine.stop()
 
     auto, fixed = run_virtual(main())
-    assert auto.throttle_mode == "auto" and auto.goodput_series[-1] >= 30
-    assert fixed.throttle_mode == "fixed" and fixed.throttle_rate == 12
-    assert 10 <= fixed.goodput_series[-1] <= 14
+    assert auto.messages.throttle_mode == "auto" and auto.messages.goodput_series[-1] >= 30
+    assert fixed.messages.throttle_mode == "fixed" and fixed.messages.throttle_rate == 12
+    assert 10 <= fixed.messages.goodput_series[-1] <= 14
     assert any("entry throttle" in e.text for e in fixed.events)
 
 
-def test_plain_workload_snapshots_keep_message_defaults():
-    from ratedeck.engine.snapshot import Snapshot
-
-    snap = Snapshot()
-    assert snap.throttle_mode == "off" and snap.goodput_series == () and snap.messages_completed == 0
+def test_a_plain_workload_has_no_message_part_and_a_message_run_balances_its_own():
+    engine = Engine(load_config(preset="seed"), SimulatedTransport(ServerSettings()))
+    assert engine.snapshot().messages is None
+    snap = run_virtual(message_engine(rate=20.0).run(3.0))
+    assert snap.messages is not None and snap.messages.balance() == 0
 
 
 @pytest.mark.parametrize(
@@ -248,10 +242,10 @@ def test_messages_section_selects_the_message_workload():
     cfg = load_config(preset="seed", overrides={"messages": {"calls": 3, "throttle": 25}})
     assert cfg.messages.calls == 3 and cfg.messages.throttle == 25.0
     engine = Engine(cfg, SimulatedTransport(ServerSettings()))
-    assert isinstance(engine.workload, MessageWorkload)
-    assert engine.workload.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
+    assert isinstance(engine.source, MessageWorkload)
+    assert engine.source.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
     assert to_toml_dict(cfg)["messages"]["calls"] == 3
     plain = load_config(preset="seed")
     assert plain.messages is None and not isinstance(
-        Engine(plain, SimulatedTransport(ServerSettings())).workload, MessageWorkload
+        Engine(plain, SimulatedTransport(ServerSettings())).source, MessageWorkload
     )

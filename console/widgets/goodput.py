@@ -19,15 +19,16 @@ from . import numbers
 
 def is_message_run(snap: Snapshot | None) -> bool:
     """True when the workload sends messages of several calls each."""
-    return snap is not None and snap.calls_per_message > 1
+    return snap is not None and snap.messages is not None and snap.messages.calls_per_message > 1
 
 
 def messages_text(snap: Snapshot) -> str:
     """Markup: completed, failed and shed messages (failed/shed coloured when non-zero)."""
-    failed = f"[$text-error]{numbers.count(snap.messages_failed)}[/]" if snap.messages_failed else "0"
-    shed = f"[$text-warning]{numbers.count(snap.messages_shed)}[/]" if snap.messages_shed else "0"
+    assert snap.messages is not None
+    failed = f"[$text-error]{numbers.count(snap.messages.failed)}[/]" if snap.messages.failed else "0"
+    shed = f"[$text-warning]{numbers.count(snap.messages.shed)}[/]" if snap.messages.shed else "0"
     return (
-        f"[$text-muted]done[/] [b]{numbers.count(snap.messages_completed)}[/]"
+        f"[$text-muted]done[/] [b]{numbers.count(snap.messages.completed)}[/]"
         f" [$text-muted]· failed[/] {failed} [$text-muted]· shed[/] {shed}"
     )
 
@@ -45,15 +46,16 @@ class GoodputPanel(Vertical):
         self.border_title = "Goodput"
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
-        if snap is None:
+        if snap is None or snap.messages is None:
             return
-        wasted = f"[$text-warning]{numbers.count(snap.calls_wasted)}[/]" if snap.calls_wasted else "0"
+        m = snap.messages
+        wasted = f"[$text-warning]{numbers.count(m.calls_wasted)}[/]" if m.calls_wasted else "0"
         self.query_one("#goodput-stats", Static).update(
-            f"[$text-muted]now[/] [b]{numbers.rate(snap.current_goodput)} msg/s[/]"
-            f"  [$text-muted]avg[/] [b]{numbers.rate(snap.goodput_tps)} msg/s[/]\n"
+            f"[$text-muted]now[/] [b]{numbers.rate(m.current_goodput)} msg/s[/]"
+            f"  [$text-muted]avg[/] [b]{numbers.rate(m.goodput_tps)} msg/s[/]\n"
             f"{messages_text(snap)}\n"
             f"[$text-muted]calls wasted[/] {wasted}"
-            f" [$text-muted]· {snap.calls_per_message} calls per msg[/]"
+            f" [$text-muted]· {m.calls_per_message} calls per msg[/]"
         )
-        self.query_one("#goodput-spark", Sparkline).data = list(snap.goodput_series)
-        self.border_subtitle = f"{snap.message_pattern} · last {numbers.duration(len(snap.goodput_series))}"
+        self.query_one("#goodput-spark", Sparkline).data = list(m.goodput_series)
+        self.border_subtitle = f"{m.pattern} · last {numbers.duration(len(m.goodput_series))}"

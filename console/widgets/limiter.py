@@ -15,13 +15,14 @@ from .goodput import is_message_run, messages_text
 
 def throttle_text(snap: Snapshot, excess: bool = True) -> str:
     """Markup for the entry throttle: mode, the rate it admits now, what happens to the excess."""
-    if snap.throttle_mode == "off":
+    assert snap.messages is not None
+    if snap.messages.throttle_mode == "off":
         mode = "[b $text-warning]off[/] [$text-muted](no limit)[/]"
-    elif snap.throttle_mode == "auto":
-        mode = f"[b $text-success]auto[/] [b]{numbers.rate(snap.throttle_rate)} msg/s[/]"
+    elif snap.messages.throttle_mode == "auto":
+        mode = f"[b $text-success]auto[/] [b]{numbers.rate(snap.messages.throttle_rate)} msg/s[/]"
     else:
-        mode = f"[b $text-accent]fixed[/] [b]{numbers.rate(snap.throttle_rate)} msg/s[/]"
-    return f"{mode} [$text-muted]· excess {escape(snap.excess)}[/]" if excess else mode
+        mode = f"[b $text-accent]fixed[/] [b]{numbers.rate(snap.messages.throttle_rate)} msg/s[/]"
+    return f"{mode} [$text-muted]· excess {escape(snap.messages.excess)}[/]" if excess else mode
 
 
 class LimiterPanel(Static):
@@ -78,7 +79,7 @@ class LimiterPanel(Static):
             if messages:
                 lines.append(
                     f"[$text-muted]Throttle[/] {throttle_text(snap, excess=False)} [$text-muted]· goodput[/]"
-                    f" [b]{numbers.rate(snap.current_goodput)}/s[/] [$text-muted]·[/] {messages_text(snap)}"
+                    f" [b]{numbers.rate(snap.messages.current_goodput)}/s[/] [$text-muted]·[/] {messages_text(snap)}"
                 )
             else:
                 lines.append(f"[$text-muted]Rejected[/] {rejected}")

@@ -1,0 +1,96 @@
+"""Closed vocabularies, one definition each.
+
+`StrEnum` members equal their string values, so a report, a TOML file or a
+test may still say "succeeded" or "shared" and mean the member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Ending(StrEnum):
+    """The one place a request ends."""
+
+    SUCCEEDED = "succeeded"
+    EXPIRED = "expired"  # its time-to-live passed before it could succeed
+    GRAVEYARD = "graveyard"  # used up its attempts, or an error retrying cannot fix
+    SHED = "shed"  # refused or cancelled before it was sent
+
+
+class OutcomeKind(StrEnum):
+    """What one attempt's answer means; the settle decision goes by this alone."""
+
+    OK = "ok"
+    RATE_LIMITED = "rate_limited"  # too fast: retry behind the gate, widen headroom
+    BLOCKED = "blocked"  # the key is refused for good (401/403, the seed's "blocked")
+    NONCE = "nonce"  # out-of-order nonce: the server wasted our slot; retry
+    CLIENT_ERROR = "client_error"  # other 4xx: retrying will not help
+    SERVER_ERROR = "server_error"  # 5xx (503 may carry Retry-After)
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+
+
+class Phase(StrEnum):
+    """Where a run is in its life."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class KeyState(StrEnum):
+    """What a key can do now."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"  # by the operator
+    COOLING = "cooling"  # a cooldown gate it sends through is closed
+    BLOCKED = "blocked"  # the server refused the key for good
+
+
+class EventKind(StrEnum):
+    """The kinds of line in the event log."""
+
+    INFO = "info"
+    SETTING = "setting"
+    PAUSE = "pause"
+    COOLDOWN = "cooldown"
+    GRAVEYARD = "graveyard"
+    ERROR = "error"
+
+
+class Pacing(StrEnum):
+    """How a key's limiter spends its window."""
+
+    EVEN = "even"  # spread sends evenly across the window
+    BURST = "burst"  # send as soon as the window has room
+
+
+class CooldownScope(StrEnum):
+    """Who waits when a server asks for a delay."""
+
+    SHARED = "shared"  # every sender of the budget (the gate)
+    PER_REQUEST = "per-request"  # only the rejected request (the pre-actor design, for comparison)
+
+
+class Arrival(StrEnum):
+    """How generated requests are spaced."""
+
+    CONSTANT = "constant"
+    POISSON = "poisson"
+
+
+class MessagePattern(StrEnum):
+    """How a message's calls are made."""
+
+    PARALLEL = "parallel"  # all at once
+    SEQUENTIAL = "sequential"  # each after the previous one succeeded
+
+
+class Excess(StrEnum):
+    """What the entry throttle does with messages it cannot admit now."""
+
+    QUEUE = "queue"
+    SHED = "shed"
+    SAMPLE = "sample"

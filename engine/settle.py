@@ -1,0 +1,136 @@
+"""What happens to a request after one attempt: one pure decision.
+
+`decide(outcome, request, rules, now)` looks at nothing else and changes
+nothing; the engine applies the `Verdict` in one place (`Engine._apply`).
+Every branch of "what does this answer mean for this request" lives here,
+so it can be read, and tested, as a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ratedeck.core.vocab import Ending, OutcomeKind
+
+from .outcome import Outcome
+from .request import Request
+
+
+class Tally(StrEnum):
+    """Which attempt counter an answer adds to."""
+
+    SUCCEEDED = "succeeded"
+    REJECTED_429 = "rejected_429"
+    REJECTED_OTHER = "rejected_other"  # 4xx other than 429: nonce, auth, bad request
+    FAILED = "failed"  # 5xx, timeouts, connection errors
+
+
+class Scope(StrEnum):
+    """Whose gate a server's delay closes."""
+
+    KEY = "key"
+    HOST = "host"
+
+
+@dataclass(frozen=True, slots=True)
+class SettleRules:
+    """The run's settings the decision depends on."""
+
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+    retry_errors: bool = True  # False for a library caller: errors reach it at once
+    host_gate: bool = False  # a host-wide budget (and gate) exists
+    host_limit_match: str = "host"  # a 429 whose error text says this is the host's
+
+
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    """Close a gate: `scope`'s senders all wait `delay_s`."""
+
+    scope: Scope
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The decision for one answered attempt.
+
+    `ending` is where the request ends now, or None when it is retried: at
+    once (`backoff_cap_s == 0`) or after a uniformly random wait of up to
+    `backoff_cap_s` (exponential backoff with full jitter; the engine draws).
+    """
+
+    tally: Tally
+    ending: Ending | None = None
+    backoff_cap_s: float = 0.0
+    cooldown: Cooldown | None = None
+    block_key: bool = False
+    widen_headroom: bool = False
+    cause: str | None = None  # the failure's name in the failures table
+
+
+def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Verdict:
+    """What to count, whom to pause and where `req` goes after `outcome`.
+
+    `req.attempts` already counts this attempt.
+    """
+    kind = outcome.kind
+    if kind == OutcomeKind.OK:
+        return Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
+    if kind == OutcomeKind.RATE_LIMITED:
+        cooldown = None
+        if outcome.retry_after_s is not None:
+            host = rules.host_gate and rules.host_limit_match in (outcome.error or "")
+            reason = f"429, asked to wait {outcome.retry_after_s:g}s"
+            cooldown = Cooldown(Scope.HOST if host else Scope.KEY, outcome.retry_after_s, reason)
+        return _retry(
+            Tally.REJECTED_429, req, rules, now, backoff=True, cooldown=cooldown, widen_headroom=True
+        )
+    if kind == OutcomeKind.BLOCKED:
+        tally = Tally.REJECTED_429 if outcome.status == 429 else Tally.REJECTED_OTHER
+        if not rules.retry_errors:
+            return Verdict(tally, Ending.GRAVEYARD, block_key=True)
+        # another key may still serve it
+        return _retry(tally, req, rules, now, backoff=False, block_key=True)
+    if kind == OutcomeKind.CLIENT_ERROR:
+        return Verdict(Tally.REJECTED_OTHER, Ending.GRAVEYARD)  # retrying only repeats the error
+    if kind == OutcomeKind.NONCE:
+        return _retry(Tally.REJECTED_OTHER, req, rules, now, backoff=False)
+    # server error, timeout, connection
+    cause = str(outcome.status) if outcome.status is not None else str(kind)
+    cooldown = None
+    if outcome.retry_after_s is not None:
+        cooldown = Cooldown(
+            Scope.KEY, outcome.retry_after_s, f"{cause}, asked to wait {outcome.retry_after_s:g}s"
+        )
+    if not rules.retry_errors:
+        return Verdict(Tally.FAILED, Ending.GRAVEYARD, cooldown=cooldown, cause=cause)
+    return _retry(Tally.FAILED, req, rules, now, backoff=True, cooldown=cooldown, cause=cause)
+
+
+def _retry(
+    tally: Tally,
+    req: Request,
+    rules: SettleRules,
+    now: float,
+    *,
+    backoff: bool,
+    cooldown: Cooldown | None = None,
+    block_key: bool = False,
+    widen_headroom: bool = False,
+    cause: str | None = None,
+) -> Verdict:
+    """A retry, unless the request has used its attempts (graveyard) or its time (expired)."""
+    if req.attempts >= rules.max_attempts:
+        ending: Ending | None = Ending.GRAVEYARD
+    elif req.deadline <= now:
+        ending = Ending.EXPIRED
+    else:
+        ending = None
+    cap = 0.0
+    if ending is None and backoff:
+        cap = min(rules.backoff_cap_s, rules.backoff_base_s * (2 ** (req.attempts - 1)))
+    return Verdict(tally, ending, cap, cooldown, block_key, widen_headroom, cause)
