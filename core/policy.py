@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+
+from .numbers import MAX_COUNT, MAX_DURATION_S
 
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|sec|m|min|h)\s*$")
+_PATTERN = re.compile(r"\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*(ms|s|sec|m|min|h)\s*", re.ASCII)
+
+#: The shortest window a limit may have: timers and server stamps have about 1 ms grain.
+MIN_WINDOW_S = 0.001
+#: The largest count a limit may have.
+MAX_LIMIT = MAX_COUNT
+#: The longest window a limit may have.
+MAX_WINDOW_S = MAX_DURATION_S
 
 
 class PolicyError(ValueError):
@@ -29,28 +40,66 @@ class Policy:
         return self.limit / self.window_s
 
 
+def _show(text: object) -> str:
+    shown = repr(text) if isinstance(text, str) else repr(str(text))
+    return shown if len(shown) <= 40 else shown[:39] + "…"
+
+
 def parse_policy(text: str) -> Policy:
-    """Parse "20/1s", "600/1m", "5/500ms", "100/s" into a `Policy`."""
-    match = _PATTERN.match(str(text))
+    """Parse "20/1s", "600/1m", "5/500ms", "100/s", "1/1.0005s" into a `Policy`.
+
+    The count is a whole number from 1 to `MAX_LIMIT`, the window from 1 ms to
+    `MAX_WINDOW_S`; anything else raises `PolicyError` saying why.
+    """
+    if not isinstance(text, str):
+        raise PolicyError(f"{_show(text)} is not a limit; write N/W with a unit, like 20/1s")
+    match = _PATTERN.fullmatch(text)
     if not match:
-        raise PolicyError(f"{text!r} is not a limit; write N/W with a unit, like 20/1s, 600/1m or 5/500ms")
+        raise PolicyError(
+            f"{_show(text)} is not a limit; write N/W with a unit, like 20/1s, 600/1m or 5/500ms"
+        )
+    if len(match.group(1)) > 12:
+        raise PolicyError(f"{_show(text)}: the count must be at most {MAX_LIMIT:,}")
     limit = int(match.group(1))
     amount = float(match.group(2)) if match.group(2) else 1.0
     window = amount * _UNITS[match.group(3)]
     if limit < 1:
-        raise PolicyError(f"{text!r}: the count must be at least 1")
-    if window <= 0:
-        raise PolicyError(f"{text!r}: the window must be longer than zero")
+        raise PolicyError(f"{_show(text)}: the count must be at least 1")
+    if limit > MAX_LIMIT:
+        raise PolicyError(f"{_show(text)}: the count must be at most {MAX_LIMIT:,}")
+    if not window > 0:
+        raise PolicyError(f"{_show(text)}: the window must be longer than zero")
+    if window < MIN_WINDOW_S:
+        raise PolicyError(f"{_show(text)}: the window must be at least 1ms")
+    if not math.isfinite(window) or window > MAX_WINDOW_S:
+        raise PolicyError(f"{_show(text)}: the window must be at most {MAX_WINDOW_S / 3600:g}h")
     return Policy(limit, window)
 
 
+def _plain(x: float) -> str:
+    """A float's shortest exact digits, without an exponent ("1.0005", "0.00001")."""
+    text = format(Decimal(repr(x)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
 def format_policy(policy: Policy) -> str:
-    """The inverse of `parse_policy`: Policy(20, 1.0) -> "20/1s"."""
-    w = policy.window_s
+    """The inverse of `parse_policy`, exactly: Policy(20, 1.0) -> "20/1s", Policy(1, 1.0005) -> "1/1.0005s"."""
+    w = float(policy.window_s)
+    if not (math.isfinite(w) and w > 0):
+        return f"{policy.limit}/{w}s"
+    candidates = []
     if w >= 3600 and w % 3600 == 0:
-        return f"{policy.limit}/{int(w // 3600)}h"
+        candidates.append(f"{_plain(w / 3600)}h")
     if w >= 60 and w % 60 == 0:
-        return f"{policy.limit}/{int(w // 60)}m"
-    if w >= 1 and float(w).is_integer():
-        return f"{policy.limit}/{int(w)}s"
-    return f"{policy.limit}/{round(w * 1000)}ms"
+        candidates.append(f"{_plain(w / 60)}m")
+    if w >= 1:
+        candidates.append(f"{_plain(w)}s")
+    candidates.append(f"{_plain(round(w * 1000, 9))}ms")
+    candidates.append(f"{_plain(w)}s")
+    for window in candidates:
+        match = _PATTERN.fullmatch(f"1/{window}")
+        if match and float(match.group(2) or 1.0) * _UNITS[match.group(3)] == w:
+            return f"{policy.limit}/{window}"
+    return f"{policy.limit}/{_plain(w)}s"  # exact by construction: the digits times 1.0
