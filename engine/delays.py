@@ -2,10 +2,19 @@
 
 Sources, first found wins for the delay: Retry-After (seconds or an HTTP
 date), the IETF RateLimit field (`"name";r=0;t=5`: no quota left, resets in
-5 s), X-RateLimit-Reset (seconds, or an epoch time when it is that large)
-when X-RateLimit-Remaining is 0, and a user hook for APIs that put the delay
-in the body. RateLimit-Policy (`"a";q=20;w=1, "b";q=600;w=60`) is read as the
-server's own statement of its policies.
+5 s; also the draft-07 `limit=10, remaining=0, reset=5` form),
+RateLimit-Remaining / RateLimit-Reset (drafts up to 06) and
+X-RateLimit-Remaining / X-RateLimit-Reset (seconds, or an epoch time when it
+is that large) when the remaining count is 0, and a user hook for APIs that
+put the delay in the body. RateLimit-Policy is read as the server's own
+statement of its policies, in every draft's form: `"a";q=20;w=1` (draft 09+),
+`a;q=20;w=1` (draft 08) and `20;w=1` (drafts 03-07).
+
+Every parser here takes any text and returns a value or None (an empty tuple
+for policies); none raises. A delay is never negative or NaN, and never
+longer than `MAX_DELAY_S` (one hour): a server asking for more (`Retry-After:
+1e308`, a date next year) gets the cap, so one bad header cannot silence a key
+for the rest of a run.
 """
 
 from __future__ import annotations
@@ -19,66 +28,137 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from ratedeck.core.policy import Policy
+from ratedeck.core.numbers import parse_duration
+from ratedeck.core.policy import MAX_LIMIT, MAX_WINDOW_S, MIN_WINDOW_S, Policy
 
 # A hook gets (status, headers, body text) and returns seconds to wait, or None.
 DelayHook = Callable[[int, Mapping[str, str], str], "float | None"]
 
+#: The longest delay any server-sent value may impose (seconds); longer ones are cut to it.
+MAX_DELAY_S = 3600.0
 _EPOCH_THRESHOLD = 1e9  # X-RateLimit-Reset above this is a Unix time, not a delta
+_NUMBER = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*", re.ASCII)
+
+
+def _number(text: Any) -> float | None:
+    """A finite float from numeric text ("7", "2.5", "1e3"); None for anything else."""
+    if not isinstance(text, str) or len(text) > 400:
+        return None
+    match = _NUMBER.fullmatch(text)
+    if not match:
+        return None
+    value = float(match.group(1))
+    return value if not math.isnan(value) else None
+
+
+def _delay(seconds: float | None) -> float | None:
+    """A usable delay: None for NaN or negative, at most `MAX_DELAY_S`."""
+    if seconds is None or math.isnan(seconds) or seconds < 0:
+        return None
+    return min(float(seconds), MAX_DELAY_S)
 
 
 def parse_retry_after(value: str | None, now_wall: float | None = None) -> float | None:
     """Retry-After as seconds from now: delta-seconds or an HTTP date; None if absent or bad."""
-    if not value:
+    if not value or not isinstance(value, str):
         return None
-    value = value.strip()
+    seconds = _number(value)
+    if seconds is not None:
+        return _delay(seconds)
     try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
+        when = email.utils.parsedate_to_datetime(value.strip())
         if when is None:
             return None
         now_wall = time.time() if now_wall is None else now_wall
-        return max(0.0, when.timestamp() - now_wall)
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        return _delay(max(0.0, when.timestamp() - now_wall))
+    except (TypeError, ValueError, IndexError, OverflowError, OSError, AttributeError):
         return None
-    return seconds
 
 
-_PARAM = re.compile(r";\s*([a-z]+)\s*=\s*([0-9.]+)")
+def _split(text: str, sep: str) -> list[str]:
+    """Split on `sep` outside double-quoted strings (a structured field's quoting)."""
+    parts, current, quoted, escaped = [], [], False, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quoted:
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == sep and not quoted:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current))
+    return parts
 
 
-def _items(header: str) -> list[dict[str, float]]:
-    """Split a structured-field list into items with their numeric parameters."""
+def _members(header: str) -> list[tuple[str, str | None, dict[str, float]]]:
+    """A structured-field list or dictionary as (name, value, numeric parameters) per member.
+
+    `"a";q=20;w=1` -> ('"a"', None, {q: 20, w: 1}); `20;w=1` -> ('20', None, {w: 1});
+    `reset=5` -> ('reset', '5', {}). Parameters whose value is not a number are dropped.
+    """
     out = []
-    for item in header.split(","):
-        params = {k: float(v) for k, v in _PARAM.findall(item)}
-        if params:
-            out.append(params)
+    for member in _split(header, ","):
+        pieces = _split(member, ";")
+        head = pieces[0].strip()
+        name, value = head, None
+        if "=" in head and not head.startswith('"'):
+            name, _, value = head.partition("=")
+            name, value = name.strip().lower(), value.strip()
+        params: dict[str, float] = {}
+        for piece in pieces[1:]:
+            key, eq, raw = piece.partition("=")
+            number = _number(raw) if eq else None
+            if number is not None and math.isfinite(number):
+                params[key.strip().lower()] = number
+        out.append((name, value, params))
     return out
 
 
 def ratelimit_delay(header: str | None) -> float | None:
-    """From `RateLimit: "p";r=0;t=5`: seconds until quota returns when none is left."""
-    if not header:
+    """From `RateLimit: "p";r=0;t=5` (or `limit=10, remaining=0, reset=5`): seconds until quota returns when none is left."""
+    if not header or not isinstance(header, str):
         return None
-    waits = [item["t"] for item in _items(header) if item.get("r", 1) <= 0 and "t" in item]
-    return max(waits) if waits else None
+    waits = []
+    members = _members(header)
+    for _name, _value, params in members:
+        if "r" in params and params["r"] <= 0 and "t" in params:
+            waits.append(params["t"])
+    fields = {name: _number(value) for name, value, _ in members if value is not None}
+    remaining, reset = fields.get("remaining"), fields.get("reset")
+    if remaining is not None and reset is not None and remaining <= 0:
+        waits.append(reset)
+    waits = [w for w in waits if w >= 0]
+    return _delay(max(waits)) if waits else None
 
 
 @lru_cache(maxsize=64)
 def advertised_policies(header: str | None) -> tuple[Policy, ...]:
-    """From `RateLimit-Policy: "a";q=20;w=1`: the policies the server says it enforces."""
-    if not header:
+    """From `RateLimit-Policy: "a";q=20;w=1` (or `20;w=1`): the policies the server says it enforces.
+
+    Items without a usable quota and window (not whole, below 1, a window under
+    1 ms or over the longest a limit may have) are skipped.
+    """
+    if not header or not isinstance(header, str):
         return ()
     policies = []
-    for item in _items(header):
-        q, w = item.get("q"), item.get("w")
-        if q and w and q >= 1 and w > 0:
-            policies.append(Policy(int(q), float(w)))
+    for name, _value, params in _members(header):
+        quota = params.get("q")
+        if quota is None:
+            quota = _number(name)  # drafts 03-07: the item itself is the quota
+        window = params.get("w")
+        if quota is None or window is None or not math.isfinite(quota):
+            continue
+        if not quota.is_integer() or not 1 <= quota <= MAX_LIMIT:
+            continue
+        if not MIN_WINDOW_S <= window <= MAX_WINDOW_S:
+            continue
+        policy = Policy(int(quota), float(window))
+        if policy not in policies:
+            policies.append(policy)
     return tuple(policies)
 
 
@@ -86,33 +166,30 @@ def x_ratelimit_delay(
     remaining: str | None, reset: str | None, now_wall: float | None = None
 ) -> float | None:
     """X-RateLimit-Reset when X-RateLimit-Remaining is 0: a delta, or an epoch time."""
-    if reset is None or remaining is None:
-        return None
-    try:
-        if float(remaining) > 0:
-            return None
-        value = float(reset)
-    except ValueError:
+    left, value = _number(remaining), _number(reset)
+    if left is None or value is None or left > 0 or value < 0:
         return None
     if value > _EPOCH_THRESHOLD:
         now_wall = time.time() if now_wall is None else now_wall
-        value = value - now_wall
-    return max(0.0, value)
+        value = max(0.0, value - now_wall)
+    return _delay(value)
 
 
 def response_delay(
     status: int, headers: Mapping[str, str], body: str, hook: DelayHook | None = None
 ) -> float | None:
     """How long the server asks us to wait, from whichever source it used."""
-    for value in (
-        parse_retry_after(headers.get("Retry-After")),
-        ratelimit_delay(headers.get("RateLimit")) if status in (429, 503) else None,
-        x_ratelimit_delay(headers.get("X-RateLimit-Remaining"), headers.get("X-RateLimit-Reset"))
-        if status in (429, 503)
-        else None,
-    ):
-        if value is not None:
-            return value
+    value = parse_retry_after(headers.get("Retry-After"))
+    if value is not None:
+        return value
+    if status in (429, 503):
+        for value in (
+            ratelimit_delay(headers.get("RateLimit")),
+            x_ratelimit_delay(headers.get("RateLimit-Remaining"), headers.get("RateLimit-Reset")),
+            x_ratelimit_delay(headers.get("X-RateLimit-Remaining"), headers.get("X-RateLimit-Reset")),
+        ):
+            if value is not None:
+                return value
     if hook is not None and status >= 400:
         return hook(status, headers, body)
     return None
@@ -121,14 +198,16 @@ def response_delay(
 def json_field_hook(path: str) -> DelayHook:
     """A hook reading seconds from a JSON body field, e.g. "error.details.retryDelay".
 
-    Values may be numbers or strings like "15s" / "1.5s" (Google APIs' style).
+    Values may be numbers or strings like "15s" / "1.5s" / "250ms" (Google APIs' style).
+    Anything else (not JSON, no such field, NaN, negative) gives None; long delays
+    are cut to `MAX_DELAY_S`.
     """
     parts = [p for p in path.split(".") if p]
 
     def hook(status: int, headers: Mapping[str, str], body: str) -> float | None:
         try:
             node: Any = json.loads(body)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return None
         for part in parts:
             if isinstance(node, list):
@@ -136,13 +215,17 @@ def json_field_hook(path: str) -> DelayHook:
             if not isinstance(node, dict) or part not in node:
                 return None
             node = node[part]
-        if isinstance(node, (int, float)) and not isinstance(node, bool):
-            return max(0.0, float(node))
-        if isinstance(node, str):
-            match = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s)?\s*", node)
-            if match:
-                value = float(match.group(1))
-                return value / 1000.0 if match.group(2) == "ms" else value
+        if isinstance(node, bool):
+            return None
+        if isinstance(node, int):
+            return _delay(float(min(node, 1 << 62))) if node >= 0 else None
+        if isinstance(node, float):
+            return _delay(node)
+        if isinstance(node, str) and len(node) <= 400:
+            try:
+                return _delay(parse_duration(node, low=0.0, low_open=False, high=math.inf))
+            except ValueError:
+                return None
         return None
 
     return hook
