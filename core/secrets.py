@@ -9,6 +9,7 @@ masks it before anything is cut short, so no prefix survives a cut.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
@@ -22,18 +23,42 @@ def mask_secret(secret: str) -> str:
     return "…" + secret[-4:]
 
 
+def _b64_cores(raw: bytes) -> set[str]:
+    """The base64 characters that depend on `raw` alone, at each of the three byte alignments.
+
+    A secret inside a longer encoded value ("user:secret" in Basic auth) is not
+    encoded on its own: depending on where it starts, its bytes land at one of
+    three offsets. At each, the characters fully inside the secret's bits are
+    the same whatever surrounds it; masking them leaves at most a few bits.
+    """
+    cores = set()
+    n = len(raw)
+    for k in range(3):
+        start = -(-8 * k // 6)  # ceil: the first character with no bits of the k filler bytes
+        end = 8 * (k + n) // 6  # floor: the last character whose bits are all the secret's
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            core = encode(b"\0" * k + raw).decode()[start:end]
+            if core:
+                cores.add(core)
+    return cores
+
+
+_ESCAPE = re.compile(r"%[0-9A-F]{2}")
+
+
 def secret_forms(secret: str) -> set[str]:
-    """The forms a secret can travel in: raw, URL- and form-encoded, base64 (also in Basic auth)."""
+    """The forms a secret can travel in: raw, URL- and form-encoded, base64 (alone or inside Basic auth)."""
     if not secret:
         return set()
     forms = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
-    raw = secret.encode()
+    raw = secret.encode("utf-8", "surrogatepass")
     for encode in (base64.b64encode, base64.urlsafe_b64encode):
         text = encode(raw).decode()
         forms.add(text)
         forms.add(text.rstrip("="))
-    # Lower-case percent escapes are equally valid (%2f for /).
-    forms |= {f.lower() for f in list(forms) if "%" in f}
+    forms |= _b64_cores(raw)
+    # Lower-case percent escapes are equally valid (%2f for /); only the escapes change case.
+    forms |= {_ESCAPE.sub(lambda m: m.group().lower(), f) for f in list(forms) if "%" in f}
     return {f for f in forms if len(f) >= 4}
 
 
@@ -55,12 +80,12 @@ def safe_url(url: str | None) -> str:
     if not url:
         return ""
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(str(url))
+        hostname = parts.hostname or ""
+        port = parts.port
     except ValueError:
         return "<unparseable URL>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    if ":" in (parts.hostname or "") and not host.startswith("["):
-        host = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port is not None else "")
+    host = f"[{hostname}]" if ":" in hostname else hostname
+    if port is not None:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
