@@ -7,14 +7,32 @@ source, the key and the value, so the CLI can print one line and exit 2.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ratedeck.core.errors import RatedeckError
+from ratedeck.core.numbers import (
+    MAX_COUNT,
+    MAX_DURATION_S,
+    MAX_MS,
+    MAX_RATE,
+    SettingError,
+    check_simulator_numbers,
+    fraction,
+    parse_duration,
+    parse_milliseconds,
+    parse_rate,
+    show,
+    whole,
+)
 from ratedeck.core.policy import Policy, PolicyError, format_policy, parse_policy
+from ratedeck.core.secrets import redact, safe_url
 from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.core.throttle import parse_throttle
 
@@ -70,7 +88,7 @@ class EngineConfig:
     backpressure: bool = True
     ttl_s: float = 1.0
     drain_timeout_s: float = 2.0
-    graveyard_path: str = "ratedeck-graveyard.jsonl"
+    graveyard_path: str = "ratedeck-graveyard.jsonl"  # "" writes none
     cooldown: str = "shared"  # "shared": a delay pauses every sender of the budget; "per-request": only the rejected request waits (the pre-actor design, for comparison)
     learn_policy: bool = True  # adopt tighter limits the server advertises (RateLimit-Policy)
 
@@ -114,7 +132,7 @@ class RunConfig:
     keymap: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
     preset: str | None = None
-    key_sources: tuple[str, ...] = ()  # as written: literal, env:VAR or @FILE
+    key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
     pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
     messages: MessagesConfig | None = None  # [messages]: multi-call messages instead of requests
@@ -129,7 +147,14 @@ class RunConfig:
 
     @property
     def arrival_rate(self) -> float:
-        return self.workload.rate if self.workload.rate is not None else self.capacity_tps
+        """Requests per second to generate: the workload's rate, or the keys' capacity, at most `MAX_RATE`."""
+        rate = self.workload.rate if self.workload.rate is not None else self.capacity_tps
+        return min(rate, MAX_RATE)
+
+    def __repr__(self) -> str:
+        """The fields, with every form of every key masked (a key may hide in a URL or params)."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"RunConfig({shown})", [k.secret for k in self.keys])
 
 
 # ---------------------------------------------------------------- presets
@@ -160,47 +185,84 @@ def load_config(
     """Build a `RunConfig` from a preset, a TOML file and flag overrides.
 
     With nothing given, the "seed" preset is used, so the first run works
-    against the embedded simulator.
+    against the embedded simulator. The seed preset's demo keys are never sent
+    to a target the user named unless the user chose that preset: a target
+    with no keys is a `ConfigError` ("no API keys given").
     """
     data: dict[str, Any] = {}
     file_data = read_toml(path) if path is not None else {}
     if preset is None:
         preset = file_data.pop("preset", None)
         if preset is not None and not isinstance(preset, str):
-            raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {preset!r}')
+            raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {show(preset)}')
     else:
         file_data.pop("preset", None)
-    if preset is None and path is None:
+    implicit = preset is None and path is None
+    if implicit:
         preset = "seed"
     if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError("--preset", "preset", f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ConfigError(
+                "--preset", "preset", f"unknown preset {show(preset)}; known: {', '.join(PRESETS)}"
+            )
         _merge(data, PRESETS[preset])
     source = "command line"
     if path is not None:
         source = str(path)
         _merge(data, file_data)
     if overrides:
+        if not isinstance(overrides, dict):
+            raise ConfigError("command line", "overrides", f"must be a table, got {show(overrides)}")
         _merge(data, overrides)
-    return replace(build_config(data, source), preset=preset)
+    cfg = build_config(data, source)
+    keys_given = isinstance(overrides, dict) and "secrets" in (overrides.get("keys") or {})
+    if implicit and cfg.target.url is not None and not keys_given:
+        raise ConfigError(
+            "command line",
+            "--keys",
+            f"no API keys given for {safe_url(cfg.target.url)}; pass --keys "
+            "(the seed demo keys are only for the embedded simulator or --preset seed)",
+        )
+    return replace(cfg, preset=preset)
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML file, turning every failure into a `ConfigError`."""
-    p = Path(path)
     try:
+        p = Path(path)
+        shown = str(p)
+    except (TypeError, ValueError):
+        raise ConfigError(show(path), "file", "is not a file name") from None
+    try:
+        if p.is_dir():
+            raise ConfigError(shown, "file", "is a directory, not a TOML file")
+        if p.exists() and not p.is_file():
+            raise ConfigError(shown, "file", "is not a regular file")
+        if p.exists() and p.stat().st_size > _MAX_FILE_BYTES:
+            raise ConfigError(
+                shown, "file", f"is larger than {_MAX_FILE_BYTES // 1_000_000} MB; not a config"
+            )
         with p.open("rb") as fh:
             return tomllib.load(fh)
+    except ConfigError:
+        raise
     except FileNotFoundError:
-        raise ConfigError(str(p), "file", "no such file") from None
+        raise ConfigError(shown, "file", "no such file") from None
     except IsADirectoryError:
-        raise ConfigError(str(p), "file", "is a directory, not a TOML file") from None
+        raise ConfigError(shown, "file", "is a directory, not a TOML file") from None
     except PermissionError:
-        raise ConfigError(str(p), "file", "permission denied") from None
+        raise ConfigError(shown, "file", "permission denied") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(p), "file", f"not valid TOML ({exc})") from None
+        raise ConfigError(shown, "file", f"not valid TOML ({exc})") from None
     except UnicodeDecodeError:
-        raise ConfigError(str(p), "file", "not valid UTF-8 text") from None
+        raise ConfigError(shown, "file", "not valid UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(shown, "file", f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise ConfigError(shown, "file", f"cannot read: {exc}") from None
+
+
+_MAX_FILE_BYTES = 10_000_000
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
@@ -229,13 +291,183 @@ _SECTIONS = {
     "pools",
 }
 
+# ---------------------------------------------------------------- field rules
+#
+# One parser per setting that is not a plain string or bool: each takes the raw
+# TOML (or flag) value and returns the value to use, or raises ValueError with
+# the problem; the caller names the source and the key.
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_MAX_IN_FLIGHT = 10_000
+_MAX_QUEUE = 1_000_000
+_MAX_ATTEMPTS = 1_000
+_MAX_CALLS = 1_000
+_MAX_POOL = 100_000
+_MAX_HEADROOM_MS = 60_000.0
+_MAX_TIMEOUT_S = 3600.0
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {show(value)}")
+    return value
+
+
+def _nonempty(value: Any) -> str:
+    text = _text(value)
+    if not text.strip():
+        raise ValueError("must not be empty")
+    if _CONTROL.search(text):
+        raise ValueError(f"must not contain control characters, got {show(text)}")
+    return text
+
+
+def _path(value: Any) -> str:
+    text = _text(value)
+    if not text.strip():
+        raise ValueError("must be a file name, got an empty string")
+    if "\x00" in text:
+        raise ValueError(f"is not a usable file name: {show(text)}")
+    return text
+
+
+def _path_or_off(value: Any) -> str:
+    """A file name, or "" for none."""
+    return "" if value == "" else _path(value)
+
+
+def _header_name(value: Any) -> str:
+    text = _text(value)
+    if not _TOKEN.fullmatch(text):
+        raise ValueError(f"is not an HTTP header name, got {show(text)}")
+    return text
+
+
+def _choice(*options: str):
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            listed = ", ".join(f"'{o}'" for o in options[:-1]) + f" or '{options[-1]}'"
+            raise ValueError(f"must be {listed}, got {show(value)}")
+        return value
+
+    return parse
+
+
+def _method(value: Any) -> str:
+    if not isinstance(value, str) or value.strip().upper() not in ("GET", "POST"):
+        raise ValueError(f"must be GET or POST, got {show(value)}")
+    return value.strip().upper()
+
+
+def _url(value: Any) -> str:
+    text = _text(value).strip()
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {show(safe_url(text) or text[:8])}")
+    if _CONTROL.search(text) or " " in text:
+        raise ValueError("must not contain spaces or control characters")
+    try:
+        parts = urlsplit(text)
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError(f"is not a usable URL ({exc})") from None
+    if not parts.hostname:
+        raise ValueError(f"names no host, got {show(safe_url(text))}")
+    return text
+
+
+def _params(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f'must be a table like {{ lang = "en" }}, got {show(value)}')
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError(f"{k}: must be a string or a number, got {show(v)}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{k}: must be a finite number, got {show(v)}")
+        out[str(k)] = str(v)
+    return out
+
+
+def _headroom(value: Any) -> str | float:
+    if isinstance(value, str) and value.strip().lower() == "adaptive":
+        return "adaptive"
+    try:
+        return parse_milliseconds(value, high=_MAX_HEADROOM_MS)
+    except ValueError as exc:
+        if isinstance(value, str) and not any(ch.isdigit() for ch in value):
+            raise ValueError(f'must be "adaptive" or milliseconds, got {show(value)}') from None
+        raise ValueError(f'must be "adaptive" or milliseconds: {exc}') from None
+
+
+def _throttle(value: Any) -> str | float:
+    mode, rate = parse_throttle(value)
+    return rate if mode == "fixed" and not isinstance(value, str) else value
+
+
+def _ms(high: float):
+    return lambda v: parse_milliseconds(v, high=high)
+
+
+def _seconds(high: float = MAX_DURATION_S, *, allow_zero: bool = False):
+    return lambda v: parse_duration(v, low=0.0, low_open=not allow_zero, high=high)
+
+
+def _count(low: int, high: int):
+    return lambda v: whole(v, low=low, high=high)
+
+
+_RULES: dict[str, Any] = {
+    "target.url": _url,
+    "target.method": _method,
+    "target.key_param": _nonempty,
+    "target.key_header": _header_name,
+    "target.nonce_param": _nonempty,
+    "target.id_param": _nonempty,
+    "target.params": _params,
+    "target.timeout_s": _seconds(_MAX_TIMEOUT_S),
+    "target.delay_field": _nonempty,
+    "target.host_limit_match": _nonempty,
+    "engine.in_flight_per_key": _count(1, _MAX_IN_FLIGHT),
+    "engine.headroom": _headroom,
+    "engine.headroom_initial_ms": _ms(_MAX_HEADROOM_MS),
+    "engine.headroom_min_ms": _ms(_MAX_HEADROOM_MS),
+    "engine.headroom_max_ms": _ms(_MAX_HEADROOM_MS),
+    "engine.rejection_budget": _count(0, MAX_COUNT),
+    "engine.pacing": _choice("even", "burst"),
+    "engine.max_attempts": _count(1, _MAX_ATTEMPTS),
+    "engine.backoff_base_ms": _ms(MAX_MS),
+    "engine.backoff_cap_ms": _ms(MAX_MS),
+    "engine.queue_max": _count(1, _MAX_QUEUE),
+    "engine.ttl_s": _seconds(),
+    "engine.drain_timeout_s": _seconds(_MAX_TIMEOUT_S, allow_zero=True),
+    "engine.graveyard_path": _path_or_off,
+    "engine.cooldown": _choice("shared", "per-request"),
+    "workload.rate": lambda v: parse_rate(v, allow_zero=True),
+    "workload.arrival": _choice("constant", "poisson"),
+    "workload.file": _path,
+    "workload.total": _count(0, MAX_COUNT),
+    "messages.calls": _count(1, _MAX_CALLS),
+    "messages.pattern": _choice("parallel", "sequential"),
+    "messages.throttle": _throttle,
+    "messages.excess": _choice("queue", "shed", "sample"),
+    "messages.sample_fraction": fraction,
+    "messages.shed_path": _path,
+    "messages.backlog_max": _count(1, _MAX_QUEUE),
+}
+
 
 def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
-    """Validate a plain dict (as read from TOML) into a `RunConfig`."""
+    """Validate a plain dict (as read from TOML) into a `RunConfig`.
+
+    Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(source, "config", f"must be a table, got {show(data)}")
     for name in data:
         if name not in _SECTIONS:
             raise ConfigError(
-                source, name, f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
+                source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
             )
         if name == "preset":
             continue
@@ -243,68 +475,42 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
             raise ConfigError(source, name, "must be a table, like [" + name + "]")
     v = _Validator(source)
     target = v.dataclass_from(TargetConfig, data.get("target", {}), "target")
-    if target.method.upper() not in ("GET", "POST"):
-        raise ConfigError(source, "target.method", f"must be GET or POST, got {target.method!r}")
-    target = replace(target, method=target.method.upper())
-    if target.url is not None and not target.url.startswith(("http://", "https://")):
-        raise ConfigError(source, "target.url", f"must start with http:// or https://, got {target.url!r}")
-    if target.timeout_s <= 0:
-        raise ConfigError(source, "target.timeout_s", f"must be above 0, got {target.timeout_s}")
     if not target.key_header and not target.key_param:
         raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
     engine = v.dataclass_from(EngineConfig, data.get("engine", {}), "engine")
     _check_engine(engine, source)
     workload = v.dataclass_from(WorkloadConfig, data.get("workload", {}), "workload")
-    if workload.rate is not None and workload.rate < 0:
-        raise ConfigError(source, "workload.rate", f"must be 0 or more, got {workload.rate}")
-    if workload.arrival not in ("constant", "poisson"):
-        raise ConfigError(
-            source, "workload.arrival", f"must be 'constant' or 'poisson', got {workload.arrival!r}"
-        )
-    if workload.file is not None and not Path(workload.file).is_file():
+    if workload.file is not None and not _is_file(workload.file):
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
-    if workload.total is not None and workload.total < 0:
-        raise ConfigError(source, "workload.total", f"must be 0 or more, got {workload.total}")
-    keys = _keys(data.get("keys", {}), source)
-    key_sources = data.get("keys", {}).get("secrets", [])
+    keys_table = data.get("keys", {})
+    keys = _keys(keys_table, source)
+    key_sources = keys_table.get("secrets", [])
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
-    run = data.get("run", {})
-    console = data.get("console", {})
-    for k in run:
-        if k not in ("duration_s", "report", "plot", "seed"):
-            raise ConfigError(
-                source, f"run.{k}", "unknown setting; expected duration_s, report, plot or seed"
-            )
-    for k in console:
-        if k not in ("theme", "keymap"):
-            raise ConfigError(source, f"console.{k}", "unknown setting; expected theme or keymap")
-    duration = run.get("duration_s")
-    if duration is not None and (
-        not isinstance(duration, (int, float)) or isinstance(duration, bool) or duration <= 0
-    ):
-        raise ConfigError(source, "run.duration_s", f"must be a number of seconds above 0, got {duration!r}")
-    keymap = console.get("keymap", {})
-    if not isinstance(keymap, dict) or not all(isinstance(x, str) for x in keymap.values()):
-        raise ConfigError(source, "console.keymap", 'must be a table of action = "key" strings')
+    run = v.table(data.get("run", {}), "run", _RUN_RULES)
+    console = v.table(data.get("console", {}), "console", _CONSOLE_RULES)
     server = data.get("server", {})
-    host_raw = data.get("keys", {}).get("host_limits", [])
-    host_policies = _policies(host_raw, source, "keys.host_limits") if host_raw else ()
+    try:
+        check_simulator_numbers(server)
+    except SettingError as exc:
+        raise ConfigError(source, f"server.{exc.name}", exc.problem) from None
+    host_policies: tuple[Policy, ...] = ()
+    if "host_limits" in keys_table and keys_table["host_limits"] != []:
+        host_policies = _policies(keys_table["host_limits"], source, "keys.host_limits")
     pools = _pools(data.get("pools", {}), source)
     messages = None
     if "messages" in data:
         messages = v.dataclass_from(MessagesConfig, data["messages"], "messages")
-        _check_messages(messages, source)
     return RunConfig(
         target=target,
         keys=keys,
         engine=engine,
         workload=workload,
         server=dict(server),
-        duration_s=float(duration) if duration is not None else None,
+        duration_s=run.get("duration_s"),
         report=run.get("report"),
-        plot=bool(run.get("plot", False)),
+        plot=run.get("plot", False),
         theme=console.get("theme"),
-        keymap=dict(keymap),
+        keymap=console.get("keymap", {}),
         seed=run.get("seed"),
         key_sources=key_sources,
         messages=messages,
@@ -313,61 +519,57 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     )
 
 
-def _check_engine(e: EngineConfig, source: str) -> None:
-    def bad(key: str, problem: str):
-        raise ConfigError(source, f"engine.{key}", problem)
-
-    if e.in_flight_per_key < 1:
-        bad("in_flight_per_key", f"must be at least 1, got {e.in_flight_per_key}")
-    if isinstance(e.headroom, str) and e.headroom != "adaptive":
-        bad("headroom", f'must be "adaptive" or milliseconds, got {e.headroom!r}')
-    if not isinstance(e.headroom, str) and e.headroom < 0:
-        bad("headroom", f"must be 0 ms or more, got {e.headroom}")
-    if not 0 <= e.headroom_min_ms <= e.headroom_max_ms:
-        bad(
-            "headroom_min_ms",
-            f"need 0 <= headroom_min_ms <= headroom_max_ms, got {e.headroom_min_ms} and {e.headroom_max_ms}",
-        )
-    if e.rejection_budget < 0:
-        bad("rejection_budget", f"must be 0 or more, got {e.rejection_budget}")
-    if e.pacing not in ("even", "burst"):
-        bad("pacing", f"must be 'even' or 'burst', got {e.pacing!r}")
-    if e.max_attempts < 1:
-        bad("max_attempts", f"must be at least 1, got {e.max_attempts}")
-    if e.backoff_base_ms < 0 or e.backoff_cap_ms < e.backoff_base_ms:
-        bad("backoff_cap_ms", "need 0 <= backoff_base_ms <= backoff_cap_ms")
-    if e.queue_max < 1:
-        bad("queue_max", f"must be at least 1, got {e.queue_max}")
-    if e.ttl_s <= 0:
-        bad("ttl_s", f"must be above 0 seconds, got {e.ttl_s}")
-    if e.drain_timeout_s < 0:
-        bad("drain_timeout_s", f"must be 0 or more, got {e.drain_timeout_s}")
-    if e.cooldown not in ("shared", "per-request"):
-        bad("cooldown", f"must be 'shared' or 'per-request', got {e.cooldown!r}")
-
-
-def _check_messages(m: MessagesConfig, source: str) -> None:
-    def bad(key: str, problem: str):
-        raise ConfigError(source, f"messages.{key}", problem)
-
-    if m.calls < 1:
-        bad("calls", f"must be at least 1, got {m.calls}")
-    if m.pattern not in ("parallel", "sequential"):
-        bad("pattern", f"must be 'parallel' or 'sequential', got {m.pattern!r}")
+def _is_file(path: str) -> bool:
     try:
-        parse_throttle(m.throttle)
-    except ValueError as exc:
-        bad("throttle", str(exc))
-    if m.excess not in ("queue", "shed", "sample"):
-        bad("excess", f"must be 'queue', 'shed' or 'sample', got {m.excess!r}")
-    if not 0.0 < m.sample_fraction <= 1.0:
-        bad("sample_fraction", f"must be above 0 and at most 1, got {m.sample_fraction}")
-    if m.backlog_max < 1:
-        bad("backlog_max", f"must be at least 1, got {m.backlog_max}")
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {show(value)}")
+    return value
+
+
+def _keymap(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(x, str) for x in value.values()):
+        raise ValueError('must be a table of action = "key" strings')
+    return {str(k): x for k, x in value.items()}
+
+
+def _optional(parse):
+    """An empty string switches an optional setting off."""
+    return lambda value: None if value == "" else parse(value)
+
+
+_RUN_RULES = {
+    "duration_s": _optional(_seconds()),
+    "report": _optional(_path),
+    "plot": _bool,
+    "seed": lambda v: whole(v, low=None, high=None),
+}
+_CONSOLE_RULES = {"theme": _optional(_nonempty), "keymap": _keymap}
+
+
+def _check_engine(e: EngineConfig, source: str) -> None:
+    if not e.headroom_min_ms <= e.headroom_initial_ms <= e.headroom_max_ms:
+        raise ConfigError(
+            source,
+            "engine.headroom_initial_ms",
+            "need headroom_min_ms <= headroom_initial_ms <= headroom_max_ms, got "
+            f"{e.headroom_min_ms:g}, {e.headroom_initial_ms:g} and {e.headroom_max_ms:g}",
+        )
+    if e.backoff_cap_ms < e.backoff_base_ms:
+        raise ConfigError(
+            source,
+            "engine.backoff_cap_ms",
+            f"need backoff_base_ms <= backoff_cap_ms, got {e.backoff_base_ms:g} and {e.backoff_cap_ms:g}",
+        )
 
 
 class _Validator:
-    """Turns a TOML table into a dataclass, checking names and types."""
+    """Turns a TOML table into a dataclass, checking names, types and ranges."""
 
     def __init__(self, source: str):
         self.source = source
@@ -383,37 +585,31 @@ class _Validator:
             values[name] = self._coerce(known[name], value, f"{section}.{name}")
         return cls(**values)
 
+    def table(self, table: dict[str, Any], section: str, rules: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, value in table.items():
+            if name not in rules:
+                expected = ", ".join(rules)
+                raise ConfigError(self.source, f"{section}.{name}", f"unknown setting; expected {expected}")
+            try:
+                out[name] = rules[name](value)
+            except ValueError as exc:
+                raise ConfigError(self.source, f"{section}.{name}", str(exc)) from None
+        return out
+
     def _coerce(self, f, value, where: str):
         kind = str(f.type)
-        default = f.default
         if value == "" and "None" in kind:
             return None  # an empty string switches an optional setting off
-        if kind.startswith("dict"):
-            if not isinstance(value, dict):
-                raise ConfigError(self.source, where, f"must be a table, got {value!r}")
-            return {str(k): str(v) for k, v in value.items()}
-        if isinstance(default, bool) or kind == "bool":
-            if not isinstance(value, bool):
-                raise ConfigError(self.source, where, f"must be true or false, got {value!r}")
-            return value
-        if "str | float" in kind:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            if isinstance(value, str):
-                return value
-        elif "float" in kind:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            raise ConfigError(self.source, where, f"must be a number, got {value!r}")
-        elif "int" in kind:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            raise ConfigError(self.source, where, f"must be a whole number, got {value!r}")
-        elif "str" in kind:
-            if isinstance(value, str):
-                return value
-            raise ConfigError(self.source, where, f"must be a string, got {value!r}")
-        raise ConfigError(self.source, where, f"has an unusable value {value!r}")
+        rule = _RULES.get(where)
+        try:
+            if rule is not None:
+                return rule(value)
+            if isinstance(f.default, bool) or kind == "bool":
+                return _bool(value)
+            return _text(value)
+        except ValueError as exc:
+            raise ConfigError(self.source, where, str(exc)) from None
 
 
 def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
@@ -432,6 +628,9 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
         secrets.extend(resolve_secrets(item, source, f"keys.secrets[{i}]"))
     if not secrets:
         raise ConfigError(source, "keys.secrets", "no API keys given; set keys.secrets or --keys")
+    for i, secret in enumerate(secrets):
+        if _CONTROL.search(secret):
+            raise ConfigError(source, "keys.secrets", f"key k{i + 1} contains a control character")
     if len(set(secrets)) != len(secrets):
         raise ConfigError(source, "keys.secrets", "the same key is listed twice")
     default = _policies(table.get("limits", ["20/1s"]), source, "keys.limits")
@@ -450,7 +649,7 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
             secret,
             _policies(by_key[label], source, f"keys.limits_by_key.{label}") if label in by_key else default,
         )
-        for label, secret in zip(labels, secrets, strict=False)
+        for label, secret in zip(labels, secrets, strict=True)
     )
 
 
@@ -458,11 +657,10 @@ def _pools(table: dict[str, Any], source: str) -> dict[str, int]:
     """[pools] name = capacity: connection pools a request can name."""
     pools = {}
     for name, capacity in table.items():
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ConfigError(
-                source, f"pools.{name}", f"must be a whole number of connections >= 1, got {capacity!r}"
-            )
-        pools[str(name)] = capacity
+        try:
+            pools[str(name)] = whole(capacity, low=1, high=_MAX_POOL)
+        except ValueError as exc:
+            raise ConfigError(source, f"pools.{name}", f"a number of connections: {exc}") from None
     return pools
 
 
@@ -477,21 +675,42 @@ def _policies(value: Any, source: str, where: str) -> tuple[Policy, ...]:
         raise ConfigError(source, where, str(exc)) from None
 
 
+_MAX_KEY_FILE_BYTES = 10_000_000
+
+
 def resolve_secrets(item: str, source: str, where: str) -> list[str]:
     """A literal key, `env:VAR` (comma-separated keys in it) or `@FILE` (one per line)."""
     item = item.strip()
     if item.startswith("env:"):
         var = item[4:]
+        if not var or "=" in var or "\x00" in var:
+            raise ConfigError(source, where, f"env: needs an environment variable name, got {show(item)}")
         value = os.environ.get(var)
-        if not value:
+        if not value or not value.strip():
             raise ConfigError(source, where, f"environment variable {var} is not set or empty")
-        return [s.strip() for s in value.split(",") if s.strip()]
+        keys = [s.strip() for s in value.split(",") if s.strip()]
+        if not keys:
+            raise ConfigError(source, where, f"environment variable {var} holds no keys")
+        return keys
     if item.startswith("@"):
         path = Path(item[1:])
         try:
+            if not path.is_file():
+                problem = "is a directory" if path.is_dir() else "no such file"
+                if path.exists() and not path.is_dir():
+                    problem = "not a regular file"
+                raise ConfigError(source, where, f"cannot read key file {path}: {problem}")
+            if path.stat().st_size > _MAX_KEY_FILE_BYTES:
+                raise ConfigError(source, where, f"key file {path} is too large to be a list of keys")
             lines = path.read_text(encoding="utf-8").splitlines()
+        except ConfigError:
+            raise
+        except UnicodeDecodeError:
+            raise ConfigError(source, where, f"key file {path} is not UTF-8 text") from None
         except OSError as exc:
             raise ConfigError(source, where, f"cannot read key file {path}: {exc.strerror or exc}") from None
+        except ValueError:  # a NUL in the name
+            raise ConfigError(source, where, f"cannot read key file {show(item[1:])}") from None
         keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
         if not keys:
             raise ConfigError(source, where, f"key file {path} has no keys")
@@ -504,23 +723,39 @@ def resolve_secrets(item: str, source: str, where: str) -> list[str]:
 # ---------------------------------------------------------------- saving
 
 
+def _section(obj: Any) -> dict[str, Any]:
+    """A dataclass as a TOML table that loads back to the same values.
+
+    TOML has no null: an optional setting that is off is left out when off is
+    its default, and written as "" (which switches it off) when it is not, so
+    a saved `nonce_param = None` never comes back as "nonce".
+    """
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            if f.default is not None:
+                out[f.name] = ""
+            continue
+        out[f.name] = dict(value) if isinstance(value, dict) else value
+    return out
+
+
 def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, Any]:
-    """The effective config as a TOML-ready dict that `load_config` reads back.
+    """The effective config as a TOML-ready dict that `load_config` reads back to the same settings.
 
     Keys given as `env:VAR` or `@FILE` are saved as written; literal keys are
     saved as `env:RATEDECK_KEYS` unless `include_secrets`, so a saved profile
     never leaks a key. A run on a preset's keys saves `preset = NAME` instead.
+    Limits are written exactly (`1/1.0005s`), never rounded.
     """
-    target = {k: v for k, v in asdict(cfg.target).items() if v is not None}
-    engine = asdict(cfg.engine)
-    workload = {k: v for k, v in asdict(cfg.workload).items() if v is not None}
     default = cfg.keys[0].policies if cfg.keys else ()
     preset_keys = PRESETS.get(cfg.preset or "", {}).get("keys", {}).get("secrets")
     if include_secrets:
         secrets = [k.secret for k in cfg.keys]
     elif preset_keys is not None and list(cfg.key_sources) == list(preset_keys):
         secrets = None  # the preset supplies them
-    elif cfg.key_sources and all(s.startswith(("env:", "@")) for s in cfg.key_sources):
+    elif cfg.key_sources and all(s.strip().startswith(("env:", "@")) for s in cfg.key_sources):
         secrets = list(cfg.key_sources)
     else:
         secrets = ["env:RATEDECK_KEYS"]
@@ -533,7 +768,12 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     if cfg.host_policies:
         keys["host_limits"] = [format_policy(p) for p in cfg.host_policies]
     out: dict[str, Any] = {"preset": cfg.preset} if cfg.preset else {}
-    out |= {"target": target, "keys": keys, "engine": engine, "workload": workload}
+    out |= {
+        "target": _section(cfg.target),
+        "keys": keys,
+        "engine": _section(cfg.engine),
+        "workload": _section(cfg.workload),
+    }
     if cfg.server:
         out["server"] = dict(cfg.server)
     if cfg.pools:
@@ -554,5 +794,5 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     if console:
         out["console"] = console
     if cfg.messages is not None:
-        out["messages"] = {k: v for k, v in asdict(cfg.messages).items() if v is not None}
+        out["messages"] = _section(cfg.messages)
     return out
