@@ -59,6 +59,7 @@ class TargetConfig:
     timeout_s: float = 1.0
     delay_field: str | None = None  # JSON path in error bodies holding a retry delay ("error.retryDelay")
     host_limit_match: str = "host"  # a 429 whose body says this closes the host-wide gate
+    follow_redirects: bool = False  # follow 3xx to the same origin only; never sends the key elsewhere
 
 
 @dataclass(frozen=True)
@@ -397,7 +398,7 @@ def _headroom(value: Any) -> str | float:
     except ValueError as exc:
         if isinstance(value, str) and not any(ch.isdigit() for ch in value):
             raise ValueError(f'must be "adaptive" or milliseconds, got {show(value)}') from None
-        raise ValueError(f'must be "adaptive" or milliseconds: {exc}') from None
+        raise ValueError(str(exc)) from None
 
 
 def _throttle(value: Any) -> str | float:
@@ -455,6 +456,19 @@ _RULES: dict[str, Any] = {
     "messages.shed_path": _path,
     "messages.backlog_max": _count(1, _MAX_QUEUE),
 }
+
+
+def parse_setting(key: str, value: Any) -> Any:
+    """One setting ("engine.ttl_s", "run.duration_s", ...) checked as the config file checks it.
+
+    For flags that set one config value: the same parser, range and message.
+    Raises ValueError with the problem; the caller names the flag.
+    """
+    section, _, name = key.partition(".")
+    rule = _RULES.get(key) or {"run": _RUN_RULES, "console": _CONSOLE_RULES}.get(section, {}).get(name)
+    if rule is None:
+        raise KeyError(key)
+    return rule(value)
 
 
 def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:

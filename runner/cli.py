@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratedeck.engine.config import ConfigError, RunConfig, load_config, to_toml_dict
+from ratedeck.core.numbers import parse_duration
+from ratedeck.engine.config import ConfigError, RunConfig, load_config, parse_setting, to_toml_dict
 
 SUBCOMMANDS = ("serve", "bench", "sweep")
 
@@ -40,36 +41,42 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="per-key limit like 20/1s; repeat for several (all must hold)",
     )
-    p.add_argument("--in-flight", type=int, metavar="N", help="requests in flight per key")
-    p.add_argument("--rate", type=float, metavar="R", help="arrival rate in requests/s (default: capacity)")
+    p.add_argument("--in-flight", metavar="N", help="requests in flight per key")
+    p.add_argument(
+        "--rate", metavar="R", help="arrival rate: requests/s, or N/W like 20/1s (default: capacity)"
+    )
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals instead of evenly spaced")
     p.add_argument(
         "--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)"
     )
-    p.add_argument("--total", type=int, metavar="N", help="stop generating after N requests")
+    p.add_argument("--total", metavar="N", help="stop generating after N requests")
     p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
     p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
-    p.add_argument("--ttl", type=float, metavar="S", help="request time-to-live in seconds")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--ttl", metavar="S", help="request time-to-live: seconds, or 500ms, 30s, 5m")
+    p.add_argument("--duration", metavar="S", help="stop after this long: seconds, or 30s, 5m, 1h")
     p.add_argument("--report", metavar="FILE", help="write the JSON report here at the end")
     p.add_argument("--graveyard", metavar="FILE", help="JSONL file for requests that used up their attempts")
     p.add_argument("--plot", action="store_true", help="print TPS and latency charts at the end (headless)")
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
-    p.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="headless metrics every S seconds"
-    )
+    p.add_argument("--interval", default=5.0, metavar="S", help="headless metrics every S seconds (or 500ms)")
     p.add_argument(
         "--theme",
         metavar="NAME",
         help="console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast)",
     )
-    p.add_argument("--seed", type=int, metavar="N", help="random seed for jitter and arrivals")
+    p.add_argument("--seed", metavar="N", help="random seed for jitter and arrivals")
     p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
     return p
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Flags as a config dict that `load_config` merges over the file."""
+    """Flags as a config dict that `load_config` merges over the file.
+
+    Every number is checked here as the config file checks it (core/numbers), so
+    a bad one is a `ConfigError` naming the flag. `--interval` is no config
+    setting: it is checked too and left in `args.interval` as seconds.
+    """
+    args.interval = _number("--interval", args.interval, "interval")
     o: dict[str, dict[str, Any]] = {
         "target": {},
         "keys": {},
@@ -90,7 +97,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         o["target"]["key_header"] = ""
     if args.nonce_param:
         o["target"]["nonce_param"] = "" if args.nonce_param.lower() == "none" else args.nonce_param
-    if args.keys:
+    if args.keys is not None:  # --keys "" is no keys, never the demo keys
         o["keys"]["secrets"] = (
             [args.keys]
             if args.keys.startswith(("@", "env:"))
@@ -99,45 +106,44 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.limit:
         o["keys"]["limits"] = args.limit
     if args.in_flight is not None:
-        o["engine"]["in_flight_per_key"] = args.in_flight
+        o["engine"]["in_flight_per_key"] = _number("--in-flight", args.in_flight, "engine.in_flight_per_key")
     if args.headroom is not None:
-        o["engine"]["headroom"] = (
-            args.headroom if args.headroom == "adaptive" else _number("--headroom", args.headroom)
-        )
+        o["engine"]["headroom"] = _number("--headroom", args.headroom, "engine.headroom")
     if args.no_backpressure:
         o["engine"]["backpressure"] = False
     if args.ttl is not None:
-        o["engine"]["ttl_s"] = args.ttl
+        o["engine"]["ttl_s"] = _number("--ttl", args.ttl, "engine.ttl_s")
     if args.graveyard is not None:
         o["engine"]["graveyard_path"] = args.graveyard
     if args.rate is not None:
-        o["workload"]["rate"] = args.rate
+        o["workload"]["rate"] = _number("--rate", args.rate, "workload.rate")
     if args.poisson:
         o["workload"]["arrival"] = "poisson"
     if args.workload:
         o["workload"]["file"] = args.workload
     if args.total is not None:
-        o["workload"]["total"] = args.total
+        o["workload"]["total"] = _number("--total", args.total, "workload.total")
     if args.duration is not None:
-        o["run"]["duration_s"] = args.duration
+        o["run"]["duration_s"] = _number("--duration", args.duration, "run.duration_s")
     if args.report:
         o["run"]["report"] = args.report
     if args.plot:
         o["run"]["plot"] = True
     if args.seed is not None:
-        o["run"]["seed"] = args.seed
+        o["run"]["seed"] = _number("--seed", args.seed, "run.seed")
     if args.theme:
         o["console"]["theme"] = args.theme
     return {k: v for k, v in o.items() if v}
 
 
-def _number(flag: str, text: str) -> float:
+def _number(flag: str, text: Any, key: str) -> Any:
+    """A flag's value checked by the config setting `key` ("interval": the metrics period)."""
     try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(
-            "command line", flag, f"must be a number of ms or 'adaptive', got {text!r}"
-        ) from None
+        if key == "interval":
+            return parse_duration(text, low=0.05, low_open=False, high=86_400.0)
+        return parse_setting(key, text)
+    except ValueError as exc:
+        raise ConfigError("command line", flag, str(exc)) from None
 
 
 def fail(message: str) -> int:
