@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ratedeck.core.loops import loop_factory
+from ratedeck.core.numbers import MAX_SIM_KEYS, check_simulator_numbers, fraction, latency_range, whole
 from ratedeck.core.policy import parse_policy
 
 from .app import start_server
@@ -89,7 +90,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.error_rate is not None:
         changes["error_rate"] = _option("--error-rate", _parse_fraction, args.error_rate)
     if args.seed is not None:
-        changes["seed"] = _option("--seed", int, args.seed)
+        changes["seed"] = _option("--seed", lambda v: whole(v, low=None, high=None), args.seed)
     return replace(base, **changes)
 
 
@@ -139,12 +140,17 @@ def _base_settings(args: argparse.Namespace) -> ServerSettings:
         try:
             with open(args.config, "rb") as file:
                 data = tomllib.load(file)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"--config: cannot read {args.config}: {exc}") from None
+        except OSError as exc:
+            raise ValueError(f"--config: cannot read {args.config}: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"--config: cannot read {args.config}: not valid TOML ({exc})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--config: cannot read {args.config}: not UTF-8 text") from None
         data.setdefault("mode", args.mode)
         try:
+            check_simulator_numbers(data)  # NaN, negative or absurd numbers, before the settings see them
             return ServerSettings.from_dict(data)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise ValueError(f"--config {args.config}: {exc}") from None
     return seed_settings() if args.mode == "seed" else standard_settings()
 
@@ -154,16 +160,16 @@ def _option(flag: str, parse: Callable[[str], Any], text: str) -> Any:
     try:
         return parse(text)
     except ValueError as exc:
-        message = str(exc)
-        if parse is int:
-            message = f"expected a whole number, got {text!r}"
-        raise ValueError(f"{flag}: {message}") from None
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _parse_keys(text: str, mode: str) -> tuple[str, ...]:
     text = text.strip()
-    if text.isdigit():
-        count = int(text)
+    if text.isascii() and text.isdigit():
+        try:
+            count = whole(text, low=1, high=MAX_SIM_KEYS)
+        except ValueError as exc:
+            raise ValueError(f"--keys: a count of keys {exc}") from None
         if mode == "seed":
             if not 1 <= count <= len(SEED_KEYS):
                 raise ValueError(
@@ -180,45 +186,27 @@ def _parse_keys(text: str, mode: str) -> tuple[str, ...]:
 
 
 def _parse_latency(text: str) -> tuple[int, int]:
+    """LOW:HIGH (or one value) whole milliseconds, 0 <= LOW <= HIGH <= 60000."""
     low_text, sep, high_text = text.partition(":")
     try:
-        low = int(low_text)
-        high = int(high_text) if sep else low
-    except ValueError:
-        raise ValueError(f"expected LOW:HIGH whole milliseconds like 0:50, got {text!r}") from None
-    if low < 0 or high < low:
-        raise ValueError(f"expected 0 <= LOW <= HIGH, got {text!r}")
-    return (low, high)
+        return latency_range((low_text, high_text if sep else low_text))
+    except ValueError as exc:
+        raise ValueError(f"expected LOW:HIGH whole milliseconds like 0:50, got {text!r} ({exc})") from None
 
 
 def _parse_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return whole(text, low=0)
 
 
 def _parse_fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"expected a number between 0 and 1, got {text!r}")
-    return value
+    return fraction(text, allow_zero=True)
 
 
 def _parse_port(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise ValueError(f"expected a port number 0..65535, got {text!r}")
-    return value
+        return whole(text, low=0, high=65535)
+    except ValueError as exc:
+        raise ValueError(f"a port number 0..65535: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
