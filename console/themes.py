@@ -15,6 +15,8 @@ from pathlib import Path
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
+from ratedeck.core.numbers import fraction
+
 DEFAULT_THEME = "ratedeck-dark"
 
 COLOUR_FIELDS = (
@@ -79,9 +81,10 @@ def theme_from_toml(text: str, source: str) -> Theme:
     extra: dict[str, float] = {}
     for field in ("luminosity_spread", "text_alpha"):
         if field in data:
-            if not isinstance(data[field], (int, float)) or isinstance(data[field], bool):
-                raise ThemeFileError(f"{source}: field '{field}' must be a number")
-            extra[field] = float(data[field])
+            try:  # finite, 0..1: a NaN here would reach every colour the console mixes
+                extra[field] = fraction(data[field], allow_zero=True)
+            except ValueError as error:
+                raise ThemeFileError(f"{source}: field '{field}' {error}") from None
     return Theme(name=name.strip(), dark=dark, variables=dict(variables), **colours, **extra)
 
 
