@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 #: Requests (or messages) per second: the most an arrival rate may ask for.
@@ -259,7 +260,7 @@ def check_simulator_numbers(table: Any) -> None:
     if not isinstance(table, dict):
         return
 
-    def check(name: str, parse) -> Any:
+    def check(name: str, parse: Callable[[Any], Any]) -> Any:
         if name not in table:
             return None
         try:

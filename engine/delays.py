@@ -77,7 +77,9 @@ def parse_retry_after(value: str | None, now_wall: float | None = None) -> float
 
 def _split(text: str, sep: str) -> list[str]:
     """Split on `sep` outside double-quoted strings (a structured field's quoting)."""
-    parts, current, quoted, escaped = [], [], False, False
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
     for ch in text:
         if escaped:
             escaped = False
