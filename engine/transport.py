@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import time
+from collections import Counter
 from typing import Protocol
 from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
 
+from ratedeck.core.secrets import MASK, safe_url, secret_forms
+
 from .config import KeySpec, TargetConfig
 from .delays import DelayHook, json_field_hook, response_delay
-from .outcome import CONNECTION, OK, TIMEOUT, Outcome, classify
+from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
+
+ERROR_TEXT_CHARS = 200  # an error body is kept this long, after masking every key
+ERROR_BODY_BYTES = 64 * 1024  # read of an error body; enough to classify it, bounded against a flood
+MAX_REDIRECTS = 5  # with target.follow_redirects, same-origin hops per attempt
+_DISTINCT = 20  # error descriptions counted by name; the rest as "other"
 
 
 class Response:
@@ -43,19 +53,56 @@ class Transport(Protocol):
 class HttpTransport:
     """aiohttp, one keep-alive session, the key in a parameter or a header.
 
-    Error texts are built from the exception type and never include the URL,
-    because the URL may carry the key.
+    Hostile targets in mind:
+    - error texts are built from the exception type, never from its message
+      (which may quote the URL, and the URL may carry the key); an error
+      body is masked with `redact` for every key (and URL credentials)
+      before it is cut to `ERROR_TEXT_CHARS`;
+    - redirects are not followed (a 3xx is a failure naming the status and
+      the Location, shown without query or credentials); with
+      `target.follow_redirects`, only to the same origin, so the key never
+      travels to another host;
+    - a target URL with its own query string keeps it: our parameters are
+      added to it.
+
+    `answers`, `no_answer` and `redirects` count what came back, so a run
+    can say "connection refused x57" instead of a bare 0 req/s.
     """
 
     def __init__(
-        self, target: TargetConfig, url: str, max_connections: int, delay_hook: DelayHook | None = None
+        self,
+        target: TargetConfig,
+        url: str,
+        max_connections: int,
+        delay_hook: DelayHook | None = None,
+        secrets: tuple[str, ...] | list[str] = (),
     ):
         self.target = target
         self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
+        parsed = URL(url)
+        self._origin = (parsed.scheme, parsed.host, parsed.port)
+        # Credentials in the URL are secrets too: mask them wherever text is shown.
+        self._mask = Masker((*secrets, parsed.password or "", parsed.user or ""))
+        # Our parameters go after the URL's own query string, in one query.
+        self._base = str(parsed.with_query(None).with_fragment(None))
+        self._base_query = parsed.raw_query_string
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
+        self.answers = 0  # HTTP answers read whole, of any status
+        self.no_answer: Counter[str] = Counter()  # attempts with no answer, by cause
+        self.redirects: Counter[str] = Counter()  # 3xx answers not followed, by status and place
+        self.consecutive_no_answer = 0
+
+    def stats(self) -> dict:
+        """What came back, for the run's summary: plain data, safe to print."""
+        return {
+            "answers": self.answers,
+            "no_answer": dict(self.no_answer.most_common()),
+            "redirects": dict(self.redirects.most_common()),
+            "consecutive_no_answer": self.consecutive_no_answer,
+        }
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -80,48 +127,192 @@ class HttpTransport:
             fields.extend((str(k), str(v)) for k, v in req.params.items())
         return fields
 
+    def _get_url(self, fields: list[tuple[str, str]]) -> URL:
+        parts = [self._base_query, "&".join(f"{k}={quote(v, safe='')}" for k, v in fields), self._static]
+        query = "&".join(p for p in parts if p)
+        # Pre-encoded: skips aiohttp's URL building, a measurable cost at 5,000/s.
+        return URL(f"{self._base}?{query}" if query else self._base, encoded=True)
+
+    def _same_origin(self, current: URL, location: str) -> URL | None:
+        """Where a redirect leads, if that is this target's own origin; else None."""
+        try:
+            nxt = current.join(URL(location))
+        except (ValueError, TypeError):
+            return None
+        return nxt if (nxt.scheme, nxt.host, nxt.port) == self._origin else None
+
+    def _show_location(self, current: URL, location: str | None) -> str:
+        if not location:
+            return "no Location"
+        try:
+            shown = safe_url(str(current.join(URL(location))))
+        except (ValueError, TypeError):
+            shown = "an unreadable Location"
+        return _cut(self._mask(_printable(shown)), 120)
+
+    def _note(self, counter: Counter[str], text: str) -> None:
+        counter[text if text in counter or len(counter) < _DISTINCT else "other"] += 1
+
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         session = self._session or self._open()
         t = self.target
+        self._mask.add(key.secret)
         fields = self._fields(key, req, nonce)
         headers = {t.key_header: key.secret} if t.key_header else None
+        if t.method == "GET":
+            method, url, data = "GET", self._get_url(fields), None
+        else:
+            method, url, data = "POST", URL(self.url), dict(fields) | dict(t.params)
         start = time.monotonic()  # precise even where the loop's clock is coarse
+        hops = 0
         try:
-            if t.method == "GET":
-                query = "&".join(f"{k}={quote(v, safe='')}" for k, v in fields)
-                if self._static:
-                    query = f"{query}&{self._static}" if query else self._static
-                # Pre-encoded: skips aiohttp's URL building, a measurable cost at 5,000/s.
-                url = URL(f"{self.url}?{query}" if query else self.url, encoded=True)
-                ctx = session.get(url, headers=headers)
-            else:
-                data = dict(fields) | dict(t.params)
-                ctx = session.post(self.url, data=data, headers=headers)
-            async with ctx as resp:
-                status = resp.status
-                raw = await resp.read()
-                headers = resp.headers
+            while True:
+                async with session.request(
+                    method, url, data=data, headers=headers, allow_redirects=False
+                ) as resp:
+                    status = resp.status
+                    location = resp.headers.get("Location") if 300 <= status < 400 else None
+                    if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
+                        nxt = self._same_origin(url, location)
+                        if nxt is not None:
+                            hops += 1
+                            url = nxt
+                            if status == 303 or (status in (301, 302) and method == "POST"):
+                                method, data = "GET", None
+                            continue
+                    raw = await resp.read() if status < 300 else await _read_some(resp, ERROR_BODY_BYTES)
+                    resp_headers = resp.headers
+                break
+        except asyncio.CancelledError:
+            raise
         except TimeoutError:
-            return Outcome(TIMEOUT, latency_s=time.monotonic() - start, error="timed out")
-        except (aiohttp.ClientError, OSError) as exc:
-            return Outcome(CONNECTION, latency_s=time.monotonic() - start, error=type(exc).__name__)
+            return self._no_answer(TIMEOUT, "timed out", start)
+        except Exception as exc:  # whatever the target did, it is an attempt with no answer
+            return self._no_answer(CONNECTION, _describe(exc), start)
         latency = time.monotonic() - start
-        policy = headers.get("RateLimit-Policy")
-        if status < 300:
-            return Outcome(OK, status, None, latency, None, policy, Response(status, headers, raw))
+        self.answers += 1
+        self.consecutive_no_answer = 0
+        policy = resp_headers.get("RateLimit-Policy")
+        response = Response(status, resp_headers, raw)
+        if 200 <= status < 300:
+            return Outcome(OK, status, None, latency, None, policy, response)
+        if 300 <= status < 400:
+            # Never a success: the answer is somewhere we did not (or may not) go.
+            location = resp_headers.get("Location")
+            why = "not followed" if not t.follow_redirects else "to another origin or too many, not followed"
+            error = f"HTTP {status} redirect to {self._show_location(url, location)} ({why})"
+            self._note(self.redirects, error)
+            return Outcome(CLIENT_ERROR, status, None, latency, error, policy, response)
         body = raw.decode("utf-8", "replace")
-        delay = response_delay(status, headers, body, self.delay_hook)
+        try:
+            delay = response_delay(status, resp_headers, body, self.delay_hook)
+        except Exception:  # a header no parser understands asks for no delay
+            delay = None
         return Outcome(
             classify(status, body, uses_nonce=bool(t.nonce_param)),
             status,
             delay,
             latency,
-            body[:200].replace(key.secret, "…"),
+            self.error_text(body),
             policy,
-            Response(status, headers, raw),
+            response,
         )
+
+    def error_text(self, text: str) -> str:
+        """`text` from the target fit to show: every key masked first, then one line, then cut.
+
+        A long body is masked on a window first: when what is left of it is
+        still longer than the cut plus the longest form of a key, a form cut
+        at the window's end cannot reach the part kept.
+        """
+        mask, limit = self._mask, ERROR_TEXT_CHARS
+        window = 2 * (limit + mask.longest)
+        if len(text) > window:
+            head = _printable(mask(text[:window]))
+            if len(head) >= limit + mask.longest:
+                return head[:limit] + "…"
+        return _cut(_printable(mask(text)), limit)
+
+    def _no_answer(self, kind, description: str, start: float) -> Outcome:
+        self._note(self.no_answer, description)
+        self.consecutive_no_answer += 1
+        return Outcome(kind, latency_s=time.monotonic() - start, error=description)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class Masker:
+    """`core.secrets.redact` for a set of secrets that only grows, their forms computed once.
+
+    `redact` derives every form of every secret per call (about 1 ms for 50
+    keys); an error answer is masked on the hot path, so the forms are kept.
+    """
+
+    __slots__ = ("_secrets", "_forms", "longest")
+
+    def __init__(self, secrets=()) -> None:
+        self._secrets: set[str] = set()
+        self._forms: list[str] | None = None
+        self.longest = 0
+        for secret in secrets:
+            self.add(secret)
+
+    def add(self, secret: str) -> None:
+        if secret and secret not in self._secrets:
+            self._secrets.add(secret)
+            self._forms = None
+            self.longest = max(self.longest, *(len(f) for f in secret_forms(secret)), len(secret))
+
+    def __call__(self, text: str) -> str:
+        if self._forms is None:
+            forms: set[str] = set()
+            for secret in self._secrets:
+                forms |= secret_forms(secret)
+            self._forms = sorted(forms, key=len, reverse=True)  # longest first, as redact does
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+async def _read_some(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to `limit` bytes of a body (an error page may be huge; its head says enough)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await resp.content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _printable(text: str) -> str:
+    """One line of printable characters: no newlines, escapes or terminal control codes."""
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+
+
+def _describe(exc: BaseException) -> str:
+    """A short cause for an attempt with no answer, from the exception's type only."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_error = exc.os_error
+        if isinstance(os_error, ConnectionRefusedError):
+            return "connection refused"
+        return f"cannot connect ({type(os_error).__name__})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "closed without an answer"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "incomplete body"
+    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
+        return "connection reset"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "malformed HTTP answer"
+    return type(exc).__name__
