@@ -8,7 +8,7 @@ through `host.send`. Widgets never see the host.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import tomli_w
 from textual import events
@@ -198,6 +198,8 @@ class RatedeckApp(App[Snapshot]):
         self._startup_notices: list[tuple[str, str]] = []
         self._draining = False
         self._snapshot_failed = False
+        self._keymap_in_force: dict[str, str] = {}  # binding id -> keys, as given to set_keymap
+        self._exiting = False
         # Values sent but maybe not yet visible in a snapshot, so that fast
         # repeated +/+ or ]/] presses build on each other.
         self._pending_headroom: float | None = None
@@ -300,6 +302,7 @@ class RatedeckApp(App[Snapshot]):
         keymap = {key: value for key, value in self._requested_keymap.items() if key in known}
         if keymap:
             self.set_keymap(keymap)
+            self._keymap_in_force = keymap
 
     # ---------------------------------------------------------------- data
 
@@ -310,9 +313,14 @@ class RatedeckApp(App[Snapshot]):
         self._pending_throttle = None
         self.pull_snapshot()
 
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Exit as Textual does, remembering it so late timer ticks pull nothing."""
+        self._exiting = True
+        super().exit(*args, **kwargs)
+
     def pull_snapshot(self) -> None:
         """Fetch a snapshot from the host and hand it to every panel."""
-        if self._exit:  # a last timer tick while the app shuts down
+        if self._exiting:  # a last timer tick while the app shuts down
             return
         try:
             snap = self.host.snapshot()
@@ -399,7 +407,7 @@ class RatedeckApp(App[Snapshot]):
 
     def _keys_for(self, binding: Binding) -> set[str]:
         assert binding.id is not None
-        keys = self._keymap.get(binding.id, binding.key)
+        keys = self._keymap_in_force.get(binding.id, binding.key)
         return {key.strip() for key in keys.split(",")}
 
     def _control_bindings(self) -> list[Binding]:
@@ -411,7 +419,7 @@ class RatedeckApp(App[Snapshot]):
     def control_rows(self) -> list[tuple[str, str, str, str]]:
         """(keys as mapped now, binding id, description, action) for each control."""
         rows: list[tuple[str, str, str, str]] = []
-        keymap = self._keymap
+        keymap = self._keymap_in_force
         for binding in self._control_bindings():
             assert binding.id is not None
             keys = keymap.get(binding.id, binding.key).split(",")

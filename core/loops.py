@@ -30,7 +30,8 @@ def loop_factory(prefer: LoopName = "asyncio") -> Callable[[], asyncio.AbstractE
             import uvloop
         except ImportError:
             return asyncio.new_event_loop
-        return uvloop.new_event_loop
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
     return asyncio.new_event_loop
 
 

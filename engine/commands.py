@@ -49,9 +49,6 @@ class SetArrivalRate:
     rate: float
 
 
-Command = PauseKey | ResumeKey | PauseAll | ResumeAll | SetHeadroom | SetBackpressure | SetArrivalRate
-
-
 @dataclass(frozen=True, slots=True)
 class SetThrottle:
     """The entry throttle of a message workload: "off", "auto" or messages per second (> 0)."""
@@ -59,4 +56,7 @@ class SetThrottle:
     mode_or_rate: str | float
 
 
-Command = Command | SetThrottle
+#: Everything the engine can be told.
+Command = (
+    PauseKey | ResumeKey | PauseAll | ResumeAll | SetHeadroom | SetBackpressure | SetArrivalRate | SetThrottle
+)

@@ -238,7 +238,9 @@ class Engine:
         self.metrics.sent += 1
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        task = self.loop.create_task(self._attempt(worker, req, nonce, stamps))
+        loop = self.loop
+        assert loop is not None, "launch() before start()"
+        task = loop.create_task(self._attempt(worker, req, nonce, stamps))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
@@ -302,8 +304,8 @@ class Engine:
         if v.widen_headroom:
             self.headroom.observe_rejection(now)
         if v.cooldown is not None:
-            host = v.cooldown.scope is Scope.HOST and self.host_gate is not None
-            gate = self.host_gate if host else worker.gates[0]
+            host_gate = self.host_gate if v.cooldown.scope is Scope.HOST else None
+            gate = host_gate if host_gate is not None else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
         if v.block_key and worker.block():
             self.event(
@@ -499,15 +501,15 @@ class Engine:
                     w.paused = False
                     w.poke()
                 self.event(EventKind.PAUSE, "all keys resumed")
-            case SetHeadroom(ms=None):
-                self.headroom.set_adaptive()
-                self.event(EventKind.SETTING, "headroom adaptive")
-                self._poke_all()
             case SetHeadroom(ms=ms):
-                if not ms >= 0 or ms == float("inf"):
-                    raise ValueError(f"headroom must be a finite number of ms, 0 or more, got {ms}")
-                self.headroom.set_fixed(ms)
-                self.event(EventKind.SETTING, f"headroom fixed at {self.headroom.value_ms:g} ms")
+                if ms is None:
+                    self.headroom.set_adaptive()
+                    self.event(EventKind.SETTING, "headroom adaptive")
+                else:
+                    if not ms >= 0 or ms == float("inf"):
+                        raise ValueError(f"headroom must be a finite number of ms, 0 or more, got {ms}")
+                    self.headroom.set_fixed(ms)
+                    self.event(EventKind.SETTING, f"headroom fixed at {self.headroom.value_ms:g} ms")
                 self._poke_all()
             case SetBackpressure(on=on):
                 self.backpressure = on

@@ -111,7 +111,7 @@ class HeadroomController:
         # (min, max) round trip per second for the last `window_s` seconds, plus
         # the running second: O(1) per sample at any request rate.
         self._buckets: deque[tuple[float, float]] = deque(maxlen=window_s)
-        self._bucket_end: float | None = None
+        self._bucket_end = float("inf")  # the first answer starts the first one-second bucket
         self._bucket_lo = self._lo = float("inf")
         self._bucket_hi = self._hi = float("-inf")
         self._first_t: float | None = None
@@ -164,7 +164,7 @@ class HeadroomController:
         """
         if not self.adaptive:
             return None
-        if self._n < 100 or now - self._first_t < self.settle_s:
+        if self._n < 100 or self._first_t is None or now - self._first_t < self.settle_s:
             return max(self.value_ms, (rtt_s - min(self._lo, rtt_s)) * 1000.0 + self.margin_ms) / 1000.0
         spread_ms = (self._hi - self._lo) * 1000.0
         extra_ms = (rtt_s - self._lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
@@ -261,7 +261,7 @@ class HeadroomController:
         if goal >= self.value_ms:
             self._set(goal)
         elif self._prior:
-            if now - self._first_t >= self.settle_s:
+            if self._first_t is not None and now - self._first_t >= self.settle_s:
                 self._prior = False
                 self._set(goal)  # the initial value was a guess; settled evidence replaces it
             elif last is not None:

@@ -162,6 +162,8 @@ class RateDeck:
         return await self._submit(None, pool, ttl_s, fn)
 
     def snapshot(self) -> Snapshot:
+        if self.engine is None:
+            raise RuntimeError("use RateDeck as 'async with RateDeck(...) as deck'")
         return self.engine.snapshot()
 
     async def _submit(
@@ -172,9 +174,14 @@ class RateDeck:
             raise RuntimeError("use RateDeck as 'async with RateDeck(...) as deck'")
         if engine.backpressure:
             await engine.queues.wait_space(engine.queue_max)
-        fut = engine.loop.create_future()
+        fut: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
+
+        def done(_req: Request, where: Ending) -> None:
+            if not fut.done():
+                fut.set_result(where)
+
         req = engine.new_request(params, pool=pool, ttl_s=ttl_s, call=fn)
-        req.on_done = lambda r, where: fut.done() or fut.set_result(where)
+        req.on_done = done
         engine.submit(req)
         try:
             where = await fut
@@ -187,7 +194,7 @@ class RateDeck:
 def _result(req: Request, where: Ending) -> Any:
     outcome: oc.Outcome | None = req.result
     if where is Ending.SUCCEEDED:
-        return outcome.response
+        return outcome.response if outcome is not None else None
     if where is Ending.EXPIRED:
         raise CallExpired(f"call {req.id} expired after {req.attempts} attempts", outcome)
     if where is Ending.SHED:

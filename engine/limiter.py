@@ -76,9 +76,9 @@ class WindowLimiter:
         self.headroom_s = headroom_s  # for slots whose request is not answered yet
         self.pace_s = pace_s or headroom_s  # the headroom the even gap assumes
         self.min_spacing = min_spacing
-        self._rings = tuple(deque(maxlen=p.limit) for p in policies)
+        self._rings: tuple[deque[Stamp], ...] = tuple(deque(maxlen=p.limit) for p in policies)
         self._last = float("-inf")  # the last send
-        self._waiters: deque[tuple[asyncio.Future, float | None]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def next_free(self, now: float) -> float:
@@ -121,7 +121,7 @@ class WindowLimiter:
             return self.record(now)
         if deadline is not None and self.next_free(now) > deadline:
             return None
-        fut = loop.create_future()
+        fut: asyncio.Future[Stamp | None] = loop.create_future()
         self._waiters.append((fut, deadline))
         self._arm(loop)
         try:
@@ -147,7 +147,7 @@ class WindowLimiter:
     def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         now = loop.time()
-        kept: deque = deque()
+        kept: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         for fut, deadline in self._waiters:
             if fut.done():
                 continue

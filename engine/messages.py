@@ -136,6 +136,8 @@ class MessageWorkload:
     @classmethod
     def from_config(cls, cfg: RunConfig, rng: random.Random) -> MessageWorkload:
         m, w = cfg.messages, cfg.workload
+        if m is None:
+            raise ValueError("a message workload needs a [messages] section")
         items = read_jsonl(w.file) if w.file else None
         return cls(
             cfg.arrival_rate / m.calls if w.rate is None else cfg.arrival_rate,
@@ -272,7 +274,9 @@ class MessageWorkload:
     def _first_calls(self) -> int:
         return self.calls if self.pattern == "parallel" else 1
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None, sink: SourceSink) -> None:
+    async def _sleep(
+        self, loop: asyncio.AbstractEventLoop | None, until: float | None, sink: SourceSink
+    ) -> None:
         # With auto, pausing/resuming a key or a closing gate changes the rate:
         # the engine pokes the workload on commands; gates are caught above.
         await self._waker.wait(loop, until)

@@ -43,7 +43,7 @@ class Request:
         id: int,
         created_at: float,
         deadline: float,
-        params: dict | None = None,
+        params: dict[str, Any] | None = None,
         on_done: DoneCallback | None = None,
         pool: str | None = None,
         call: CallFn | None = None,

@@ -16,8 +16,8 @@ class Waker:
 
     __slots__ = ("_fut",)
 
-    def __init__(self):
-        self._fut: asyncio.Future | None = None
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
 
     def poke(self) -> None:
         fut = self._fut
@@ -26,15 +26,15 @@ class Waker:
 
     async def wait(
         self,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop | None,
         until: float | None = None,
-        register: Callable[[asyncio.Future], None] | None = None,
+        register: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> None:
-        fut = loop.create_future()
+        fut = (loop or asyncio.get_running_loop()).create_future()
         self._fut = fut
         if register is not None:
             register(fut)
-        handle = loop.call_at(until, _resolve, fut) if until is not None else None
+        handle = fut.get_loop().call_at(until, _resolve, fut) if until is not None else None
         try:
             await fut
         finally:
@@ -43,6 +43,6 @@ class Waker:
                 handle.cancel()
 
 
-def _resolve(fut: asyncio.Future) -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)

@@ -69,7 +69,7 @@ class Workload:
     def stats(self, elapsed_s: float) -> MessageStats | None:
         return None
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+    async def _sleep(self, loop: asyncio.AbstractEventLoop | None, until: float | None) -> None:
         await self._waker.wait(loop, until)
 
     async def run(self, sink: SourceSink) -> None:

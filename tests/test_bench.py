@@ -121,6 +121,7 @@ def test_bar_charts_without_colour_have_no_escape_codes():
     assert "\x1b[" not in text
 
 
+@pytest.mark.slow
 def test_quick_run_writes_the_report_with_stable_names(tmp_path, capsys):
     """One scenario, two strategies, each in its own process against a fresh simulator."""
     report = tmp_path / "bench.json"

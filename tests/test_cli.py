@@ -89,6 +89,7 @@ def test_save_config_round_trips_and_never_writes_a_literal_key(tmp_path, capsys
     assert load_config(str(tmp_path / "seed.toml")).keys == load_config().keys
 
 
+@pytest.mark.slow
 def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
@@ -138,6 +139,7 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     assert not any(key in everything for key in SEED_KEYS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_stops_gracefully_with_report(tmp_path, sig):
     report = tmp_path / "report.json"

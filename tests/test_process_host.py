@@ -20,6 +20,7 @@ def wait_for(host, predicate, timeout=20.0):
     raise AssertionError(f"condition not reached; last snapshot phase={host.snapshot().phase}")
 
 
+@pytest.mark.slow
 def test_commands_reach_the_child_and_stop_returns_the_final_snapshot(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     host = ProcessHost(load_config())
@@ -37,6 +38,7 @@ def test_commands_reach_the_child_and_stop_returns_the_final_snapshot(tmp_path, 
     assert host.server_stats["totals"]["rejected_429"] == 0  # the embedded simulator's own count
 
 
+@pytest.mark.slow
 def test_a_start_failure_in_the_child_is_raised_in_the_parent():
     cfg = load_config(overrides={"server": {"mode": "seed", "latency_in_ms": [5, 1]}})
     host = ProcessHost(cfg)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
@@ -17,6 +19,7 @@ def test_readme_starts_with_the_two_commands():
     assert "pytest" in (Path(__file__).parent.parent / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow
 def test_library_example_runs(tmp_path):
     section = README[README.index("## As a library") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

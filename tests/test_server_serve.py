@@ -91,6 +91,7 @@ def test_bad_values_give_one_message_and_exit_2(argv, flag, capsys):
     assert captured.out == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serves_until_a_signal_and_exits_quietly(signum):
     command = [
