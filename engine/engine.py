@@ -41,7 +41,7 @@ from .config import RunConfig
 from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import Stamp, WindowLimiter
-from .messages import source_from_config
+from .multicall import source_from_config
 from .metrics import Metrics
 from .ports import Source
 from .queues import Graveyard, WorkQueues

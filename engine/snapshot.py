@@ -71,7 +71,7 @@ class LatencySummary:
 
 @dataclass(frozen=True, slots=True)
 class MessageStats:
-    """A message run's part of a snapshot (engine/messages.py).
+    """A message run's part of a snapshot (engine/multicall.py).
 
     A message ends in one place: generated == completed + failed + shed +
     queued + in_progress.

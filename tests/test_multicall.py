@@ -237,7 +237,7 @@ def test_bad_messages_settings_name_the_key(table, key):
 
 def test_messages_section_selects_the_message_workload():
     from ratedeck.engine.config import to_toml_dict
-    from ratedeck.engine.messages import MessageWorkload
+    from ratedeck.engine.multicall import MessageWorkload
 
     cfg = load_config(preset="seed", overrides={"messages": {"calls": 3, "throttle": 25}})
     assert cfg.messages.calls == 3 and cfg.messages.throttle == 25.0
