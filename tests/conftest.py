@@ -1,5 +1,5 @@
 import sys
 from pathlib import Path
 
-# Test helpers (virtual-time loop, in-memory transport) import as plain modules.
+# Test helpers (engine_helpers, console_fixtures, fault_server) import as plain modules.
 sys.path.insert(0, str(Path(__file__).parent))
