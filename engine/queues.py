@@ -11,7 +11,9 @@ import asyncio
 import heapq
 import json
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from .request import Request
 
@@ -23,10 +25,10 @@ class WorkQueues:
 
     __slots__ = ("main", "dlq", "_getters", "_timer", "_space", "_space_limit", "_loop")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.main: deque[Request] = deque()
         self.dlq: list[Request] = []
-        self._getters: deque[asyncio.Future] = deque()
+        self._getters: deque[asyncio.Future[None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._space: asyncio.Event | None = None
         self._space_limit = 0
@@ -52,7 +54,7 @@ class WorkQueues:
             self._arm()
 
     # -- taking
-    def pop_ready(self, now: float, pool_ok=None) -> Request | None:
+    def pop_ready(self, now: float, pool_ok: Callable[[str | None], bool] | None = None) -> Request | None:
         """The next request to send: an eligible retry first, else fresh work.
 
         `pool_ok(name) -> bool`, when given, skips requests whose connection
@@ -83,7 +85,7 @@ class WorkQueues:
             self._space.set()
         return req
 
-    def add_getter(self, fut: asyncio.Future) -> None:
+    def add_getter(self, fut: asyncio.Future[None]) -> None:
         """Register a future to be resolved when work may be ready.
 
         Call only right after `pop_ready` returned None; a getter whose future
@@ -140,8 +142,11 @@ class WorkQueues:
     def drain_expired(self, now: float) -> list[Request]:
         """Remove and return every queued request whose deadline has passed.
 
-        The main queue is in creation order and every request has the same
-        TTL, so its expired requests are at the head: O(expired), not O(queue).
+        The main queue is in creation order and most requests share the run's
+        TTL, so the scan stops at the first live request: O(expired), not
+        O(queue). One with a shorter deadline behind a longer one (a library
+        call's own TTL, a cancelled call of a failed message) is expired when
+        a worker pops it instead, never sent.
         """
         main, dead = self.main, []
         while main and main[0].deadline <= now:
@@ -156,40 +161,57 @@ class WorkQueues:
 
 
 class Graveyard:
-    """Requests that used up their attempts, kept as JSONL lines for analysis."""
+    """Requests that used up their attempts, one JSONL line each, written as they happen.
 
-    __slots__ = ("path", "count", "_lines")
+    Each line is written and flushed when its request is buried, so a kill -9
+    loses at most a partial last line. `written` counts the lines that reached
+    the file. A write that fails sets `problem`, no later line is tried (they
+    are counted, not written), and `flush()` returns the problem so the
+    engine reports it; a run whose graveyard is incomplete must say so.
+    """
 
-    def __init__(self, path: str | None):
-        self.path = path
+    __slots__ = ("path", "count", "written", "problem", "_fh")
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path or None
         self.count = 0
-        self._lines: list[str] = []
+        self.written = 0
+        self.problem: str | None = None
+        self._fh: TextIO | None = None
 
     def add(self, req: Request, now: float, wall_offset: float) -> None:
         self.count += 1
-        if not self.path:
+        if self.path is None or self.problem is not None:
             return
-        self._lines.append(
-            json.dumps(
-                {
-                    "id": req.id,
-                    "attempts": req.attempts,
-                    "last_status": req.last_status,
-                    "last_error": req.last_error,
-                    "created_at": round(req.created_at + wall_offset, 3),
-                    "buried_at": round(now + wall_offset, 3),
-                }
-            )
+        line = json.dumps(
+            {
+                "id": req.id,
+                "attempts": req.attempts,
+                "last_status": req.last_status,
+                "last_error": req.last_error,  # masked where it was made (transport, engine)
+                "created_at": round(req.created_at + wall_offset, 3),
+                "buried_at": round(now + wall_offset, 3),
+            }
         )
+        try:
+            if self._fh is None:
+                self._fh = Path(self.path).open("a", encoding="utf-8", buffering=1)
+            self._fh.write(line + "\n")
+            self._fh.flush()
+        except (OSError, ValueError) as exc:
+            self.problem = f"cannot write graveyard {self.path}: {getattr(exc, 'strerror', None) or exc}"
+            self.close()
+            return
+        self.written += 1
 
     def flush(self) -> str | None:
-        """Append pending lines to the file; returns an error text instead of raising."""
-        if not self.path or not self._lines:
-            return None
-        try:
-            with Path(self.path).open("a", encoding="utf-8") as fh:
-                fh.write("\n".join(self._lines) + "\n")
-        except OSError as exc:
-            return f"cannot write graveyard {self.path}: {exc.strerror or exc}"
-        self._lines.clear()
-        return None
+        """Lines are written as they come; returns the write problem, if one happened."""
+        return self.problem
+
+    def close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError as exc:
+                self.problem = self.problem or f"cannot write graveyard {self.path}: {exc.strerror or exc}"

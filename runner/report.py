@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.snapshot import MessageStats, Snapshot
 
 
 def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
@@ -16,7 +16,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
     """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
     lat = snap.latency
-    return {
+    report: dict = {
         "duration_s": r(snap.elapsed_s, 3),
         "capacity_tps": r(snap.capacity_tps),
         "throughput_tps": r(snap.throughput_tps),
@@ -78,11 +78,32 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
             for g in snap.gates
             if g.closures
         ],
-    } | (
-        {"server": {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}}
-        if server_stats
-        else {}
-    )
+    }
+    if snap.messages is not None:
+        report["messages"] = messages_report(snap.messages)
+    if server_stats:
+        report["server"] = {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}
+    return report
+
+
+def messages_report(m: MessageStats) -> dict:
+    """A message run's own accounting: messages end in one place, like requests."""
+    return {
+        "calls_per_message": m.calls_per_message,
+        "pattern": str(m.pattern),
+        "generated": m.generated,
+        "completed": m.completed,
+        "failed": m.failed,
+        "shed": m.shed,
+        "queued_at_end": m.queued,
+        "in_progress_at_end": m.in_progress,
+        "calls_wasted": m.calls_wasted,
+        "calls_cancelled": m.calls_cancelled,
+        "goodput_tps": round(m.goodput_tps, 2),
+        "throttle": m.throttle_mode,
+        "excess": str(m.excess),
+        "balance_ok": m.balance() == 0,
+    }
 
 
 def write_report(snap: Snapshot, path: str, server_stats: dict | None = None) -> str | None:

@@ -170,6 +170,11 @@ def test_shed_messages_are_counted_and_written_to_the_shed_file(tmp_path):
     assert len(lines) == snap.messages.shed
     assert lines[0]["reason"] == "throttle" and lines[0]["calls"] == 3
     assert message_balance(snap) == 0
+    # The report says how many messages were shed, beside the requests' own count.
+    from ratedeck.runner.report import build_report
+
+    report = build_report(snap)
+    assert report["messages"]["shed"] == len(lines) and report["messages"]["balance_ok"]
 
 
 def test_sample_processes_the_configured_fraction():
