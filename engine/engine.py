@@ -41,8 +41,8 @@ from .config import RunConfig
 from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import Stamp, WindowLimiter
-from .multicall import source_from_config
 from .metrics import Metrics
+from .multicall import source_from_config
 from .ports import Source
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, Request
@@ -236,6 +236,9 @@ class Engine:
         req.attempts += 1
         self.in_flight += 1
         self.metrics.sent += 1
+        if req.first_sent_at is None:
+            req.first_sent_at = sent_at = stamps[0].t if stamps else self.clock()
+            self.metrics.queue_wait.add((sent_at - req.created_at) * 1000.0)
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
         loop = self.loop
@@ -292,7 +295,7 @@ class Engine:
         m = self.metrics
         worker.tally(v.tally)
         if v.tally is Tally.SUCCEEDED:
-            m.success(result.latency_s * 1000.0)
+            m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
         elif v.tally is Tally.REJECTED_OTHER:
@@ -301,6 +304,10 @@ class Engine:
             m.fail(v.cause or str(result.kind))
         if v.tally is not Tally.SUCCEEDED:
             req.last_error = result.error or str(result.kind)
+            cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
+            m.errors.add(
+                result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
+            )
         if v.widen_headroom:
             self.headroom.observe_rejection(now)
         if v.cooldown is not None:
@@ -425,14 +432,19 @@ class Engine:
         pool: str | None = None,
         ttl_s: float | None = None,
         call: CallFn | None = None,
+        intended_at: float | None = None,
     ) -> Request:
-        """A request created now, with the engine's TTL unless `ttl_s` is given."""
+        """A request created now, with the engine's TTL unless `ttl_s` is given.
+
+        `intended_at` is when it should have arrived (a fixed arrival rate's
+        schedule): latency from arrival counts from there.
+        """
         now = self.clock()
         self._next_id += 1
         if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
             raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
         deadline = now + (self.ttl_s if ttl_s is None else ttl_s)
-        return Request(self._next_id, now, deadline, params, pool=pool, call=call)
+        return Request(self._next_id, now, deadline, params, pool=pool, call=call, intended_at=intended_at)
 
     def source_done(self) -> None:
         self._check_finished()
@@ -556,6 +568,7 @@ class Engine:
             elapsed_s=elapsed,
             phase=self.phase,
             capacity_tps=self.capacity_tps(),
+            live_capacity_tps=self.live_capacity(now) if self.phase is Phase.RUNNING else 0.0,
             throughput_tps=m.succeeded / elapsed if elapsed > 0 else 0.0,
             current_tps=m.tps_series[-1] if m.tps_series else 0.0,
             generated=m.generated,
@@ -572,6 +585,7 @@ class Engine:
             failed=m.failed,
             retried=m.retried,
             failures=tuple(sorted(m.failures.items())),
+            errors=m.errors.rows(),
             main_max=self.queue_max,
             main_peak=m.main_peak,
             main_avg=m.main_avg,
@@ -584,6 +598,8 @@ class Engine:
             backpressure=self.backpressure,
             arrival_rate=self.source.rate,
             latency=m.latency.summary(),
+            latency_total=m.latency_total.summary(),
+            queue_wait=m.queue_wait.summary(),
             tps_series=tuple(m.tps_series),
             p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from .snapshot import LatencySummary
+from ratedeck.core.vocab import OutcomeKind
+
+from .snapshot import ErrorRow, LatencySummary
 
 _FINE_MS = 1000  # below this, buckets of 0.1 ms
 _FINE_BINS = _FINE_MS * 10
@@ -58,9 +60,45 @@ class LatencyHistogram:
         return out
 
     def summary(self) -> LatencySummary:
-        p50, p90, p99 = self.quantiles(0.5, 0.9, 0.99)
+        p50, p90, p99, p999 = self.quantiles(0.5, 0.9, 0.99, 0.999)
         mean = self.total / self.count if self.count else 0.0
-        return LatencySummary(mean=mean, p50=p50, p90=p90, p99=p99, max=self.max)
+        return LatencySummary(mean=mean, p50=p50, p90=p90, p99=p99, max=self.max, p999=p999, count=self.count)
+
+
+class ErrorTable:
+    """Attempts that did not succeed, by (status, kind, cause), with the last text of each.
+
+    Bounded: after `distinct` groups, new ones count under one "other" group,
+    so a server that puts a fresh id in every error cannot grow memory.
+    """
+
+    __slots__ = ("groups", "distinct")
+
+    def __init__(self, distinct: int = 30):
+        self.groups: dict[tuple[int | None, OutcomeKind, str], list] = {}
+        self.distinct = distinct
+
+    def add(
+        self, status: int | None, kind: OutcomeKind, cause: str, text: str, key: str, at_s: float
+    ) -> None:
+        group = (status, kind, cause)
+        row = self.groups.get(group)
+        if row is None:
+            if len(self.groups) >= self.distinct:
+                group = (None, kind, "other")
+                row = self.groups.get(group)
+            if row is None:
+                row = self.groups[group] = [0, "", "", 0.0]
+        row[0] += 1
+        row[1], row[2], row[3] = text, key, at_s
+
+    def rows(self) -> tuple[ErrorRow, ...]:
+        """Most frequent first."""
+        ordered = sorted(self.groups.items(), key=lambda item: -item[1][0])
+        return tuple(
+            ErrorRow(status, kind, cause, count, text, key, round(at, 1))
+            for (status, kind, cause), (count, text, key, at) in ordered
+        )
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -76,7 +114,10 @@ class Metrics:
         # attempts
         self.sent = self.rejected_429 = self.rejected_other = self.failed = self.retried = 0
         self.failures: Counter[str] = Counter()
-        self.latency = LatencyHistogram()
+        self.latency = LatencyHistogram()  # send -> answer, successes
+        self.latency_total = LatencyHistogram()  # arrival (or intended arrival) -> done, successes
+        self.queue_wait = LatencyHistogram()  # arrival -> first send, every request sent
+        self.errors = ErrorTable()
         self.tps_series: deque[float] = deque(maxlen=series_len)
         self.p50_series: deque[float] = deque(maxlen=series_len)
         self.p99_series: deque[float] = deque(maxlen=series_len)
@@ -87,10 +128,11 @@ class Metrics:
         self._depth_samples = 0
         self._main_sum = self._dlq_sum = 0
 
-    def success(self, latency_ms: float) -> None:
+    def success(self, latency_ms: float, total_ms: float) -> None:
         self.succeeded += 1
         self._second_ok += 1
         self.latency.add(latency_ms)
+        self.latency_total.add(total_ms)
         self._second.append(latency_ms)
 
     def fail(self, cause: str) -> None:

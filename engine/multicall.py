@@ -305,7 +305,7 @@ class MessageWorkload:
 
     def _submit_call(self, sink: SourceSink, msg: Message) -> None:
         params = dict(msg.params or {}, message=msg.id, call=msg.next_call)
-        req = sink.new_request(params)
+        req = sink.new_request(params, intended_at=msg.arrived_at)
         req.on_done = partial(self._call_done, msg)
         msg.next_call += 1
         msg.open += 1

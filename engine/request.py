@@ -36,6 +36,8 @@ class Request:
         "result",
         "cancelled",
         "ending",
+        "intended_at",
+        "first_sent_at",
     )
 
     def __init__(
@@ -47,6 +49,7 @@ class Request:
         on_done: DoneCallback | None = None,
         pool: str | None = None,
         call: CallFn | None = None,
+        intended_at: float | None = None,
     ):
         self.id = id
         self.created_at = created_at
@@ -62,6 +65,10 @@ class Request:
         self.result: Any = None  # the last Outcome (what a library caller gets)
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
         self.ending: Ending | None = None  # set once, when it reaches its final place
+        # When it should have arrived (a fixed arrival rate's schedule, a message's
+        # arrival), so latency counts time a stalled source held it back.
+        self.intended_at = created_at if intended_at is None else intended_at
+        self.first_sent_at: float | None = None
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, Phase
+from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, OutcomeKind, Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,9 @@ class KeyRow:
     window_used: int = 0
     window_limit: int = 0
     last_latency_ms: float | None = None
+    errors: int = 0  # attempts of this key that did not succeed
+    last_status: int | None = None  # the last answer's HTTP status (None: no answer yet, or none came)
+    last_error: str = ""  # the last failed attempt's status or cause and text, secrets masked
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +63,33 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
-    """Latency of successful attempts, in milliseconds."""
+    """A latency distribution, in milliseconds."""
 
     mean: float = 0.0
     p50: float = 0.0
     p90: float = 0.0
     p99: float = 0.0
     max: float = 0.0
+    p999: float = 0.0
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRow:
+    """Attempts that did not succeed, grouped by what came back.
+
+    `status` is the HTTP status (None when no answer came: `cause` then says
+    why, "connection refused", "timed out"); `last_text` is the last answer's
+    body or error, secrets masked; `last_key` the key label that got it.
+    """
+
+    status: int | None
+    kind: OutcomeKind
+    cause: str
+    count: int
+    last_text: str
+    last_key: str
+    last_at_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +135,8 @@ class Snapshot:
 
     elapsed_s: float = 0.0
     phase: Phase = Phase.RUNNING
-    capacity_tps: float = 0.0
+    capacity_tps: float = 0.0  # what every key allows (advertised limits included)
+    live_capacity_tps: float = 0.0  # what the keys that can send now allow, headroom included
     throughput_tps: float = 0.0  # successes per second since start
     current_tps: float = 0.0  # successes in the last full second
     # requests (each ends in exactly one place)
@@ -131,6 +155,7 @@ class Snapshot:
     failed: int = 0  # 5xx, timeouts, connection errors
     retried: int = 0
     failures: tuple[tuple[str, int], ...] = ()  # cause -> count, e.g. ("timeout", 3)
+    errors: tuple[ErrorRow, ...] = ()  # every attempt that did not succeed, by status and cause
     # queues
     main_max: int = 0  # backpressure limit of the main queue
     main_peak: int = 0
@@ -144,7 +169,9 @@ class Snapshot:
     headroom_max_ms: float = 0.0  # highest value seen during the run
     backpressure: bool = True
     arrival_rate: float = 0.0
-    latency: LatencySummary = field(default_factory=LatencySummary)
+    latency: LatencySummary = field(default_factory=LatencySummary)  # send -> answer, successes
+    latency_total: LatencySummary = field(default_factory=LatencySummary)  # arrival -> done, successes
+    queue_wait: LatencySummary = field(default_factory=LatencySummary)  # arrival -> first send
     # per-second series, oldest first, for sparklines (last few minutes)
     tps_series: tuple[float, ...] = ()
     p50_series: tuple[float, ...] = ()

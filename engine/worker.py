@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import mask_secret
-from ratedeck.core.vocab import KeyState
+from ratedeck.core.vocab import KeyState, OutcomeKind
 
 from .config import KeySpec
 from .delays import advertised_policies
@@ -58,6 +58,9 @@ class KeyWorker:
         self.in_flight = 0
         self.sent = self.succeeded = self.rejected_429 = 0
         self.last_latency_ms: float | None = None
+        self.errors = 0
+        self.last_status: int | None = None
+        self.last_error = ""
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
         self._nonce = 0
         self._waker = Waker()
@@ -148,6 +151,11 @@ class KeyWorker:
         self.in_flight -= 1
         if outcome.status is not None:
             self.last_latency_ms = outcome.latency_s * 1000.0
+            self.last_status = outcome.status
+        if outcome.kind is not OutcomeKind.OK:
+            self.errors += 1
+            what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
+            self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally) -> None:
         if tally is Tally.SUCCEEDED:
@@ -193,4 +201,7 @@ class KeyWorker:
             used,
             limit,
             self.last_latency_ms,
+            self.errors,
+            self.last_status,
+            self.last_error,
         )

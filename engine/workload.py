@@ -77,6 +77,11 @@ class Workload:
         queues = sink.queues
         made = 0
         next_t = sink.clock()
+        # The schedule a fixed arrival rate promises: it never skips ahead after a
+        # stall, so latency from arrival counts the time backpressure held a
+        # request back (what wrk2 calls coordinated omission). A new rate starts
+        # a new schedule.
+        intended, scheduled_rate = next_t, self.rate
         while not sink.stopping:
             if self.total is not None and made >= self.total:
                 break
@@ -97,9 +102,12 @@ class Workload:
                 if params is None:
                     break
             pool = params.pop("_pool", None) if params else None
-            sink.submit(sink.new_request(params, pool=pool))
+            if self.rate != scheduled_rate:
+                intended, scheduled_rate = now, self.rate
+            sink.submit(sink.new_request(params, pool=pool, intended_at=min(intended, now)))
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+            intended += gap
             # After a stall (backpressure, rate 0) do not burst to catch up.
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True

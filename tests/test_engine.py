@@ -216,3 +216,16 @@ def test_nonces_reach_the_server_in_order_even_with_several_in_flight():
     snap = run_virtual(engine.run(20))
     assert transport.rules.stats()["totals"]["rejected_nonce"] == 0
     assert snap.rejected_other == 0 and snap.succeeded > 1700
+
+
+def test_errors_are_grouped_by_status_and_cause_with_the_last_text_per_key(tmp_path):
+    from ratedeck.core.vocab import OutcomeKind
+
+    engine, _ = seed_engine(tmp_path, transport_kw={"fail_every": 7}, workload={"total": 140})
+    snap = run_virtual(engine.run(10.0))
+    timeouts = [row for row in snap.errors if row.kind is OutcomeKind.TIMEOUT]
+    assert len(timeouts) == 1 and timeouts[0].status is None and timeouts[0].count == snap.failed
+    assert sum(k.errors for k in snap.keys) == sum(row.count for row in snap.errors)
+    failing = [k for k in snap.keys if k.errors]
+    assert failing and all(k.last_error.startswith("timeout") for k in failing)
+    assert snap.balance() == 0
