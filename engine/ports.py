@@ -39,6 +39,7 @@ class SourceSink(Protocol):
         pool: str | None = None,
         ttl_s: float | None = None,
         call: CallFn | None = None,
+        intended_at: float | None = None,
     ) -> Request: ...
 
     def submit(self, req: Request) -> None:
