@@ -2,19 +2,33 @@
 
 Routes: `GET|POST /api/request` (api_key, nonce, req_id from the query string or
 a form body), `GET /stats` (counters and audit), `POST /reset` (clear state).
+
+`/reset` is off unless the server is started with a `reset_token` (`ratedeck
+serve --allow-reset` makes one and prints it); then it needs the header
+`X-Reset-Token` with that token. A body that cannot be parsed is a 400.
+
+Nothing the server logs carries a request line or a key: there is no access
+log, and aiohttp's own error lines (a malformed request quotes its request
+line, `?api_key=...` included) go through a filter that keeps the message
+and the exception's type only, with key-like parameters masked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+
+from ratedeck.core.secrets import redact
 
 from .rules import Decision, RateRules
 from .settings import ServerSettings
@@ -26,6 +40,8 @@ SleepFn = Callable[[float], Awaitable[object]]
 ClockMs = Callable[[], float]
 
 _FORM_TYPE = "application/x-www-form-urlencoded"
+RESET_HEADER = "X-Reset-Token"
+_KEYLIKE = re.compile(r"(?i)((?:api[_-]?)?key|token|secret|password|passwd|auth\w*|signature|sig)=[^&\s'\"]*")
 
 
 def _loop_clock_ms() -> float:
@@ -65,10 +81,12 @@ class ApiHandlers:
         sleep: SleepFn = asyncio.sleep,
         clock_ms: ClockMs = _loop_clock_ms,
         rng: random.Random | None = None,
+        reset_token: str | None = None,
     ) -> None:
         settings = rules.settings
         rng = rng if rng is not None else random.Random(settings.seed)
         self.rules = rules
+        self.reset_token = reset_token  # None: POST /reset is off
         self._sleep = sleep
         self._clock_ms = clock_ms
         self._draw_in = _latency_draw(settings.latency_in_ms, rng)
@@ -100,21 +118,42 @@ class ApiHandlers:
         return web.json_response(self.rules.stats())
 
     async def reset(self, request: web.Request) -> web.Response:
-        """`POST /reset`: forget all state, for benchmarks that reuse one server."""
+        """`POST /reset`: forget all state, for benchmarks that reuse one server.
+
+        Only with a reset token (see the module doc), given in `X-Reset-Token`.
+        """
+        token = self.reset_token
+        if token is None:
+            return web.json_response(
+                {"error": "reset is off; start the server with --allow-reset"}, status=403
+            )
+        given = request.headers.get(RESET_HEADER, "")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return web.json_response({"error": f"reset needs the {RESET_HEADER} header"}, status=403)
         self.rules.reset()
         return web.json_response({"status": "OK"})
 
 
 async def _merged_params(request: web.Request) -> dict[str, str]:
-    """Form fields and query parameters together; the query string wins, as in Flask."""
-    if request.method == "POST":
-        form = await request.post()
-        merged = {k: v for k, v in form.items() if isinstance(v, str)}
-    elif request.content_type == _FORM_TYPE:
-        # aiohttp only parses forms on POST; the seed server also read them on GET.
-        merged = dict(parse_qsl(await request.text(), keep_blank_values=True))
-    else:
-        merged = {}
+    """Form fields and query parameters together; the query string wins, as in Flask.
+
+    A body that cannot be parsed (a broken multipart, bad encoding) is a 400.
+    """
+    try:
+        if request.method == "POST":
+            form = await request.post()
+            merged = {k: v for k, v in form.items() if isinstance(v, str)}
+        elif request.content_type == _FORM_TYPE:
+            # aiohttp only parses forms on POST; the seed server also read them on GET.
+            merged = dict(parse_qsl(await request.text(), keep_blank_values=True))
+        else:
+            merged = {}
+    except web.HTTPException:
+        raise  # aiohttp's own answer (a body too large, say)
+    except Exception:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "malformed request body"}), content_type="application/json"
+        ) from None
     query = request.query
     merged.update({name: query[name] for name in query})  # query[name] is the first value
     return merged
@@ -136,10 +175,14 @@ def create_app(
     sleep: SleepFn = asyncio.sleep,
     clock_ms: ClockMs = _loop_clock_ms,
     rng: random.Random | None = None,
+    reset_token: str | None = None,
 ) -> web.Application:
-    """Build the aiohttp application for `settings` (rules reachable as app[RULES_KEY])."""
+    """Build the aiohttp application for `settings` (rules reachable as app[RULES_KEY]).
+
+    `reset_token`: None leaves `POST /reset` off; a token turns it on for requests that carry it.
+    """
     rules = rules if rules is not None else RateRules(settings)
-    handlers = ApiHandlers(rules, sleep=sleep, clock_ms=clock_ms, rng=rng)
+    handlers = ApiHandlers(rules, sleep=sleep, clock_ms=clock_ms, rng=rng, reset_token=reset_token)
     app = web.Application()
     app[RULES_KEY] = rules
     app.router.add_get("/api/request", handlers.api_request)
@@ -158,6 +201,7 @@ class RunningServer:
     port: int
     rules: RateRules
     runner: web.AppRunner
+    reset_token: str | None = None
 
     async def close(self) -> None:
         """Stop listening and close open connections."""
@@ -177,11 +221,19 @@ async def start_server(
     *,
     sleep: SleepFn = asyncio.sleep,
     clock_ms: ClockMs = _loop_clock_ms,
+    reset_token: str | None = None,
 ) -> RunningServer:
     """Start the simulated API on the caller's event loop; port 0 picks a free port."""
-    app = create_app(settings, sleep=sleep, clock_ms=clock_ms)
-    # No access log: formatting a line per request would cost a large share of throughput.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    app = create_app(settings, sleep=sleep, clock_ms=clock_ms, reset_token=reset_token)
+    # No access log: formatting a line per request would cost a large share of throughput
+    # (and a request line may carry a key). Error lines go through `quiet_logger`.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        logger=quiet_logger(settings.keys),
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -197,4 +249,45 @@ async def start_server(
         port=bound_port,
         rules=app[RULES_KEY],
         runner=runner,
+        reset_token=reset_token,
     )
+
+
+class _NoRequestLines(logging.Filter):
+    """Keeps an error line's message and exception type; drops the traceback and masks keys.
+
+    aiohttp logs a malformed request with its request line quoted in the
+    exception (`GET /api/request?api_key=... HTTP/1.1`); a traceback there
+    would print the key.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()  # every key of every server started in this process
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:
+            text = str(record.msg)
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text = f"{text}: {type(exc).__name__}"
+        record.msg = _KEYLIKE.sub(r"\1=…", redact(text, self.secrets, 300))
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        record.stack_info = None
+        return True
+
+
+_FILTER = _NoRequestLines()
+
+
+def quiet_logger(secrets: tuple[str, ...] = ()) -> logging.Logger:
+    """The logger aiohttp's server writes its errors to, with `_NoRequestLines` on it."""
+    logger = logging.getLogger("ratedeck.server.http")
+    _FILTER.secrets.update(s for s in secrets if s)
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)
+    return logger

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import secrets
 import signal
 import sys
 import tomllib
@@ -66,6 +67,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-after", metavar="N", help="block a key after N rejections (0 never)")
     parser.add_argument("--error-rate", metavar="F", help="fraction of accepted requests answered 503")
     parser.add_argument("--seed", metavar="N", help="seed for the latency and fault draws")
+    parser.add_argument(
+        "--allow-reset",
+        action="store_true",
+        help="turn on POST /reset (clear all state); it then needs the header X-Reset-Token "
+        "with the token printed at start (without this option /reset answers 403)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -104,14 +111,17 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
-            return runner.run(_serve_forever(settings, args.host, port))
+            reset_token = secrets.token_urlsafe(16) if getattr(args, "allow_reset", False) else None
+            return runner.run(_serve_forever(settings, args.host, port, reset_token))
     except KeyboardInterrupt:
         return 0  # a second Ctrl-C during shutdown: still quiet
 
 
-async def _serve_forever(settings: ServerSettings, host: str, port: int) -> int:
+async def _serve_forever(
+    settings: ServerSettings, host: str, port: int, reset_token: str | None = None
+) -> int:
     try:
-        server = await start_server(settings, host, port)
+        server = await start_server(settings, host, port, reset_token=reset_token)
     except OSError as exc:
         print(
             f"ratedeck serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr
@@ -126,6 +136,8 @@ async def _serve_forever(settings: ServerSettings, host: str, port: int) -> int:
         f"ratedeck serve: {server.url} ({settings.mode} mode, {len(settings.keys)} keys)",
         flush=True,
     )
+    if reset_token is not None:
+        print(f"ratedeck serve: POST /reset with the header X-Reset-Token: {reset_token}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -40,7 +40,7 @@ def run_against(settings: ServerSettings, scenario, fake: FakeTime | None = None
 
     async def main():
         kwargs = {"sleep": fake.sleep, "clock_ms": fake.clock_ms} if fake else {}
-        server = await start_server(settings, "127.0.0.1", 0, **kwargs)
+        server = await start_server(settings, "127.0.0.1", 0, reset_token="test-token", **kwargs)
         try:
             async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
                 return await scenario(session, server)
@@ -179,6 +179,8 @@ def test_stats_and_reset():
             stats_before = await response.json()
             stats_text = await response.text()
         async with session.post("/reset") as response:
+            assert response.status == 403  # the token is needed
+        async with session.post("/reset", headers={"X-Reset-Token": server.reset_token}) as response:
             reset_status = response.status
         again = await get(session, api_key=KEY, nonce="1")
         async with session.get("/stats") as response:
