@@ -7,6 +7,8 @@ through `host.send`. Widgets never see the host.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -170,8 +172,9 @@ class RatedeckApp(App[Snapshot]):
         ),
         Binding("t", "next_theme", "Theme", id="next_theme", tooltip="Switch to the next theme"),
         # Ctrl+C is what operators press under stress; it must drain like q,
-        # from any screen, so it is a priority binding.
-        Binding("ctrl+c", "quit", "Quit", id="quit_interrupt", show=False, priority=True),
+        # from any screen, so it is a priority binding. Pressed again during
+        # the drain, it stops at once.
+        Binding("ctrl+c", "quit('interrupt')", "Quit", id="quit_interrupt", show=False, priority=True),
     ]
 
     def __init__(
@@ -197,6 +200,8 @@ class RatedeckApp(App[Snapshot]):
         self._requested_keymap = dict(keymap or {})
         self._startup_notices: list[tuple[str, str]] = []
         self._draining = False
+        self._stopping_at_once = False
+        self._signals: list[int] = []
         self._snapshot_failed = False
         self._keymap_in_force: dict[str, str] = {}  # binding id -> keys, as given to set_keymap
         self._exiting = False
@@ -257,6 +262,37 @@ class RatedeckApp(App[Snapshot]):
         self._keys_table.focus()
         self.pull_snapshot()
         self.set_interval(self.refresh_s, self._tick)
+        self._catch_signals()
+
+    # ---------------------------------------------------------------- signals
+
+    def _catch_signals(self) -> None:
+        """SIGTERM, SIGHUP and SIGINT quit like q (drain, then leave with the terminal
+        restored); a second one stops at once. Not under tests' headless runs."""
+        if self.is_headless:
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                continue
+            self._signals.append(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._draining:
+            self._stop_at_once()
+        else:
+            self._begin_quit(f"{signal.Signals(sig).name} received")
+
+    def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        self._signals.clear()
 
     def on_resize(self, event: events.Resize) -> None:
         self._set_compact(event.size.width, event.size.height)
@@ -592,12 +628,38 @@ class RatedeckApp(App[Snapshot]):
         rows = [(keys, binding_id, description) for keys, binding_id, description, _ in self.control_rows()]
         self.push_screen(HelpScreen(rows))
 
-    async def action_quit(self) -> None:
-        """Drain gracefully: stop the engine, then exit with its final snapshot."""
+    async def action_quit(self, how: str = "key") -> None:
+        """Drain gracefully: stop the engine, then exit with its final snapshot.
+
+        During the drain, Ctrl+C (`how == "interrupt"`) stops at once; q only says so.
+        """
         if self._draining:
-            self.notify("Still draining…", timeout=2)
+            if how == "interrupt":
+                self._stop_at_once()
+            else:
+                self.notify("Still draining… (Ctrl+C stops at once)", timeout=2)
             return
         self._begin_quit("Quitting")
+
+    def _stop_at_once(self) -> None:
+        """Cut the drain short: what is left is reported as queued or in flight."""
+        abort = getattr(self.host, "abort", None)
+        if abort is None:  # a host that can only drain
+            self.notify("Still draining…", timeout=2)
+            return
+        if self._stopping_at_once:
+            return
+        self._stopping_at_once = True
+        self.notify("stopping at once…", timeout=30)
+        self.run_worker(self._abort(abort), name="abort", group="abort")
+
+    async def _abort(self, abort) -> None:
+        try:
+            final = await asyncio.get_running_loop().run_in_executor(None, abort)
+        except Exception as error:
+            self.exit(self.snapshot, return_code=1, message=f"ratedeck: stopping the engine failed: {error}")
+            return
+        self.exit(final)
 
     def _begin_quit(self, title: str) -> None:
         self._draining = True

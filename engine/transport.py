@@ -65,8 +65,8 @@ class HttpTransport:
     - a target URL with its own query string keeps it: our parameters are
       added to it.
 
-    `answers`, `no_answer` and `redirects` count what came back, so a run
-    can say "connection refused x57" instead of a bare 0 req/s.
+    `answers` (and `statuses`), `no_answer` and `redirects` count what came
+    back, so a run can say "connection refused x57" instead of a bare 0 req/s.
     """
 
     def __init__(
@@ -91,6 +91,7 @@ class HttpTransport:
         self._max_connections = max_connections
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
         self.answers = 0  # HTTP answers read whole, of any status
+        self.statuses: Counter[int] = Counter()  # the same, by status
         self.no_answer: Counter[str] = Counter()  # attempts with no answer, by cause
         self.redirects: Counter[str] = Counter()  # 3xx answers not followed, by status and place
         self.consecutive_no_answer = 0
@@ -99,6 +100,7 @@ class HttpTransport:
         """What came back, for the run's summary: plain data, safe to print."""
         return {
             "answers": self.answers,
+            "statuses": dict(sorted(self.statuses.items())),
             "no_answer": dict(self.no_answer.most_common()),
             "redirects": dict(self.redirects.most_common()),
             "consecutive_no_answer": self.consecutive_no_answer,
@@ -191,6 +193,7 @@ class HttpTransport:
             return self._no_answer(CONNECTION, _describe(exc), start)
         latency = time.monotonic() - start
         self.answers += 1
+        self.statuses[status] += 1
         self.consecutive_no_answer = 0
         policy = resp_headers.get("RateLimit-Policy")
         response = Response(status, resp_headers, raw)

@@ -11,6 +11,7 @@ commands it receives. The parent side has the same face as every host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import signal
 import threading
@@ -20,7 +21,10 @@ from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import Snapshot
 
+from .session import RunFacts
+
 _SNAPSHOT, _CONFIG, _FINAL, _FAILED = "snapshot", "config", "final", "failed"
+_ABORT_WAIT_S = 3.0  # a stop at once waits this long for the child's last word, then kills it
 
 
 class ProcessHost:
@@ -30,7 +34,9 @@ class ProcessHost:
         self.cfg = cfg
         self.publish_s = publish_s
         self.server_stats: dict | None = None
+        self.aborted = False  # stopped at once (`abort`), not drained
         self._latest = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps)
+        self._facts = RunFacts()
         self._final: Snapshot | None = None
         self._started: Future = Future()
         self._config: Future | None = None
@@ -58,14 +64,15 @@ class ProcessHost:
             while True:
                 kind, value = self._conn.recv()
                 if kind == _SNAPSHOT:
-                    self._latest = value
+                    self._latest, self._facts = value
                     if not self._started.done():
                         self._started.set_result(None)
                 elif kind == _CONFIG and self._config is not None:
                     self._config.set_result(value)
                 elif kind == _FINAL:
-                    self._final, self.server_stats = value
-                    self._done.set_result(self._final)
+                    final, self.server_stats, self._facts = value
+                    self._final = final
+                    self._done.set_result(final)
                     return
                 elif kind == _FAILED:
                     exc = ConfigError(*value) if isinstance(value, tuple) else RuntimeError(value)
@@ -89,6 +96,11 @@ class ProcessHost:
     def snapshot(self) -> Snapshot:
         return self._final or self._latest
 
+    @property
+    def facts(self) -> RunFacts:
+        """The run's counts beyond the snapshot (answers, no-answer causes, graveyard), latest known."""
+        return self._facts
+
     def send(self, command: Command) -> None:
         self._send(("command", command))
 
@@ -101,17 +113,39 @@ class ProcessHost:
         return await asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
 
     def stop_blocking(self, timeout_s: float = 30.0) -> Snapshot:
-        """Drain in the child and wait for its final snapshot."""
+        """Drain in the child and wait for its final snapshot (at most `timeout_s`, then `abort`)."""
         if self._final is None:
             self._send(("stop", None))
             try:
                 self._done.result(timeout_s)
             except Exception:
-                self._final = self._latest
+                return self.abort()
+        self._reap()
+        return self._final
+
+    def abort(self) -> Snapshot:
+        """Stop at once: the child cuts its drain short and reports what is left as queued or
+        in flight; if it does not answer within a moment it is killed and the last published
+        snapshot stands. Safe from any thread, and before or after `start`."""
+        if self._final is None and self._proc.pid is not None:
+            self.aborted = True
+            self._send(("stop_now", None))
+            try:
+                self._done.result(_ABORT_WAIT_S)
+            except Exception:
+                pass
+        if self._final is None:
+            self._final = self._latest
+        self._reap()
+        return self._final
+
+    def _reap(self) -> None:
+        if self._proc.pid is None:
+            return
         self._proc.join(5)
         if self._proc.is_alive():
-            self._proc.terminate()
-        return self._final
+            self._proc.kill()
+            self._proc.join(5)
 
 
 # -- child side
@@ -119,6 +153,8 @@ class ProcessHost:
 
 def _child_main(cfg: RunConfig, conn, publish_s: float) -> None:
     # The console handles Ctrl-C; a terminal's SIGINT must not kill the engine mid-drain.
+    # SIGTERM and SIGHUP (the terminal closed: it goes to the whole process group)
+    # drain, as they do for the console; see `_child`.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ratedeck.core.loops import loop_factory
 
@@ -139,7 +175,7 @@ async def _child(cfg: RunConfig, conn, publish_s: float) -> None:
         conn.send((_FAILED, f"cannot start: {exc}"))
         return
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, now = asyncio.Event(), asyncio.Event()
 
     def on_message() -> None:
         try:
@@ -151,27 +187,51 @@ async def _child(cfg: RunConfig, conn, publish_s: float) -> None:
                     conn.send((_CONFIG, session.effective_config()))
                 elif kind == "stop":
                     stop.set()
+                elif kind == "stop_now":
+                    stop.set()
+                    now.set()
         except (EOFError, OSError):  # the console is gone: drain and end
             loop.remove_reader(conn.fileno())
             stop.set()
 
-    loop.add_reader(conn.fileno(), on_message)
-    conn.send((_SNAPSHOT, session.snapshot()))
-    while not stop.is_set():
+    def publish() -> bool:
         try:
-            await asyncio.wait_for(stop.wait(), publish_s)
-        except TimeoutError:
-            pass
-        try:
-            conn.send((_SNAPSHOT, session.snapshot()))
+            conn.send((_SNAPSHOT, (session.snapshot(), session.facts())))
         except (OSError, BrokenPipeError):
+            return False
+        return True
+
+    loop.add_reader(conn.fileno(), on_message)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    publish()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), publish_s)
+        if not publish():
             break
-    try:
+    # Drain, still publishing (the console shows the drain), until done or told to stop at once.
+    drain = asyncio.ensure_future(session.stop())
+    cut = asyncio.ensure_future(now.wait())
+    while not drain.done() and not cut.done():
+        await asyncio.wait({drain, cut}, timeout=publish_s, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            publish()
+    cut.cancel()
+    if drain.done() and drain.exception() is None:
+        final = drain.result()
+    else:
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await drain
+        try:
+            final = await session.stop(drain_timeout_s=0)
+        except Exception:
+            final = session.snapshot()
+    with contextlib.suppress(OSError, ValueError):
         loop.remove_reader(conn.fileno())
-    except (OSError, ValueError):
-        pass
-    final = await session.stop()
     try:
-        conn.send((_FINAL, (final, session.server_stats)))
+        conn.send((_FINAL, (final, session.server_stats, session.facts())))
     except (OSError, BrokenPipeError):
         pass

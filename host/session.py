@@ -11,7 +11,9 @@ Where the engine's loop runs:
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
+from ratedeck.core.secrets import safe_url
 from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.engine.engine import Engine
@@ -35,6 +37,26 @@ def embedded_server_settings(cfg: RunConfig):
         raise ConfigError("config", "server", str(exc)) from None
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run's summary needs besides the snapshot: plain data, safe to print.
+
+    It crosses the console's process pipe, so it holds only numbers and
+    already-masked texts. `answers` is None when the transport does not count
+    answers (a transport of the caller's own).
+    """
+
+    answers: int | None = None
+    statuses: tuple[tuple[int, int], ...] = ()  # status -> answers
+    no_answer: tuple[tuple[str, int], ...] = ()  # cause -> attempts ("connection refused", 57)
+    redirects: tuple[tuple[str, int], ...] = ()  # 3xx not followed, by status and place
+    consecutive_no_answer: int = 0
+    graveyard_path: str | None = None
+    graveyard_written: int = 0
+    graveyard_problem: str | None = None
+    problems: tuple[str, ...] = ()
+
+
 class Session:
     """One run on the current loop: opens the target, builds and starts the engine."""
 
@@ -45,24 +67,53 @@ class Session:
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
+        self._closed = False
+
+    @property
+    def shown_target(self) -> str:
+        """The target as it may be printed: no credentials, no query string."""
+        return safe_url(self.target_url) or "?"
 
     async def start(self) -> Engine:
         cfg = self.cfg
-        if self._transport is None:
-            url = cfg.target.url
-            if url is None:
-                from ratedeck.server.app import start_server
+        try:
+            if self._transport is None:
+                url = cfg.target.url
+                if url is None:
+                    from ratedeck.server.app import start_server
 
-                self.server = await start_server(embedded_server_settings(cfg))
-                url = f"{self.server.url}/api/request"
-            self.target_url = url
-            max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
-            self._transport = HttpTransport(cfg.target, url, max_conn)
-        self.engine = Engine(cfg, self._transport)
-        self.engine.start()
+                    self.server = await start_server(embedded_server_settings(cfg))
+                    url = f"{self.server.url}/api/request"
+                self.target_url = url
+                max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
+                secrets = tuple(k.secret for k in cfg.keys)
+                self._transport = HttpTransport(cfg.target, url, max_conn, secrets=secrets)
+            self.engine = Engine(cfg, self._transport)
+            self.engine.start()
+        except BaseException:
+            await self._close()  # nothing left open behind a failed (or interrupted) start
+            raise
         where = "embedded simulator" if self.server else "target"
-        self.engine.event("info", f"{where}: {_safe_url(self.target_url)}")
+        self.engine.event("info", f"{where}: {self.shown_target}")
         return self.engine
+
+    def facts(self) -> RunFacts:
+        """Counts from the transport and the graveyard, for the summary and the exit code."""
+        stats = getattr(self._transport, "stats", None)
+        t = stats() if callable(stats) else {}
+        engine = self.engine
+        graveyard = engine.graveyard if engine is not None else None
+        return RunFacts(
+            answers=t.get("answers"),
+            statuses=tuple(t.get("statuses", {}).items()),
+            no_answer=tuple(t.get("no_answer", {}).items()),
+            redirects=tuple(t.get("redirects", {}).items()),
+            consecutive_no_answer=t.get("consecutive_no_answer", 0),
+            graveyard_path=graveyard.path if graveyard is not None else None,
+            graveyard_written=graveyard.written if graveyard is not None else 0,
+            graveyard_problem=graveyard.problem if graveyard is not None else None,
+            problems=tuple(engine.problems) if engine is not None else (),
+        )
 
     def snapshot(self) -> Snapshot:
         return self.engine.snapshot()
@@ -76,13 +127,28 @@ class Session:
     def effective_config(self) -> dict:
         return to_toml_dict(current_config(self.cfg, self.engine))
 
-    async def stop(self) -> Snapshot:
-        snap = await self.engine.stop()
-        await self._transport.close()
+    async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
+        """Drain (bounded by `drain_timeout_s`, default the config's) and close everything.
+
+        Cancelled during the drain, it closes nothing: call it again with
+        `drain_timeout_s=0` to stop at once; what is still queued or in flight
+        is then reported as such.
+        """
+        snap = await self.engine.stop(drain_timeout_s)
+        await self._close()
+        return snap
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.engine is not None:
+            self.engine.graveyard.close()
+        if self._transport is not None:
+            await self._transport.close()
         if self.server is not None:
             self.server_stats = self.server.rules.stats()
             await self.server.close()
-        return snap
 
 
 def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
@@ -95,7 +161,3 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     )
     wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
     return dataclasses.replace(cfg, engine=eng, workload=wl)
-
-
-def _safe_url(url: str | None) -> str:
-    return (url or "").split("?")[0]

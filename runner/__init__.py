@@ -1,0 +1,33 @@
+"""The `ratedeck` command and what it runs (headless, sweep, report, plots).
+
+A Ctrl-C while the command is still importing its modules (the first few
+tenths of a second) ends it quietly with exit 130, not with a
+KeyboardInterrupt traceback: when this package is imported as the start of
+the `ratedeck` command, SIGINT is routed to `quiet_startup_interrupt` until
+`cli.main` takes over. Imported any other way (a program, the tests), it
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a subprocess
+    try:
+        sys.stderr.write("ratedeck: interrupted\n")
+        sys.stderr.flush()
+    finally:
+        raise SystemExit(130)  # unwinds the imports; at the top it exits without a traceback
+
+
+def _started_as_the_command() -> bool:
+    argv = getattr(sys, "orig_argv", None) or []
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return "ratedeck.runner.cli" in argv or script in ("ratedeck", "ratedeck.exe")
+
+
+if _started_as_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, quiet_startup_interrupt)

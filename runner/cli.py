@@ -152,10 +152,26 @@ def fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The `ratedeck` command. Exit codes: see runner/headless.py (0 ok, 1 the target never
+    answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 130 interrupted)."""
+    try:
+        _end_startup_guard()
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C outside any run's own handling (while starting, say)
+        try:
+            print("ratedeck: interrupted", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+    parsed = _parse(build_parser(), argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
     try:
         cfg = load_config(args.config, args.preset, overrides_from_args(args))
     except ConfigError as exc:
@@ -169,12 +185,42 @@ def main(argv: list[str] | None = None) -> int:
 
         from .headless import run_headless
 
-        try:
-            with asyncio.Runner(loop_factory=loop_factory()) as runner:
-                return runner.run(run_headless(cfg, interval_s=args.interval))
-        except KeyboardInterrupt:  # a second Ctrl-C during the drain
-            return 130
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(run_headless(cfg, interval_s=args.interval))
     return run_console(cfg)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """Parse `argv`; a usage error is one line ("ratedeck: error: ... (see ratedeck --help)"), exit 2."""
+    from typing import NoReturn
+
+    prog = parser.prog
+
+    def error(message: str) -> NoReturn:
+        print(f"{prog}: error: {message} (see {prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def _end_startup_guard() -> None:
+    """From here on, Ctrl-C is a KeyboardInterrupt that `main` (or a run) handles.
+
+    runner/__init__.py makes a Ctrl-C during the imports before `main` a quiet
+    exit 130 instead of a traceback; `main` takes over from that guard.
+    """
+    import signal
+    import threading
+
+    from . import quiet_startup_interrupt
+
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is quiet_startup_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def save_config(cfg: RunConfig, path: str) -> int:
@@ -189,50 +235,108 @@ def save_config(cfg: RunConfig, path: str) -> int:
 
 
 def run_console(cfg: RunConfig) -> int:
-    """The Textual console; the engine runs in its own process (see engine/process_host.py)."""
+    """The Textual console; the engine runs in its own process (see host/process_host.py).
+
+    q, Ctrl-C, SIGTERM and SIGHUP all drain and leave the console (terminal
+    restored); a second Ctrl-C stops at once. The summary, the report and
+    the exit code are the headless run's (`headless.conclude`).
+    """
     from ratedeck.console.app import RatedeckApp
     from ratedeck.host.process_host import ProcessHost
-    from ratedeck.runner.report import write_report
 
-    from .headless import summary_lines
+    from .headless import EXIT_USAGE, check_outputs, conclude
 
+    problems = check_outputs(cfg)
+    if problems:
+        for problem in problems:
+            fail(problem)
+        return EXIT_USAGE
     host = ProcessHost(cfg)
     try:
         host.start()
     except ConfigError as exc:
         return fail(str(exc))
     except (OSError, RuntimeError, TimeoutError) as exc:
+        host.abort()
         return fail(f"cannot start the engine: {exc}")
+    except BaseException:  # Ctrl-C while the engine starts: leave no process behind
+        host.abort()
+        raise
     app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s)
     try:
         final = app.run()
     finally:
-        final_snap = host.stop_blocking()
+        with _signals_held():  # the drain and the report are not cut short by a late signal
+            final_snap = host.stop_blocking()
     final = final or final_snap
-    for line in summary_lines(final):
-        print(line)
-    if cfg.report:
-        problem = write_report(final, cfg.report, host.server_stats)
-        if problem:
-            return fail(problem)
-        print(f"report written to {cfg.report}")
-    return 0
+    with _signals_held():
+        return conclude(
+            final,
+            host.facts,
+            cfg,
+            out=sys.stdout,
+            server_stats=host.server_stats,
+            stopped_at_once=host.aborted,
+        )
+
+
+class _signals_held:
+    """SIGINT, SIGTERM and SIGHUP ignored for a moment (the last drain and the report)."""
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self._before: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self._before[sig] = signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc_info: object) -> None:
+        import signal
+
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
     if name == "serve":
         from ratedeck.server.serve import add_serve_arguments, run_serve
 
-        p = argparse.ArgumentParser(prog="ratedeck serve", description="Run the simulated rate-limited API.")
+        p = argparse.ArgumentParser(
+            prog="ratedeck serve",
+            description="Run the simulated rate-limited API.",
+            epilog="POST /reset (clear all state) is off unless started with --allow-reset; then it needs "
+            "the header X-Reset-Token with the token printed at start.",
+        )
         add_serve_arguments(p)
-        return run_serve(p.parse_args(argv))
+        parsed = _parse(p, argv)
+        return parsed if isinstance(parsed, int) else run_serve(parsed)
     if name == "bench":
         from ratedeck.bench import main as bench_main
 
+        from .headless import check_output_path
+
+        report = _option_value(argv, "--report")
+        problem = check_output_path(report, "report") if report else None
+        if problem:
+            print(f"ratedeck bench: error: {problem}", file=sys.stderr)
+            return 2
         return bench_main(argv)
     from .sweep import main as sweep_main
 
     return sweep_main(argv)
+
+
+def _option_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv` ("--flag X" or "--flag=X"), the last one given."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
 
 
 if __name__ == "__main__":

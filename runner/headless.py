@@ -1,16 +1,58 @@
-"""`ratedeck --no-ui`: periodic metrics on stdout, a final summary, report and plots."""
+"""`ratedeck --no-ui`: periodic metrics on stdout, a final summary, report and plots.
+
+Exit codes, the same for the console (`ratedeck` without --no-ui):
+
+    0    the run ended and every request is accounted for
+    1    the target never answered: attempts ended, none with an HTTP
+         answer (connection refused, timed out, reset, ...); the summary
+         names the causes with counts
+    2    bad input, found before the run: config, flags, or an output path
+         (report, graveyard) that cannot be written
+    3    the accounting does not balance (generated != succeeded + expired
+         + graveyard + shed + queued + in flight): a request was lost
+    4    an output could not be written during or after the run (graveyard
+         lines or the report); the summary says how much was written
+    130  stopped at once by a second Ctrl-C (or SIGTERM/SIGHUP), or
+         interrupted while starting
+
+When several apply, the first of 3, 4, 1, 130 that applies is the code.
+
+Signals: the first SIGINT, SIGTERM or SIGHUP stops generating and drains
+(in-flight requests finish, bounded by engine.drain_timeout_s), then prints
+the summary and writes the report; a second one stops the drain at once and
+still reports, what is left counted as queued or in flight.
+
+A target that never answers is not waited on forever: with no answer at
+all after `DEAD_TARGET_S` seconds and `DEAD_TARGET_ATTEMPTS` attempts in a
+row without one (whichever comes later), the run stops and says why.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import Snapshot
-from ratedeck.host.session import Session
+from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import write_report
+
+EXIT_OK = 0
+EXIT_NO_ANSWER = 1
+EXIT_USAGE = 2
+EXIT_UNBALANCED = 3
+EXIT_OUTPUT = 4
+EXIT_INTERRUPTED = 130
+
+DEAD_TARGET_S = 10.0
+DEAD_TARGET_ATTEMPTS = 50
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TICK_S = 0.25  # how often the run loop looks at the deadline, the target and signals
 
 
 def metrics_block(snap: Snapshot) -> list[str]:
@@ -33,10 +75,23 @@ def metrics_block(snap: Snapshot) -> list[str]:
     ]
 
 
-def summary_lines(snap: Snapshot) -> list[str]:
-    """The final summary, including where every request ended."""
+def _counts(pairs) -> str:
+    return "  ".join(f"{name} x{count}" for name, count in pairs)
+
+
+def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
+    """The final summary, including where every request ended and what the target answered."""
     queued = snap.main_depth + snap.dlq_depth
     lines = ["", "=== ratedeck final summary ==="] + metrics_block(snap)[1:]
+    if snap.failures:
+        lines.append(f"failures     {_counts(snap.failures)}")
+    if facts is not None:
+        if facts.statuses:
+            lines.append(f"answers      {_counts((f'HTTP {s}', n) for s, n in facts.statuses)}")
+        if facts.no_answer:
+            lines.append(f"no answer    {_counts(facts.no_answer)}")
+        for text, count in facts.redirects:
+            lines.append(f"redirects    {text} x{count}")
     lines.append(
         f"accounting   {snap.generated} generated = {snap.succeeded} succeeded + {snap.expired} expired"
         f" + {snap.graveyard} graveyard + {snap.shed} shed + {queued} queued + {snap.in_flight} in flight"
@@ -49,80 +104,253 @@ def summary_lines(snap: Snapshot) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- output paths
+
+
+def check_output_path(path: str | os.PathLike, what: str) -> str | None:
+    """None when `path` can be written (created or appended to); else one line saying why.
+
+    Checked before a run, so a typo costs a second, not a run's results.
+    """
+    p = Path(path)
+    if p.is_dir():
+        return f"{what} {path}: is a directory"
+    if p.exists():
+        return None if os.access(p, os.W_OK) else f"{what} {path}: not writable"
+    parent = p.parent
+    if not parent.is_dir():
+        return f"{what} {path}: no such directory {parent}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{what} {path}: cannot create files in {parent}"
+    return None
+
+
+def check_outputs(cfg: RunConfig) -> list[str]:
+    """Every output path of the run that cannot be written, one line each."""
+    wanted = [(cfg.report, "report"), (cfg.engine.graveyard_path, "graveyard")]
+    messages = getattr(cfg, "messages", None)
+    if messages is not None and getattr(messages, "shed_path", None):
+        wanted.append((messages.shed_path, "shed file"))
+    return [p for path, what in wanted if path and (p := check_output_path(path, what))]
+
+
+# ---------------------------------------------------------------- signals
+
+
+class StopSignals:
+    """SIGINT/SIGTERM/SIGHUP on the loop: the first asks for a drain, a second for a stop at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.drain = asyncio.Event()
+        self.now = asyncio.Event()
+        self.count = 0
+        self._installed: list[int] = []
+
+    def install(self) -> StopSignals:
+        for sig in STOP_SIGNALS:
+            try:
+                self.loop.add_signal_handler(sig, self._on_signal)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                continue
+            self._installed.append(sig)
+        return self
+
+    def _on_signal(self) -> None:
+        self.count += 1
+        (self.drain if self.count == 1 else self.now).set()
+
+    def remove(self) -> None:
+        for sig in self._installed:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                self.loop.remove_signal_handler(sig)
+        self._installed.clear()
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _say(text: str, file: TextIO) -> None:
+    """Print, even to a terminal that hung up (SIGHUP): the report still gets written."""
+    try:
+        print(text, file=file, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def target_silent(facts: RunFacts, elapsed_s: float) -> bool:
+    """True when the target has not answered once, for long enough and often enough."""
+    return (
+        facts.answers == 0
+        and elapsed_s >= DEAD_TARGET_S
+        and facts.consecutive_no_answer >= DEAD_TARGET_ATTEMPTS
+    )
+
+
+async def stop_session(session: Session, signals: StopSignals | None, out: TextIO) -> tuple[Snapshot, bool]:
+    """Drain the session; a second signal cuts the drain short. Returns (snapshot, stopped at once)."""
+    drain = asyncio.ensure_future(session.stop())
+    waiters: set[asyncio.Future] = {drain}
+    cut = asyncio.ensure_future(signals.now.wait()) if signals is not None else None
+    if cut is not None:
+        waiters.add(cut)
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if cut is not None:
+            cut.cancel()
+    if drain.done():
+        try:
+            return drain.result(), False
+        except Exception as exc:  # a bug while draining: still report what there is
+            _say(f"ratedeck: draining failed ({type(exc).__name__}); stopping at once", sys.stderr)
+            return await _stop_now(session), True
+    _say("ratedeck: stopping at once: what is left is reported as queued or in flight", out)
+    drain.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await drain
+    return await _stop_now(session), True
+
+
+async def _stop_now(session: Session) -> Snapshot:
+    try:
+        return await session.stop(drain_timeout_s=0)
+    except Exception:
+        return session.snapshot()
+
+
+def conclude(
+    snap: Snapshot,
+    facts: RunFacts,
+    cfg: RunConfig,
+    *,
+    out: TextIO,
+    server_stats: dict | None = None,
+    stopped_at_once: bool = False,
+) -> int:
+    """Print the summary and the verdict, write the report; the exit code (see the module doc)."""
+    err = sys.stderr
+    _say("\n".join(summary_lines(snap, facts)), out)
+    if server_stats:
+        t = server_stats["totals"]
+        _say(
+            f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
+            f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
+            f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}",
+            out,
+        )
+    codes: list[int] = []
+    if facts.graveyard_problem:
+        _say(
+            f"ratedeck: graveyard incomplete: {facts.graveyard_written} of {snap.graveyard} buried requests"
+            f" written ({facts.graveyard_problem})",
+            err,
+        )
+        codes.append(EXIT_OUTPUT)
+    elif facts.graveyard_path and facts.graveyard_written:
+        _say(f"graveyard: {facts.graveyard_written} requests in {facts.graveyard_path}", out)
+    for problem in facts.problems:
+        if problem != facts.graveyard_problem:
+            _say(f"ratedeck: {problem}", err)
+    if snap.balance() != 0:
+        accounted = snap.generated - snap.balance()
+        _say(
+            f"ratedeck: the accounting does not balance: {snap.generated} generated, {accounted} accounted"
+            f" for ({snap.balance():+d}); a request was lost or counted twice",
+            err,
+        )
+        codes.append(EXIT_UNBALANCED)
+    if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
+        _say(f"ratedeck: the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})", err)
+        codes.append(EXIT_NO_ANSWER)
+    if cfg.report:
+        problem = write_report(snap, cfg.report, server_stats)
+        if problem:
+            _say(f"ratedeck: {problem}", err)
+            codes.append(EXIT_OUTPUT)
+        else:
+            _say(f"report written to {cfg.report}", out)
+    if stopped_at_once:
+        codes.append(EXIT_INTERRUPTED)
+    for code in (EXIT_UNBALANCED, EXIT_OUTPUT, EXIT_NO_ANSWER, EXIT_INTERRUPTED):
+        if code in codes:
+            return code
+    return EXIT_OK
+
+
 async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | None = None) -> int:
-    """Run until the duration passes, the workload ends, or Ctrl-C / SIGTERM; 0 on a clean stop."""
+    """Run until the duration passes, the workload ends, a signal, or a target that never answers."""
     out = out or sys.stdout
+    problems = check_outputs(cfg)
+    if problems:
+        for problem in problems:
+            _say(f"ratedeck: {problem}", sys.stderr)
+        return EXIT_USAGE
+    loop = asyncio.get_running_loop()
+    signals = StopSignals(loop).install()  # before the start: Ctrl-C while starting drains too
+    try:
+        return await _run(cfg, interval_s, out, signals)
+    finally:
+        signals.remove()
+
+
+async def _run(cfg: RunConfig, interval_s: float, out: TextIO, signals: StopSignals) -> int:
+    loop = asyncio.get_running_loop()
     session = Session(cfg)
     try:
         engine = await session.start()
     except ConfigError as exc:
-        print(f"ratedeck: {exc}", file=sys.stderr)
-        return 2
+        _say(f"ratedeck: {exc}", sys.stderr)
+        return EXIT_USAGE
     except OSError as exc:
-        print(f"ratedeck: cannot start: {exc}", file=sys.stderr)
-        return 2
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    target = session.target_url.split("?")[0] if session.target_url else "?"
+        _say(f"ratedeck: cannot start: {exc.strerror or exc}", sys.stderr)
+        return EXIT_USAGE
     where = "embedded simulator" if session.server else "target"
-    print(
-        f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {target}"
+    _say(
+        f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {session.shown_target}"
         + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
-        file=out,
-        flush=True,
+        out,
     )
-    deadline = loop.time() + cfg.duration_s if cfg.duration_s else None
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.finished.wait())]
+    started = loop.time()
+    deadline = started + cfg.duration_s if cfg.duration_s else None
+    next_print = started + interval_s
+    waiters = [asyncio.ensure_future(signals.drain.wait()), asyncio.ensure_future(engine.finished.wait())]
     try:
-        while not stop.is_set() and not engine.finished.is_set():
+        while not signals.drain.is_set() and not engine.finished.is_set():
             now = loop.time()
-            wait = interval_s if deadline is None else min(interval_s, deadline - now)
-            if wait <= 0:
+            if deadline is not None and now >= deadline:
                 break
-            await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            if deadline is not None and loop.time() >= deadline:
+            wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
+            await asyncio.wait(waiters, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
+            now = loop.time()
+            facts = session.facts()
+            if target_silent(facts, now - started):
+                _say(
+                    f"ratedeck: no answer from the target in {now - started:.0f} s"
+                    f" ({_counts(facts.no_answer)}); stopping",
+                    out,
+                )
                 break
-            if not stop.is_set():
-                print("\n".join(metrics_block(engine.snapshot())), file=out, flush=True)
-        if stop.is_set():
-            print("ratedeck: stopping: no new requests, letting in-flight ones finish…", file=out, flush=True)
+            if now >= next_print and not signals.drain.is_set() and not engine.finished.is_set():
+                _say("\n".join(metrics_block(engine.snapshot())), out)
+                while next_print <= now:
+                    next_print += interval_s
+        if signals.drain.is_set():
+            _say("ratedeck: stopping: no new requests, letting in-flight ones finish…", out)
     finally:
         for w in waiters:
             w.cancel()
-        snap = await session.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError):
-                pass
-    print("\n".join(summary_lines(snap)), file=out, flush=True)
-    code = 0
-    if session.server_stats:
-        t = session.server_stats["totals"]
-        print(
-            f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
-            f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
-            f"  audit {'ok' if session.server_stats['audit_ok'] else 'EXCEEDED'}",
-            file=out,
-        )
-    if cfg.engine.graveyard_path and snap.graveyard:
-        print(f"graveyard: {snap.graveyard} requests in {cfg.engine.graveyard_path}", file=out)
-    for problem in engine.problems:
-        print(f"ratedeck: {problem}", file=sys.stderr)
-    if cfg.report:
-        problem = write_report(snap, cfg.report, session.server_stats)
-        if problem:
-            print(f"ratedeck: {problem}", file=sys.stderr)
-            code = 2
-        else:
-            print(f"report written to {cfg.report}", file=out)
+    snap, at_once = await stop_session(session, signals, out)
+    code = conclude(
+        snap,
+        session.facts(),
+        cfg,
+        out=out,
+        server_stats=session.server_stats,
+        stopped_at_once=at_once,
+    )
     if cfg.plot:
         from .plots import run_charts
 
-        print(run_charts(snap, color=out.isatty()), file=out)
+        _say(run_charts(snap, color=out.isatty()), out)
     return code
