@@ -80,7 +80,7 @@ class HttpTransport:
         self.target = target
         self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
-        parsed = URL(url)
+        parsed = self._post_url = URL(url)
         self._origin = (parsed.scheme, parsed.host, parsed.port)
         # Credentials in the URL are secrets too: mask them wherever text is shown.
         self._mask = Masker((*secrets, parsed.password or "", parsed.user or ""))
@@ -164,7 +164,7 @@ class HttpTransport:
         if t.method == "GET":
             method, url, data = "GET", self._get_url(fields), None
         else:
-            method, url, data = "POST", URL(self.url), dict(fields) | dict(t.params)
+            method, url, data = "POST", self._post_url, dict(fields) | dict(t.params)
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
         try:
