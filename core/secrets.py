@@ -62,17 +62,46 @@ def secret_forms(secret: str) -> set[str]:
     return {f for f in forms if len(f) >= 4}
 
 
+class Redactor:
+    """`redact` for a set of secrets, their forms computed once (and again only when one is added).
+
+    Deriving every form of every secret costs about 1 ms for 50 keys; error
+    answers are masked on the hot path, so long-lived code keeps a Redactor.
+    """
+
+    __slots__ = ("_secrets", "_forms", "longest")
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets: set[str] = set()
+        self._forms: list[str] | None = None
+        self.longest = 0  # the longest form of any secret, for cutting text safely
+        for secret in secrets:
+            self.add(secret)
+
+    def add(self, secret: str) -> None:
+        if secret and secret not in self._secrets:
+            self._secrets.add(secret)
+            self._forms = None
+            self.longest = max(self.longest, len(secret), *(len(f) for f in secret_forms(secret)))
+
+    def __call__(self, text: str, limit: int | None = None) -> str:
+        """`text` with every form of every secret masked, then cut to `limit` characters."""
+        if self._forms is None:
+            forms: set[str] = set()
+            for secret in self._secrets:
+                forms |= secret_forms(secret)
+            self._forms = sorted(forms, key=len, reverse=True)  # longest first: a form may contain another
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        if limit is not None and len(text) > limit:
+            text = text[:limit] + "…"
+        return text
+
+
 def redact(text: str, secrets: Iterable[str], limit: int | None = None) -> str:
     """`text` with every form of every secret masked, then cut to `limit` characters."""
-    forms: set[str] = set()
-    for secret in secrets:
-        forms |= secret_forms(secret)
-    for form in sorted(forms, key=len, reverse=True):  # longest first: a form may contain another
-        if form in text:
-            text = text.replace(form, MASK)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + "…"
-    return text
+    return Redactor(secrets)(text, limit)
 
 
 def safe_url(url: str | None) -> str:

@@ -22,7 +22,7 @@ import time
 from collections import deque
 
 from ratedeck.core.errors import RatedeckError
-from ratedeck.core.secrets import redact
+from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
 
 from . import outcome as oc
@@ -45,7 +45,7 @@ from .metrics import Metrics
 from .multicall import source_from_config
 from .ports import Source
 from .queues import Graveyard, WorkQueues
-from .request import CallFn, Request
+from .request import CallFn, DoneCallback, Request
 from .settle import Scope, SettleRules, Tally, Verdict, decide
 from .snapshot import Event, GateRow, Snapshot
 from .transport import Transport
@@ -105,7 +105,7 @@ class Engine:
         self.source: Source = source or source_from_config(cfg, self.rng)
         self.workers: list[KeyWorker] = []
         self.gates: dict[str, CooldownGate] = {}
-        self._secrets = tuple(k.secret for k in cfg.keys)
+        self.redact = Redactor(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
         # A host-wide limit is one more budget every key spends, with its own gate.
@@ -157,6 +157,9 @@ class Engine:
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
         self.problems: list[str] = []
+        # Called with (request, ending) for every request that ends (a results
+        # file, metrics): after the request's own on_done.
+        self.finish_watchers: list[DoneCallback] = []
 
     @property
     def retry_errors(self) -> bool:
@@ -332,7 +335,7 @@ class Engine:
 
     def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
         problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
-        self.event(EventKind.ERROR, redact(problem, self._secrets, 300))
+        self.event(EventKind.ERROR, self.redact(problem, 300))
         if req.ending is not None:
             return
         if req in self.queues.dlq:  # queued for a retry before the error: it is still accounted
@@ -413,6 +416,8 @@ class Engine:
         req.ending = ending
         if req.on_done is not None:
             req.on_done(req, ending)
+        for watch in self.finish_watchers:
+            watch(req, ending)
         self._check_finished()
 
     # ------------------------------------------------------------ the source's side (SourceSink)

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from ratedeck.core.secrets import MASK, safe_url, secret_forms
+from ratedeck.core.secrets import Redactor, safe_url
 
 from .config import KeySpec, TargetConfig
 from .delays import DelayHook, json_field_hook, response_delay
@@ -83,7 +83,7 @@ class HttpTransport:
         parsed = self._post_url = URL(url)
         self._origin = (parsed.scheme, parsed.host, parsed.port)
         # Credentials in the URL are secrets too: mask them wherever text is shown.
-        self._mask = Masker((*secrets, parsed.password or "", parsed.user or ""))
+        self._mask = Redactor((*secrets, parsed.password or "", parsed.user or ""))
         # Our parameters go after the URL's own query string, in one query.
         self._base = str(parsed.with_query(None).with_fragment(None))
         self._base_query = parsed.raw_query_string
@@ -245,40 +245,6 @@ class HttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-class Masker:
-    """`core.secrets.redact` for a set of secrets that only grows, their forms computed once.
-
-    `redact` derives every form of every secret per call (about 1 ms for 50
-    keys); an error answer is masked on the hot path, so the forms are kept.
-    """
-
-    __slots__ = ("_secrets", "_forms", "longest")
-
-    def __init__(self, secrets=()) -> None:
-        self._secrets: set[str] = set()
-        self._forms: list[str] | None = None
-        self.longest = 0
-        for secret in secrets:
-            self.add(secret)
-
-    def add(self, secret: str) -> None:
-        if secret and secret not in self._secrets:
-            self._secrets.add(secret)
-            self._forms = None
-            self.longest = max(self.longest, *(len(f) for f in secret_forms(secret)), len(secret))
-
-    def __call__(self, text: str) -> str:
-        if self._forms is None:
-            forms: set[str] = set()
-            for secret in self._secrets:
-                forms |= secret_forms(secret)
-            self._forms = sorted(forms, key=len, reverse=True)  # longest first, as redact does
-        for form in self._forms:
-            if form in text:
-                text = text.replace(form, MASK)
-        return text
 
 
 def _cut(text: str, limit: int) -> str:

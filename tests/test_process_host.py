@@ -1,5 +1,6 @@
 """The console's host: the engine in a child process, steered through a pipe."""
 
+import dataclasses
 import time
 
 import pytest
@@ -40,7 +41,8 @@ def test_commands_reach_the_child_and_stop_returns_the_final_snapshot(tmp_path, 
 
 @pytest.mark.slow
 def test_a_start_failure_in_the_child_is_raised_in_the_parent():
-    cfg = load_config(overrides={"server": {"mode": "seed", "latency_in_ms": [5, 1]}})
+    # Settings the config loader would refuse, put in after loading: only the child finds out.
+    cfg = dataclasses.replace(load_config(), server={"mode": "seed", "latency_in_ms": [5, 1]})
     host = ProcessHost(cfg)
     with pytest.raises(ConfigError, match="server"):
         host.start()

@@ -71,7 +71,10 @@ def test_a_library_caller_gets_errors_at_once_but_rate_limits_are_still_retried(
 
 def test_a_400_mentioning_nonce_is_a_nonce_rejection_only_where_the_target_uses_one():
     assert classify(400, '{"error_msg":"invalid nonce"}', uses_nonce=True) is OutcomeKind.NONCE
-    assert classify(400, '{"error":"nonce is not a field we know"}', uses_nonce=False) is OutcomeKind.CLIENT_ERROR
+    assert (
+        classify(400, '{"error":"nonce is not a field we know"}', uses_nonce=False)
+        is OutcomeKind.CLIENT_ERROR
+    )
 
 
 def test_an_error_while_settling_buries_the_request_with_the_error_named(tmp_path):
