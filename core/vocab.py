@@ -94,3 +94,11 @@ class Excess(StrEnum):
     QUEUE = "queue"
     SHED = "shed"
     SAMPLE = "sample"
+
+
+class PolicyKind(StrEnum):
+    """How a server counts a limit N per W."""
+
+    SLIDING = "sliding"  # at most N in any window of W (the default)
+    FIXED = "fixed"  # at most N per window of W, windows aligned to the clock or to the server's reset
+    BUCKET = "bucket"  # a leaky bucket (GCRA): a counter of at most N that drains N/W per second

@@ -1,26 +1,44 @@
-"""The per-key window limiter: the one authority on when a key may send.
+"""The limiter: the one authority on when a budget may spend.
 
-A policy N/W means what the server means: at most N sends in any window of W.
-The limiter keeps, per policy, the times of the last N grants in a ring; the
-next slot frees at `oldest + W + headroom`. Several policies are taken
-all-or-nothing: a send waits for the latest of their free times. Nothing
-polls: callers ask `next_free(now)` and sleep exactly until then.
+A policy means what the server means (see `core/policy.py`): a sliding window
+N/W (at most N in any window of W, as the server stamps arrivals), a fixed
+window (at most N per window, windows aligned to the clock or to the reset the
+server announces) or a leaky bucket (a counter of at most N that drains at a
+steady rate). Each policy is kept by a meter; several policies are taken
+all-or-nothing: a send waits for the latest of their free times. A request may
+cost more than 1 (its weight): every meter counts costs. Nothing polls:
+callers ask `next_free(now, cost)` and sleep exactly until then.
+
+Headroom: a send reaches the server some time after we stamp it, and that
+time varies. Each meter therefore frees a slot only once the server must have
+seen it leave: a sliding window's slot at `send + W + headroom` (or the
+per-request bound once the request is answered, `Stamp.extra`); a fixed
+window's next window `headroom` after its boundary (and a send that may
+arrive after the boundary counts in both windows); a bucket keeps what drains
+in `headroom` free (sends in any interval reach the server within that
+interval plus the headroom).
+
+The server's count is the truth, ours a forecast: `sync()` takes what an
+answer says the server has counted (used, remaining, reset) and never lets
+our forecast be lower.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable
 
 from ratedeck.core.policy import Policy
+from ratedeck.core.vocab import Pacing, PolicyKind
 
 
 class Stamp:
     """One grant: its send time, and the headroom its slot needs once known.
 
     `extra` stays None until the request is answered; until then the
-    limiter's current headroom applies. Shared by every policy's ring.
+    limiter's current headroom applies. Shared by every meter it was spent in.
     """
 
     __slots__ = ("t", "extra")
@@ -30,23 +48,189 @@ class Stamp:
         self.extra: float | None = None
 
 
+class _Sliding:
+    """At most `limit` cost units in any window of `window` seconds."""
+
+    __slots__ = ("policy", "limit", "window", "entries", "total")
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.limit = policy.limit
+        self.window = policy.window_s
+        self.entries: deque[tuple[Stamp, int]] = deque()  # in send order
+        self.total = 0  # cost of the entries
+
+    def free_at(self, now: float, cost: int, h: float) -> float:
+        entries, window = self.entries, self.window
+        # Entries whose slot has freed no longer count (for good: headroom only grows their wait).
+        while entries:
+            stamp, spent = entries[0]
+            if stamp.t + window + (h if stamp.extra is None else stamp.extra) > now:
+                break
+            entries.popleft()
+            self.total -= spent
+        excess = self.total + cost - self.limit
+        if excess <= 0:
+            return now
+        if cost > self.limit:
+            return math.inf  # can never fit
+        # The oldest entries must leave until `cost` fits: the latest of their free times.
+        t = now
+        for stamp, spent in entries:
+            free = stamp.t + window + (h if stamp.extra is None else stamp.extra)
+            if free > t:
+                t = free
+            excess -= spent
+            if excess <= 0:
+                break
+        return t
+
+    def record(self, stamp: Stamp, cost: int, h: float) -> None:
+        self.entries.append((stamp, cost))
+        self.total += cost
+
+    def seed(self, other: _Sliding | None) -> None:
+        """Start from the most recent sends another meter knows, so adopting a policy never bursts."""
+        if other is None:
+            return
+        for stamp, spent in list(other.entries)[-self.limit :]:
+            self.entries.append((stamp, spent))
+            self.total += spent
+
+    def absorb(self, units: int, until: float) -> None:
+        """Units the server counted that we did not send (another client): they count until `until`."""
+        if units <= 0:
+            return
+        ghost = Stamp(until - self.window)
+        ghost.extra = 0.0
+        self.entries.appendleft((ghost, units))  # frees no later than our own oldest: conservative enough
+        self.total += units
+
+    def used(self, now: float) -> int:
+        start = now - self.window
+        return sum(spent for stamp, spent in self.entries if stamp.t > start)
+
+
+class _Fixed:
+    """At most `limit` cost units per window; windows end at `end`, `end + W`, ...
+
+    Windows are aligned to the Unix clock (a 1 m window turns at each whole
+    minute, as Binance's do) until the server announces its own reset. A
+    window counts as turned `h` after its end, and a send that may reach the
+    server after the end (`t + h >= end`) is charged to both windows.
+    """
+
+    __slots__ = ("policy", "limit", "window", "end", "used_now", "used_next")
+
+    def __init__(self, policy: Policy, wall_offset: float, now: float):
+        self.policy = policy
+        self.limit = policy.limit
+        self.window = policy.window_s
+        wall = now + wall_offset
+        self.end = (math.floor(wall / self.window) + 1) * self.window - wall_offset
+        self.used_now = 0
+        self.used_next = 0
+
+    def _turn(self, now: float, h: float) -> None:
+        while now >= self.end + h:
+            self.used_now, self.used_next = self.used_next, 0
+            self.end += self.window
+
+    def free_at(self, now: float, cost: int, h: float) -> float:
+        self._turn(now, h)
+        if self.used_now + cost <= self.limit:
+            return now
+        if cost > self.limit:
+            return math.inf
+        if self.used_next + cost <= self.limit:
+            return self.end + h
+        return self.end + self.window + h
+
+    def record(self, stamp: Stamp, cost: int, h: float) -> None:
+        self.used_now += cost
+        if stamp.t + h >= self.end:
+            self.used_next += cost
+
+    def sync(self, used: int | None, reset_at: float | None, limit: int | None, now: float) -> None:
+        """The server's view of the current window: its count, its end, its size."""
+        if limit is not None and limit > 0:
+            self.limit = limit
+        if reset_at is not None and reset_at > now:
+            if reset_at > self.end + 0.5 * self.window:
+                # The server's window ends later than ours: ours turned too early.
+                self.used_now = max(self.used_now, self.used_next)
+                self.used_next = 0
+            self.end = reset_at
+        if used is not None and used > self.used_now:
+            self.used_now = used
+
+    def used(self, now: float) -> int:
+        return self.used_now if now < self.end else self.used_next
+
+
+class _Bucket:
+    """A leaky bucket: at most `limit` units, draining `rate` per second (GCRA)."""
+
+    __slots__ = ("policy", "limit", "rate", "level", "at")
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.limit = policy.limit
+        self.rate = policy.rate
+        self.level = 0.0  # as of time `at`
+        self.at = -math.inf
+
+    def _level(self, t: float) -> float:
+        if t <= self.at:
+            return self.level
+        return max(0.0, self.level - self.rate * (t - self.at))
+
+    def free_at(self, now: float, cost: int, h: float) -> float:
+        # Sends in any interval [u, y] reach the server within [u, y + h], so the
+        # server's bucket holds at most ours plus what drains in h: keep `rate * h`
+        # of it free. (Arrivals are later than sends, which only ever helps.)
+        room = self.limit - self.rate * h
+        if cost > room:
+            return math.inf  # never fits while the headroom is this wide
+        level = self._level(now)
+        if level + cost <= room:
+            return now
+        return now + (level + cost - room) / self.rate
+
+    def record(self, stamp: Stamp, cost: int, h: float) -> None:
+        self.level = self._level(stamp.t) + cost
+        self.at = max(self.at, stamp.t)
+
+    def sync(self, used: int | None, now: float) -> None:
+        if used is not None and used > self._level(now):
+            self.level, self.at = float(used), now
+
+    def used(self, now: float) -> int:
+        return math.ceil(self._level(now))
+
+
+_Meter = _Sliding | _Fixed | _Bucket
+
+
 class WindowLimiter:
-    """Grants send slots for one API key under one or more window policies.
+    """Grants send slots for one budget (a key's, the host's, a path's) under its policies.
 
     Attributes:
-        policies: the policies that must all hold.
-        pacing: "even" spreads sends at least (W + headroom) / N apart, so a
-            key never bursts (the server sees steady traffic and nonces arrive
-            in order); "burst" lets a full window go at once.
+        pacing: "even" spreads sends at least (W + headroom) / N apart per
+            window policy, so a budget never bursts (the server sees steady
+            traffic and nonces arrive in order); "burst" lets a full window
+            go at once. A bucket is never paced: its size is the burst the
+            server allows.
         headroom_s: callable returning the current headroom in seconds; read
             at every decision, so a live change takes effect at once.
         min_spacing: with even pacing, the gap between two sends as a fraction
-            of the even gap (W + headroom) / N. Timers fire late (uvloop by up to
-            a millisecond), and a gap measured from a late send loses that much
-            every time (about 9% at 100/s per key); a gap a little shorter than
-            even lets the window rings, which are exact, set the beat instead.
-            1.0 keeps every gap whole, for nonce-ordered targets where sends
-            closer than the network jitter may arrive out of order.
+            of the even gap. Timers fire late (uvloop by up to a millisecond),
+            and a gap measured from a late send loses that much every time
+            (about 9% at 100/s per key); a gap a little shorter than even lets
+            the meters, which are exact, set the beat instead. 1.0 keeps every
+            gap whole, for nonce-ordered targets.
+        wall_offset: Unix time minus loop time, so fixed windows turn at the
+            clock's whole minutes and hours as servers' do.
     """
 
     __slots__ = (
@@ -55,7 +239,9 @@ class WindowLimiter:
         "headroom_s",
         "pace_s",
         "min_spacing",
-        "_rings",
+        "wall_offset",
+        "_meters",
+        "_paced",
         "_last",
         "_waiters",
         "_timer",
@@ -68,46 +254,112 @@ class WindowLimiter:
         pacing: str = "even",
         min_spacing: float = 1.0,
         pace_s: Callable[[], float] | None = None,
+        wall_offset: float = 0.0,
+        now: float = 0.0,
     ):
         if not policies:
             raise ValueError("a limiter needs at least one policy")
-        self.policies = policies
-        self.pacing = pacing
+        self.pacing = Pacing(pacing)
         self.headroom_s = headroom_s  # for slots whose request is not answered yet
         self.pace_s = pace_s or headroom_s  # the headroom the even gap assumes
         self.min_spacing = min_spacing
-        self._rings: tuple[deque[Stamp], ...] = tuple(deque(maxlen=p.limit) for p in policies)
-        self._last = float("-inf")  # the last send
+        self.wall_offset = wall_offset
+        self.policies: tuple[Policy, ...] = ()
+        self._meters: tuple[_Meter, ...] = ()
+        self._paced: tuple[Policy, ...] = ()  # the window policies even pacing spaces sends for
+        for policy in policies:
+            self._add(policy, now)
+        self._last = -math.inf  # the last send
         self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
-    def next_free(self, now: float) -> float:
-        """The earliest time >= now at which a send keeps every policy."""
+    def _add(self, policy: Policy, now: float) -> None:
+        meter: _Meter
+        if policy.kind is PolicyKind.FIXED:
+            meter = _Fixed(policy, self.wall_offset, now)
+        elif policy.kind is PolicyKind.BUCKET:
+            meter = _Bucket(policy)
+        else:
+            meter = _Sliding(policy)
+            meter.seed(
+                max((m for m in self._meters if isinstance(m, _Sliding)), key=lambda m: m.total, default=None)
+            )
+        self.policies = (*self.policies, policy)
+        self._meters = (*self._meters, meter)
+        if policy.is_window:
+            self._paced = (*self._paced, policy)
+
+    def next_free(self, now: float, cost: int = 1) -> float:
+        """The earliest time >= now at which a send of `cost` keeps every policy."""
         h = self.headroom_s()
         t = now
-        for policy, ring in zip(self.policies, self._rings, strict=False):
-            if len(ring) == policy.limit:
-                head = ring[0]
-                free = head.t + policy.window_s + (h if head.extra is None else head.extra)
-                if free > t:
-                    t = free
-        if self.pacing == "even":
+        for meter in self._meters:
+            free = meter.free_at(now, cost, h)
+            if free > t:
+                t = free
+        if self.pacing is Pacing.EVEN and self._paced:
             p = self.pace_s()
-            for policy in self.policies:
-                due = self._last + (policy.window_s + p) * self.min_spacing / policy.limit
+            for policy in self._paced:
+                due = self._last + (policy.window_s + p) * self.min_spacing * cost / policy.limit
                 if due > t:
                     t = due
         return t
 
-    def record(self, at: float) -> Stamp:
-        """Note a send at `at` (call only when `next_free(at) <= at`); returns its stamp."""
-        stamp = Stamp(at)
-        for ring in self._rings:
-            ring.append(stamp)
+    def record(self, at: float, cost: int = 1, stamp: Stamp | None = None) -> Stamp:
+        """Note a send at `at` (call only when `next_free(at, cost) <= at`); returns its stamp.
+
+        Pass the `stamp` of the same send when it spends from several limiters,
+        so one answer sets the headroom of all its slots.
+        """
+        if stamp is None:
+            stamp = Stamp(at)
+        h = self.headroom_s()
+        for meter in self._meters:
+            meter.record(stamp, cost, h)
         self._last = at
         return stamp
 
-    async def acquire(self, deadline: float | None = None) -> Stamp | None:
+    def sync(
+        self,
+        now: float,
+        *,
+        used: int | None = None,
+        remaining: int | None = None,
+        limit: int | None = None,
+        reset_at: float | None = None,
+        window_s: float | None = None,
+        sent_since: int = 0,
+    ) -> None:
+        """Take what the server says it has counted (from an answer's headers).
+
+        `used` (or `limit - remaining`) is the server's count when it answered;
+        `sent_since` is what we spent after the answered request, which the
+        server could not have counted yet. `reset_at` (loop time) is when its
+        window ends; `window_s` picks the policy it speaks of (else the
+        tightest window). Only ever raises our count, never lowers it.
+        """
+        if used is None and remaining is not None and limit is not None:
+            used = max(0, limit - remaining)
+        counted = used + sent_since if used is not None else None
+        meter = self._meter_for(window_s)
+        if isinstance(meter, _Fixed):
+            meter.sync(counted, reset_at, limit, now)
+        elif isinstance(meter, _Bucket):
+            meter.sync(counted, now)
+        elif counted is not None:
+            extra = counted - meter.used(now)
+            if extra > 0:
+                until = reset_at if reset_at is not None and reset_at > now else now + meter.window
+                meter.absorb(extra, until)
+
+    def _meter_for(self, window_s: float | None) -> _Meter:
+        if window_s is not None:
+            for meter in self._meters:
+                if isinstance(meter, (_Sliding, _Fixed)) and abs(meter.window - window_s) < 1e-6:
+                    return meter
+        return min(self._meters, key=lambda m: m.policy.rate)
+
+    async def acquire(self, deadline: float | None = None, cost: int = 1) -> Stamp | None:
         """Wait for a slot (first come, first served) and take it.
 
         Returns None, without taking a slot, when the slot would come after
@@ -117,9 +369,9 @@ class WindowLimiter:
         """
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if not self._waiters and self.next_free(now) <= now:
-            return self.record(now)
-        if deadline is not None and self.next_free(now) > deadline:
+        if not self._waiters and self.next_free(now, cost) <= now:
+            return self.record(now, cost)
+        if deadline is not None and self.next_free(now, cost) > deadline:
             return None
         fut: asyncio.Future[Stamp | None] = loop.create_future()
         self._waiters.append((fut, deadline))
@@ -128,8 +380,6 @@ class WindowLimiter:
             return await fut
         except asyncio.CancelledError:
             self._waiters = deque(w for w in self._waiters if w[0] is not fut)
-            if fut.done() and not fut.cancelled() and fut.result() is not None:
-                raise  # granted just as it was cancelled: the slot stays spent, like a send
             raise
 
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -160,27 +410,25 @@ class WindowLimiter:
         self._waiters = kept
         self._arm(loop)
 
-    def add_policy(self, policy: Policy) -> bool:
-        """Also enforce `policy` from now on (a limit the server advertised).
+    def add_policy(self, policy: Policy, now: float = 0.0) -> bool:
+        """Also enforce `policy` from now on (a limit the server advertised, or one learned).
 
-        Its ring starts with the most recent sends we know of, so adopting a
-        policy never allows a burst. Returns False when an existing policy is
-        already at least as strict (same or longer window, same or lower count).
+        A new sliding window starts with the most recent sends we know of, so
+        adopting a policy never allows a burst. Returns False when an existing
+        policy of the same kind is already at least as strict.
         """
-        if any(p.window_s >= policy.window_s and p.limit <= policy.limit for p in self.policies):
-            return False
-        longest = max(self._rings, key=len)
-        ring = deque(list(longest)[-policy.limit :], maxlen=policy.limit)
-        self.policies = self.policies + (policy,)
-        self._rings = self._rings + (ring,)
+        for p in self.policies:
+            if p.kind is policy.kind and p.window_s >= policy.window_s and p.limit <= policy.limit:
+                return False
+        self._add(policy, now)
         return True
 
     def used(self, now: float) -> tuple[int, int]:
-        """(sends in the current window, limit) for the tightest policy, for display."""
-        policy, ring = min(zip(self.policies, self._rings, strict=False), key=lambda pr: pr[0].rate)
-        start = now - policy.window_s
-        return sum(1 for s in ring if s.t > start), policy.limit
+        """(units spent in the current window, its size) for the tightest policy, for display."""
+        meter = min(self._meters, key=lambda m: m.policy.rate)
+        return meter.used(now), meter.limit
 
     @property
     def capacity_tps(self) -> float:
+        """Long-run cost units per second the policies allow together."""
         return min(p.rate for p in self.policies)
