@@ -1,4 +1,4 @@
-"""Reading "slow down" from a response: how long to wait, and what the server's policy is.
+"""Reading the server from a response: how long to wait, what its policy is, what it has counted.
 
 Sources, first found wins for the delay: Retry-After (seconds or an HTTP
 date), the IETF RateLimit field (`"name";r=0;t=5`: no quota left, resets in
@@ -9,6 +9,12 @@ is that large) when the remaining count is 0, and a user hook for APIs that
 put the delay in the body. RateLimit-Policy is read as the server's own
 statement of its policies, in every draft's form: `"a";q=20;w=1` (draft 09+),
 `a;q=20;w=1` (draft 08) and `20;w=1` (drafts 03-07).
+
+The server's own count (`read_quotas`) comes from X-RateLimit-Limit /
+Remaining / Used / Reset / Resource (GitHub and most APIs), RateLimit-Limit /
+Remaining / Reset (IETF drafts up to 06), `RateLimit: "name";r=..;t=..` with
+`RateLimit-Policy` (drafts 07+), and Binance's X-MBX-USED-WEIGHT-<n><unit>
+and X-MBX-ORDER-COUNT-<n><unit>.
 
 Every parser here takes any text and returns a value or None (an empty tuple
 for policies); none raises. A delay is never negative or NaN, and never
@@ -25,6 +31,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -231,3 +238,88 @@ def json_field_hook(path: str) -> DelayHook:
         return None
 
     return hook
+
+
+_INTERVAL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_MBX = re.compile(r"x-mbx-(used-weight|order-count)-(\d{1,6})([smhd])", re.ASCII)
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """What one answer says the server has counted against one of its limits.
+
+    Counts are in the limit's own units (requests, or weight for Binance's
+    USED-WEIGHT). `reset_in_s` is seconds from the answer until the window
+    turns; `window_s` the window's length when the server says it; `name`
+    the limit's name when it has one (GitHub's resource "core"/"search", an
+    IETF policy name, "weight" or "orders" for Binance).
+    """
+
+    limit: int | None = None
+    remaining: int | None = None
+    used: int | None = None
+    reset_in_s: float | None = None
+    window_s: float | None = None
+    name: str | None = None
+    weight: bool = False
+
+
+def _count(text: object) -> int | None:
+    value = _number(text) if isinstance(text, str) else None
+    if value is None or value < 0 or value > 1e12:
+        return None
+    return int(value)
+
+
+def _reset_in(text: object, now_wall: float) -> float | None:
+    value = _number(text) if isinstance(text, str) else None
+    if value is None or value < 0:
+        return None
+    if value > _EPOCH_THRESHOLD:
+        value = value - now_wall
+    return _delay(max(0.0, value))
+
+
+def read_quotas(headers: Mapping[str, str], now_wall: float | None = None) -> tuple[Quota, ...]:
+    """Every count the server reports in `headers`; an empty tuple when it reports none. Never raises."""
+    try:
+        return _read_quotas(headers, time.time() if now_wall is None else now_wall)
+    except Exception:  # a header no parser understands reports nothing
+        return ()
+
+
+def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ...]:
+    get = headers.get
+    quotas: list[Quota] = []
+    for prefix in ("X-RateLimit-", "RateLimit-"):
+        limit, remaining = _count(get(prefix + "Limit")), _count(get(prefix + "Remaining"))
+        used = _count(get(prefix + "Used"))
+        if remaining is None and used is None:
+            continue
+        reset = _reset_in(get(prefix + "Reset"), now_wall)
+        resource = get(prefix + "Resource")
+        name = resource.strip().lower()[:40] if isinstance(resource, str) and resource.strip() else None
+        quotas.append(Quota(limit, remaining, used, reset, None, name))
+        break
+    field = get("RateLimit")
+    if isinstance(field, str) and field:
+        windows = {
+            n.strip('"').lower(): (params.get("q"), params.get("w"))
+            for n, _v, params in _members(get("RateLimit-Policy") or "")
+        }
+        for name, value, params in _members(field):
+            if value is None and "r" in params:
+                policy = name.strip('"').lower()
+                quota, window = windows.get(policy, (None, None))
+                limit = int(quota) if quota is not None and quota.is_integer() and quota >= 1 else None
+                reset = _delay(params["t"]) if "t" in params else None
+                quotas.append(Quota(limit, int(max(0.0, params["r"])), None, reset, window, policy or None))
+    for header, value in headers.items():
+        match = _MBX.fullmatch(header.lower()) if isinstance(header, str) else None
+        used = _count(value) if match else None
+        if match is None or used is None:
+            continue
+        window = int(match.group(2)) * _INTERVAL_UNITS[match.group(3)]
+        weight = match.group(1) == "used-weight"
+        quotas.append(Quota(None, None, used, None, window, "weight" if weight else "orders", weight))
+    return tuple(quotas)
