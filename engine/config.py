@@ -42,7 +42,14 @@ class ConfigError(RatedeckError, ValueError):
 
     def __init__(self, source: str, key: str, problem: str):
         self.source, self.key, self.problem = source, key, problem
-        super().__init__(f"{source}: {key}: {problem}")
+        super().__init__(_one_line(f"{source}: {key}: {problem}"))
+
+
+def _one_line(text: str) -> str:
+    """`text` with every unprintable character escaped, so a message is always one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 @dataclass(frozen=True)
