@@ -145,7 +145,8 @@ def fraction(value: Any, *, allow_zero: bool = False) -> float:
     return result
 
 
-def _duration_amount(value: Any, default_unit: float, what: str) -> float:
+def _duration_amount(value: Any, in_ms: bool, what: str) -> float:
+    """A duration in seconds (or milliseconds with `in_ms`); a bare number is already in that unit."""
     if isinstance(value, str):
         match = _DURATION_RE.fullmatch(value)
         if not match:
@@ -158,12 +159,16 @@ def _duration_amount(value: Any, default_unit: float, what: str) -> float:
                 f"{show(value)} is not {what}: unknown unit {match.group(2)!r}; use ms, s, m or h"
             )
         amount = float(match.group(1))
-        factor = _UNITS[unit] if unit else default_unit
-        result = amount * factor
+        if not unit:
+            result = amount
+        elif in_ms:  # whole-number factors, so "5ms" is exactly 5.0
+            result = amount * round(_UNITS[unit] * 1000)
+        else:
+            result = amount * _UNITS[unit]
         if not math.isfinite(result):
             raise ValueError(f"{show(value)} is not {what} anything can wait for")
         return result
-    return _to_float(value, what) * default_unit
+    return _to_float(value, what)
 
 
 def parse_duration(
@@ -178,14 +183,14 @@ def parse_duration(
     By default above 0 and at most `MAX_DURATION_S`; NaN, infinity, bools and
     unknown units ("5 parsecs") raise `ValueError`.
     """
-    seconds = _duration_amount(value, 1.0, "a duration")
+    seconds = _duration_amount(value, False, "a duration")
     _check_range(seconds, value, low=low, high=high, low_open=low_open, unit="seconds")
     return seconds
 
 
 def parse_milliseconds(value: Any, *, low: float = 0.0, high: float = MAX_MS) -> float:
     """Milliseconds from 250, "250", "250ms", "0.25s" (a bare number is milliseconds)."""
-    ms = _duration_amount(value, 0.001, "a duration") * 1000.0
+    ms = _duration_amount(value, True, "a duration")
     _check_range(ms, value, low=low, high=high, low_open=False, unit="ms")
     return ms
 
