@@ -36,6 +36,18 @@ from ratedeck.core.secrets import redact, safe_url
 from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.core.throttle import parse_throttle
 
+from .api_rules import (
+    BudgetSpec,
+    OutcomeRule,
+    PathRule,
+    budgets_to_toml,
+    parse_budgets,
+    parse_outcome_rules,
+    parse_paths,
+    paths_to_toml,
+    rules_to_toml,
+)
+
 
 class ConfigError(RatedeckError, ValueError):
     """A setting that cannot be used; `str()` is the whole user-facing message."""
@@ -54,19 +66,36 @@ def _one_line(text: str) -> str:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    """Where requests go and how a key, nonce and request id travel."""
+    """Where requests go and how a key, nonce and request id travel.
+
+    The defaults are neutral, for a target the user names with no preset: the
+    key as `Authorization: Bearer <key>`, no nonce, no request id, only the
+    parameters asked for, a 10 s timeout. The seed preset sets the seed
+    server's conventions.
+    """
 
     url: str | None = None  # None: start the embedded simulator
     method: str = "GET"
-    key_param: str | None = "api_key"  # query/form parameter carrying the key
-    key_header: str | None = None  # or a header; wins over key_param when set
-    nonce_param: str | None = "nonce"  # None: the target needs no nonce
-    id_param: str | None = "req_id"
+    key_param: str | None = None  # query/form parameter carrying the key
+    key_header: str | None = "Authorization"  # or a header; wins over key_param when set
+    key_format: str = (
+        ""  # how the key is written in its header; "": "Bearer {key}" in Authorization, else as is
+    )
+    nonce_param: str | None = None  # a strictly increasing nonce parameter, for targets that check one
+    id_param: str | None = None  # a request id parameter
     params: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 1.0
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    user_agent: str = ""  # "": ratedeck/<version>
+    signing: str | None = None  # "binance", "kraken" or "module:function" (see engine/signing.py)
+    idempotency: bool = False  # an Idempotency-Key per logical request on POST, kept across retries
+    rules: tuple[OutcomeRule, ...] = ()  # what answers mean beyond their status (see engine/api_rules.py)
+    timeout_s: float = 10.0
     delay_field: str | None = None  # JSON path in error bodies holding a retry delay ("error.retryDelay")
     host_limit_match: str = "host"  # a 429 whose body says this closes the host-wide gate
     follow_redirects: bool = False  # follow 3xx to the same origin only; never sends the key elsewhere
+    # A cheap, unlimited endpoint (like /health) timed for the network's spread; no key is sent.
+    probe_url: str | None = None
+    probe_rate: float = 10.0  # probes per second, on their own connection
 
 
 @dataclass(frozen=True)
@@ -76,6 +105,7 @@ class KeySpec:
     label: str
     secret: str = field(repr=False)
     policies: tuple[Policy, ...]
+    api_secret: str | None = field(default=None, repr=False)  # the signing secret that goes with the key
 
 
 @dataclass(frozen=True)
@@ -96,7 +126,7 @@ class EngineConfig:
     backpressure: bool = True
     ttl_s: float = 1.0
     drain_timeout_s: float = 2.0
-    graveyard_path: str = "ratedeck-graveyard.jsonl"  # "" writes none
+    graveyard_path: str | None = "ratedeck-graveyard.jsonl"  # "" or None writes none
     cooldown: str = "shared"  # "shared": a delay pauses every sender of the budget; "per-request": only the rejected request waits (the pre-actor design, for comparison)
     learn_policy: bool = True  # adopt tighter limits the server advertises (RateLimit-Policy)
 
@@ -113,7 +143,7 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class MessagesConfig:
-    """Messages that need several calls each, behind an entry throttle (see engine/messages.py)."""
+    """Messages that need several calls each, behind an entry throttle (see engine/multicall.py)."""
 
     calls: int = 1  # calls a message needs; it completes only when all succeed
     pattern: str = "parallel"  # or "sequential": each call after the previous one succeeded
@@ -139,9 +169,14 @@ class RunConfig:
     theme: str | None = None
     keymap: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
+    fail_on: tuple[str, ...] = ()  # [run] thresholds over the report ("rejected_429>0"): the runner's
+    results: str | None = None  # [run] one JSON line per finished request
+    results_body: bool = False  # [run] with the response body in each results line
     preset: str | None = None
     key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
+    budgets: tuple[BudgetSpec, ...] = ()  # [[budgets]]: named limits beyond each key's own
+    paths: tuple[PathRule, ...] = ()  # [paths]: weight, budgets and signing per request path
     pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
     messages: MessagesConfig | None = None  # [messages]: multi-call messages instead of requests
 
@@ -173,6 +208,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "target": {
             "method": "GET",
             "key_param": "api_key",
+            "key_header": "",
             "nonce_param": "nonce",
             "id_param": "req_id",
             "timeout_s": 1.0,
@@ -205,7 +241,11 @@ def load_config(
             raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {show(preset)}')
     else:
         file_data.pop("preset", None)
-    implicit = preset is None and path is None
+    named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
+    # With nothing named, the seed preset drives the embedded simulator; a target
+    # the user names with no preset gets the neutral defaults instead (no nonce,
+    # no request id, the key as a Bearer token), never the seed server's ways.
+    implicit = preset is None and path is None and not named_target
     if implicit:
         preset = "seed"
     if preset is not None:
@@ -222,15 +262,14 @@ def load_config(
         if not isinstance(overrides, dict):
             raise ConfigError("command line", "overrides", f"must be a table, got {show(overrides)}")
         _merge(data, overrides)
-    cfg = build_config(data, source)
-    keys_given = isinstance(overrides, dict) and "secrets" in (overrides.get("keys") or {})
-    if implicit and cfg.target.url is not None and not keys_given:
+    if named_target and not (data.get("keys") or {}).get("secrets"):
         raise ConfigError(
             "command line",
             "--keys",
-            f"no API keys given for {safe_url(cfg.target.url)}; pass --keys "
+            f"no API keys given for {safe_url(data['target']['url'])}; pass --keys "
             "(the seed demo keys are only for the embedded simulator or --preset seed)",
         )
+    cfg = build_config(data, source)
     return replace(cfg, preset=preset)
 
 
@@ -297,6 +336,8 @@ _SECTIONS = {
     "console",
     "messages",
     "pools",
+    "budgets",
+    "paths",
 }
 
 # ---------------------------------------------------------------- field rules
@@ -397,6 +438,48 @@ def _params(value: Any) -> dict[str, str]:
     return out
 
 
+def _key_format(value: Any) -> str:
+    text = _text(value)
+    if text == "":
+        return text  # the default: Bearer in Authorization, else the key as is
+    if text.count("{key}") != 1 or _CONTROL.search(text):
+        raise ValueError(f'must hold {{key}} once, like "Bearer {{key}}", got {show(value)}')
+    return text
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f'must be a table like {{ Accept = "application/json" }}, got {show(value)}')
+    out = {}
+    for k, v in value.items():
+        name = _header_name(k)
+        if not isinstance(v, str) or _CONTROL.search(v):
+            raise ValueError(f"{name}: must be text on one line, got {show(v)}")
+        out[name] = v
+    return out
+
+
+def header_line(text: str) -> tuple[str, str]:
+    """`--header "Name: value"` as (name, value); raises ValueError naming the problem."""
+    name, colon, value = str(text).partition(":")
+    if not colon:
+        raise ValueError(f'must be "Name: value", got {show(text)}')
+    name, value = _header_name(name.strip()), value.strip()
+    if _CONTROL.search(value):
+        raise ValueError(f"{name}: the value must be on one line")
+    return name, value
+
+
+_SIGNING = ("binance", "kraken")
+
+
+def _signing(value: Any) -> str:
+    text = _text(value)
+    if text in _SIGNING or re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", text):
+        return text
+    raise ValueError(f'must be "binance", "kraken" or a hook "module:function", got {show(value)}')
+
+
 def _headroom(value: Any) -> str | float:
     if isinstance(value, str) and value.strip().lower() == "adaptive":
         return "adaptive"
@@ -436,6 +519,13 @@ _RULES: dict[str, Any] = {
     "target.timeout_s": _seconds(_MAX_TIMEOUT_S),
     "target.delay_field": _nonempty,
     "target.host_limit_match": _nonempty,
+    "target.probe_url": _url,
+    "target.key_format": lambda v: _key_format(v),
+    "target.headers": lambda v: _headers(v),
+    "target.user_agent": _text,
+    "target.signing": lambda v: _signing(v),
+    "target.rules": parse_outcome_rules,
+    "target.probe_rate": lambda v: parse_rate(v, allow_zero=False, high=_MAX_PROBE_RATE),
     "engine.in_flight_per_key": _count(1, _MAX_IN_FLIGHT),
     "engine.headroom": _headroom,
     "engine.headroom_initial_ms": _ms(_MAX_HEADROOM_MS),
@@ -490,7 +580,7 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
             raise ConfigError(
                 source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
             )
-        if name == "preset":
+        if name in ("preset", "budgets"):  # [[budgets]] is a list of tables
             continue
         if not isinstance(data[name], dict):
             raise ConfigError(source, name, "must be a table, like [" + name + "]")
@@ -498,6 +588,16 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     target = v.dataclass_from(TargetConfig, data.get("target", {}), "target")
     if not target.key_header and not target.key_param:
         raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
+    _check_probe(target, source)
+    if target.url and target.key_header and target.key_header.lower() == "authorization":
+        creds = urlsplit(target.url)
+        if creds.username or creds.password:
+            raise ConfigError(
+                source,
+                "target.url",
+                "carries user:password and the key goes in the Authorization header; "
+                "use one (--key-header/--key-param to send the key elsewhere)",
+            )
     engine = v.dataclass_from(EngineConfig, data.get("engine", {}), "engine")
     _check_engine(engine, source)
     workload = v.dataclass_from(WorkloadConfig, data.get("workload", {}), "workload")
@@ -518,6 +618,15 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     if "host_limits" in keys_table and keys_table["host_limits"] != []:
         host_policies = _policies(keys_table["host_limits"], source, "keys.host_limits")
     pools = _pools(data.get("pools", {}), source)
+    try:
+        budgets = parse_budgets(data.get("budgets", []))
+    except ValueError as exc:
+        raise ConfigError(source, "budgets", str(exc)) from None
+    try:
+        paths = parse_paths(data.get("paths", {}), {b.name for b in budgets})
+    except ValueError as exc:
+        raise ConfigError(source, "paths", str(exc)) from None
+    _check_signing(target, keys, source)
     messages = None
     if "messages" in data:
         messages = v.dataclass_from(MessagesConfig, data["messages"], "messages")
@@ -533,11 +642,30 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
         theme=console.get("theme"),
         keymap=console.get("keymap", {}),
         seed=run.get("seed"),
+        fail_on=run.get("fail_on", ()),
+        results=run.get("results"),
+        results_body=run.get("results_body", False),
         key_sources=key_sources,
         messages=messages,
         host_policies=host_policies,
+        budgets=budgets,
+        paths=paths,
         pools=pools,
     )
+
+
+def _check_signing(target: TargetConfig, keys: tuple[KeySpec, ...], source: str) -> None:
+    """A signing recipe needs a secret with every key ("KEY SECRET" lines)."""
+    if target.signing is None:
+        return
+    missing = [k.label for k in keys if not k.api_secret]
+    if missing:
+        raise ConfigError(
+            source,
+            "keys.secrets",
+            f'signing {target.signing!r} needs a secret with every key (write "KEY SECRET"); '
+            f"{', '.join(missing[:5])} {'has' if len(missing) == 1 else 'have'} none",
+        )
 
 
 def _is_file(path: str) -> bool:
@@ -569,8 +697,43 @@ _RUN_RULES = {
     "report": _optional(_path),
     "plot": _bool,
     "seed": lambda v: whole(v, low=None, high=None),
+    "fail_on": lambda v: _strings(v, 'threshold expressions like "rejected_429>0"'),
+    "results": _optional(_path),
+    "results_body": _bool,
 }
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+        raise ValueError(f"must be a list of {what}, got {show(value)}")
+    return tuple(value)
+
+
 _CONSOLE_RULES = {"theme": _optional(_nonempty), "keymap": _keymap}
+
+
+_MAX_PROBE_RATE = 100.0
+
+
+def _check_probe(t: TargetConfig, source: str) -> None:
+    """A probe never goes to the rate-limited path: it would spend the budget it measures for."""
+    if t.probe_url is None or t.url is None:
+        return
+    probe, target = urlsplit(t.probe_url), urlsplit(t.url)
+    same = (probe.scheme, probe.hostname, probe.port, probe.path.rstrip("/")) == (
+        target.scheme,
+        target.hostname,
+        target.port,
+        target.path.rstrip("/"),
+    )
+    if same:
+        raise ConfigError(
+            source,
+            "target.probe_url",
+            "is the rate-limited target itself; give a cheap endpoint that costs nothing, like /health",
+        )
 
 
 def _check_engine(e: EngineConfig, source: str) -> None:
@@ -652,6 +815,8 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     for i, secret in enumerate(secrets):
         if _CONTROL.search(secret):
             raise ConfigError(source, "keys.secrets", f"key k{i + 1} contains a control character")
+    pairs = [_key_and_secret(item) for item in secrets]
+    secrets = [key for key, _ in pairs]
     if len(set(secrets)) != len(secrets):
         raise ConfigError(source, "keys.secrets", "the same key is listed twice")
     default = _policies(table.get("limits", ["20/1s"]), source, "keys.limits")
@@ -669,9 +834,18 @@ def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
             label,
             secret,
             _policies(by_key[label], source, f"keys.limits_by_key.{label}") if label in by_key else default,
+            api_secret,
         )
-        for label, secret in zip(labels, secrets, strict=True)
+        for label, (secret, api_secret) in zip(labels, pairs, strict=True)
     )
+
+
+def _key_and_secret(item: str) -> tuple[str, str | None]:
+    """A key entry: "KEY", or "KEY SECRET" for APIs that sign requests with a secret."""
+    parts = item.split()
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    return item, None
 
 
 def _pools(table: dict[str, Any], source: str) -> dict[str, int]:
@@ -789,8 +963,13 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     if cfg.host_policies:
         keys["host_limits"] = [format_policy(p) for p in cfg.host_policies]
     out: dict[str, Any] = {"preset": cfg.preset} if cfg.preset else {}
+    target = _section(cfg.target)
+    if cfg.target.rules:
+        target["rules"] = rules_to_toml(cfg.target.rules)
+    else:
+        target.pop("rules", None)
     out |= {
-        "target": _section(cfg.target),
+        "target": target,
         "keys": keys,
         "engine": _section(cfg.engine),
         "workload": _section(cfg.workload),
@@ -799,6 +978,10 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
         out["server"] = dict(cfg.server)
     if cfg.pools:
         out["pools"] = dict(cfg.pools)
+    if cfg.budgets:
+        out["budgets"] = budgets_to_toml(cfg.budgets)
+    if cfg.paths:
+        out["paths"] = paths_to_toml(cfg.paths)
     run = {
         k: v
         for k, v in (
@@ -806,6 +989,9 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
             ("report", cfg.report),
             ("plot", cfg.plot),
             ("seed", cfg.seed),
+            ("fail_on", list(cfg.fail_on) or None),
+            ("results", cfg.results),
+            ("results_body", cfg.results_body or None),
         )
         if v is not None
     }

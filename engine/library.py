@@ -32,7 +32,7 @@ from .config import ConfigError, KeySpec, RunConfig, load_config
 from .engine import Engine
 from .request import CallFn, Request
 from .snapshot import Snapshot
-from .transport import HttpTransport, Transport
+from .transport import Transport, http_transport
 
 
 class CallError(RatedeckError):
@@ -132,8 +132,7 @@ class RateDeck:
                 raise ConfigError(
                     "RateDeck", "target.url", "a library deck needs a target URL, a transport or delay_error"
                 )
-            max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
-            transport = HttpTransport(cfg.target, cfg.target.url, max_conn)
+            transport = http_transport(cfg, cfg.target.url)
         self.cfg = cfg
         self.transport = transport
         self.engine: Engine | None = None

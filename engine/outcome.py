@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratedeck.core.vocab import OutcomeKind
+
+if TYPE_CHECKING:
+    from .delays import Quota
 
 # Short names for the kinds, as transports and tests use them.
 OK = OutcomeKind.OK
 RATE_LIMITED = OutcomeKind.RATE_LIMITED
+BANNED = OutcomeKind.BANNED
 BLOCKED = OutcomeKind.BLOCKED
 NONCE = OutcomeKind.NONCE
 CLIENT_ERROR = OutcomeKind.CLIENT_ERROR
@@ -20,7 +24,18 @@ CONNECTION = OutcomeKind.CONNECTION
 class Outcome:
     """One attempt's result. `status` is None when no HTTP answer arrived."""
 
-    __slots__ = ("kind", "status", "retry_after_s", "latency_s", "error", "policy_header", "response")
+    __slots__ = (
+        "kind",
+        "status",
+        "retry_after_s",
+        "latency_s",
+        "error",
+        "policy_header",
+        "response",
+        "server_time_s",
+        "remaining",
+        "quotas",
+    )
 
     def __init__(
         self,
@@ -31,6 +46,8 @@ class Outcome:
         error: str | None = None,
         policy_header: str | None = None,
         response: Any = None,
+        server_time_s: float | None = None,
+        remaining: int | None = None,
     ):
         self.kind = kind
         self.status = status
@@ -39,6 +56,10 @@ class Outcome:
         self.error = error  # a short, already redacted description
         self.policy_header = policy_header  # RateLimit-Policy as sent, when present
         self.response = response  # what a library caller gets back (transport-specific)
+        # Hints, as sent and unjudged: server time (seconds) and the server's remaining count.
+        self.server_time_s = server_time_s
+        self.remaining = remaining
+        self.quotas: tuple[Quota, ...] = ()  # the server's own counts (delays.read_quotas)
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.vocab import Ending
@@ -11,6 +12,17 @@ from ratedeck.core.vocab import Ending
 DoneCallback = Callable[["Request", Ending], None]
 #: A library caller's own coroutine function, run with the key's secret (`RateDeck.run`).
 CallFn = Callable[[str], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How one request differs from the target's defaults (a workload line's `_method`, `_path`, ...)."""
+
+    method: str | None = None
+    path: str | None = None  # joined to the target URL
+    body: str | None = None  # "form" or "json"
+    weight: int = 1  # what it costs in weight budgets
+    budgets: tuple[str, ...] = ()  # named budgets it also spends from
 
 
 class Request:
@@ -38,6 +50,8 @@ class Request:
         "ending",
         "intended_at",
         "first_sent_at",
+        "shape",
+        "idempotency_key",
     )
 
     def __init__(
@@ -69,6 +83,8 @@ class Request:
         # arrival), so latency counts time a stalled source held it back.
         self.intended_at = created_at if intended_at is None else intended_at
         self.first_sent_at: float | None = None
+        self.shape: Shape | None = None  # method, path, body, weight, budgets when not the target's own
+        self.idempotency_key: str | None = None  # made once per logical request, kept across retries
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

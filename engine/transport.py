@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import time
 from collections import Counter
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
 
 from ratedeck.core.secrets import Redactor, safe_url
+from ratedeck.core.version import version
 
-from .config import KeySpec, TargetConfig
-from .delays import DelayHook, json_field_hook, response_delay
+from .api_rules import PathRule, PathTable, first_match
+from .config import KeySpec, RunConfig, TargetConfig
+from .delays import DelayHook, answer_hints, json_field_hook, read_quotas, response_delay
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
+from .signing import SigningError, SignInput, encode, signer_for
 
+USER_AGENT = f"ratedeck/{version()}"
+_FORM = "application/x-www-form-urlencoded"
 ERROR_TEXT_CHARS = 200  # an error body is kept this long, after masking every key
 ERROR_BODY_BYTES = 64 * 1024  # read of an error body; enough to classify it, bounded against a flood
 MAX_REDIRECTS = 5  # with target.follow_redirects, same-origin hops per attempt
@@ -76,6 +82,7 @@ class HttpTransport:
         max_connections: int,
         delay_hook: DelayHook | None = None,
         secrets: tuple[str, ...] | list[str] = (),
+        paths: tuple[PathRule, ...] = (),
     ):
         self.target = target
         self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
@@ -90,6 +97,13 @@ class HttpTransport:
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
+        self._origin_url = str(parsed.origin()) if parsed.is_absolute() else self._base
+        self._path = parsed.path or "/"
+        self._paths = PathTable(paths)
+        self._signer = signer_for(target.signing) if target.signing else None
+        self._headers_by_key: dict[str, dict[str, str]] = {}
+        self._rules = target.rules
+        self._rules_read_body = any(rule.reads_body for rule in target.rules)
         self.answers = 0  # HTTP answers read whole, of any status
         self.statuses: Counter[int] = Counter()  # the same, by status
         self.no_answer: Counter[str] = Counter()  # attempts with no answer, by cause
@@ -155,16 +169,67 @@ class HttpTransport:
     def _note(self, counter: Counter[str], text: str) -> None:
         counter[text if text in counter or len(counter) < _DISTINCT else "other"] += 1
 
+    def _key_headers(self, key: KeySpec) -> dict[str, str]:
+        """The headers every request of this key carries (built once per key)."""
+        headers = self._headers_by_key.get(key.label)
+        if headers is None:
+            t = self.target
+            headers = {"User-Agent": t.user_agent or USER_AGENT, **t.headers}
+            if t.key_header:
+                fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
+                headers[t.key_header] = fmt.replace("{key}", key.secret)
+            self._headers_by_key[key.label] = headers
+        return headers
+
+    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, dict[str, str]]:
+        """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
+        t = self.target
+        fields = self._fields(key, req, nonce)
+        headers = self._key_headers(key)
+        shape = req.shape
+        rule = self._paths.lookup(shape.path if shape is not None and shape.path else self._path)
+        method = (shape.method if shape is not None else None) or (rule.method if rule else None) or t.method
+        if shape is None and self._signer is None and (rule is None or not rule.signed):
+            if method == "GET":  # the common case, kept lean
+                return "GET", self._get_url(fields), None, headers
+            if not req.idempotency_key:
+                return method, self._post_url, dict(fields) | dict(t.params), headers
+        base, base_query = self._base, self._base_query
+        if shape is not None and shape.path:
+            base, base_query = self._origin_url + shape.path, ""
+            path = shape.path
+        else:
+            path = self._path
+        fields.extend(t.params.items())
+        signed = self._signer is not None and (rule is None or rule.signed is not False)
+        if signed:
+            assert self._signer is not None
+            extra = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
+            headers = {**headers, **extra}
+        if req.idempotency_key and method != "GET":
+            headers = {**headers, "Idempotency-Key": req.idempotency_key}
+        if method == "GET":
+            query = "&".join(q for q in (base_query, encode(fields)) if q)
+            return method, URL(f"{base}?{query}" if query else base, encoded=True), None, headers
+        url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
+        if shape is not None and shape.body == "json":
+            return method, url, json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
+        return method, url, encode(fields), {**headers, "Content-Type": _FORM}
+
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         session = self._session or self._open()
         t = self.target
         self._mask.add(key.secret)
-        fields = self._fields(key, req, nonce)
-        headers = {t.key_header: key.secret} if t.key_header else None
-        if t.method == "GET":
-            method, url, data = "GET", self._get_url(fields), None
-        else:
-            method, url, data = "POST", self._post_url, dict(fields) | dict(t.params)
+        if key.api_secret:
+            self._mask.add(key.api_secret)
+        try:
+            method, url, data, headers = self._prepare(key, req, nonce)
+        except SigningError as exc:
+            return Outcome(CLIENT_ERROR, error=f"not signed: {exc}")
+        except (
+            Exception
+        ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
+            return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
         try:
@@ -197,8 +262,22 @@ class HttpTransport:
         self.consecutive_no_answer = 0
         policy = resp_headers.get("RateLimit-Policy")
         response = Response(status, resp_headers, raw)
+        if self._rules:
+            # The API's own rules first: a 200 that carries an error, a 403 that is a rate limit.
+            body = raw.decode("utf-8", "replace") if self._rules_read_body or status >= 300 else ""
+            rule = first_match(self._rules, status, resp_headers, body)
+            if rule is not None:
+                if rule.kind is OK:
+                    return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
+                delay = _delay_of(status, resp_headers, body, self.delay_hook, any_status=True)
+                if delay is None:
+                    delay = rule.delay_s
+                text = self.error_text(body) or f"HTTP {status}"
+                return _hinted(
+                    Outcome(rule.kind, status, delay, latency, text, policy, response), resp_headers
+                )
         if 200 <= status < 300:
-            return Outcome(OK, status, None, latency, None, policy, response)
+            return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
         if 300 <= status < 400:
             # Never a success: the answer is somewhere we did not (or may not) go.
             location = resp_headers.get("Location")
@@ -207,11 +286,8 @@ class HttpTransport:
             self._note(self.redirects, error)
             return Outcome(CLIENT_ERROR, status, None, latency, error, policy, response)
         body = raw.decode("utf-8", "replace")
-        try:
-            delay = response_delay(status, resp_headers, body, self.delay_hook)
-        except Exception:  # a header no parser understands asks for no delay
-            delay = None
-        return Outcome(
+        delay = _delay_of(status, resp_headers, body, self.delay_hook)
+        outcome = Outcome(
             classify(status, body, uses_nonce=bool(t.nonce_param)),
             status,
             delay,
@@ -220,6 +296,7 @@ class HttpTransport:
             policy,
             response,
         )
+        return _hinted(outcome, resp_headers)
 
     def error_text(self, text: str) -> str:
         """`text` from the target fit to show: every key masked first, then one line, then cut.
@@ -245,6 +322,32 @@ class HttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _hinted(outcome: Outcome, headers) -> Outcome:
+    """`outcome` with what the answer says besides its status: timing hints (server time,
+    remaining count; see delays.answer_hints) and the server's own counts (delays.read_quotas)."""
+    outcome.server_time_s, outcome.remaining = answer_hints(headers)
+    outcome.quotas = read_quotas(headers)
+    return outcome
+
+
+def _delay_of(
+    status: int, headers, body: str, hook: DelayHook | None, any_status: bool = False
+) -> float | None:
+    """The wait an answer asks for; a header no parser understands asks for none."""
+    try:
+        return response_delay(429 if any_status else status, headers, body, hook)
+    except Exception:
+        return None
+
+
+def http_transport(cfg: RunConfig, url: str) -> HttpTransport:
+    """The HTTP transport for a run: enough connections for every key's in-flight
+    requests, every key's secrets masked, the config's path rules."""
+    secrets = [k.secret for k in cfg.keys] + [k.api_secret for k in cfg.keys if k.api_secret]
+    max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
+    return HttpTransport(cfg.target, url, max_conn, secrets=secrets, paths=cfg.paths)
 
 
 def _cut(text: str, limit: int) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ratedeck.core.vocab import Arrival
 
 from .config import ConfigError, RunConfig
+from .request import Shape
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: RunConfig, rng: random.Random) -> Workload:
         w = cfg.workload
-        items = read_jsonl(w.file, tuple(cfg.pools)) if w.file else None
+        items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
         return cls(
             cfg.arrival_rate, poisson=w.arrival == Arrival.POISSON, total=w.total, items=items, rng=rng
         )
@@ -102,9 +103,12 @@ class Workload:
                 if params is None:
                     break
             pool = params.pop("_pool", None) if params else None
+            shape = take_shape(params) if params else None
             if self.rate != scheduled_rate:
                 intended, scheduled_rate = now, self.rate
-            sink.submit(sink.new_request(params, pool=pool, intended_at=min(intended, now)))
+            req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
+            req.shape = shape
+            sink.submit(req)
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
             intended += gap
@@ -114,12 +118,61 @@ class Workload:
         sink.source_done()
 
 
-def read_jsonl(path: str, pools: tuple[str, ...] = ()) -> Iterator[dict]:
+_SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def take_shape(params: dict) -> Shape | None:
+    """Pop a line's `_method`, `_path`, `_body`, `_weight` and `_budget` (checked by `read_jsonl`)."""
+    if not any(name in params for name in _SHAPE_FIELDS):
+        return None
+    budget = params.pop("_budget", ())
+    method = params.pop("_method", None)
+    return Shape(
+        method=method.upper() if method else None,
+        path=params.pop("_path", None),
+        body=params.pop("_body", None),
+        weight=params.pop("_weight", 1),
+        budgets=(budget,) if isinstance(budget, str) else tuple(budget),
+    )
+
+
+def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
+    """What is wrong with a line's shaping fields, or None."""
+    method = obj.get("_method")
+    if method is not None and (not isinstance(method, str) or method.upper() not in _METHODS):
+        return f"_method must be one of {', '.join(_METHODS)}, got {method!r}"
+    path = obj.get("_path")
+    if path is not None and (
+        not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\r\n ")
+    ):
+        return f"_path must be a path starting with /, got {path!r}"
+    body = obj.get("_body")
+    if body is not None and body not in ("form", "json"):
+        return f'_body must be "form" or "json", got {body!r}'
+    weight = obj.get("_weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:
+        return f"_weight must be a whole number from 1 to 1,000,000, got {weight!r}"
+    names = obj.get("_budget", ())
+    names = (names,) if isinstance(names, str) else names
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        return f"_budget must be a budget name or a list of them, got {obj.get('_budget')!r}"
+    for name in names:
+        if name not in budgets:
+            known = ", ".join(budgets) if budgets else "none are configured ([[budgets]] in the config)"
+            return f"_budget {name!r} is not a budget; budgets: {known}"
+    return None
+
+
+def read_jsonl(path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = ()) -> Iterator[dict]:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
-    Every line must be a JSON object (its fields become request parameters;
-    `_pool` names a connection pool); a bad line is reported with its number
-    before the run starts.
+    Every line must be a JSON object. Its fields become request parameters,
+    except `_pool` (a connection pool) and the shaping fields: `_method`,
+    `_path` (joined to the target URL), `_body` ("form" or "json"),
+    `_weight` (what it costs in weight budgets) and `_budget` (named budgets
+    it also spends from). A bad line is reported with its number before the
+    run starts.
     """
     p = Path(path)
     try:
@@ -140,5 +193,8 @@ def read_jsonl(path: str, pools: tuple[str, ...] = ()) -> Iterator[dict]:
         if pool is not None and pool not in pools:
             known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
             raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
+        problem = _check_shape(obj, budgets)
+        if problem is not None:
+            raise ConfigError(str(p), f"line {n}", problem)
         items.append(obj)
     return iter(items)

@@ -232,7 +232,9 @@ class FaultServer:
 
 
 def _key_of(request: web.Request) -> str:
-    return request.query.get("api_key") or request.headers.get("X-Api-Key") or ""
+    bearer = request.headers.get("Authorization", "")
+    bearer = bearer[7:] if bearer.startswith("Bearer ") else ""
+    return request.query.get("api_key") or request.headers.get("X-Api-Key") or bearer
 
 
 if __name__ == "__main__":  # a manual look: python tests/fault_server.py

@@ -88,6 +88,7 @@ SCENARIOS = [
     Scenario(
         "credentials-in-target-url",
         "echo",
+        args=("--key-header", "X-Api-Key"),  # Authorization holds the URL's user:password
         url="http://someone:" + URL_PASSWORD + "@127.0.0.1:{port}/echo",
     ),
     Scenario("dead-target", "", code=1, url="http://127.0.0.1:{dead}/x", check="connection_refused"),
@@ -127,6 +128,8 @@ def _run(scenario: Scenario, server: FaultServer, where: Path) -> Result:
         ",".join(KEYS),
         "--limit",
         "20/1s",
+        "--timeout",
+        "1s",
         "--total",
         str(scenario.total),
         "--duration",

@@ -306,3 +306,49 @@ def test_a_nan_theme_is_skipped_with_a_notice(tmp_path):
     themes, problems = load_themes(tmp_path)
     assert [t.name for t in themes] == ["ok"]
     assert len(problems) == 1 and "nan.toml" in problems[0] and "luminosity_spread" in problems[0]
+
+
+# ---------------------------------------------------------------- real-API settings (issue 11)
+
+
+def test_url_credentials_and_a_bearer_key_cannot_share_the_authorization_header(tmp_path):
+    proc = run(tmp_path, "--no-ui", "--target", "http://u:p@127.0.0.1:9/x", "--keys", KEY, "--duration", "1")
+    assert_one_line(proc, "target.url", "Authorization")
+
+
+def test_a_bad_header_line_names_the_flag(tmp_path):
+    proc = run(tmp_path, "--no-ui", "--target", TARGET, "--keys", KEY, "--header", "NoColonHere")
+    assert_one_line(proc, "--header", "Name: value")
+
+
+def test_a_signing_recipe_without_a_secret_names_the_keys(tmp_path):
+    (tmp_path / "run.toml").write_text('[target]\nurl = "http://127.0.0.1:9/x"\nsigning = "kraken"\n')
+    proc = run(tmp_path, "--no-ui", "--config", "run.toml", "--keys", KEY, "--duration", "1")
+    line = assert_one_line(proc, "signing", "KEY SECRET", "k1")
+    assert KEY not in line
+
+
+def test_a_weight_that_is_not_a_number_names_the_line(tmp_path):
+    (tmp_path / "work.jsonl").write_text(
+        '{"_path": "/a", "_weight": 2}\n{"_path": "/b", "_weight": "heavy"}\n'
+    )
+    proc = run(tmp_path, "--no-ui", "--target", TARGET, "--keys", KEY, "--workload", "work.jsonl")
+    assert_one_line(proc, "work.jsonl", "line 2", "_weight")
+
+
+def test_an_unknown_budget_and_a_bad_budget_limit_are_named(tmp_path):
+    (tmp_path / "a.toml").write_text(
+        '[target]\nurl = "http://127.0.0.1:9/x"\n[paths."/s"]\nbudgets = ["search"]\n'
+    )
+    assert_one_line(run(tmp_path, "--no-ui", "--config", "a.toml", "--keys", KEY), "paths", "search")
+    (tmp_path / "b.toml").write_text('[[budgets]]\nname = "w"\nlimits = ["lots/1m"]\n')
+    assert_one_line(run(tmp_path, "--no-ui", "--config", "b.toml", "--keys", KEY), "budgets", "lots/1m")
+
+
+def test_an_outcome_rule_with_no_condition_is_refused(tmp_path):
+    (tmp_path / "r.toml").write_text(
+        '[target]\nurl = "http://127.0.0.1:9/x"\n[[target.rules]]\nkind = "banned"\n'
+    )
+    assert_one_line(
+        run(tmp_path, "--no-ui", "--config", "r.toml", "--keys", KEY), "target.rules", "condition"
+    )
