@@ -13,7 +13,7 @@ import json
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .request import Request
 
@@ -54,15 +54,16 @@ class WorkQueues:
             self._arm()
 
     # -- taking
-    def pop_ready(self, now: float, pool_ok: Callable[[str | None], bool] | None = None) -> Request | None:
+    def pop_ready(self, now: float, admit: Callable[[Request], bool] | None = None) -> Request | None:
         """The next request to send: an eligible retry first, else fresh work.
 
-        `pool_ok(name) -> bool`, when given, skips requests whose connection
-        pool is full; fresh work is then searched a little way past the head
-        (`_POOL_SCAN`), so one busy pool does not stall the others.
+        `admit(request) -> bool`, when given, skips requests that cannot go
+        now (their connection pool is full, a budget they need has no room);
+        fresh work is then searched a little way past the head (`_POOL_SCAN`),
+        so one busy pool or budget does not stall the others.
         """
         dlq, main = self.dlq, self.main
-        if pool_ok is None:
+        if admit is None:
             if dlq and dlq[0].eligible_at <= now:
                 req = heapq.heappop(dlq)
             elif main:
@@ -71,11 +72,11 @@ class WorkQueues:
                 return None
         else:
             req = None
-            if dlq and dlq[0].eligible_at <= now and pool_ok(dlq[0].pool):
+            if dlq and dlq[0].eligible_at <= now and admit(dlq[0]):
                 req = heapq.heappop(dlq)
             else:
                 for i in range(min(len(main), _POOL_SCAN)):
-                    if pool_ok(main[i].pool):
+                    if admit(main[i]):
                         req = main[i]
                         del main[i]
                         break
@@ -168,32 +169,43 @@ class Graveyard:
     the file. A write that fails sets `problem`, no later line is tried (they
     are counted, not written), and `flush()` returns the problem so the
     engine reports it; a run whose graveyard is incomplete must say so.
+
+    A line carries the whole request as it was submitted, so `ratedeck replay`
+    can send it again: `params` (what the workload gave, never the key, the
+    nonce or the id the transport adds) and `pool`, with `reason` (the last
+    error, or the last status) and `ending` ("graveyard"). `redact`, when set
+    (the host sets the engine's), masks every key in the texts and parameters.
     """
 
-    __slots__ = ("path", "count", "written", "problem", "_fh")
+    __slots__ = ("path", "count", "written", "problem", "redact", "_fh")
 
     def __init__(self, path: str | None) -> None:
         self.path = path or None
         self.count = 0
         self.written = 0
         self.problem: str | None = None
+        self.redact: Callable[[str], str] | None = None
         self._fh: TextIO | None = None
 
     def add(self, req: Request, now: float, wall_offset: float) -> None:
         self.count += 1
         if self.path is None or self.problem is not None:
             return
-        line = json.dumps(
-            {
-                "id": req.id,
-                "attempts": req.attempts,
-                "last_status": req.last_status,
-                "last_error": req.last_error,  # masked where it was made (transport, engine)
-                "created_at": round(req.created_at + wall_offset, 3),
-                "buried_at": round(now + wall_offset, 3),
-            }
-        )
+        reason = req.last_error or (f"HTTP {req.last_status}" if req.last_status is not None else None)
+        record: dict[str, object] = {
+            "id": req.id,
+            "ending": "graveyard",
+            "attempts": req.attempts,
+            "last_status": req.last_status,
+            "last_error": req.last_error,  # masked where it was made (transport, engine)
+            "reason": reason,
+            "created_at": round(req.created_at + wall_offset, 3),
+            "buried_at": round(now + wall_offset, 3),
+            "params": self.scrub(req.params, self.redact) if req.params else {},
+            "pool": req.pool,
+        }
         try:
+            line = json.dumps(record, default=str)
             if self._fh is None:
                 self._fh = Path(self.path).open("a", encoding="utf-8", buffering=1)
             self._fh.write(line + "\n")
@@ -203,6 +215,19 @@ class Graveyard:
             self.close()
             return
         self.written += 1
+
+    @staticmethod
+    def scrub(value: Any, redact: Callable[[str], str] | None) -> Any:
+        """`value` (parameters: dicts, lists, scalars) with `redact` applied to every string in it."""
+        if redact is None:
+            return value
+        if isinstance(value, str):
+            return redact(value)
+        if isinstance(value, dict):
+            return {redact(str(k)): Graveyard.scrub(v, redact) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [Graveyard.scrub(v, redact) for v in value]
+        return value
 
     def flush(self) -> str | None:
         """Lines are written as they come; returns the write problem, if one happened."""

@@ -10,26 +10,43 @@ Where the engine's loop runs:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
 
-from ratedeck.core.secrets import safe_url
+from ratedeck.core.secrets import Redactor, safe_url
+from ratedeck.core.vocab import Ending
 from ratedeck.engine.commands import Command
-from ratedeck.engine.config import ConfigError, RunConfig, to_toml_dict
+from ratedeck.engine.config import ConfigError, KeySpec, RunConfig, to_toml_dict
 from ratedeck.engine.engine import Engine
+from ratedeck.engine.outcome import Outcome
+from ratedeck.engine.queues import Graveyard
+from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Snapshot
-from ratedeck.engine.transport import HttpTransport, Transport
+from ratedeck.engine.transport import Transport, http_transport
+
+#: A response body in a results line is cut to this many characters (after masking keys).
+RESULTS_BODY_CHARS = 64 * 1024
 
 
 def embedded_server_settings(cfg: RunConfig):
     """Simulator settings for a run with no target: the config's [server] table,
-    with the run's keys and limits unless the table names its own."""
+    with the run's keys unless the table names its own.
+
+    In seed mode the simulator is the seed study's server, 20/1s per key,
+    whatever the run is told (`--limit 30/1s` then meets real 429s, which is
+    how a threshold like `--fail-on rejected_429>0` is tried); in standard
+    mode it enforces the run's own limits unless the table names its own.
+    """
     from ratedeck.server.settings import ServerSettings
 
     table = dict(cfg.server) or {"mode": "seed"}
     if "keys" not in table:
         table["keys"] = [k.secret for k in cfg.keys]
-    if "policies" not in table and cfg.keys:
+    if "policies" not in table and cfg.keys and table.get("mode", "seed") != "seed":
         table["policies"] = [str(p) for p in cfg.keys[0].policies]
     try:
         return ServerSettings.from_dict(table)
@@ -55,6 +72,9 @@ class RunFacts:
     graveyard_written: int = 0
     graveyard_problem: str | None = None
     problems: tuple[str, ...] = ()
+    results_path: str | None = None
+    results_written: int = 0
+    results_problem: str | None = None
 
 
 class Session:
@@ -67,6 +87,7 @@ class Session:
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
+        self.results: ResultsFile | None = None  # --results: one line per finished request
         self._closed = False
 
     @property
@@ -85,10 +106,15 @@ class Session:
                     self.server = await start_server(embedded_server_settings(cfg))
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
-                max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
-                secrets = tuple(k.secret for k in cfg.keys)
-                self._transport = HttpTransport(cfg.target, url, max_conn, secrets=secrets)
+                self._transport = http_transport(cfg, url)
+            tracking = None
+            if cfg.results:
+                self._transport = tracking = KeyTracking(self._transport)
             self.engine = Engine(cfg, self._transport)
+            self.engine.graveyard.redact = self.engine.redact
+            if tracking is not None and cfg.results:
+                self.results = ResultsFile(cfg.results, self.engine, tracking, body=cfg.results_body)
+                self.engine.finish_watchers.append(self.results.finished)
             self.engine.start()
         except BaseException:
             await self._close()  # nothing left open behind a failed (or interrupted) start
@@ -113,6 +139,9 @@ class Session:
             graveyard_written=graveyard.written if graveyard is not None else 0,
             graveyard_problem=graveyard.problem if graveyard is not None else None,
             problems=tuple(engine.problems) if engine is not None else (),
+            results_path=self.results.path if self.results is not None else None,
+            results_written=self.results.written if self.results is not None else 0,
+            results_problem=self.results.problem if self.results is not None else None,
         )
 
     def snapshot(self) -> Snapshot:
@@ -144,6 +173,10 @@ class Session:
         self._closed = True
         if self.engine is not None:
             self.engine.graveyard.close()
+            if self.results is not None:
+                if self.engine.ended_at is not None:
+                    self.results.left_over()
+                self.results.close()
         if self._transport is not None:
             await self._transport.close()
         if self.server is not None:
@@ -161,3 +194,137 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     )
     wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
     return dataclasses.replace(cfg, engine=eng, workload=wl)
+
+
+# ---------------------------------------------------------------- results file
+
+
+class KeyTracking:
+    """A transport that remembers which key sent each request and what is in flight.
+
+    Only in a run with a results file: a line names the key of the request's
+    last attempt, and the requests still in flight at the end are written too.
+    Everything else is the wrapped transport's.
+    """
+
+    def __init__(self, inner: Transport):
+        self.inner = inner
+        self.key_of: dict[int, str] = {}  # request id -> label of the key of its last attempt
+        self.sending: dict[int, Request] = {}  # attempts in flight, by request id
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+        self.key_of[req.id] = key.label
+        self.sending[req.id] = req
+        try:
+            result = await self.inner.send(key, req, nonce)
+        except asyncio.CancelledError:  # stopped while in flight: it stays in flight
+            raise
+        except BaseException:
+            self.sending.pop(req.id, None)
+            raise
+        self.sending.pop(req.id, None)
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # stats() and whatever else the transport offers
+        return getattr(self.inner, name)
+
+
+class ResultsFile:
+    """`--results FILE.jsonl`: one JSON line per request, written and flushed as it ends.
+
+    Every request that ends (succeeded, expired, graveyard, shed) is written
+    by the engine's finish watcher; at the end of the run the requests still
+    queued or in flight are written too (ending "queued", "in_flight"), so
+    the file holds every generated request exactly once. A kill -9 leaves at
+    most a partial last line (readers skip it). Lines never carry a key: the
+    key is named by its label, and texts and parameters are masked.
+
+    A line: id, key, ending, status, attempts, error, created_at,
+    intended_at, first_sent_at, done_at (Unix seconds), latency_ms (the last
+    attempt's send -> answer), total_ms (intended arrival -> done),
+    queue_wait_ms (arrival -> first send), params and pool (what the
+    workload gave: `ratedeck replay` sends them again), and with
+    `--results-body` the answer's body.
+    """
+
+    def __init__(self, path: str, engine: Engine, tracking: KeyTracking, body: bool = False):
+        self.path = path
+        self.engine = engine
+        self.tracking = tracking
+        self.body = body
+        self.redact: Redactor = engine.redact
+        self.written = 0
+        self.problem: str | None = None
+        self._fh: TextIO | None = None
+        try:  # a new file for this run (a graveyard, by contrast, is appended to)
+            self._fh = Path(path).open("w", encoding="utf-8", buffering=1)
+        except (OSError, ValueError) as exc:
+            self.problem = f"cannot write results {path}: {getattr(exc, 'strerror', None) or exc}"
+
+    def finished(self, req: Request, ending: Ending) -> None:
+        self._write(req, str(ending), self.engine.clock())
+
+    def left_over(self) -> None:
+        """After the engine stopped: what is still queued or in flight, one line each."""
+        now = self.engine.clock()
+        queues = self.engine.queues
+        for req in [*queues.main, *sorted(queues.dlq)]:
+            self._write(req, "queued", now)
+        for req in list(self.tracking.sending.values()):
+            if req.ending is None:
+                self._write(req, "in_flight", now)
+
+    def _write(self, req: Request, ending: str, now: float) -> None:
+        key = getattr(req.result, "key", None) or self.tracking.key_of.pop(req.id, None)
+        fh = self._fh
+        if fh is None or self.problem is not None:
+            return
+        wall = self.engine.wall_time
+        result = req.result
+        sent = req.first_sent_at
+        record: dict[str, Any] = {
+            "id": req.id,
+            "key": key,
+            "ending": ending,
+            "status": req.last_status,
+            "attempts": req.attempts,
+            "error": req.last_error,
+            "created_at": round(wall(req.created_at), 6),
+            "intended_at": round(wall(req.intended_at), 6),
+            "first_sent_at": round(wall(sent), 6) if sent is not None else None,
+            "done_at": round(wall(now), 6) if ending not in ("queued", "in_flight") else None,
+            "latency_ms": round(result.latency_s * 1000.0, 3) if isinstance(result, Outcome) else None,
+            "total_ms": round((now - req.intended_at) * 1000.0, 3),
+            "queue_wait_ms": round((sent - req.created_at) * 1000.0, 3) if sent is not None else None,
+            "params": Graveyard.scrub(req.params, self.redact) if req.params else {},
+            "pool": req.pool,
+        }
+        if self.body:
+            record["body"] = self._body(result)
+        try:
+            fh.write(json.dumps(record, default=str) + "\n")
+            fh.flush()
+        except (OSError, ValueError) as exc:
+            self.problem = f"cannot write results {self.path}: {getattr(exc, 'strerror', None) or exc}"
+            self.close()
+            return
+        self.written += 1
+
+    def _body(self, result: Any) -> str | None:
+        raw = getattr(getattr(result, "response", None), "body", None)
+        if isinstance(raw, bytes | bytearray):
+            raw = bytes(raw).decode("utf-8", "replace")
+        if not isinstance(raw, str):
+            return None
+        return self.redact(raw, RESULTS_BODY_CHARS)
+
+    def close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError as exc:
+                self.problem = self.problem or f"cannot write results {self.path}: {exc.strerror or exc}"

@@ -1,28 +1,78 @@
-"""The `ratedeck` command: console (default), headless run, simulator, bench, sweep."""
+"""The `ratedeck` command: console (default), headless run, simulator, bench, sweep, replay,
+config, completion."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ratedeck.core.numbers import parse_duration
-from ratedeck.engine.config import ConfigError, RunConfig, load_config, parse_setting, to_toml_dict
+from ratedeck.core.numbers import parse_duration, whole
+from ratedeck.core.paths import user_config_path
+from ratedeck.engine.config import (
+    ConfigError,
+    RunConfig,
+    header_line,
+    load_config,
+    parse_setting,
+    read_toml,
+    to_toml_dict,
+)
 
-SUBCOMMANDS = ("serve", "bench", "sweep")
+#: Every subcommand, with its one line for `ratedeck --help`.
+COMMANDS = {
+    "serve": "the simulator: a rate-limited API to play against",
+    "bench": "benchmarks: ratedeck against peer limiters, on the simulator",
+    "sweep": "goodput against arrival rate for messages of several calls",
+    "replay": "send the requests of a graveyard or results file again (FILE [run flags])",
+    "config": "'config path': the user config file; 'config show [flags]': the config in force, keys masked",
+    "completion": "'completion bash' or 'completion zsh': a shell completion script",
+}
+SUBCOMMANDS = tuple(COMMANDS)
+
+EXIT_CODES = "0 ok, 1 the target never answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 interrupted"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("ratedeck")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _epilog() -> str:
+    width = max(len(name) for name in COMMANDS) + 2
+    lines = ["commands:", f"  {'(none)':<{width}}run: the console, or headless with --no-ui"]
+    lines += [f"  {name:<{width}}{text}" for name, text in COMMANDS.items()]
+    lines += [
+        "",
+        "Each command takes --help. With no --config, $XDG_CONFIG_HOME/ratedeck/config.toml"
+        " (~/.config/ratedeck/config.toml) is read when present.",
+        f"Exit codes: {EXIT_CODES}.",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="ratedeck",
+        prog=prog,
         description="Push work through rate-limited HTTP APIs as fast as the limits allow, and never faster. "
         "With no target, ratedeck starts its simulator in-process (seed mode).",
-        epilog="Other commands: 'ratedeck serve' (the simulator), 'ratedeck bench' (benchmarks), "
-        "'ratedeck sweep' (goodput against arrival rate). Each takes --help.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", metavar="FILE", help="TOML config file (flags override it)")
+    p.add_argument("--version", action="version", version=f"ratedeck {version()}")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (flags override it); default: the user config file when present",
+    )
     p.add_argument("--preset", metavar="NAME", help="built-in settings; 'seed' matches the seed server")
     p.add_argument("--target", metavar="URL", help="endpoint to call (default: the embedded simulator)")
     p.add_argument("--method", choices=("GET", "POST"), help="HTTP method (default GET)")
@@ -30,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--key-header", metavar="NAME", help="send the key in this header")
     g.add_argument("--key-param", metavar="NAME", help="send the key in this query/form parameter")
+    p.add_argument(
+        "--key-format",
+        metavar="TEXT",
+        help='how the key is written in its header, like "Bearer {key}" (default: Bearer in Authorization)',
+    )
+    p.add_argument(
+        "--header",
+        metavar='"NAME: VALUE"',
+        action="append",
+        help="a header to send with every request; repeat for several",
+    )
+    p.add_argument(
+        "--timeout", metavar="S", help="seconds to wait for an answer (default 10s; 1s with --preset seed)"
+    )
     p.add_argument(
         "--nonce-param",
         metavar="NAME",
@@ -54,11 +118,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
     p.add_argument("--ttl", metavar="S", help="request time-to-live: seconds, or 500ms, 30s, 5m")
     p.add_argument("--duration", metavar="S", help="stop after this long: seconds, or 30s, 5m, 1h")
-    p.add_argument("--report", metavar="FILE", help="write the JSON report here at the end")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the JSON report here at the end; '-' writes it to stdout (other output goes to stderr)",
+    )
     p.add_argument("--graveyard", metavar="FILE", help="JSONL file for requests that used up their attempts")
+    p.add_argument(
+        "--results",
+        metavar="FILE",
+        help="JSONL file: one line per request (ending, key, status, timings, params), flushed as they end",
+    )
+    p.add_argument("--results-body", action="store_true", help="with the response body in each results line")
+    p.add_argument(
+        "--fail-on",
+        metavar="EXPR",
+        action="append",
+        help="exit 99 when EXPR holds over the report, like rejected_429>0, latency_ms.p99>500, "
+        "throughput_tps<90 (repeatable; operators > >= < <= == !=)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics during the run (0: any free port)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        default="127.0.0.1",
+        help="address for --metrics-port (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--metrics-linger",
+        metavar="S",
+        help="after the run, keep serving the final metrics this long (30s, 2m) or until Ctrl-C",
+    )
     p.add_argument("--plot", action="store_true", help="print TPS and latency charts at the end (headless)")
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
-    p.add_argument("--interval", default=5.0, metavar="S", help="headless metrics every S seconds (or 500ms)")
+    p.add_argument(
+        "--interval", default="5s", metavar="S", help="headless metrics every S seconds (or 500ms)"
+    )
     p.add_argument(
         "--theme",
         metavar="NAME",
@@ -95,6 +194,19 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.key_param:
         o["target"]["key_param"] = args.key_param
         o["target"]["key_header"] = ""
+    if args.key_format:
+        o["target"]["key_format"] = args.key_format
+    if args.header:
+        headers = {}
+        for line in args.header:
+            try:
+                name, value = header_line(line)
+            except ValueError as exc:
+                raise ConfigError("command line", "--header", str(exc)) from None
+            headers[name] = value
+        o["target"]["headers"] = headers
+    if args.timeout is not None:
+        o["target"]["timeout_s"] = args.timeout
     if args.nonce_param:
         o["target"]["nonce_param"] = "" if args.nonce_param.lower() == "none" else args.nonce_param
     if args.keys is not None:  # --keys "" is no keys, never the demo keys
@@ -131,6 +243,12 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         o["run"]["plot"] = True
     if args.seed is not None:
         o["run"]["seed"] = _number("--seed", args.seed, "run.seed")
+    if args.fail_on:
+        o["run"]["fail_on"] = list(args.fail_on)
+    if args.results:
+        o["run"]["results"] = args.results
+    if args.results_body:
+        o["run"]["results_body"] = True
     if args.theme:
         o["console"]["theme"] = args.theme
     return {k: v for k, v in o.items() if v}
@@ -153,7 +271,8 @@ def fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The `ratedeck` command. Exit codes: see runner/headless.py (0 ok, 1 the target never
-    answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 130 interrupted)."""
+    answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a threshold
+    failed, 130 interrupted)."""
     try:
         _end_startup_guard()
         return _main(sys.argv[1:] if argv is None else argv)
@@ -171,23 +290,132 @@ def _main(argv: list[str]) -> int:
     parsed = _parse(build_parser(), argv)
     if isinstance(parsed, int):
         return parsed
-    args = parsed
+    return _run_from_args(parsed)
+
+
+class RunPlan:
+    """A run as the flags and config ask for it, checked before anything starts."""
+
+    def __init__(self, cfg: RunConfig, source: str | None, thresholds: list, metrics: Any, interval_s: float):
+        self.cfg = cfg
+        self.source = source  # the config file read, if any
+        self.thresholds = thresholds
+        self.metrics = metrics  # headless.Metrics or None
+        self.interval_s = interval_s
+
+
+def plan_run(args: argparse.Namespace) -> RunPlan:
+    """Config (with the user config file when no --config is given), thresholds and metrics
+    options from the flags; raises ConfigError (one line) for anything wrong."""
+    from .headless import Metrics
+    from .thresholds import ThresholdError, parse
+
+    cfg, source = load_run_config(args)
+    thresholds = []
+    for i, expression in enumerate(cfg.fail_on):
+        try:
+            thresholds.append(parse(expression))
+        except ThresholdError as exc:
+            if args.fail_on:
+                raise ConfigError("command line", "--fail-on", str(exc)) from None
+            raise ConfigError(source or "config", f"run.fail_on[{i}]", str(exc)) from None
+    metrics = None
+    if args.metrics_port is not None:
+        try:
+            port = whole(args.metrics_port, low=0, high=65535)
+        except ValueError as exc:
+            raise ConfigError("command line", "--metrics-port", str(exc)) from None
+        linger = 0.0
+        if args.metrics_linger is not None:
+            try:
+                linger = parse_duration(args.metrics_linger, low=0.0, low_open=False, high=86_400.0)
+            except ValueError as exc:
+                raise ConfigError("command line", "--metrics-linger", str(exc)) from None
+        host = (args.metrics_host or "").strip()
+        if not host:
+            raise ConfigError(
+                "command line", "--metrics-host", "must be an address like 127.0.0.1 or 0.0.0.0"
+            )
+        metrics = Metrics(port, host, linger)
+    elif args.metrics_linger is not None:
+        raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
+    return RunPlan(cfg, source, thresholds, metrics, args.interval)
+
+
+def _run_from_args(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.preset, overrides_from_args(args))
+        plan = plan_run(args)
     except ConfigError as exc:
         return fail(str(exc))
+    cfg = plan.cfg
     if args.save_config:
         return save_config(cfg, args.save_config)
-    if args.interval <= 0:
+    if plan.interval_s <= 0:
         return fail("--interval: must be above 0 seconds")
     if args.no_ui:
         from ratedeck.core.loops import loop_factory
 
         from .headless import run_headless
 
+        out = sys.stderr if cfg.report == "-" else None  # stdout is the report's
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(run_headless(cfg, interval_s=args.interval))
-    return run_console(cfg)
+            return runner.run(
+                run_headless(
+                    cfg, interval_s=plan.interval_s, out=out, thresholds=plan.thresholds, metrics=plan.metrics
+                )
+            )
+    return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics)
+
+
+# ---------------------------------------------------------------- config files
+
+
+def user_config_file() -> Path | None:
+    """The user's config file when it exists ($XDG_CONFIG_HOME/ratedeck/config.toml)."""
+    path = user_config_path()
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None
+
+
+def load_run_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
+    """The run's config and the file it came from (None: flags and presets only).
+
+    `--config FILE` is read as given. Without it, the user config file is read
+    when present, as a layer under the flags: it may hold a whole setup or a
+    few defaults (a theme, a keymap, in_flight_per_key), and the seed preset
+    fills in the rest when it names no keys or target. A problem in it is
+    reported with its path.
+    """
+    overrides = overrides_from_args(args)
+    if args.config is not None:
+        return load_config(args.config, args.preset, overrides), args.config
+    path = user_config_file()
+    if path is None:
+        return load_config(None, args.preset, overrides), None
+    data = read_toml(path)
+    preset = data.pop("preset", None)
+    if preset is not None and not isinstance(preset, str):
+        raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {preset!r}')
+    try:
+        return load_config(None, args.preset or preset, _deep_merge(data, overrides)), str(path)
+    except ConfigError as exc:
+        try:
+            load_config(None, args.preset, overrides)
+        except ConfigError:
+            raise exc from None  # the flags alone are wrong too: say so as they are
+        raise ConfigError(str(path), exc.key, exc.problem) from None  # the file's doing
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
@@ -234,12 +462,14 @@ def save_config(cfg: RunConfig, path: str) -> int:
     return 0
 
 
-def run_console(cfg: RunConfig) -> int:
+def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = None) -> int:
     """The Textual console; the engine runs in its own process (see host/process_host.py).
 
     q, Ctrl-C, SIGTERM and SIGHUP all drain and leave the console (terminal
     restored); a second Ctrl-C stops at once. The summary, the report and
-    the exit code are the headless run's (`headless.conclude`).
+    the exit code are the headless run's (`headless.conclude`). With
+    `metrics`, /metrics is served from this process, from the snapshots the
+    console already receives: the engine's process does nothing more.
     """
     from ratedeck.console.app import RatedeckApp
     from ratedeck.host.process_host import ProcessHost
@@ -252,32 +482,67 @@ def run_console(cfg: RunConfig) -> int:
             fail(problem)
         return EXIT_USAGE
     host = ProcessHost(cfg)
+    exporter = None
+    if metrics is not None:
+        from .prometheus import MetricsPortError, Scrape, serve_metrics
+
+        try:
+            exporter = serve_metrics(lambda: Scrape(host.snapshot()), metrics.port, metrics.host)
+        except MetricsPortError as exc:
+            return fail(str(exc))
     try:
-        host.start()
-    except ConfigError as exc:
-        return fail(str(exc))
-    except (OSError, RuntimeError, TimeoutError) as exc:
-        host.abort()
-        return fail(f"cannot start the engine: {exc}")
-    except BaseException:  # Ctrl-C while the engine starts: leave no process behind
-        host.abort()
-        raise
-    app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s)
-    try:
-        final = app.run()
+        try:
+            host.start()
+        except ConfigError as exc:
+            return fail(str(exc))
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            host.abort()
+            return fail(f"cannot start the engine: {exc}")
+        except BaseException:  # Ctrl-C while the engine starts: leave no process behind
+            host.abort()
+            raise
+        app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s)
+        try:
+            final = app.run()
+        finally:
+            with _signals_held():  # the drain and the report are not cut short by a late signal
+                final_snap = host.stop_blocking()
+        final = final or final_snap
+        out = sys.stderr if cfg.report == "-" else sys.stdout
+        with _signals_held():
+            code = conclude(
+                final,
+                host.facts,
+                cfg,
+                out=out,
+                server_stats=host.server_stats,
+                stopped_at_once=host.aborted,
+                thresholds=thresholds,
+            )
+        if exporter is not None and metrics.linger_s > 0 and not host.aborted:
+            _linger(exporter.url, metrics.linger_s, out)
+        return code
     finally:
-        with _signals_held():  # the drain and the report are not cut short by a late signal
-            final_snap = host.stop_blocking()
-    final = final or final_snap
-    with _signals_held():
-        return conclude(
-            final,
-            host.facts,
-            cfg,
-            out=sys.stdout,
-            server_stats=host.server_stats,
-            stopped_at_once=host.aborted,
-        )
+        if exporter is not None:
+            exporter.close()
+
+
+def _linger(url: str, seconds: float, out) -> None:
+    """Keep the final metrics up for `seconds`, or until Ctrl-C, SIGTERM or SIGHUP."""
+    import signal
+    import threading
+
+    print(f"ratedeck: serving the final metrics at {url} for {seconds:g} s (Ctrl-C to end now)", file=out)
+    done = threading.Event()
+    before = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            before[sig] = signal.signal(sig, lambda *_: done.set())
+    try:
+        done.wait(seconds)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class _signals_held:
@@ -313,19 +578,242 @@ def _subcommand(name: str, argv: list[str]) -> int:
         parsed = _parse(p, argv)
         return parsed if isinstance(parsed, int) else run_serve(parsed)
     if name == "bench":
-        from ratedeck.bench import main as bench_main
-
-        from .headless import check_output_path
-
-        report = _option_value(argv, "--report")
-        problem = check_output_path(report, "report") if report else None
-        if problem:
-            print(f"ratedeck bench: error: {problem}", file=sys.stderr)
-            return 2
-        return bench_main(argv)
+        return _bench(argv)
+    if name == "replay":
+        return _replay(argv)
+    if name == "config":
+        return _config(argv)
+    if name == "completion":
+        return _completion(argv)
     from .sweep import main as sweep_main
 
     return sweep_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from ratedeck.bench import main as bench_main
+
+    from .headless import check_output_path
+
+    report = _option_value(argv, "--report")
+    problem = check_output_path(report, "report") if report else None
+    if problem:
+        print(f"ratedeck bench: error: {problem}", file=sys.stderr)
+        return 2
+    try:  # a duration with a unit ("30s", "2m") reaches the bench as seconds
+        argv = _durations_as_seconds(argv, ("--duration",))
+    except ValueError as exc:
+        print(f"ratedeck bench: error: {exc}", file=sys.stderr)
+        return 2
+    return bench_main(argv)
+
+
+def _durations_as_seconds(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`argv` with each of `flags`' values ("30s", "2m", "500ms") written as plain seconds."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        for flag in flags:
+            if arg == flag and i + 1 < len(out):
+                out[i + 1] = _seconds_text(flag, out[i + 1])
+            elif arg.startswith(flag + "="):
+                out[i] = f"{flag}={_seconds_text(flag, arg[len(flag) + 1 :])}"
+    return out
+
+
+def _seconds_text(flag: str, text: str) -> str:
+    try:
+        return repr(parse_duration(text))
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+
+
+# ---------------------------------------------------------------- replay
+
+
+def _replay(argv: list[str]) -> int:
+    from .replay import DEFAULT_ENDINGS, ReplayError, parse_endings, read_requests, workload_file
+
+    p = build_parser("ratedeck replay")
+    p.description = (
+        "Send the requests of a graveyard file (--graveyard) or a results file (--results) again, "
+        "with their original parameters, as the workload of a run. Every run flag applies."
+    )
+    p.add_argument("file", metavar="FILE", help="a graveyard or results JSONL file")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every request in the file, succeeded ones too")
+    which.add_argument(
+        "--only",
+        metavar="ENDINGS",
+        help="only these endings, comma-separated (succeeded, expired, graveyard, shed, queued, in_flight);"
+        " default: all but succeeded",
+    )
+    parsed = _parse(p, argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    if args.workload:
+        return fail("replay: --workload: the replayed FILE is the workload")
+    try:  # the flags first: a typo costs nothing
+        plan_run(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    try:
+        endings = None if args.all else parse_endings(args.only) if args.only else DEFAULT_ENDINGS
+        got = read_requests(args.file, endings)
+    except ReplayError as exc:
+        return fail(f"replay: {exc}")
+    for note in got.notes():
+        print(f"ratedeck: replay: {note}", file=sys.stderr)
+    if not got.items:
+        print(f"ratedeck: replay: nothing to replay in {args.file}", file=sys.stderr)
+        return 0
+    print(f"ratedeck: replay: {len(got.items)} requests from {args.file}", file=sys.stderr)
+    args.workload = workload_file(got.items)
+    try:
+        return _run_from_args(args)
+    finally:
+        try:
+            os.unlink(args.workload)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- config
+
+
+def _config(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(
+            "usage: ratedeck config path [--themes] | ratedeck config show [run flags]\n\n"
+            "  path   the user config file ($XDG_CONFIG_HOME/ratedeck/config.toml, read when no --config\n"
+            "         is given; the console's 's' saves there); --themes: the user themes directory\n"
+            "  show   the config in force for these flags, as TOML, keys masked"
+        )
+        return 0 if argv else 2
+    what, rest = argv[0], argv[1:]
+    if what == "path":
+        from ratedeck.core.paths import user_themes_dir
+
+        if rest not in ([], ["--themes"]):
+            return fail(f"config path: unexpected {' '.join(rest)!r} (only --themes)")
+        print(user_themes_dir() if rest else user_config_path())
+        return 0
+    if what == "show":
+        parsed = _parse(build_parser("ratedeck config show"), rest)
+        if isinstance(parsed, int):
+            return parsed
+        try:
+            plan = plan_run(parsed)
+        except ConfigError as exc:
+            return fail(str(exc))
+        sys.stdout.write(shown_config(plan.cfg, plan.source))
+        return 0
+    return fail(f"config: unknown command {what!r}; use 'config path' or 'config show'")
+
+
+def shown_config(cfg: RunConfig, source: str | None) -> str:
+    """The config in force as TOML, for reading: every key masked, where it came from on top."""
+    import tomli_w
+
+    from ratedeck.core.secrets import Redactor, mask_secret
+
+    data = to_toml_dict(cfg)
+    literal = [s for s in cfg.key_sources if not s.strip().startswith(("env:", "@"))]
+    if literal and "secrets" in data.get("keys", {}):
+        data["keys"]["secrets"] = [
+            s if s.strip().startswith(("env:", "@")) else mask_secret(s) for s in cfg.key_sources
+        ]
+    head = [
+        f"# ratedeck {version()}: the config in force",
+        f"# from: {'preset ' + cfg.preset + ' + ' if cfg.preset else ''}{source or 'no config file'} + flags",
+        f"# user config file: {user_config_path()}",
+        "# keys: " + (", ".join(f"{k.label} {mask_secret(k.secret)}" for k in cfg.keys) or "none"),
+    ]
+    text = "\n".join(head) + "\n" + tomli_w.dumps(data)
+    return Redactor(k.secret for k in cfg.keys)(text)
+
+
+# ---------------------------------------------------------------- completion
+
+
+def _completion(argv: list[str]) -> int:
+    if argv in (["bash"], ["zsh"]):
+        sys.stdout.write(completion_script(argv[0]))
+        return 0
+    if argv and argv[0] in ("-h", "--help"):
+        print(
+            "usage: ratedeck completion bash|zsh\n\n"
+            'bash: eval "$(ratedeck completion bash)" in ~/.bashrc; zsh: eval "$(ratedeck completion zsh)"'
+        )
+        return 0
+    return fail("completion: say which shell: 'ratedeck completion bash' or 'ratedeck completion zsh'")
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The long flags a parser's help names."""
+    import re
+
+    return sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", parser.format_help())))
+
+
+def completion_script(shell: str) -> str:
+    """A bash completion function for `ratedeck` (zsh loads it through bashcompinit)."""
+    subflags: dict[str, list[str]] = {}
+    try:
+        from ratedeck.server.serve import add_serve_arguments
+
+        serve = argparse.ArgumentParser(add_help=True)
+        add_serve_arguments(serve)
+        subflags["serve"] = _flags(serve)
+    except Exception:
+        pass
+    try:
+        from ratedeck.bench import build_parser as bench_parser
+
+        subflags["bench"] = _flags(bench_parser())
+    except Exception:
+        pass
+    from .sweep import build_parser as sweep_parser
+
+    subflags["sweep"] = _flags(sweep_parser())
+    run_flags = _flags(build_parser())
+    subflags["replay"] = sorted(set(run_flags) | {"--all", "--only"})
+    cases = "\n".join(f'        {name}) words="{" ".join(flags)}" ;;' for name, flags in subflags.items())
+    script = f"""# ratedeck {shell} completion: eval "$(ratedeck completion {shell})"
+_ratedeck() {{
+    local cur prev words
+    cur="${{COMP_WORDS[COMP_CWORD]}}"
+    prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+    case "$prev" in
+        --config|--report|--graveyard|--results|--workload|--save-config|--keys)
+            COMPREPLY=( $(compgen -f -- "$cur") ); return ;;
+        --method) COMPREPLY=( $(compgen -W "GET POST" -- "$cur") ); return ;;
+        --headroom) COMPREPLY=( $(compgen -W "adaptive" -- "$cur") ); return ;;
+        --preset) COMPREPLY=( $(compgen -W "seed" -- "$cur") ); return ;;
+        --theme) COMPREPLY=( $(compgen -W "ratedeck-dark ratedeck-light ratedeck-high-contrast" -- "$cur") ); return ;;
+    esac
+    if [ "$COMP_CWORD" -eq 1 ] && [[ "$cur" != -* ]]; then
+        COMPREPLY=( $(compgen -W "{" ".join(COMMANDS)}" -- "$cur") ); return
+    fi
+    words="{" ".join(run_flags)}"
+    case "${{COMP_WORDS[1]}}" in
+        config)
+            if [ "$COMP_CWORD" -eq 2 ]; then COMPREPLY=( $(compgen -W "path show" -- "$cur") ); return; fi
+            [ "${{COMP_WORDS[2]}}" = path ] && words="--themes" ;;
+        completion) COMPREPLY=( $(compgen -W "bash zsh" -- "$cur") ); return ;;
+        replay)
+            if [[ "$cur" != -* ]]; then COMPREPLY=( $(compgen -f -- "$cur") ); return; fi ;;
+    esac
+    case "${{COMP_WORDS[1]}}" in
+{cases}
+    esac
+    COMPREPLY=( $(compgen -W "$words" -- "$cur") )
+}}
+complete -o default -F _ratedeck ratedeck
+"""
+    if shell == "zsh":
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    return script
 
 
 def _option_value(argv: list[str], flag: str) -> str | None:

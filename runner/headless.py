@@ -11,11 +11,17 @@ Exit codes, the same for the console (`ratedeck` without --no-ui):
     3    the accounting does not balance (generated != succeeded + expired
          + graveyard + shed + queued + in flight): a request was lost
     4    an output could not be written during or after the run (graveyard
-         lines or the report); the summary says how much was written
+         or results lines, or the report); the summary says how much was
+         written
+    99   a threshold failed: a `--fail-on` expression (or `[run] fail_on`)
+         held over the report, like `rejected_429>0`; the summary names it
+         with the actual value (99, as k6 uses for thresholds)
     130  stopped at once by a second Ctrl-C (or SIGTERM/SIGHUP), or
          interrupted while starting
 
-When several apply, the first of 3, 4, 1, 130 that applies is the code.
+When several apply, the first of 3, 4, 1, 99, 130 that applies is the code.
+A malformed threshold, an unknown report field in one, or a metrics port
+that cannot be listened on is bad input: exit 2 before the run.
 
 Signals: the first SIGINT, SIGTERM or SIGHUP stops generating and drains
 (in-flight requests finish, bounded by engine.drain_timeout_s), then prints
@@ -34,20 +40,27 @@ import contextlib
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ratedeck.engine.config import ConfigError, RunConfig
-from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.snapshot import LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
-from ratedeck.runner.report import write_report
+from ratedeck.runner.report import build_report, write_report
+from ratedeck.runner.thresholds import Threshold, evaluate
+
+if TYPE_CHECKING:
+    from ratedeck.runner.prometheus import LoopSource, MetricsServer
 
 EXIT_OK = 0
 EXIT_NO_ANSWER = 1
 EXIT_USAGE = 2
 EXIT_UNBALANCED = 3
 EXIT_OUTPUT = 4
+EXIT_THRESHOLD = 99
 EXIT_INTERRUPTED = 130
+EXIT_ORDER = (EXIT_UNBALANCED, EXIT_OUTPUT, EXIT_NO_ANSWER, EXIT_THRESHOLD, EXIT_INTERRUPTED)
 
 DEAD_TARGET_S = 10.0
 DEAD_TARGET_ATTEMPTS = 50
@@ -55,9 +68,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TICK_S = 0.25  # how often the run loop looks at the deadline, the target and signals
 
 
+def _latency(name: str, lat: LatencySummary) -> str:
+    return (
+        f"{name:<13} mean {lat.mean:.1f}  p50 {lat.p50:.1f}  p90 {lat.p90:.1f}  p99 {lat.p99:.1f}"
+        f"  p99.9 {lat.p999:.1f}  max {lat.max:.1f}"
+    )
+
+
 def metrics_block(snap: Snapshot) -> list[str]:
-    """The periodic block: throughput, requests, queues, latency, headroom."""
-    lat = snap.latency
+    """The periodic block: throughput, requests, queues, latency (send -> answer, arrival ->
+    done, queue wait), headroom."""
     mode = "adaptive" if snap.headroom_adaptive else "fixed"
     return [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
@@ -69,7 +89,9 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"  failed {snap.failed}  retried {snap.retried}",
         f"queues       main {snap.main_depth} (avg {snap.main_avg:.1f}, max {snap.main_peak})"
         f"  dlq {snap.dlq_depth} (avg {snap.dlq_avg:.1f}, max {snap.dlq_peak})  in flight {snap.in_flight}",
-        f"latency ms   mean {lat.mean:.1f}  p50 {lat.p50:.1f}  p90 {lat.p90:.1f}  p99 {lat.p99:.1f}  max {lat.max:.1f}",
+        f"latency ms   {_latency('send->answer', snap.latency)}",
+        f"             {_latency('arrival->done', snap.latency_total)}",
+        f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
         f"  arrival {snap.arrival_rate:g}/s",
     ]
@@ -127,7 +149,8 @@ def check_output_path(path: str | os.PathLike, what: str) -> str | None:
 
 def check_outputs(cfg: RunConfig) -> list[str]:
     """Every output path of the run that cannot be written, one line each."""
-    wanted = [(cfg.report, "report"), (cfg.engine.graveyard_path, "graveyard")]
+    report = cfg.report if cfg.report != "-" else None  # "-": stdout
+    wanted = [(report, "report"), (cfg.engine.graveyard_path, "graveyard"), (cfg.results, "results")]
     messages = getattr(cfg, "messages", None)
     if messages is not None and getattr(messages, "shed_path", None):
         wanted.append((messages.shed_path, "shed file"))
@@ -144,6 +167,7 @@ class StopSignals:
         self.loop = loop
         self.drain = asyncio.Event()
         self.now = asyncio.Event()
+        self.any = asyncio.Event()  # set by every signal; cleared by whoever waits for the next one
         self.count = 0
         self._installed: list[int] = []
 
@@ -159,6 +183,7 @@ class StopSignals:
     def _on_signal(self) -> None:
         self.count += 1
         (self.drain if self.count == 1 else self.now).set()
+        self.any.set()
 
     def remove(self) -> None:
         for sig in self._installed:
@@ -227,8 +252,13 @@ def conclude(
     out: TextIO,
     server_stats: dict | None = None,
     stopped_at_once: bool = False,
+    thresholds: list[Threshold] | tuple[Threshold, ...] = (),
 ) -> int:
-    """Print the summary and the verdict, write the report; the exit code (see the module doc)."""
+    """Print the summary and the verdict, write the report; the exit code (see the module doc).
+
+    `thresholds` (`--fail-on`) are checked against the report; each one's
+    result is printed and kept in the report's `thresholds`.
+    """
     err = sys.stderr
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
@@ -249,8 +279,16 @@ def conclude(
         codes.append(EXIT_OUTPUT)
     elif facts.graveyard_path and facts.graveyard_written:
         _say(f"graveyard: {facts.graveyard_written} requests in {facts.graveyard_path}", out)
+    if facts.results_problem:
+        _say(
+            f"ratedeck: results incomplete: {facts.results_written} lines written ({facts.results_problem})",
+            err,
+        )
+        codes.append(EXIT_OUTPUT)
+    elif facts.results_path:
+        _say(f"results: {facts.results_written} requests in {facts.results_path}", out)
     for problem in facts.problems:
-        if problem != facts.graveyard_problem:
+        if problem not in (facts.graveyard_problem, facts.results_problem):
             _say(f"ratedeck: {problem}", err)
     if snap.balance() != 0:
         accounted = snap.generated - snap.balance()
@@ -263,22 +301,58 @@ def conclude(
     if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
         _say(f"ratedeck: the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})", err)
         codes.append(EXIT_NO_ANSWER)
+    report = build_report(snap, server_stats)
+    if thresholds:
+        verdicts = evaluate(list(thresholds), report)
+        report["thresholds"] = [
+            {
+                "expression": v.threshold.expression,
+                "field": v.threshold.field,
+                "value": v.actual,
+                "failed": v.failed,
+            }
+            for v in verdicts
+        ]
+        for v in verdicts:
+            _say(f"threshold    {'FAILED' if v.failed else 'ok    '} {v.line()}", out)
+        failed = [v for v in verdicts if v.failed]
+        for v in failed:
+            _say(f"ratedeck: threshold failed: {v.line()}", err)
+        if failed:
+            codes.append(EXIT_THRESHOLD)
     if cfg.report:
-        problem = write_report(snap, cfg.report, server_stats)
+        problem = write_report(snap, cfg.report, server_stats, report=report)
         if problem:
             _say(f"ratedeck: {problem}", err)
             codes.append(EXIT_OUTPUT)
-        else:
+        elif cfg.report != "-":
             _say(f"report written to {cfg.report}", out)
     if stopped_at_once:
         codes.append(EXIT_INTERRUPTED)
-    for code in (EXIT_UNBALANCED, EXIT_OUTPUT, EXIT_NO_ANSWER, EXIT_INTERRUPTED):
+    for code in EXIT_ORDER:
         if code in codes:
             return code
     return EXIT_OK
 
 
-async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | None = None) -> int:
+@dataclass(frozen=True)
+class Metrics:
+    """`--metrics-port`, `--metrics-host`, `--metrics-linger`: where /metrics is served, and how
+    long the final numbers stay up after the run (so a scraper gets the end of the run)."""
+
+    port: int
+    host: str = "127.0.0.1"
+    linger_s: float = 0.0
+
+
+async def run_headless(
+    cfg: RunConfig,
+    interval_s: float = 5.0,
+    out: TextIO | None = None,
+    *,
+    thresholds: list[Threshold] | tuple[Threshold, ...] = (),
+    metrics: Metrics | None = None,
+) -> int:
     """Run until the duration passes, the workload ends, a signal, or a target that never answers."""
     out = out or sys.stdout
     problems = check_outputs(cfg)
@@ -287,14 +361,36 @@ async def run_headless(cfg: RunConfig, interval_s: float = 5.0, out: TextIO | No
             _say(f"ratedeck: {problem}", sys.stderr)
         return EXIT_USAGE
     loop = asyncio.get_running_loop()
+    exporter: MetricsServer | None = None
+    source: LoopSource | None = None
+    if metrics is not None:
+        from .prometheus import LoopSource, MetricsPortError, serve_metrics
+
+        source = LoopSource(loop, cfg.capacity_tps)
+        try:
+            exporter = serve_metrics(source, metrics.port, metrics.host)
+        except MetricsPortError as exc:
+            _say(f"ratedeck: {exc}", sys.stderr)
+            return EXIT_USAGE
     signals = StopSignals(loop).install()  # before the start: Ctrl-C while starting drains too
     try:
-        return await _run(cfg, interval_s, out, signals)
+        return await _run(cfg, interval_s, out, signals, thresholds, source, exporter, metrics)
     finally:
         signals.remove()
+        if exporter is not None:
+            exporter.close()
 
 
-async def _run(cfg: RunConfig, interval_s: float, out: TextIO, signals: StopSignals) -> int:
+async def _run(
+    cfg: RunConfig,
+    interval_s: float,
+    out: TextIO,
+    signals: StopSignals,
+    thresholds: list[Threshold] | tuple[Threshold, ...] = (),
+    source: LoopSource | None = None,
+    exporter: MetricsServer | None = None,
+    metrics: Metrics | None = None,
+) -> int:
     loop = asyncio.get_running_loop()
     session = Session(cfg)
     try:
@@ -305,12 +401,16 @@ async def _run(cfg: RunConfig, interval_s: float, out: TextIO, signals: StopSign
     except OSError as exc:
         _say(f"ratedeck: cannot start: {exc.strerror or exc}", sys.stderr)
         return EXIT_USAGE
+    if source is not None:
+        source.engine = engine
     where = "embedded simulator" if session.server else "target"
     _say(
         f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {session.shown_target}"
         + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )
+    if exporter is not None:
+        _say(f"ratedeck: metrics at {exporter.url}", out)
     started = loop.time()
     deadline = started + cfg.duration_s if cfg.duration_s else None
     next_print = started + interval_s
@@ -341,6 +441,10 @@ async def _run(cfg: RunConfig, interval_s: float, out: TextIO, signals: StopSign
         for w in waiters:
             w.cancel()
     snap, at_once = await stop_session(session, signals, out)
+    if source is not None:
+        from .prometheus import engine_scrape
+
+        source.finish(engine_scrape(engine))
     code = conclude(
         snap,
         session.facts(),
@@ -348,9 +452,19 @@ async def _run(cfg: RunConfig, interval_s: float, out: TextIO, signals: StopSign
         out=out,
         server_stats=session.server_stats,
         stopped_at_once=at_once,
+        thresholds=thresholds,
     )
     if cfg.plot:
         from .plots import run_charts
 
         _say(run_charts(snap, color=out.isatty()), out)
+    if exporter is not None and metrics is not None and metrics.linger_s > 0 and not at_once:
+        _say(
+            f"ratedeck: serving the final metrics at {exporter.url} for {metrics.linger_s:g} s"
+            " (Ctrl-C to end now)",
+            out,
+        )
+        signals.any.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signals.any.wait(), metrics.linger_s)
     return code

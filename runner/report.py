@@ -1,11 +1,42 @@
-"""The run report: a JSON document with stable names other tools can read."""
+"""The run report: a JSON document with stable names other tools can read.
+
+Its shape is `report.schema.json` beside this file (JSON Schema, shipped
+with the package: `schema()`); every field is described in the README's
+"Report fields". `SCHEMA_VERSION` changes when a field changes meaning or
+goes away; new fields may appear without a change.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from ratedeck.engine.snapshot import MessageStats, Snapshot
+from ratedeck.engine.snapshot import LatencySummary, MessageStats, Snapshot
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = "report.schema.json"
+
+
+def schema() -> dict:
+    """The report's JSON Schema, as shipped with the package."""
+    from importlib.resources import files
+
+    return json.loads(files("ratedeck.runner").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def latency_report(lat: LatencySummary) -> dict:
+    """A latency distribution in milliseconds, as the report and thresholds name it."""
+    r = lambda x: round(float(x), 2)  # noqa: E731
+    return {
+        "mean": r(lat.mean),
+        "p50": r(lat.p50),
+        "p90": r(lat.p90),
+        "p99": r(lat.p99),
+        "p999": r(lat.p999),
+        "max": r(lat.max),
+        "count": lat.count,
+    }
 
 
 def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
@@ -15,10 +46,11 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
     (totals and the independent window audit): the server's view, not ours.
     """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
-    lat = snap.latency
     report: dict = {
+        "schema_version": SCHEMA_VERSION,
         "duration_s": r(snap.elapsed_s, 3),
         "capacity_tps": r(snap.capacity_tps),
+        "live_capacity_tps": r(snap.live_capacity_tps),
         "throughput_tps": r(snap.throughput_tps),
         "pct_capacity": r(snap.pct_capacity),
         "requests": {
@@ -37,13 +69,20 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
         },
         "balance_ok": snap.balance() == 0,
         "failures": dict(snap.failures),
-        "latency_ms": {
-            "mean": r(lat.mean),
-            "p50": r(lat.p50),
-            "p90": r(lat.p90),
-            "p99": r(lat.p99),
-            "max": r(lat.max),
-        },
+        "errors": [
+            {
+                "status": e.status,
+                "kind": str(e.kind),
+                "cause": e.cause,
+                "count": e.count,
+                "last_key": e.last_key,
+                "last_text": e.last_text,  # masked by the engine
+            }
+            for e in snap.errors
+        ],
+        "latency_ms": latency_report(snap.latency),
+        "latency_total_ms": latency_report(snap.latency_total),
+        "queue_wait_ms": latency_report(snap.queue_wait),
         "headroom_ms": {
             "final": r(snap.headroom_ms, 1),
             "min": r(snap.headroom_min_ms, 1),
@@ -60,9 +99,12 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
         "keys": [
             {
                 "key": f"{k.label} {k.masked}",
+                "label": k.label,
                 "sent": k.sent,
                 "succeeded": k.succeeded,
                 "rejected_429": k.rejected_429,
+                "errors": k.errors,
+                "last_status": k.last_status,
                 "paused": k.state == "paused",
                 "state": k.state,
             }
@@ -106,10 +148,20 @@ def messages_report(m: MessageStats) -> dict:
     }
 
 
-def write_report(snap: Snapshot, path: str, server_stats: dict | None = None) -> str | None:
-    """Write the report; returns a problem text instead of raising."""
+def write_report(
+    snap: Snapshot, path: str, server_stats: dict | None = None, report: dict | None = None
+) -> str | None:
+    """Write the report (`report`, or one built from `snap`) to `path`, "-" for stdout;
+    returns a problem text instead of raising."""
+    data = report if report is not None else build_report(snap, server_stats)
+    text = json.dumps(data, indent=2) + "\n"
     try:
-        Path(path).write_text(json.dumps(build_report(snap, server_stats), indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        return f"cannot write report {path}: {exc.strerror or exc}"
+        if path == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            Path(path).write_text(text, encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        where = "to stdout" if path == "-" else path
+        return f"cannot write report {where}: {getattr(exc, 'strerror', None) or exc}"
     return None

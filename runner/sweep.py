@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
@@ -67,6 +68,18 @@ class Point:
         }
 
 
+def _duration(flag: str):
+    """An argparse type: seconds from "10", "30s", "500ms", "2m" (core/numbers)."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise SweepArgumentError(f"{flag}: {exc}") from None
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ratedeck sweep",
@@ -86,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A:B:STEP",
         help="arrival rates in messages/s, from A to B inclusive (default 10:150:10)",
     )
-    p.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per point (default 10)")
+    p.add_argument(
+        "--duration",
+        type=_duration("--duration"),
+        default=10.0,
+        metavar="S",
+        help="per point: 10, 30s, 2m (default 10 s)",
+    )
     p.add_argument("--keys", type=int, default=5, metavar="N", help="API keys of the simulator (default 5)")
     p.add_argument("--limit", default="20/1s", metavar="N/W", help="per-key limit (default 20/1s)")
     p.add_argument(
@@ -107,7 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the engine's call-queue backpressure on in the baseline",
     )
-    p.add_argument("--ttl", type=float, default=1.0, metavar="S", help="call time-to-live (default 1 s)")
+    p.add_argument(
+        "--ttl",
+        type=_duration("--ttl"),
+        default=1.0,
+        metavar="S",
+        help="call time-to-live: 1, 500ms (default 1 s)",
+    )
     p.add_argument("--report", metavar="FILE", help="write the points as JSON here")
     p.add_argument("--live", action="store_true", help="run against the embedded HTTP simulator in real time")
     p.add_argument("--seed", type=int, default=1, metavar="N", help="random seed (default 1)")

@@ -8,6 +8,7 @@ import sys
 import tomllib
 
 import pytest
+from test_report_schema import validate
 
 from ratedeck.engine.config import SEED_KEYS, load_config
 from ratedeck.runner.cli import main
@@ -115,6 +116,7 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     assert "--- ratedeck metrics at" in proc.stdout and "final summary" in proc.stdout
     assert "Throughput per second" in proc.stdout  # the plot
     data = json.loads(report.read_text())
+    assert validate(data) == []  # the report schema (runner/report.schema.json)
     req = data["requests"]
     assert data["balance_ok"] and req["succeeded"] > 100 and req["rejected_429"] == 0
     assert req["generated"] == (
@@ -161,4 +163,5 @@ def test_sigterm_or_ctrl_c_stops_gracefully_with_report(tmp_path, sig):
     assert proc.returncode == 0, err
     assert "stopping" in out and "final summary" in out and "Traceback" not in err
     data = json.loads(report.read_text())
+    assert validate(data) == []
     assert data["balance_ok"] and data["requests"]["succeeded"] > 0

@@ -1,0 +1,398 @@
+"""`--metrics-port P`: the run's numbers for Prometheus at http://HOST:P/metrics.
+
+Rendered from one snapshot when a scrape arrives, never per request: between
+scrapes this costs nothing. In a headless run the snapshot (and the latency
+histograms' buckets) is taken on the engine's loop, so it is consistent; in
+the console the engine runs in a child process and the scrape reads the
+latest snapshot the console already receives from it.
+
+Names follow Prometheus conventions (base units, `_total` counters, labels
+that are key ids like `k1`, never secrets); see the README's "Prometheus"
+section for the list. At the end of a run the counters equal the report's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from ratedeck.core.vocab import Phase
+from ratedeck.engine.snapshot import LatencySummary, Snapshot
+
+#: Latency histogram bucket edges, in milliseconds (exported in seconds).
+BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"), ("0.999", "p999"), ("1", "max"))
+STAGES = (
+    ("send_answer", "latency"),  # send -> answer, successes
+    ("arrival_done", "latency_total"),  # arrival (intended) -> done, successes
+    ("queue_wait", "queue_wait"),  # arrival -> first send
+)
+_SCRAPE_WAIT_S = 2.0  # a scrape waits this long for the engine's loop, then uses the last snapshot
+
+Buckets = tuple[tuple[float, int], ...]  # (upper edge in ms, cumulative count), +Inf not included
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape renders: a snapshot and, where known, the latency histograms' buckets."""
+
+    snap: Snapshot
+    buckets: dict[str, Buckets] = field(default_factory=dict)  # "latency", "latency_total", "queue_wait"
+
+
+def histogram_buckets(hist: Any) -> Buckets:
+    """Cumulative counts at `BUCKETS_MS` from the engine's fixed-bin histogram
+    (`engine.metrics.LatencyHistogram`: 0.1 ms bins below 1 s, 10 ms bins above)."""
+    bins = hist.bins
+    fine_ms, fine_bins = 1000, 10_000
+    out = []
+    total, start = 0, 0
+    for edge in BUCKETS_MS:
+        end = int(round(edge * 10)) if edge <= fine_ms else fine_bins + int((edge - fine_ms) / 10)
+        end = min(end, len(bins))
+        total += sum(bins[start:end])
+        start = end
+        out.append((float(edge), total))
+    return tuple(out)
+
+
+def engine_scrape(engine: Any) -> Scrape:
+    """A consistent scrape of an engine: call on the engine's loop."""
+    m = engine.metrics
+    return Scrape(
+        engine.snapshot(),
+        {
+            "latency": histogram_buckets(m.latency),
+            "latency_total": histogram_buckets(m.latency_total),
+            "queue_wait": histogram_buckets(m.queue_wait),
+        },
+    )
+
+
+class LoopSource:
+    """Scrapes for a headless run: taken on the engine's loop when a scrape arrives.
+
+    Before the engine starts, a scrape sees an empty snapshot; after the run,
+    the final one (`finish`).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity_tps: float = 0.0):
+        self.loop = loop
+        self.engine: Any = None
+        self._last = Scrape(Snapshot(phase=Phase.STARTING, capacity_tps=capacity_tps))
+        self._final: Scrape | None = None
+
+    def finish(self, scrape: Scrape) -> None:
+        self._final = self._last = scrape
+
+    def __call__(self) -> Scrape:
+        if self._final is not None or self.engine is None:
+            return self._last
+        done: concurrent.futures.Future[Scrape] = concurrent.futures.Future()
+        engine = self.engine
+
+        def take() -> None:
+            try:
+                done.set_result(engine_scrape(engine))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        try:
+            self.loop.call_soon_threadsafe(take)
+            self._last = done.result(_SCRAPE_WAIT_S)
+        except (RuntimeError, concurrent.futures.TimeoutError):  # loop closed or busy: the last one
+            pass
+        return self._last
+
+
+class SnapshotCollector:
+    """A prometheus_client collector that renders a `Scrape` from `source()` at each collect.
+
+    `last_cpu_s` is the CPU time the scraping thread spent on the last scrape,
+    building the families and formatting them (prometheus_client formats
+    each family as it is yielded, before asking for the next); time spent
+    waiting for the engine's loop is not in it.
+    """
+
+    def __init__(self, source: Callable[[], Scrape]):
+        self.source = source
+        self.last_cpu_s = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        start = time.thread_time()
+        scrape = self.source()
+        yield from families(scrape.snap, scrape.buckets)
+        self.last_cpu_s = time.thread_time() - start
+
+
+def _seconds(ms: float) -> float:
+    return ms / 1000.0
+
+
+def _counter(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
+    family = CounterMetricFamily(name, doc, value=value, labels=labels or None)
+    return family
+
+
+def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[Metric]:
+    """Every metric family for one snapshot."""
+    buckets = buckets or {}
+    out: list[Metric] = []
+
+    def gauge(name: str, doc: str, value: float) -> None:
+        out.append(GaugeMetricFamily(name, doc, value=value))
+
+    # requests: each ends in one place
+    out.append(_counter("ratedeck_requests_generated", "Requests made by the workload.", snap.generated))
+    ended = _counter(
+        "ratedeck_requests",
+        "Requests that ended, by where (succeeded, expired, graveyard, shed).",
+        None,
+        ("outcome",),
+    )
+    for outcome, value in (
+        ("succeeded", snap.succeeded),
+        ("expired", snap.expired),
+        ("graveyard", snap.graveyard),
+        ("shed", snap.shed),
+    ):
+        ended.add_metric([outcome], value)
+    out.append(ended)
+    pending = GaugeMetricFamily(
+        "ratedeck_requests_pending", "Requests not ended yet, by where they are.", labels=["where"]
+    )
+    for where, value in (("main", snap.main_depth), ("dlq", snap.dlq_depth), ("in_flight", snap.in_flight)):
+        pending.add_metric([where], value)
+    out.append(pending)
+
+    # attempts
+    out.append(
+        _counter("ratedeck_attempts_sent", "Attempts sent (a retried request once per attempt).", snap.sent)
+    )
+    attempts = _counter("ratedeck_attempts", "Attempts answered or given up, by outcome.", None, ("outcome",))
+    for outcome, value in (
+        ("succeeded", snap.succeeded),
+        ("rejected_429", snap.rejected_429),
+        ("rejected_other", snap.rejected_other),
+        ("failed", snap.failed),
+    ):
+        attempts.add_metric([outcome], value)
+    out.append(attempts)
+    out.append(_counter("ratedeck_retries", "Attempts queued again for a retry.", snap.retried))
+    failures = _counter(
+        "ratedeck_failures", "Failed attempts (5xx, timeouts, no answer) by cause.", None, ("cause",)
+    )
+    for cause, value in snap.failures:
+        failures.add_metric([cause], value)
+    out.append(failures)
+    errors = _counter(
+        "ratedeck_errors",
+        "Attempts that did not succeed, by HTTP status and cause.",
+        None,
+        ("status", "cause"),
+    )
+    for row in snap.errors:
+        errors.add_metric(["none" if row.status is None else str(row.status), row.cause], row.count)
+    out.append(errors)
+
+    # per key (labels are key ids, never secrets)
+    key_sent = _counter("ratedeck_key_attempts_sent", "Attempts sent with each key.", None, ("key",))
+    key_attempts = _counter(
+        "ratedeck_key_attempts",
+        "Attempts of each key by outcome (error: any other failure).",
+        None,
+        ("key", "outcome"),
+    )
+    key_in_flight = GaugeMetricFamily("ratedeck_key_in_flight", "Attempts in flight per key.", labels=["key"])
+    window_used = GaugeMetricFamily(
+        "ratedeck_key_window_used", "Sends in the key's tightest window now.", labels=["key"]
+    )
+    window_limit = GaugeMetricFamily(
+        "ratedeck_key_window_limit", "The key's tightest window's limit.", labels=["key"]
+    )
+    window_ratio = GaugeMetricFamily(
+        "ratedeck_key_window_use_ratio", "window_used / window_limit per key (0..1).", labels=["key"]
+    )
+    key_state = GaugeMetricFamily(
+        "ratedeck_key_state",
+        "The key's current state (active, paused, cooling, blocked): one series per key, value 1.",
+        labels=["key", "state"],
+    )
+    for k in snap.keys:
+        key_sent.add_metric([k.label], k.sent)
+        key_attempts.add_metric([k.label, "succeeded"], k.succeeded)
+        key_attempts.add_metric([k.label, "rejected_429"], k.rejected_429)
+        key_attempts.add_metric([k.label, "error"], max(0, k.errors - k.rejected_429))
+        key_in_flight.add_metric([k.label], k.in_flight)
+        window_used.add_metric([k.label], k.window_used)
+        window_limit.add_metric([k.label], k.window_limit)
+        window_ratio.add_metric([k.label], k.window_used / k.window_limit if k.window_limit else 0.0)
+        key_state.add_metric([k.label, str(k.state)], 1.0)
+    out += [
+        key_sent,
+        key_attempts,
+        key_in_flight,
+        window_used,
+        window_limit,
+        window_ratio,
+        key_state,
+    ]
+
+    # cooldown gates (one per key, and "host")
+    gate_open = GaugeMetricFamily(
+        "ratedeck_gate_open", "1 when the cooldown gate is open, 0 when closed.", labels=["gate"]
+    )
+    gate_left = GaugeMetricFamily(
+        "ratedeck_gate_seconds_left", "Seconds until the cooldown gate opens (0: open).", labels=["gate"]
+    )
+    gate_closures = _counter("ratedeck_gate_closures", "Times each cooldown gate closed.", None, ("gate",))
+    gate_escalations = _counter(
+        "ratedeck_gate_escalations",
+        "Gate closings that asked for a longer wait than the one before.",
+        None,
+        ("gate",),
+    )
+    for g in snap.gates:
+        gate_open.add_metric([g.name], 0.0 if g.left_s > 0 else 1.0)
+        gate_left.add_metric([g.name], g.left_s)
+        gate_closures.add_metric([g.name], g.closures)
+        gate_escalations.add_metric([g.name], g.escalations)
+    out += [gate_open, gate_left, gate_closures, gate_escalations]
+
+    # rates, capacity, settings, queues
+    gauge(
+        "ratedeck_capacity_rps", "Requests per second every key's limits allow together.", snap.capacity_tps
+    )
+    gauge(
+        "ratedeck_live_capacity_rps",
+        "Requests per second the keys that can send now allow, headroom included.",
+        snap.live_capacity_tps,
+    )
+    gauge("ratedeck_throughput_rps", "Successes per second since the start.", snap.throughput_tps)
+    gauge("ratedeck_current_throughput_rps", "Successes in the last full second.", snap.current_tps)
+    gauge("ratedeck_arrival_rate_rps", "The workload's arrival rate.", snap.arrival_rate)
+    gauge("ratedeck_headroom_seconds", "Margin added to every window.", _seconds(snap.headroom_ms))
+    gauge(
+        "ratedeck_headroom_adaptive",
+        "1 when the headroom is learned, 0 when fixed.",
+        float(snap.headroom_adaptive),
+    )
+    gauge("ratedeck_backpressure", "1 when backpressure is on.", float(snap.backpressure))
+    gauge("ratedeck_queue_max", "Main queue size with backpressure on.", snap.main_max)
+    depth = GaugeMetricFamily(
+        "ratedeck_queue_depth", "Requests waiting, by queue (main, dlq).", labels=["queue"]
+    )
+    depth.add_metric(["main"], snap.main_depth)
+    depth.add_metric(["dlq"], snap.dlq_depth)
+    out.append(depth)
+    gauge("ratedeck_in_flight", "Attempts in flight.", snap.in_flight)
+    gauge("ratedeck_elapsed_seconds", "Seconds since the run started.", snap.elapsed_s)
+    phase = GaugeMetricFamily("ratedeck_phase", "1 for the run's current phase.", labels=["phase"])
+    phase.add_metric([str(snap.phase)], 1.0)
+    out.append(phase)
+
+    # latency: histograms in seconds, and the engine's own quantiles
+    quantiles = GaugeMetricFamily(
+        "ratedeck_latency_quantile_seconds",
+        "Latency quantiles since the start (quantile 1 is the maximum), by stage: send_answer (send -> "
+        "answer), arrival_done (arrival -> done), queue_wait (arrival -> first send).",
+        labels=["stage", "quantile"],
+    )
+    for stage, attr in STAGES:
+        lat: LatencySummary = getattr(snap, attr)
+        for q, name in QUANTILES:
+            quantiles.add_metric([stage, q], _seconds(getattr(lat, name)))
+    out.append(quantiles)
+    for name, attr, doc in (
+        ("ratedeck_latency_seconds", "latency", "Send -> answer latency of successful requests."),
+        (
+            "ratedeck_latency_total_seconds",
+            "latency_total",
+            "Arrival (intended arrival at a fixed rate) -> done latency of successful requests.",
+        ),
+        ("ratedeck_queue_wait_seconds", "queue_wait", "Arrival -> first send, every request sent."),
+    ):
+        lat = getattr(snap, attr)
+        edges = buckets.get(attr, ())
+        rows = [(f"{_seconds(edge):g}", count) for edge, count in edges] + [("+Inf", lat.count)]
+        out.append(HistogramMetricFamily(name, doc, buckets=rows, sum_value=_seconds(lat.mean * lat.count)))
+
+    # a message run's own accounting
+    m = snap.messages
+    if m is not None:
+        out.append(_counter("ratedeck_messages_generated", "Messages arrived at the entry.", m.generated))
+        msgs = _counter("ratedeck_messages", "Messages that ended, by outcome.", None, ("outcome",))
+        for outcome, value in (("completed", m.completed), ("failed", m.failed), ("shed", m.shed)):
+            msgs.add_metric([outcome], value)
+        out.append(msgs)
+        waiting = GaugeMetricFamily("ratedeck_messages_pending", "Messages not ended yet.", labels=["where"])
+        waiting.add_metric(["queued"], m.queued)
+        waiting.add_metric(["in_progress"], m.in_progress)
+        out.append(waiting)
+        gauge("ratedeck_message_goodput_rps", "Messages completed per second since the start.", m.goodput_tps)
+    return out
+
+
+# ---------------------------------------------------------------- serving
+
+
+class MetricsServer:
+    """/metrics on HOST:PORT in a daemon thread (prometheus_client's own HTTP server)."""
+
+    def __init__(self, server: Any, thread: threading.Thread, host: str, collector: SnapshotCollector):
+        self.collector = collector
+        self._server = server
+        self._thread = thread
+        self.host = host
+        self.port: int = server.server_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+class MetricsPortError(OSError):
+    """The metrics port cannot be listened on; the message is one line for the user."""
+
+
+def serve_metrics(source: Callable[[], Scrape], port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve `source()`'s scrapes at http://host:port/metrics; port 0 picks a free one.
+
+    Raises MetricsPortError (one line) when the address cannot be used.
+    """
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    collector = SnapshotCollector(source)
+    registry.register(collector)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            why = "the port is in use (another ratedeck or exporter?); pick another or 0 for any free port"
+        elif exc.errno == errno.EACCES:
+            why = "permission denied (ports below 1024 need privileges)"
+        else:
+            why = exc.strerror or str(exc)
+        raise MetricsPortError(f"--metrics-port {port}: cannot listen on {host}:{port}: {why}") from None
+    return MetricsServer(server, thread, host, collector)
