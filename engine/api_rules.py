@@ -41,6 +41,7 @@ class BudgetSpec:
     scope: str = "key"  # "key": one per key; "host": one shared by every key
     weighted: bool = False  # spends a request's weight (else 1 per request)
     paths: tuple[str, ...] = ()  # globs on the request path; none: every request
+    exclusive: bool = False  # its requests do not spend the key's own budget (GitHub's search resource)
 
     def covers(self, path: str) -> bool:
         return not self.paths or any(fnmatch.fnmatchcase(path, p) for p in self.paths)
@@ -173,7 +174,7 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
     budgets: list[BudgetSpec] = []
     for i, table in enumerate(value):
         where = f"budget {i + 1}"
-        _check_keys(table, {"name", "limits", "scope", "unit", "paths"}, where)
+        _check_keys(table, {"name", "limits", "scope", "unit", "paths", "exclusive"}, where)
         name = _name(table.get("name"), f"{where}: name")
         if name in {b.name for b in budgets}:
             raise ValueError(f"budget {name!r} is defined twice")
@@ -190,7 +191,10 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
             paths = _strings(table.get("paths", []), "paths")
         except ValueError as exc:
             raise ValueError(f"budget {name!r}: {exc}") from None
-        budgets.append(BudgetSpec(name, policies, scope, unit == "weight", paths))
+        exclusive = table.get("exclusive", False)
+        if not isinstance(exclusive, bool):
+            raise ValueError(f"budget {name!r}: exclusive must be true or false, got {exclusive!r}")
+        budgets.append(BudgetSpec(name, policies, scope, unit == "weight", paths, exclusive))
     return tuple(budgets)
 
 
@@ -332,6 +336,8 @@ def budgets_to_toml(budgets: tuple[BudgetSpec, ...]) -> list[dict[str, Any]]:
         table |= {"scope": b.scope, "unit": "weight" if b.weighted else "requests"}
         if b.paths:
             table["paths"] = list(b.paths)
+        if b.exclusive:
+            table["exclusive"] = True
         out.append(table)
     return out
 

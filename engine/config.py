@@ -175,6 +175,7 @@ class RunConfig:
     preset: str | None = None
     key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
+    key_weighted: bool = False  # [keys] unit = "weight": a key's own limits count request weight
     budgets: tuple[BudgetSpec, ...] = ()  # [[budgets]]: named limits beyond each key's own
     paths: tuple[PathRule, ...] = ()  # [paths]: weight, budgets and signing per request path
     pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
@@ -202,7 +203,7 @@ class RunConfig:
 
 # ---------------------------------------------------------------- presets
 
-PRESETS: dict[str, dict[str, Any]] = {
+_SEED_PRESET: dict[str, dict[str, Any]] = {
     # Behaves like the seed's client setup, against the seed-compatible simulator.
     "seed": {
         "target": {
@@ -218,6 +219,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "server": {"mode": "seed"},
     },
 }
+
+
+#: The folder of real-API presets: one TOML file each, a `description` line and config tables.
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every preset by name, and a line saying what each is (the files ship with the package)."""
+    presets = dict(_SEED_PRESET)
+    descriptions = {
+        "seed": "the seed study's server: 5 keys x 20/1s, nonce, request id, 1 s TTL (the embedded demo)"
+    }
+    for path in sorted(PRESET_DIR.glob("*.toml")):
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+        descriptions[path.stem] = str(data.pop("description", ""))
+        presets[path.stem] = data
+    return presets, descriptions
+
+
+PRESETS, PRESET_DESCRIPTIONS = _load_presets()
 
 
 # ---------------------------------------------------------------- loading
@@ -648,6 +670,7 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
         key_sources=key_sources,
         messages=messages,
         host_policies=host_policies,
+        key_weighted=keys_table.get("unit") == "weight",
         budgets=budgets,
         paths=paths,
         pools=pools,
@@ -798,10 +821,16 @@ class _Validator:
 
 def _keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     for k in table:
-        if k not in ("secrets", "limits", "limits_by_key", "host_limits"):
+        if k not in ("secrets", "limits", "limits_by_key", "host_limits", "unit"):
             raise ConfigError(
-                source, f"keys.{k}", "unknown setting; expected secrets, limits, limits_by_key or host_limits"
+                source,
+                f"keys.{k}",
+                "unknown setting; expected secrets, limits, limits_by_key, host_limits or unit",
             )
+    if table.get("unit", "requests") not in ("requests", "weight"):
+        raise ConfigError(
+            source, "keys.unit", f'must be "requests" or "weight", got {show(table.get("unit"))}'
+        )
     raw = table.get("secrets", [])
     if isinstance(raw, str):
         raw = [raw]
@@ -955,6 +984,8 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     else:
         secrets = ["env:RATEDECK_KEYS"]
     keys: dict[str, Any] = {"limits": [format_policy(p) for p in default]}
+    if cfg.key_weighted:
+        keys["unit"] = "weight"
     if secrets is not None:
         keys["secrets"] = secrets
     by_key = {k.label: [format_policy(p) for p in k.policies] for k in cfg.keys if k.policies != default}

@@ -323,3 +323,96 @@ def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ..
         weight = match.group(1) == "used-weight"
         quotas.append(Quota(None, None, used, None, window, "weight" if weight else "orders", weight))
     return tuple(quotas)
+
+
+#: A server-time hint above this (seconds) is not believed: no answer takes an hour.
+MAX_SERVER_TIME_S = 3600.0
+
+
+def _span_s(value: float | None, scale: float) -> float | None:
+    """A non-negative, finite span in seconds from a number in `scale` units; None otherwise."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    seconds = value * scale
+    return seconds if seconds <= MAX_SERVER_TIME_S else None
+
+
+def _ms_text(text: str | None) -> float | None:
+    """`X-Response-Time` style: "12.3", "12.3ms" or "0.5s" (a bare number is milliseconds)."""
+    if not isinstance(text, str) or len(text) > 100:
+        return None
+    stripped = text.strip().lower()
+    if stripped.endswith("ms"):
+        return _span_s(_number(stripped[:-2]), 0.001)
+    if stripped.endswith("us") or stripped.endswith("µs"):
+        return _span_s(_number(stripped[:-2]), 1e-6)
+    if stripped.endswith("s"):
+        return _span_s(_number(stripped[:-1]), 1.0)
+    return _span_s(_number(stripped), 0.001)
+
+
+def server_timing_s(header: str | None) -> float | None:
+    """The largest `dur` of any metric in a Server-Timing field, in seconds.
+
+    The largest, not the sum: metrics may nest (`total;dur=80, db;dur=50`),
+    and a sum would then claim more server time than there was, which would
+    make the network look steadier than it is. The largest never claims more
+    than the longest span the server measured. Metrics without a usable dur
+    (missing, negative, not a number) are skipped; None when none is left.
+    """
+    if not header or not isinstance(header, str) or len(header) > 4000:
+        return None
+    best: float | None = None
+    for _name, _value, params in _members(header):
+        dur = _span_s(params.get("dur"), 0.001)
+        if dur is not None and (best is None or dur > best):
+            best = dur
+    return best
+
+
+def server_time_s(headers: Mapping[str, str]) -> float | None:
+    """How long the server says it spent on a request (seconds), from any hint it sent.
+
+    Read: Server-Timing (largest dur, ms), X-Response-Time (ms, or with a unit),
+    X-Runtime (seconds, Rails) and X-Envoy-Upstream-Service-Time (ms). The largest
+    usable value wins (each is a span of server time; none may be counted twice).
+    Unusable ones (negative, NaN, not a number, over an hour) are ignored; None
+    when nothing usable was sent. Whether it fits the round trip is for the
+    caller to judge (see engine/headroom.py).
+    """
+    try:
+        found = [
+            server_timing_s(headers.get("Server-Timing")),
+            _ms_text(headers.get("X-Response-Time")),
+            _span_s(_number(headers.get("X-Runtime")), 1.0),
+            _span_s(_number(headers.get("X-Envoy-Upstream-Service-Time")), 0.001),
+        ]
+    except Exception:  # a header mapping that misbehaves gives no hint
+        return None
+    usable = [v for v in found if v is not None]
+    return max(usable) if usable else None
+
+
+def remaining_count(headers: Mapping[str, str]) -> int | None:
+    """The requests the server says are left in its window, if it says so.
+
+    X-RateLimit-Remaining, RateLimit-Remaining, or the `r` parameter of the
+    IETF RateLimit field (the smallest, if several); a whole number >= 0, else None.
+    """
+    try:
+        for name in ("X-RateLimit-Remaining", "RateLimit-Remaining"):
+            value = _number(headers.get(name))
+            if value is not None and value >= 0 and value.is_integer() and value < 1e12:
+                return int(value)
+        field = headers.get("RateLimit")
+    except Exception:
+        return None
+    if not field or not isinstance(field, str) or len(field) > 4000:
+        return None
+    counts = [p["r"] for _n, _v, p in _members(field) if "r" in p and p["r"] >= 0 and p["r"].is_integer()]
+    return int(min(counts)) if counts and min(counts) < 1e12 else None
+
+
+def answer_hints(headers: Mapping[str, str]) -> tuple[float | None, int | None]:
+    """(server time in seconds, remaining count) from an answer's headers; never raises."""
+    return server_time_s(headers), remaining_count(headers)

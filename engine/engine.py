@@ -19,13 +19,16 @@ import asyncio
 import dataclasses
 import random
 import time
+import uuid
 from collections import deque
 
 from ratedeck.core.errors import RatedeckError
+from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
 
 from . import outcome as oc
+from .budgets import Budgets
 from .commands import (
     Command,
     PauseAll,
@@ -38,12 +41,14 @@ from .commands import (
     SetThrottle,
 )
 from .config import RunConfig
+from .delays import Quota
 from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import Stamp, WindowLimiter
 from .metrics import Metrics
 from .multicall import source_from_config
 from .ports import Source
+from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
 from .settle import Scope, SettleRules, Tally, Verdict, decide
@@ -95,7 +100,17 @@ class Engine:
             max_ms=e.headroom_max_ms,
             fixed_ms=None if e.headroom == "adaptive" else float(e.headroom),
             rejection_budget=e.rejection_budget,
+            policy_window_s=min((p.window_s for k in cfg.keys for p in k.policies), default=1.0),
         )
+        # A cheap endpoint timed for the network's spread (engine/probe.py); off without a probe_url.
+        self.probe: Probe | None = None
+        if cfg.target.probe_url:
+            self.probe = Probe(
+                cfg.target.probe_url,
+                cfg.target.probe_rate,
+                get=getattr(transport, "probe", None),
+                timeout_s=cfg.target.timeout_s,
+            )
         self.queues = WorkQueues()
         self.metrics = Metrics()
         self.graveyard = Graveyard(e.graveyard_path)
@@ -113,22 +128,36 @@ class Engine:
         self.host_limiter = (
             WindowLimiter(cfg.host_policies, seconds, pacing, pace_s=pace) if cfg.host_policies else None
         )
-        self.host_gate = CooldownGate("host") if cfg.host_policies else None
-        if self.host_gate is not None:
-            self.gates["host"] = self.host_gate
+        # The host's gate: closed by a host-wide limit's delay, or a ban (Binance's 418 bans the IP).
+        self.host_gate = CooldownGate("host")
+        self.gates["host"] = self.host_gate
         shared = (self.host_limiter,) if self.host_limiter else ()
         uses_nonce = bool(cfg.target.nonce_param)
+        spacing = 1.0 if uses_nonce else 0.9
+
+        def make_limiter(policies: tuple[Policy, ...]) -> WindowLimiter:
+            return WindowLimiter(policies, seconds, pacing, min_spacing=spacing, pace_s=pace)
+
+        # Named budgets ([[budgets]]): host-scope ones shared here, key-scope ones per worker.
+        self.budgets = Budgets(cfg, make_limiter)
         for spec in cfg.keys:
             gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
-            gates = (gate, self.host_gate) if self.host_gate else (gate,)
             # Sends closer than the network jitter can reach a nonce-checking
             # server out of order: keep whole gaps there.
-            limiter = WindowLimiter(
-                spec.policies, seconds, pacing, min_spacing=1.0 if uses_nonce else 0.9, pace_s=pace
-            )
+            limiter = make_limiter(spec.policies)
+            key_budgets = {b.name: make_limiter(b.policies) for b in self.budgets.key_specs}
             self.workers.append(
                 KeyWorker(
-                    self, spec, limiter, gates, e.in_flight_per_key, use_nonce=uses_nonce, shared=shared
+                    self,
+                    spec,
+                    limiter,
+                    (gate, self.host_gate),
+                    e.in_flight_per_key,
+                    use_nonce=uses_nonce,
+                    shared=shared,
+                    budgets=self.budgets,
+                    key_budgets=key_budgets,
+                    key_weighted=cfg.key_weighted,
                 )
             )
         self.cooldown_scope = CooldownScope(e.cooldown)
@@ -136,12 +165,13 @@ class Engine:
             max_attempts=e.max_attempts,
             backoff_base_s=e.backoff_base_ms / 1000.0,
             backoff_cap_s=e.backoff_cap_ms / 1000.0,
-            host_gate=self.host_gate is not None,
+            host_gate=bool(cfg.host_policies),
             host_limit_match=cfg.target.host_limit_match,
         )
         self.pool_capacity = dict(cfg.pools)
         self.pool_in_use = dict.fromkeys(cfg.pools, 0)
         self.pool_ok = self._pool_has_room if cfg.pools else None
+        self.pool_ok_req = (lambda req: self._pool_has_room(req.pool)) if cfg.pools else None
         self.by_label = {w.label: w for w in self.workers}
         self.in_flight = 0
         self.events: deque[Event] = deque(maxlen=200)
@@ -177,11 +207,16 @@ class Engine:
         self.clock = engine_clock(self.loop)
         self.started_at = self.clock()
         self._wall_offset = time.time() - self.started_at
+        for lim in self.all_limiters():
+            lim.align(self._wall_offset, self.started_at)  # fixed windows turn at the clock's minutes
         self.finished = asyncio.Event()
         self.phase = Phase.RUNNING
         self._tasks = [self.loop.create_task(w.run(), name=f"key-{w.label}") for w in self.workers]
         self._tasks.append(self.loop.create_task(self.source.run(self), name="source"))
         self._tasks.append(self.loop.create_task(self._tick(), name="ticker"))
+        if self.probe is not None:
+            probing = self.probe.run(self.clock, self.headroom.observe_network, self.problem)
+            self._tasks.append(self.loop.create_task(probing, name="probe"))
         self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {self.cfg.capacity_tps:g}/s")
 
     async def run(self, duration_s: float | None = None) -> Snapshot:
@@ -216,6 +251,8 @@ class Engine:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.probe is not None:
+            await self.probe.close()
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         if self._sends:
             _done, pending = await asyncio.wait(set(self._sends), timeout=timeout)
@@ -270,12 +307,12 @@ class Engine:
                 # Timed from the slot's stamp, not from the socket write: the task
                 # may start late on a busy loop, and the server sees that delay too.
                 held = now - stamps[0].t
-                self.headroom.observe_rtt(held, now)
+                # The server's own time (a hint, judged there) and remaining count.
+                server_s = result.server_time_s
+                self.headroom.observe_rtt(held, now, server_s, result.remaining)
                 # The answer bounds how late the server stamped this request: its
                 # slot frees by that, not by the worst case (see headroom.py).
-                extra = self.headroom.extra_for(held, now)
-                for stamp in stamps:
-                    stamp.extra = extra
+                self.headroom.assign(stamps, held, now, server_s)
             self._settle(worker, req, result, now)
         except Exception as exc:
             # Whatever went wrong in handling the answer, the request is
@@ -290,8 +327,49 @@ class Engine:
         if result.policy_header is not None and self.cfg.engine.learn_policy:
             for policy in worker.adopt_advertised(result.policy_header):
                 self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
+        if result.quotas:
+            self._sync_quotas(worker, req, result, now)
         verdict = decide(result, req, self.settle_rules, now)
         self._apply(verdict, worker, req, result, now)
+
+    def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+        """Take the server's own counts: a budget it names, a weight budget, else the key's own.
+
+        What this key spent after the answered request was sent is added, since
+        the server cannot have counted it yet (`spent_since`).
+        """
+        sent_at = req.first_sent_at if req.first_sent_at is not None else now
+        for quota in result.quotas:
+            limiter = self._limiter_for_quota(worker, quota)
+            if limiter is None:
+                continue
+            reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
+            limiter.sync(
+                now,
+                used=quota.used,
+                remaining=quota.remaining,
+                limit=quota.limit,
+                reset_at=reset_at,
+                window_s=quota.window_s,
+                sent_since=limiter.spent_since(sent_at),
+            )
+            worker.note_quota(quota, reset_at)
+
+    def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
+        name = quota.name
+        if name is not None:
+            if name in worker.key_budgets:
+                return worker.key_budgets[name]
+            if name in self.budgets.host:
+                return self.budgets.host[name]
+        if quota.weight:
+            return next(
+                (self.budgets.host[b.name] for b in self.cfg.budgets if b.weighted and b.scope == "host"),
+                None,
+            )
+        if name in (None, "core", "default") or not self.budgets.specs:
+            return worker.limiter
+        return None
 
     def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Apply one verdict: count, pause, block, then end or retry the request."""
@@ -362,6 +440,13 @@ class Engine:
         if pool is None:
             return True
         return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
+
+    def all_limiters(self) -> list[WindowLimiter]:
+        limiters = [w.limiter for w in self.workers] + list(self.budgets.host.values())
+        limiters += [lim for w in self.workers for lim in w.key_budgets.values()]
+        if self.host_limiter is not None:
+            limiters.append(self.host_limiter)
+        return limiters
 
     def capacity_tps(self) -> float:
         """Requests per second the keys allow (advertised limits included), host limit applied."""
@@ -449,7 +534,10 @@ class Engine:
         if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
             raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
         deadline = now + (self.ttl_s if ttl_s is None else ttl_s)
-        return Request(self._next_id, now, deadline, params, pool=pool, call=call, intended_at=intended_at)
+        req = Request(self._next_id, now, deadline, params, pool=pool, call=call, intended_at=intended_at)
+        if self.cfg.target.idempotency:
+            req.idempotency_key = uuid.uuid4().hex  # one per logical request, kept across its retries
+        return req
 
     def source_done(self) -> None:
         self._check_finished()
@@ -615,4 +703,11 @@ class Engine:
                 for g in self.gates.values()
             ),
             messages=self.source.stats(elapsed),
+            headroom_source=h.source,
+            rtt_spread_ms=h.rtt_spread_ms,
+            network_spread_ms=h.network_spread_ms,
+            server_time_ms=h.server_time_ms,
+            rejection_budget=h.rejection_budget,
+            rejections_spent=h.rejections_spent,
+            probe_sent=self.probe.sent if self.probe is not None else 0,
         )

@@ -3,46 +3,339 @@
 The server stamps a request when it arrives, not when we send it. If one
 request's trip to the server is slow and a request N sends later is fast, the
 server sees the two closer together than we sent them. The headroom must
-cover the spread of that one-way delay.
+cover the spread of that one-way delay, the way in, and nothing else.
 
-We only observe round trips. The spread of round-trip times (max - min over
-the last `window_s` seconds) bounds the spread of both legs together;
-assuming the jitter splits evenly between the legs (as NTP does), the one-way
-spread is about half of it: `target = spread * jitter_share * safety`. The
-seed instead used average latency x 1.1 clamped to 30..50 ms, which wastes
-capacity on slow but steady links and still fails on jittery ones: the mean
-says nothing about spread.
+A round trip is way in + server time + way back; only the way in moves the
+stamp. So the evidence comes in grades:
 
-That estimate is the fallback. Better evidence arrives with every answer:
-once request i is answered, its own round trip bounds how late the server
-can have stamped it. With rtt_min the fastest round trip seen lately,
-`d_in(i) - d_in_min <= rtt(i) - rtt_min` (the other leg can only have been
-at or above its own minimum). So the slot request i holds frees at
-`send(i) + W + (rtt(i) - rtt_min) + margin` (`extra_for`): a slow request
-pushes its own slot back, a fast one frees it early. This is exact for
-queueing spikes on the way in (which a symmetric split would under-cover),
-and on symmetric jitter it costs the mean round-trip excess instead of
-covering the worst case for every slot. When the jitter looks two-sided
-(the mean round trip sits well inside the range) the per-request bound is
+- round trip (always): the spread of round-trip times (max - min over the
+  last `window_s` seconds) bounds the spread of both legs *and* the server's
+  processing together. Assuming the network's jitter splits evenly between
+  the legs (as NTP does), the way in is about half of it:
+  `target = spread * jitter_share * safety`. Server processing variance is
+  paid for as if it were jitter: safe, not tight.
+- hints: an answer that says how long the server spent on it
+  (`Server-Timing` dur, `X-Response-Time`, `X-Runtime`,
+  `X-Envoy-Upstream-Service-Time`; see engine/delays.py) gives the
+  network's share of its own round trip: rtt - server time. A hint is used
+  only when it fits: finite, not negative and not larger than the round
+  trip. Any other hint is ignored, and that answer counts with its whole
+  round trip, which can only widen: a nonsense hint never makes us send
+  faster than the round trip alone allows.
+- probe: a cheap, unlimited endpoint timed on its own connection
+  (engine/probe.py) measures the network's spread directly; once it has
+  `PROBE_READY` samples it replaces a round-trip estimate that is wider.
+
+The seed instead used average latency x 1.1 clamped to 30..50 ms, which
+wastes capacity on slow but steady links and still fails on jittery ones:
+the mean says nothing about spread.
+
+The estimate is the fallback. Better evidence arrives with every answer:
+once request i is answered, its own (network) round trip bounds how late the
+server can have stamped it. With rtt_min the fastest seen lately,
+`d_in(i) - d_in_min <= rtt(i) - rtt_min` (the other leg, and the server's
+time, can only have been at or above their minimums). So the slot request i
+holds frees at `send(i) + W + (rtt(i) - rtt_min) + margin` (`extra_for`): a
+slow request pushes its own slot back, a fast one frees it early. This is
+exact for queueing spikes on the way in (which a symmetric split would
+under-cover), and on symmetric jitter it costs the mean round-trip excess
+instead of covering the worst case for every slot. When the jitter looks
+two-sided (the mean sits well inside the range) the per-request bound is
 also capped by the symmetric estimate; one-sided tails keep it whole.
 Requests not answered yet use the fallback.
+
+Safety: 1.25 on a spread measured from whole round trips (server time mixed
+in, in an unknown share); 1.15 when the spread is the network's alone
+(hints on nearly every answer, or a ready probe). The smaller hedge still
+covers legs split 57/43 instead of evenly; worse asymmetry shows as a
+rejection, which widens at once and sets a floor.
 
 Rules:
 - widen at once when the evidence says so, or on a rejection (x1.5, at least
   +10 ms, once per burst: rejections of requests that were already in flight
   do not compound); a rejection also sets a floor the evidence cannot undercut;
 - the initial value is only a prior: once `settle_s` seconds of evidence
-  exist (and no rejection came first), the estimate replaces it at once;
+  exist (and no rejection came first), the estimate replaces it at once, and
+  so does a more direct estimate (hints, a ready probe) when it first arrives;
 - after that, narrow slowly (at most `narrow_ms_per_s`) when clean;
-- with `rejection_budget == 0`, never narrow below the evidence or the floor:
-  no probing. With a budget, after a clean stretch the floor and the share
-  are walked down (probing) until a rejection; probing stops once the budget
-  is spent.
+- remaining counts (X-RateLimit-Remaining and kin), when answers carry them:
+  a whole stretch in which the server's remaining count never reached 0
+  means no window was ever full, a whole request of room, so the headroom
+  narrows one step (x0.9) at no cost; a 0 after such a step takes it back and
+  ends this narrowing. A 0 alone never widens: at full speed windows fill.
+- `rejection_budget = N`: with N = 0 nothing narrows below the evidence or a
+  rejection floor: no probing. With N > 0 the headroom is probed on purpose
+  (`BudgetProber`): x0.8 per clean stretch, back to the last clean value on a
+  rejection, then bisected between that and the failing value, then held 5%
+  above the best clean one. Narrowing stops once half the budget is spent
+  (the rest covers sends already committed at a narrow value, and the held
+  value's rare misses); at N spent the headroom returns to the evidence for
+  good. `rejections_spent` says how many 429s the run cost.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Any
+
+#: Probe samples needed before a probe's spread is believed.
+PROBE_READY = 50
+#: Share of answers that must carry a usable hint for their spread to count as the network's.
+HINTED = 0.9
+
+# Where the headroom comes from, as `HeadroomController.source` says it.
+SOURCE_FIXED = "fixed"
+SOURCE_RTT = "round trip"
+SOURCE_HINTS = "hints"
+SOURCE_PROBE = "probe"
+SOURCE_BUDGET = "budget probing"
+SOURCE_REMAINING = "remaining counts"
+
+
+def hint_fits(rtt_s: float, server_s: float | None) -> bool:
+    """A server-time report is usable when it is finite and 0 <= server_s <= rtt_s."""
+    return server_s is not None and math.isfinite(server_s) and 0.0 <= server_s <= rtt_s
+
+
+def network_rtt(rtt_s: float, server_s: float | None) -> float:
+    """The network's share of a round trip: `rtt_s` less the server's reported time
+    when that report fits (`hint_fits`), else the whole round trip.
+
+    A report that does not fit is ignored, never clamped: clamping a too-large
+    one to the round trip would call the network instant, which would make us
+    send faster. Ignoring it keeps the round trip, which only widens.
+    """
+    if server_s is not None and hint_fits(rtt_s, server_s):
+        return rtt_s - server_s
+    return rtt_s
+
+
+class RangeTracker:
+    """Min and max of samples over the last `window_s` whole seconds plus the running one,
+    a moving mean and counts: O(1) per sample at any rate."""
+
+    __slots__ = ("_buckets", "_end", "_b_lo", "_b_hi", "_b_n", "_old_n", "lo", "hi", "mean", "n", "last_t")
+
+    def __init__(self, window_s: int):
+        self._buckets: deque[tuple[float, float, int]] = deque(maxlen=window_s)
+        self._end = float("inf")  # the first sample starts the first one-second bucket
+        self._b_lo = self.lo = float("inf")
+        self._b_hi = self.hi = float("-inf")
+        self._b_n = 0  # samples in the running second
+        self._old_n = 0  # samples in the closed seconds still in the window
+        self.mean = 0.0
+        self.n = 0  # samples ever
+        self.last_t = float("-inf")
+
+    def add(self, x: float, now: float) -> bool:
+        """Record `x` at `now`; True when the range changed (grew, or a second rolled over)."""
+        self.n += 1
+        # A plain average over the first 100 samples, then a moving one.
+        self.mean += (x - self.mean) / min(self.n, 100)
+        self.last_t = now
+        changed = False
+        if self._end == float("inf"):
+            self._end = now + 1.0
+        if now >= self._end:
+            self._roll(now)
+            changed = True
+        self._b_n += 1
+        if x < self._b_lo:
+            self._b_lo = x
+        if x > self._b_hi:
+            self._b_hi = x
+        if x < self.lo or x > self.hi:
+            self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+            changed = True
+        return changed
+
+    def _roll(self, now: float) -> None:
+        self._buckets.append((self._b_lo, self._b_hi, self._b_n))
+        self._b_lo, self._b_hi, self._b_n = float("inf"), float("-inf"), 0
+        while self._end <= now:
+            self._end += 1.0
+        self.lo = min(b[0] for b in self._buckets)
+        self.hi = max(b[1] for b in self._buckets)
+        self._old_n = sum(b[2] for b in self._buckets)
+
+    @property
+    def in_window(self) -> int:
+        """Samples the range is made of."""
+        return self._old_n + self._b_n
+
+    @property
+    def sampled_spread(self) -> float:
+        """The spread, widened for the samples it is made of: a range of n samples
+        falls short of the true one by about 1/sqrt(n) of it where the density
+        thins out toward the edges (a sum of legs: n = 100 sees 10% less)."""
+        n = self.in_window
+        return self.spread * (1.0 + 1.0 / math.sqrt(n)) if n else 0.0
+
+    @property
+    def spread(self) -> float:
+        return self.hi - self.lo if self.hi >= self.lo else 0.0
+
+    @property
+    def two_sided(self) -> bool:
+        """The mean sits well inside the range (both legs vary alike), not at a one-sided tail."""
+        return self.hi > self.lo and self.mean - self.lo > 0.3 * (self.hi - self.lo)
+
+
+class BudgetProber:
+    """Spends a rejection budget to find how narrow the headroom can go.
+
+    `cap_ms` caps what the evidence asks for (None: not narrowing). Phases:
+    "descend" (x0.8 per clean stretch, from the evidence at the start),
+    "refine" (bisect, geometrically, between the last clean cap `hi` and the
+    failing one `lo`; 2 stretches each), "hold" (10% above `hi`; a rejection
+    there steps up 10%), "off" (budget under 3, or spent: no cap, for good).
+    Caps are absolute milliseconds: the round-trip evidence wobbles with its
+    window, the server's window does not.
+
+    Spending: a new trial starts only while half the budget and more than
+    `RESERVE` rejections are left (the first rejection of a failed trial can
+    bring one more that was already on its way); with one rejection left,
+    probing ends (`retreat`). A budget under 3 therefore never probes: too
+    little to try anything without risking more than it allows.
+    """
+
+    __slots__ = ("budget", "spent", "cap_ms", "phase", "hi", "lo", "_since", "_testing")
+
+    DESCEND = 0.8
+    RESERVE = 2
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.spent = 0
+        self.cap_ms: float | None = None
+        self.phase = "descend" if budget > self.RESERVE else "off"
+        self.hi: float | None = None  # the lowest cap that has been clean for a whole stretch
+        self.lo: float | None = None  # the highest cap that drew a rejection
+        self._since: float | None = None  # when the current cap took effect
+        self._testing = False  # the current cap is below `hi`, on trial
+
+    @property
+    def active(self) -> bool:
+        return self.phase != "off"
+
+    @property
+    def narrowing(self) -> bool:
+        return self.active and self.cap_ms is not None
+
+    @property
+    def may_try(self) -> bool:
+        left = self.budget - self.spent
+        return left > self.RESERVE and self.spent * 2 < self.budget
+
+    @property
+    def spent_out(self) -> bool:
+        """Only the last rejection is left: stop probing for good."""
+        return self.budget - self.spent <= 1
+
+    def step(self, now: float, stretch_s: float, evidence_ms: float) -> None:
+        """Called with every answer once the evidence is settled: after a clean stretch, move on."""
+        if self.phase in ("off", "hold"):
+            return
+        if self.cap_ms is None:
+            self.hi = evidence_ms
+            self._try(evidence_ms * self.DESCEND, now)
+            return
+        assert self._since is not None and self.hi is not None
+        if now - self._since < stretch_s * (2.0 if self.phase == "refine" else 1.0):
+            return
+        if self._testing:
+            self.hi = self.cap_ms  # clean for a whole stretch
+            self._testing = False
+        if not self.may_try:
+            self._hold()  # half the budget, or all but the reserve, is spent: no more trials
+        elif self.phase == "descend":
+            self._try(self.hi * self.DESCEND, now)
+        else:  # refine
+            lo = self.lo if self.lo is not None else self.hi * self.DESCEND
+            if self.hi / lo <= 1.25:
+                self._hold()
+            else:
+                self._try(math.sqrt(self.hi * lo), now)
+
+    def rejected(self, now: float) -> None:
+        """The first rejection of a burst, while narrowing: back to the last clean cap."""
+        if not self.narrowing:
+            return
+        assert self.cap_ms is not None and self.hi is not None
+        if self._testing:
+            self.lo = self.cap_ms if self.lo is None else max(self.lo, self.cap_ms)
+            self.cap_ms = self.hi
+            self._testing = False
+            if self.phase != "hold":
+                self.phase = "refine"
+        else:  # a cap that had been clean: it was not, quite
+            self.hi = self.cap_ms = self.cap_ms * 1.1
+            if self.phase == "descend":
+                self.phase = "refine"
+        self._since = now
+
+    def retreat(self) -> None:
+        """The whole budget is spent: back to the evidence for good."""
+        self.phase, self.cap_ms, self._testing = "off", None, False
+
+    def _try(self, cap_ms: float, now: float) -> None:
+        self.cap_ms = cap_ms
+        self._testing = self.hi is None or cap_ms < self.hi
+        self._since = now
+
+    def _hold(self) -> None:
+        self.phase = "hold"
+        self._testing = False
+        if self.hi is not None:
+            self.cap_ms = self.hi * 1.1
+
+
+class RemainingJudge:
+    """Narrowing from the server's remaining counts, at no cost in rejections.
+
+    A stretch in which the remaining count never reached 0 (and nothing was
+    rejected) had room for a whole request in every window: the factor steps
+    down x0.9. A 0 in the stretch after such a step takes the step back and
+    ends this narrowing for the run; a 0 with nothing to take back means
+    nothing (windows fill at full speed). Inert until answers carry counts.
+    """
+
+    __slots__ = ("factor", "done", "_since", "_zero", "_seen", "_stepped")
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+        self.done = False
+        self._since: float | None = None
+        self._zero = False
+        self._seen = 0
+        self._stepped = False
+
+    def observe(self, remaining: int) -> None:
+        self._seen += 1
+        if remaining <= 0:
+            self._zero = True
+            if self._stepped and not self.done:
+                self.factor = min(1.0, self.factor / 0.9)
+                self.done = True
+
+    def rejected(self) -> None:
+        if self.factor < 1.0:
+            self.factor = min(1.0, self.factor / 0.9)
+        self.done = True
+
+    def step(self, now: float, stretch_s: float) -> None:
+        if self.done:
+            return
+        if self._since is None:
+            self._since = now
+            return
+        if now - self._since < stretch_s:
+            return
+        self._stepped = self._seen >= 50 and not self._zero
+        if self._stepped:
+            self.factor = max(0.3, self.factor * 0.9)
+        self._since, self._zero, self._seen = now, False, 0
 
 
 class HeadroomController:
@@ -51,8 +344,12 @@ class HeadroomController:
     Attributes:
         adaptive: False while a fixed value is set (live override).
         value_ms: the headroom in force now, in milliseconds.
-        rejections: rejections seen (429s not caused by a blocked key).
+        rejections: rejections seen (429s not caused by a blocked key); with a
+            budget, what probing spent.
         seen_min_ms / seen_max_ms: range of values in force during the run.
+        hints_used / hints_ignored: answers whose server-time report was used,
+            and reports that did not fit their round trip (ignored).
+        budget: the rejection-budget prober (`BudgetProber`).
     """
 
     __slots__ = (
@@ -63,29 +360,34 @@ class HeadroomController:
         "rejection_budget",
         "jitter_share",
         "safety",
+        "direct_safety",
         "narrow_ms_per_s",
         "settle_s",
+        "policy_window_s",
         "rejections",
         "seen_min_ms",
         "seen_max_ms",
-        "_buckets",
-        "_bucket_end",
-        "_bucket_lo",
-        "_bucket_hi",
-        "_lo",
-        "_hi",
+        "margin_ms",
+        "hints_used",
+        "hints_ignored",
+        "budget",
+        "_net",
+        "_raw",
+        "_probe",
+        "_server_mean",
+        "_hint_share",
         "_first_t",
         "_target_ms",
+        "_target_direct",
+        "_target_source",
         "_floor_ms",
         "_last_t",
-        "_clean_since",
-        "_probe",
         "_prior",
+        "_direct_seen",
         "_hold_until",
-        "margin_ms",
         "_mean_extra_ms",
-        "_n",
-        "_mean_rtt",
+        "_remaining",
+        "_trial",
     )
 
     def __init__(
@@ -98,34 +400,41 @@ class HeadroomController:
         rejection_budget: int = 0,
         jitter_share: float = 0.5,
         safety: float = 1.25,
+        direct_safety: float = 1.10,
         narrow_ms_per_s: float = 10.0,
         settle_s: float = 2.0,
         window_s: int = 10,
+        policy_window_s: float = 1.0,
     ):
         self.min_ms, self.max_ms = min_ms, max_ms
         self.rejection_budget = rejection_budget
-        self.jitter_share, self.safety = jitter_share, safety
+        self.jitter_share, self.safety, self.direct_safety = jitter_share, safety, direct_safety
         self.narrow_ms_per_s = narrow_ms_per_s
         self.settle_s = settle_s
+        self.policy_window_s = policy_window_s  # a change in headroom shows a window later
         self.rejections = 0
-        # (min, max) round trip per second for the last `window_s` seconds, plus
-        # the running second: O(1) per sample at any request rate.
-        self._buckets: deque[tuple[float, float]] = deque(maxlen=window_s)
-        self._bucket_end = float("inf")  # the first answer starts the first one-second bucket
-        self._bucket_lo = self._lo = float("inf")
-        self._bucket_hi = self._hi = float("-inf")
+        self.hints_used = self.hints_ignored = 0
+        self.budget = BudgetProber(rejection_budget)
+        self._net = RangeTracker(window_s)  # round trips less usable server time
+        self._raw = RangeTracker(window_s)  # whole round trips
+        self._probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
+        self._server_mean: float | None = None  # moving mean of usable server time (s)
+        self._hint_share = 0.0  # moving share of answers with a usable hint
         self._first_t: float | None = None
         self._target_ms: float | None = None  # evidence-based target, once known
+        self._target_direct = False  # the target is the network's own spread
+        self._target_source = SOURCE_RTT
         self._floor_ms = min_ms
         self._last_t: float | None = None
-        self._clean_since: float | None = None
-        self._probe = 1.0  # multiplier below 1 only while probing with a budget
         self._prior = True  # still on the initial guess
+        self._direct_seen = False  # a direct estimate (hints, probe) has replaced the first one
         self._hold_until = float("-inf")  # rejections before this belong to the last burst
         self.margin_ms = max(min_ms, 1.0)  # added to every per-request extra; grows on rejections
         self._mean_extra_ms: float | None = None  # moving mean of per-request extras
-        self._n = 0  # answers seen
-        self._mean_rtt = 0.0  # moving mean round trip (seconds)
+        self._remaining = RemainingJudge()
+        self._trial: deque[tuple[float, Any, float]] = (
+            deque()
+        )  # (when, stamps, whole extra ms) narrowed by a trial
         self.adaptive = fixed_ms is None
         self.value_ms = self._clamp(initial_ms if fixed_ms is None else fixed_ms)
         self.seen_min_ms = self.seen_max_ms = self.value_ms
@@ -151,10 +460,56 @@ class HeadroomController:
         """The headroom the even-pacing gap uses (the average, not the worst case)."""
         return self.effective_ms / 1000.0
 
-    def extra_for(self, rtt_s: float, now: float) -> float | None:
+    @property
+    def narrowing(self) -> bool:
+        """Probing (budget or remaining counts) holds the headroom below the evidence."""
+        return self.budget.narrowing or self._remaining.factor < 1.0
+
+    @property
+    def source(self) -> str:
+        """Where the headroom in force comes from: "fixed", "round trip", "hints", "probe",
+        "budget probing" or "remaining counts"."""
+        if not self.adaptive:
+            return SOURCE_FIXED
+        if self.budget.narrowing:
+            return SOURCE_BUDGET
+        if self._remaining.factor < 1.0:
+            return SOURCE_REMAINING
+        return self._target_source
+
+    @property
+    def rejections_spent(self) -> int:
+        return self.rejections
+
+    @property
+    def rtt_spread_ms(self) -> float | None:
+        """The spread of whole round trips (network and server time together)."""
+        return self._raw.spread * 1000.0 if self._raw.n else None
+
+    @property
+    def network_spread_ms(self) -> float | None:
+        """The network's own round-trip spread, where known (hints on nearly every answer, or a ready probe)."""
+        if self._net.n and self._hint_share >= HINTED:
+            return self._net.spread * 1000.0
+        if self._probe_ready():
+            return self._probe.spread * 1000.0
+        return None
+
+    @property
+    def server_time_ms(self) -> float | None:
+        """The mean server time the hints report, where they are used."""
+        return None if self._server_mean is None else self._server_mean * 1000.0
+
+    @property
+    def probe_samples(self) -> int:
+        return self._probe.n
+
+    def extra_for(self, rtt_s: float, now: float, server_s: float | None = None) -> float | None:
         """The headroom (seconds) the slot of an answered request needs, or None
         to keep the fallback (fixed headroom, or no settled baseline yet).
 
+        `server_s` is the server's own account of its time, if it gave one;
+        it counts only when it fits the round trip (`network_rtt`).
         rtt_min only falls as samples accumulate, and an early, too high
         baseline would make extras too small: until `settle_s` seconds and
         100 answers have passed, an answered slot keeps at least the fallback
@@ -164,17 +519,15 @@ class HeadroomController:
         """
         if not self.adaptive:
             return None
-        if self._n < 100 or self._first_t is None or now - self._first_t < self.settle_s:
-            return max(self.value_ms, (rtt_s - min(self._lo, rtt_s)) * 1000.0 + self.margin_ms) / 1000.0
-        spread_ms = (self._hi - self._lo) * 1000.0
-        extra_ms = (rtt_s - self._lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
-        if self._target_ms is not None and self._mean_rtt - self._lo > 0.3 * (self._hi - self._lo):
-            # Two-sided jitter (the mean sits inside the range, as when both legs
-            # vary alike): one leg's spread is bounded by the symmetric estimate
-            # too, and the smaller of two bounds holds. One-sided spikes (mean
-            # near the minimum, a long tail: queueing on the way in) keep the
-            # per-request bound, which the symmetric estimate would under-cover.
-            extra_ms = min(extra_ms, max(self.value_ms, self._floor_ms))
+        net = network_rtt(rtt_s, server_s)
+        lo = self._net.lo
+        if self._net.n < 100 or self._first_t is None or now - self._first_t < self.settle_s:
+            return max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms) / 1000.0
+        spread_ms = self._net.spread * 1000.0
+        extra_ms = (net - lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
+        cap = self._cap_ms(spread_ms)
+        if cap is not None and extra_ms > cap:
+            extra_ms = cap
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms))
         m = self._mean_extra_ms
         self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
@@ -184,6 +537,61 @@ class HeadroomController:
         if e > self.seen_max_ms:
             self.seen_max_ms = e
         return extra_ms / 1000.0
+
+    def assign(self, stamps, rtt_s: float, now: float, server_s: float | None = None) -> None:
+        """Give the slots of an answered request their headroom (`extra_for`).
+
+        While the budget prober holds a narrower cap, the slots it narrowed
+        are remembered for a window: if the trial draws a rejection, they are
+        widened back at once (`_rewiden`), so sends not made yet never go out
+        at the failed value.
+        """
+        extra = self.extra_for(rtt_s, now, server_s)
+        for stamp in stamps:
+            stamp.extra = extra
+        if extra is None or not self.budget.narrowing:
+            return
+        net = network_rtt(rtt_s, server_s)
+        spread_ms = self._net.spread * 1000.0
+        whole = (net - self._net.lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
+        if whole > extra * 1000.0:
+            trial = self._trial
+            trial.append((now, stamps, whole))
+            horizon = now - self.policy_window_s - 2.0 * max(self._net.hi, 0.0)
+            while trial and trial[0][0] < horizon:
+                trial.popleft()
+
+    def _rewiden(self) -> None:
+        """Slots narrowed by a trial that failed: give them the cap in force now."""
+        cap = self._cap_ms(self._net.spread * 1000.0)
+        for _t, stamps, whole in self._trial:
+            extra = min(whole, cap) if cap is not None else whole
+            for stamp in stamps:
+                if stamp.extra is not None and stamp.extra * 1000.0 < extra:
+                    stamp.extra = extra / 1000.0
+        self._trial.clear()
+
+    def _cap_ms(self, spread_ms: float) -> float | None:
+        """The most one answered slot needs, if anything bounds it below its own round trip."""
+        shape = self._probe if self._target_source == SOURCE_PROBE else self._net
+        if self._target_ms is not None and shape.two_sided:
+            # Two-sided jitter (the mean sits inside the range, as when both legs
+            # vary alike): one leg's spread is bounded by the symmetric estimate
+            # too, and the smaller of two bounds holds. One-sided spikes (mean
+            # near the minimum, a long tail: queueing on the way in) keep the
+            # per-request bound, which the symmetric estimate would under-cover.
+            return max(self.value_ms, self._floor_ms)
+        if self.narrowing:
+            # Probing on one-sided evidence: the tail itself is what is tried.
+            return max(self._floor_ms, self._probed(spread_ms + self.margin_ms))
+        return None
+
+    def _probed(self, evidence_ms: float) -> float:
+        """`evidence_ms` as probing narrows it: under the budget's cap, times the remaining counts' factor."""
+        cap = self.budget.cap_ms
+        if cap is not None and cap < evidence_ms:
+            evidence_ms = cap
+        return evidence_ms * self._remaining.factor
 
     # -- control
     def set_fixed(self, ms: float) -> None:
@@ -195,79 +603,131 @@ class HeadroomController:
         self.adaptive = True
 
     # -- evidence
-    def observe_rtt(self, rtt_s: float, now: float) -> None:
-        """Record one round-trip time of an answered request."""
-        self._n += 1
-        self._mean_rtt = rtt_s if self._n == 1 else self._mean_rtt + 0.01 * (rtt_s - self._mean_rtt)
+    def observe_rtt(
+        self, rtt_s: float, now: float, server_s: float | None = None, remaining: int | None = None
+    ) -> None:
+        """Record one answered request: its round trip, and the server's hints if it sent any.
+
+        `server_s`: the server time it reported (used only if it fits,
+        `hint_fits`); `remaining`: the server's remaining count after it.
+        """
+        usable = False
+        if server_s is not None:
+            usable = hint_fits(rtt_s, server_s)
+            if usable:
+                self.hints_used += 1
+                m = self._server_mean
+                self._server_mean = server_s if m is None else m + 0.01 * (server_s - m)
+            else:
+                self.hints_ignored += 1
+        self._hint_share += 0.01 * ((1.0 if usable else 0.0) - self._hint_share)
+        net = rtt_s - server_s if usable and server_s is not None else rtt_s
         if self._first_t is None:
             self._first_t = now
-            self._bucket_end = now + 1.0
-        if now >= self._bucket_end:
-            self._roll(now)
-        if rtt_s < self._bucket_lo:
-            self._bucket_lo = rtt_s
-        if rtt_s > self._bucket_hi:
-            self._bucket_hi = rtt_s
-        if rtt_s < self._lo or rtt_s > self._hi:
-            # The spread just grew: act on it now, do not wait for the second to end.
-            self._lo, self._hi = min(self._lo, rtt_s), max(self._hi, rtt_s)
+        self._raw.add(rtt_s, now)
+        if self._net.add(net, now):
             self._estimate()
+        if remaining is not None:
+            self._remaining.observe(remaining)
         self._step(now)
 
-    def _roll(self, now: float) -> None:
-        self._buckets.append((self._bucket_lo, self._bucket_hi))
-        self._bucket_lo, self._bucket_hi = float("inf"), float("-inf")
-        while self._bucket_end <= now:
-            self._bucket_end += 1.0
-        self._lo = min(lo for lo, _ in self._buckets)
-        self._hi = max(hi for _, hi in self._buckets)
-        self._estimate()
+    def observe_network(self, rtt_s: float, now: float) -> None:
+        """Record one probe round trip (the network's alone, on its own connection)."""
+        if not (rtt_s >= 0 and math.isfinite(rtt_s)):
+            return
+        if self._probe.add(rtt_s, now) or self._probe.n == PROBE_READY:
+            self._estimate()
+
+    def _probe_ready(self) -> bool:
+        p = self._probe
+        return p.n >= PROBE_READY and (self._last_t is None or self._last_t - p.last_t < 5.0)
 
     def _estimate(self) -> None:
-        if self._hi >= self._lo:
-            self._target_ms = (self._hi - self._lo) * 1000.0 * self.jitter_share * self.safety
+        net = self._net
+        if net.hi < net.lo:
+            return
+        direct = self._hint_share >= HINTED
+        share = self.jitter_share
+        if direct:
+            target = net.sampled_spread * 1000.0 * share * self.direct_safety
+        else:
+            target = net.spread * 1000.0 * share * self.safety
+        source = SOURCE_HINTS if direct else SOURCE_RTT
+        if self._probe_ready():
+            probed = self._probe.sampled_spread * 1000.0 * share * self.direct_safety
+            if probed < target:
+                target, source, direct = probed, SOURCE_PROBE, True
+        self._target_ms, self._target_source, self._target_direct = target, source, direct
 
     def observe_rejection(self, now: float) -> None:
-        """A rate-limit rejection: the headroom was too small. Widen at once."""
+        """A rate-limit rejection: the headroom was too small. Widen at once.
+
+        While the budget prober has the headroom below the evidence, it
+        steps back to the last clean value instead; once the whole budget is
+        spent, it returns to the evidence for good.
+        """
         self.rejections += 1
-        self._clean_since = now
+        budget = self.budget
+        budget.spent += 1
         self._prior = False
+        self._remaining.rejected()
+        if budget.active and budget.spent_out:
+            budget.retreat()
+            self._set(max(self.value_ms, self._goal()))
+            self._rewiden()
         if not self.adaptive or now < self._hold_until:
+            return
+        # Answers to requests already in flight may still be rejections of the
+        # same burst; give them a round trip (generously) before widening again.
+        self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0))
+        if budget.narrowing:
+            # Probing on purpose: back to the last clean value, no wider. Slots
+            # granted at the failed value keep it for up to a window: their
+            # rejections belong to this burst too.
+            self._hold_until += self.policy_window_s
+            budget.rejected(now)
+            self._set(max(self.value_ms, self._goal()))
+            self._rewiden()
             return
         widened = max(self.value_ms * 1.5, self.value_ms + 10.0)
         self._floor_ms = self._clamp(widened)
         self.margin_ms = min(self.max_ms, max(self.margin_ms * 1.5, self.margin_ms + 10.0))
-        if self._probe < 1.0:
-            self._probe = min(1.0, self._probe * 1.3)
         self._set(self._floor_ms)
-        # Answers to requests already in flight may still be rejections of the
-        # same burst; give them a round trip (generously) before widening again.
-        self._hold_until = now + max(0.5, 2.0 * max(self._hi, 0.0))
+
+    def _goal(self) -> float:
+        target = self._target_ms if self._target_ms is not None else self.value_ms
+        return self._clamp(max(self._probed(target), self._floor_ms))
 
     def _step(self, now: float) -> None:
         last, self._last_t = self._last_t, now
-        if self._clean_since is None:
-            self._clean_since = now
         if not self.adaptive or self._target_ms is None:
             return
-        probing = self.rejection_budget > self.rejections
-        if probing and now - self._clean_since > 10.0:
-            # A clean stretch with budget left: try a little less.
-            self._clean_since = now
-            self._probe = max(0.5, self._probe * 0.95)
-            self._floor_ms = self.min_ms + (self._floor_ms - self.min_ms) * 0.9
-            self.margin_ms = max(self.min_ms, 1.0, self.margin_ms * 0.9)
-        goal = self._clamp(max(self._target_ms * self._probe, self._floor_ms))
+        settled = self._first_t is not None and now - self._first_t >= self.settle_s
+        if settled and self._net.n >= 100:
+            stretch = self.policy_window_s + 3.0 * max(self._net.hi, 0.0) + 0.2
+            if self.budget.active and self._floor_ms <= self.min_ms:
+                two_sided = (self._probe if self._target_source == SOURCE_PROBE else self._net).two_sided
+                start = self._target_ms if two_sided else self._net.spread * 1000.0 + self.margin_ms
+                self.budget.step(now, stretch, start)
+            if not self.budget.narrowing:
+                self._remaining.step(now, stretch)
+        goal = self._goal()
         if goal >= self.value_ms:
             self._set(goal)
-        elif self._prior:
-            if self._first_t is not None and now - self._first_t >= self.settle_s:
+        elif self._prior or (self._target_direct and not self._direct_seen):
+            if settled:
+                # The initial value was a guess, and a round-trip estimate second
+                # best: settled, or more direct, evidence replaces it at once.
                 self._prior = False
-                self._set(goal)  # the initial value was a guess; settled evidence replaces it
+                self._direct_seen = self._direct_seen or self._target_direct
+                self._set(goal)
             elif last is not None:
                 self._set(max(goal, self.value_ms - self.narrow_ms_per_s * max(0.0, now - last)))
         elif last is not None:
-            self._set(max(goal, self.value_ms - self.narrow_ms_per_s * max(0.0, now - last)))
+            step = self.narrow_ms_per_s * max(0.0, now - last)
+            if self.narrowing:
+                step *= 10.0  # a probing step is meant to take effect within its stretch
+            self._set(max(goal, self.value_ms - step))
 
     def _clamp(self, ms: float) -> float:
         return max(self.min_ms, min(self.max_ms, ms))

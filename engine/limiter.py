@@ -167,6 +167,17 @@ class _Fixed:
     def used(self, now: float) -> int:
         return self.used_now if now < self.end else self.used_next
 
+    def catch_up_gap(self, now: float, cost: int, h: float) -> float:
+        """The gap that spreads what is left of this window over the time left in it.
+
+        A run that starts mid-window, or a token another tool barely used, has
+        more quota than the nominal pace would spend before the reset.
+        """
+        left = self.limit - self.used_now
+        if left <= 0 or now >= self.end:
+            return math.inf
+        return (self.end + h - now) * cost / left
+
 
 class _Bucket:
     """A leaky bucket: at most `limit` units, draining `rate` per second (GCRA)."""
@@ -243,6 +254,8 @@ class WindowLimiter:
         "_meters",
         "_paced",
         "_last",
+        "_last_cost",
+        "_recent",
         "_waiters",
         "_timer",
     )
@@ -266,10 +279,12 @@ class WindowLimiter:
         self.wall_offset = wall_offset
         self.policies: tuple[Policy, ...] = ()
         self._meters: tuple[_Meter, ...] = ()
-        self._paced: tuple[Policy, ...] = ()  # the window policies even pacing spaces sends for
+        self._paced: tuple[_Sliding | _Fixed, ...] = ()  # the window meters even pacing spaces sends for
         for policy in policies:
             self._add(policy, now)
         self._last = -math.inf  # the last send
+        self._last_cost = 1  # and its cost: the next send is due that much later
+        self._recent: deque[tuple[float, int]] = deque(maxlen=1024)  # (send time, cost), for spent_since
         self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -286,8 +301,17 @@ class WindowLimiter:
             )
         self.policies = (*self.policies, policy)
         self._meters = (*self._meters, meter)
-        if policy.is_window:
-            self._paced = (*self._paced, policy)
+        if not isinstance(meter, _Bucket):
+            self._paced = (*self._paced, meter)
+
+    def align(self, wall_offset: float, now: float) -> None:
+        """Set the clock's offset (Unix time minus loop time) once the loop runs: fixed windows realign."""
+        self.wall_offset = wall_offset
+        self._meters = tuple(
+            _Fixed(m.policy, wall_offset, now) if isinstance(m, _Fixed) and not m.used_now else m
+            for m in self._meters
+        )
+        self._paced = tuple(m for m in self._meters if not isinstance(m, _Bucket))
 
     def next_free(self, now: float, cost: int = 1) -> float:
         """The earliest time >= now at which a send of `cost` keeps every policy."""
@@ -298,9 +322,17 @@ class WindowLimiter:
             if free > t:
                 t = free
         if self.pacing is Pacing.EVEN and self._paced:
+            # Each send is due a gap after the last one, the gap its cost earned
+            # (GCRA's pace): a heavy request delays the next one, it never waits
+            # for light ones to stop coming. A fixed window with quota to spare
+            # spreads it over the time left instead of the nominal pace.
             p = self.pace_s()
-            for policy in self._paced:
-                due = self._last + (policy.window_s + p) * self.min_spacing * cost / policy.limit
+            spent = self._last_cost
+            for meter in self._paced:
+                gap = (meter.window + p) * self.min_spacing * spent / meter.limit
+                if isinstance(meter, _Fixed):
+                    gap = min(gap, meter.catch_up_gap(now, spent, h) * self.min_spacing)
+                due = self._last + gap
                 if due > t:
                     t = due
         return t
@@ -317,7 +349,18 @@ class WindowLimiter:
         for meter in self._meters:
             meter.record(stamp, cost, h)
         self._last = at
+        self._last_cost = cost
+        self._recent.append((at, cost))
         return stamp
+
+    def spent_since(self, t: float) -> int:
+        """Cost spent after time `t` (a send the server's answer could not have counted yet)."""
+        total = 0
+        for at, cost in reversed(self._recent):
+            if at <= t:
+                break
+            total += cost
+        return total
 
     def sync(
         self,

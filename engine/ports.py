@@ -95,6 +95,7 @@ class WorkerHost(Protocol):
     queues: WorkQueues
     stopping: bool
     pool_ok: Callable[[str | None], bool] | None
+    pool_ok_req: Callable[[Request], bool] | None
 
     def clock(self) -> float: ...
 

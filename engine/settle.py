@@ -43,6 +43,7 @@ class SettleRules:
     retry_errors: bool = True  # False for a library caller: errors reach it at once
     host_gate: bool = False  # a host-wide budget (and gate) exists
     host_limit_match: str = "host"  # a 429 whose error text says this is the host's
+    ban_default_s: float = 120.0  # a ban with no stated length: Binance's first ban is 2 minutes
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,14 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
             cooldown = Cooldown(Scope.HOST if host else Scope.KEY, outcome.retry_after_s, reason)
         return _retry(
             Tally.REJECTED_429, req, rules, now, backoff=True, cooldown=cooldown, widen_headroom=True
+        )
+    if kind == OutcomeKind.BANNED:
+        # Refused for a while for not slowing down: every sender from this host waits
+        # it out (Binance bans the IP), then the request is tried again.
+        delay = outcome.retry_after_s if outcome.retry_after_s is not None else rules.ban_default_s
+        cooldown = Cooldown(Scope.HOST, delay, f"banned ({outcome.status}), asked to wait {delay:g}s")
+        return _retry(
+            Tally.REJECTED_OTHER, req, rules, now, backoff=False, cooldown=cooldown, widen_headroom=True
         )
     if kind == OutcomeKind.BLOCKED:
         tally = Tally.REJECTED_429 if outcome.status == 429 else Tally.REJECTED_OTHER

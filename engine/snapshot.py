@@ -35,6 +35,9 @@ class KeyRow:
     errors: int = 0  # attempts of this key that did not succeed
     last_status: int | None = None  # the last answer's HTTP status (None: no answer yet, or none came)
     last_error: str = ""  # the last failed attempt's status or cause and text, secrets masked
+    server_remaining: int | None = None  # the server's own count of what is left (X-RateLimit-Remaining ...)
+    server_limit: int | None = None  # the limit the server reports for this key
+    server_reset_in_s: float | None = None  # seconds until the server's window turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,15 @@ class Snapshot:
     messages: MessageStats | None = None
     # cooldown gates: one per key, plus "host" with a host-wide limit
     gates: tuple[GateRow, ...] = ()
+    # what the headroom is made of (engine/headroom.py)
+    # "round trip", "hints", "probe", "budget probing", "remaining counts" or "fixed"
+    headroom_source: str = "round trip"
+    rtt_spread_ms: float | None = None  # whole round trips: network and server time together
+    network_spread_ms: float | None = None  # the network's alone, where known (hints or a probe)
+    server_time_ms: float | None = None  # mean server time the answers' hints report, where used
+    rejection_budget: int = 0  # engine.rejection_budget: 429s the run may spend probing
+    rejections_spent: int = 0  # rate-limit rejections the run spent (never above the budget by design)
+    probe_sent: int = 0  # probes sent to target.probe_url (their cost)
 
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""

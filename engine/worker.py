@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,10 @@ from .snapshot import KeyRow
 from .waker import Waker
 
 if TYPE_CHECKING:
+    from .budgets import Budgets
+    from .delays import Quota
     from .ports import WorkerHost
+    from .request import Request
 
 
 class KeyWorker:
@@ -43,6 +47,9 @@ class KeyWorker:
         max_in_flight: int,
         use_nonce: bool,
         shared: tuple[WindowLimiter, ...] = (),
+        budgets: Budgets | None = None,
+        key_budgets: dict[str, WindowLimiter] | None = None,
+        key_weighted: bool = False,
     ):
         self.host = host
         self.spec = spec
@@ -50,6 +57,12 @@ class KeyWorker:
         self.masked = mask_secret(spec.secret)
         self.limiter = limiter  # this key's own budget
         self.limiters = (limiter, *shared)  # every budget a send spends (key, host)
+        self.budgets = budgets if budgets is not None and budgets.routing else None
+        self.key_budgets = key_budgets or {}  # this key's own named budgets (key scope)
+        self.key_weighted = key_weighted  # the key's budget counts weight, not requests
+        self._plan: list[tuple[WindowLimiter, int]] = []  # what the request just admitted spends
+        self._plan_now = 0.0
+        self._wake_at = math.inf  # the earliest a skipped request's budgets have room
         self.gates = gates
         self.max_in_flight = max_in_flight
         self.use_nonce = use_nonce
@@ -61,6 +74,10 @@ class KeyWorker:
         self.errors = 0
         self.last_status: int | None = None
         self.last_error = ""
+        # The server's own view of this key's main budget, from the last answer that gave it.
+        self.server_remaining: int | None = None
+        self.server_limit: int | None = None
+        self.server_reset_at: float | None = None
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
         self._nonce = 0
         self._waker = Waker()
@@ -119,8 +136,17 @@ class KeyWorker:
                     woken_for_work = False
                 await self._wait(until)
                 continue
-            req = queues.pop_ready(now, host.pool_ok)
+            if self.budgets is None:
+                req = queues.pop_ready(now, host.pool_ok_req)
+            else:
+                self._plan_now, self._wake_at = now, math.inf
+                req = queues.pop_ready(now, self._admit)
             if req is None:
+                if self._wake_at < math.inf:  # work is there, its budgets have no room yet
+                    queues.pass_on()
+                    await self._wait(self._wake_at)
+                    self._wake_at = math.inf
+                    continue
                 await self._wait_for_work()
                 woken_for_work = True
                 continue
@@ -132,13 +158,55 @@ class KeyWorker:
                 host.shed(req)
                 continue
             stamps: tuple[Stamp, ...]
-            if len(self.limiters) == 1:
+            if self.budgets is not None:
+                first, cost = self._plan[0]
+                stamp = first.record(now, cost)
+                for lim, cost in self._plan[1:]:
+                    lim.record(now, cost, stamp)
+                stamps = (stamp,)
+            elif len(self.limiters) == 1:
                 stamps = (self.limiter.record(now),)
             else:
-                stamps = tuple(lim.record(now) for lim in self.limiters)
+                stamp = self.limiter.record(now)
+                for lim in self.limiters[1:]:
+                    lim.record(now, 1, stamp)
+                stamps = (stamp,)
             self.in_flight += 1
             self.sent += 1
             host.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
+
+    def spend_plan(self, req: Request) -> list[tuple[WindowLimiter, int]]:
+        """Every limiter `req` spends from with this key, and how much of each."""
+        assert self.budgets is not None
+        route = self.budgets.route(req)
+        plan = []
+        if not any(spec.exclusive for spec in route.budgets):
+            plan.append((self.limiter, route.weight if self.key_weighted else 1))
+        plan.extend((lim, 1) for lim in self.limiters[1:])
+        for spec in route.budgets:
+            plan.append(
+                (self.budgets.limiter_for(spec, self.key_budgets), route.weight if spec.weighted else 1)
+            )
+        return plan
+
+    def _admit(self, req: Request) -> bool:
+        """Whether `req` can go now with this key (its pool has room, all its budgets do)."""
+        pool_ok = self.host.pool_ok
+        if pool_ok is not None and not pool_ok(req.pool):
+            return False
+        plan = self.spend_plan(req)
+        now = self._plan_now
+        ready = now
+        for lim, cost in plan:
+            free = lim.next_free(now, cost)
+            if free > ready:
+                ready = free
+        if ready <= now:
+            self._plan = plan
+            return True
+        if ready < self._wake_at:
+            self._wake_at = ready
+        return False
 
     async def _wait_for_work(self) -> None:
         # The waiter doubles as the queue's getter: a put wakes it, and so
@@ -176,6 +244,19 @@ class KeyWorker:
         self._policy_header = header
         return [p for p in advertised_policies(header) if self.limiter.add_policy(p)]
 
+    def note_quota(self, quota: Quota, reset_at: float | None) -> None:
+        """Keep what the server says of this key's own budget, for display."""
+        if quota.name not in (None, "core", "default") or quota.weight:
+            return
+        if quota.remaining is not None:
+            self.server_remaining = quota.remaining
+        elif quota.used is not None and quota.limit is not None:
+            self.server_remaining = max(0, quota.limit - quota.used)
+        if quota.limit is not None:
+            self.server_limit = quota.limit
+        if reset_at is not None:
+            self.server_reset_at = reset_at
+
     # -- reading
     def state(self, now: float) -> KeyState:
         if self.blocked:
@@ -204,4 +285,7 @@ class KeyWorker:
             self.errors,
             self.last_status,
             self.last_error,
+            self.server_remaining,
+            self.server_limit,
+            round(max(0.0, self.server_reset_at - now), 1) if self.server_reset_at is not None else None,
         )

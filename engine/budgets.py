@@ -1,0 +1,80 @@
+"""Which budgets a request spends from, and how much of each.
+
+Every request spends from its key's own budget and, with a host-wide limit,
+the host's (one unit each, or its weight where the key's budget counts
+weight). Named budgets (`[[budgets]]`) add more: a key-scope budget (one per
+key, like GitHub's search limit per token) or a host-scope one (shared, like
+Binance's weight per IP); a request belongs to those whose `paths` match its
+path, those its path rule names, and those its workload line names. All are
+spent together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ratedeck.core.policy import Policy
+
+from .api_rules import BudgetSpec, PathTable
+from .config import RunConfig
+from .limiter import WindowLimiter
+from .request import Request
+
+MakeLimiter = Callable[[tuple[Policy, ...]], WindowLimiter]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What one request spends: its weight, and the named budgets it belongs to."""
+
+    weight: int
+    budgets: tuple[BudgetSpec, ...]
+
+
+_PLAIN = Route(1, ())
+
+
+class Budgets:
+    """The run's named budgets: host-scope limiters (shared) and the key-scope specs (one limiter per key)."""
+
+    def __init__(self, cfg: RunConfig, make_limiter: MakeLimiter):
+        self.specs = {b.name: b for b in cfg.budgets}
+        self.host = {b.name: make_limiter(b.policies) for b in cfg.budgets if b.scope == "host"}
+        self.key_specs = tuple(b for b in cfg.budgets if b.scope == "key")
+        self.paths = PathTable(cfg.paths)
+        self.target_path = _path_of(cfg.target.url)
+        # With no budgets and no path rules every request is alike: the workers skip routing.
+        self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted)
+        self._covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
+
+    def route(self, req: Request) -> Route:
+        """The request's weight and named budgets (its shape, then its path's rule, then the budgets' paths)."""
+        if not self.routing:
+            return _PLAIN if req.shape is None else Route(req.shape.weight, ())
+        shape = req.shape
+        path = shape.path if shape is not None and shape.path else self.target_path
+        rule = self.paths.lookup(path)
+        weight = shape.weight if shape is not None and shape.weight != 1 else (rule.weight if rule else 1)
+        names: list[str] = []
+        if rule is not None:
+            names.extend(rule.budgets)
+        if shape is not None:
+            names.extend(shape.budgets)
+        chosen = [b for b in self.specs.values() if b.name in names or (b.paths and b.covers(path))]
+        chosen.extend(b for b in self._covering if b not in chosen)
+        return Route(weight, tuple(chosen))
+
+    def limiter_for(self, spec: BudgetSpec, key_budgets: dict[str, WindowLimiter]) -> WindowLimiter:
+        return self.host[spec.name] if spec.scope == "host" else key_budgets[spec.name]
+
+
+def _path_of(url: str | None) -> str:
+    if not url:
+        return "/"
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).path or "/"
+    except ValueError:
+        return "/"

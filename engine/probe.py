@@ -1,0 +1,110 @@
+"""The probe: a cheap, unlimited endpoint timed lightly to measure the network alone.
+
+A round trip to the rate-limited target carries the server's processing time
+with it, and its spread pays for that as if it were network jitter. A probe
+to an endpoint that does almost nothing (`/health`, a static file) on its
+own connection measures the network's spread directly; the headroom then
+uses it (engine/headroom.py, `observe_network`).
+
+Rules:
+- off unless `target.probe_url` is set; never derived from the target URL,
+  and the config refuses the target's own path (it would spend the budget it
+  measures for);
+- no key, no parameters: nothing a limit could count against a key;
+- one probe in flight, `target.probe_rate` per second (default 10), never
+  catching up after a stall;
+- only 2xx answers count as samples; a 429 means the endpoint is rate
+  limited after all, and the probe stops at once with the problem named;
+  20 failures in a row (no answer, other statuses) stop it too;
+- its cost is shown: `sent` (the snapshot's `probe_sent`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+#: Failed probes in a row (no answer, or not 2xx) after which the probe gives up.
+MAX_FAILURES = 20
+
+GetFn = Callable[[], Awaitable[int]]  # one probe: its HTTP status (raises on no answer)
+
+
+class Probe:
+    """Polls `url` at `rate_hz`, one at a time, and reports each 2xx round trip.
+
+    `get` replaces the HTTP request (the simulator's `probe()` on virtual
+    time); without it the probe opens its own aiohttp session with one
+    connection, apart from the traffic's pool.
+    """
+
+    def __init__(self, url: str, rate_hz: float, get: GetFn | None = None, timeout_s: float = 1.0):
+        self.url = url
+        self.rate_hz = rate_hz
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.answered = 0  # 2xx samples reported
+        self.failed = 0
+        self.stopped: str | None = None  # why the probe gave up, if it did
+        self._get = get if get is not None else self._http_get
+        self._session: aiohttp.ClientSession | None = None
+
+    async def run(
+        self,
+        clock: Callable[[], float],
+        observe: Callable[[float, float], None],
+        problem: Callable[[str], None],
+    ) -> None:
+        """Probe until cancelled or given up: `observe(rtt_s, now)` per sample, `problem(text)` on giving up."""
+        interval = 1.0 / self.rate_hz
+        next_t = clock()
+        failures = 0
+        while True:
+            now = clock()
+            if next_t > now:
+                await asyncio.sleep(next_t - now)
+            next_t = max(next_t + interval, clock())
+            start = clock()
+            self.sent += 1
+            try:
+                status = await self._get()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                status = None
+            end = clock()
+            if status == 429:
+                self.stopped = "the probe URL answered 429: it is rate limited; probing stopped"
+                problem(self.stopped)
+                return
+            if status is not None and 200 <= status < 300:
+                failures = 0
+                self.answered += 1
+                observe(end - start, end)
+                continue
+            self.failed += 1
+            failures += 1
+            if failures >= MAX_FAILURES:
+                what = f"HTTP {status}" if status is not None else "no answer"
+                self.stopped = f"the probe URL failed {failures} times in a row ({what}); probing stopped"
+                problem(self.stopped)
+                return
+
+    async def _http_get(self) -> int:
+        session = self._session
+        if session is None:
+            connector = aiohttp.TCPConnector(limit=1, limit_per_host=1)
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+            session = self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+            )
+        async with session.get(self.url, allow_redirects=False) as resp:
+            await resp.content.read(4096)
+            return resp.status
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
