@@ -296,6 +296,7 @@ class Engine:
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
+        result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1
         if req.pool is not None and self.pool_ok is not None:

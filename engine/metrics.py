@@ -18,6 +18,10 @@ _FINE_BINS = _FINE_MS * 10
 _COARSE_BINS = 6000  # then buckets of 10 ms, up to 61 s
 
 
+#: Upper bounds (ms) of the cumulative buckets a summary carries (Prometheus-style histograms).
+BUCKET_EDGES_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+
 class LatencyHistogram:
     """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s."""
 
@@ -62,7 +66,27 @@ class LatencyHistogram:
     def summary(self) -> LatencySummary:
         p50, p90, p99, p999 = self.quantiles(0.5, 0.9, 0.99, 0.999)
         mean = self.total / self.count if self.count else 0.0
-        return LatencySummary(mean=mean, p50=p50, p90=p90, p99=p99, max=self.max, p999=p999, count=self.count)
+        return LatencySummary(
+            mean=mean,
+            p50=p50,
+            p90=p90,
+            p99=p99,
+            max=self.max,
+            p999=p999,
+            count=self.count,
+            buckets=self.cumulative(),
+        )
+
+    def cumulative(self, edges_ms: tuple[float, ...] = BUCKET_EDGES_MS) -> tuple[tuple[float, int], ...]:
+        """(edge, count of latencies at or below it) for each edge: a histogram as Prometheus reads it."""
+        bins, out, total, start = self.bins, [], 0, 0
+        for edge in edges_ms:
+            end = int(round(edge * 10)) if edge <= _FINE_MS else _FINE_BINS + int((edge - _FINE_MS) / 10)
+            end = min(end, len(bins))
+            total += sum(bins[start:end])
+            start = end
+            out.append((float(edge), total))
+        return tuple(out)
 
 
 class ErrorTable:

@@ -35,6 +35,7 @@ class Outcome:
         "server_time_s",
         "remaining",
         "quotas",
+        "key",
     )
 
     def __init__(
@@ -60,6 +61,7 @@ class Outcome:
         self.server_time_s = server_time_s
         self.remaining = remaining
         self.quotas: tuple[Quota, ...] = ()  # the server's own counts (delays.read_quotas)
+        self.key: str | None = None  # the label of the key that sent it (set by the engine)
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -75,6 +75,7 @@ class LatencySummary:
     max: float = 0.0
     p999: float = 0.0
     count: int = 0
+    buckets: tuple[tuple[float, int], ...] = ()  # (upper bound ms, cumulative count), metrics.BUCKET_EDGES_MS
 
 
 @dataclass(frozen=True, slots=True)

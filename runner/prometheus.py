@@ -34,7 +34,6 @@ from ratedeck.core.vocab import Phase
 from ratedeck.engine.snapshot import LatencySummary, Snapshot
 
 #: Latency histogram bucket edges, in milliseconds (exported in seconds).
-BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"), ("0.999", "p999"), ("1", "max"))
 STAGES = (
     ("send_answer", "latency"),  # send -> answer, successes
@@ -54,33 +53,9 @@ class Scrape:
     buckets: dict[str, Buckets] = field(default_factory=dict)  # "latency", "latency_total", "queue_wait"
 
 
-def histogram_buckets(hist: Any) -> Buckets:
-    """Cumulative counts at `BUCKETS_MS` from the engine's fixed-bin histogram
-    (`engine.metrics.LatencyHistogram`: 0.1 ms bins below 1 s, 10 ms bins above)."""
-    bins = hist.bins
-    fine_ms, fine_bins = 1000, 10_000
-    out = []
-    total, start = 0, 0
-    for edge in BUCKETS_MS:
-        end = int(round(edge * 10)) if edge <= fine_ms else fine_bins + int((edge - fine_ms) / 10)
-        end = min(end, len(bins))
-        total += sum(bins[start:end])
-        start = end
-        out.append((float(edge), total))
-    return tuple(out)
-
-
 def engine_scrape(engine: Any) -> Scrape:
     """A consistent scrape of an engine: call on the engine's loop."""
-    m = engine.metrics
-    return Scrape(
-        engine.snapshot(),
-        {
-            "latency": histogram_buckets(m.latency),
-            "latency_total": histogram_buckets(m.latency_total),
-            "queue_wait": histogram_buckets(m.queue_wait),
-        },
-    )
+    return Scrape(engine.snapshot())
 
 
 class LoopSource:
@@ -327,7 +302,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         ("ratedeck_queue_wait_seconds", "queue_wait", "Arrival -> first send, every request sent."),
     ):
         lat = getattr(snap, attr)
-        edges = buckets.get(attr, ())
+        edges = buckets.get(attr) or lat.buckets  # the snapshot carries them (a console run's child too)
         rows = [(f"{_seconds(edge):g}", count) for edge, count in edges] + [("+Inf", lat.count)]
         out.append(HistogramMetricFamily(name, doc, buckets=rows, sum_value=_seconds(lat.mean * lat.count)))
 

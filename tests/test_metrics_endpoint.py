@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_report_schema import validate
 
 from ratedeck.engine.config import SEED_KEYS
+from ratedeck.engine.metrics import BUCKET_EDGES_MS
 from ratedeck.engine.snapshot import ErrorRow, GateRow, KeyRow, LatencySummary, Snapshot
-from ratedeck.runner.prometheus import BUCKETS_MS, Scrape, families, histogram_buckets, serve_metrics
+from ratedeck.runner.prometheus import Scrape, families, serve_metrics
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 DASHBOARD = Path(__file__).parent.parent / "runner" / "grafana-dashboard.json"
@@ -262,10 +263,11 @@ def test_histogram_buckets_count_the_engine_s_bins():
     h = LatencyHistogram()
     for ms in (0.5, 0.99, 3, 9.99, 10, 49, 800, 1500, 59_000, 61_000):
         h.add(ms)
-    got = dict(histogram_buckets(h))
+    got = dict(h.cumulative())
+    assert h.summary().buckets == h.cumulative()  # snapshots carry them, so a console run's scrape has them
     assert got[1] == 2 and got[5] == 3 and got[10] == 4 and got[50] == 6 and got[1000] == 7
     assert got[2500] == 8 and got[60000] == 9 and h.count == 10  # 61 s only in +Inf
-    assert [edge for edge, _ in histogram_buckets(h)] == [float(e) for e in BUCKETS_MS]
+    assert [edge for edge, _ in h.cumulative()] == [float(e) for e in BUCKET_EDGES_MS]
 
 
 def test_the_dashboard_uses_only_metrics_that_exist():
