@@ -12,6 +12,7 @@ from typing import Any
 
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
+from ratedeck.core.version import version
 from ratedeck.engine.config import (
     ConfigError,
     RunConfig,
@@ -30,20 +31,11 @@ COMMANDS = {
     "replay": "send the requests of a graveyard or results file again (FILE [run flags])",
     "config": "'config path': the user config file; 'config show [flags]': the config in force, keys masked",
     "completion": "'completion bash' or 'completion zsh': a shell completion script",
+    "presets": "the built-in presets for real APIs (github, stripe, binance, kraken) and what each sets",
 }
 SUBCOMMANDS = tuple(COMMANDS)
 
 EXIT_CODES = "0 ok, 1 the target never answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 interrupted"
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("ratedeck")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _epilog() -> str:
@@ -585,9 +577,32 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return _config(argv)
     if name == "completion":
         return _completion(argv)
+    if name == "presets":
+        return _presets(argv)
     from .sweep import main as sweep_main
 
     return sweep_main(argv)
+
+
+def _presets(argv: list[str]) -> int:
+    """`ratedeck presets [NAME]`: one line per preset, or a preset's settings as TOML."""
+    import tomli_w
+
+    from ratedeck.engine.config import PRESET_DESCRIPTIONS, PRESETS
+
+    if not argv:
+        width = max(len(name) for name in PRESETS)
+        for name in PRESETS:
+            print(f"{name:<{width}}  {PRESET_DESCRIPTIONS.get(name, '')}")
+        print("\nUse one with --preset NAME; 'ratedeck presets NAME' prints what it sets.")
+        return 0
+    name = argv[0]
+    if name not in PRESETS or len(argv) > 1:
+        print(f"ratedeck: presets: unknown preset {name!r}; known: {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    print(f"# {name}: {PRESET_DESCRIPTIONS.get(name, '')}")
+    print(tomli_w.dumps(PRESETS[name]), end="")
+    return 0
 
 
 def _bench(argv: list[str]) -> int:

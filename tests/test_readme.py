@@ -42,3 +42,29 @@ def test_config_reference_loads(tmp_path, monkeypatch):
     cfg = load_config("ratedeck.toml")
     assert [k.label for k in cfg.keys] == ["k1", "k2"] and cfg.keys[1].policies[0].limit == 10
     assert cfg.host_policies and cfg.pools == {"read": 8, "write": 2} and cfg.messages.calls == 3
+
+
+def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
+    """Each preset's README command parses and loads (keys from the environment or a file)."""
+    import shlex
+
+    from ratedeck.engine.config import load_config
+    from ratedeck.runner.cli import build_parser, overrides_from_args
+
+    section = README[README.index("## Real APIs: presets") : README.index("## Config reference")]
+    commands = [
+        line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
+    ]
+    commands = [c for c in commands if c.startswith("ratedeck ")]
+    assert {c.split("--preset ")[1].split()[0] for c in commands} == {"github", "stripe", "binance", "kraken"}
+    monkeypatch.chdir(tmp_path)
+    for name in ("GH_TOKENS", "STRIPE_KEYS"):
+        monkeypatch.setenv(name, "tok_0000000000000001,tok_0000000000000002")
+    (tmp_path / "binance.keys").write_text("MY_API_KEY MY_SECRET\n")
+    (tmp_path / "kraken.keys").write_text("MY_API_KEY c2VjcmV0\n")
+    for file in ("queries.jsonl", "charges.jsonl", "calls.jsonl"):
+        (tmp_path / file).write_text('{"_path": "/x"}\n')
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        cfg = load_config(args.config, args.preset, overrides_from_args(args))
+        assert cfg.preset == args.preset and cfg.keys and cfg.target.url == args.target
