@@ -52,7 +52,7 @@ from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
 from .settle import Scope, SettleRules, Tally, Verdict, decide
-from .snapshot import Event, GateRow, Snapshot
+from .snapshot import BudgetRow, Event, GateRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
 
@@ -442,6 +442,17 @@ class Engine:
             return True
         return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
 
+    def _budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
+        rows = []
+        for name, lim in self.budgets.host.items():
+            used, limit = lim.used(now)
+            rows.append(BudgetRow(name, "host", used, limit, self.budgets.specs[name].weighted))
+        for w in self.workers:
+            for name, lim in w.key_budgets.items():
+                used, limit = lim.used(now)
+                rows.append(BudgetRow(name, w.label, used, limit, self.budgets.specs[name].weighted))
+        return tuple(rows)
+
     def all_limiters(self) -> list[WindowLimiter]:
         limiters = [w.limiter for w in self.workers] + list(self.budgets.host.values())
         limiters += [lim for w in self.workers for lim in w.key_budgets.values()]
@@ -704,6 +715,7 @@ class Engine:
                 for g in self.gates.values()
             ),
             messages=self.source.stats(elapsed),
+            budgets=self._budget_rows(now),
             headroom_source=h.source,
             rtt_spread_ms=h.rtt_spread_ms,
             network_spread_ms=h.network_spread_ms,

@@ -41,6 +41,22 @@ class KeyRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """A named budget ([[budgets]]) as spent so far: `owner` is "host" or the key's label.
+
+    `used` and `limit` are the tightest policy's current window, in the
+    budget's units (requests or weight), our forecast synced to the server's
+    own count where its answers give one.
+    """
+
+    name: str
+    owner: str
+    used: int
+    limit: int
+    weighted: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GateRow:
     """A cooldown gate: closed for `left_s` more seconds (0 when open) and why.
 
@@ -186,6 +202,7 @@ class Snapshot:
     messages: MessageStats | None = None
     # cooldown gates: one per key, plus "host" with a host-wide limit
     gates: tuple[GateRow, ...] = ()
+    budgets: tuple[BudgetRow, ...] = ()  # named budgets, host ones first
     # what the headroom is made of (engine/headroom.py)
     # "round trip", "hints", "probe", "budget probing", "remaining counts" or "fixed"
     headroom_source: str = "round trip"

@@ -107,8 +107,20 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
                 "last_status": k.last_status,
                 "paused": k.state == "paused",
                 "state": k.state,
+                "server_remaining": k.server_remaining,
+                "server_limit": k.server_limit,
             }
             for k in snap.keys
+        ],
+        "budgets": [
+            {
+                "name": b.name,
+                "owner": b.owner,
+                "used": b.used,
+                "limit": b.limit,
+                "unit": "weight" if b.weighted else "requests",
+            }
+            for b in snap.budgets
         ],
         "series": {
             "tps": list(snap.tps_series),

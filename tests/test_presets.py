@@ -152,6 +152,8 @@ def test_binance_spends_weights_from_the_ip_budget_and_is_never_refused_or_banne
     first = (int(start // 5) + 1) * 5
     whole = [(w, w + 5) for w in range(first, int(end // 5) * 5, 5)]
     assert whole, "the run must cover one whole window"
+    weight = next(b for b in snap.budgets if b.name == "weight")
+    assert (weight.owner, weight.limit, weight.weighted) == ("host", 60, True)
     for lo, hi in whole:
         assert stub.ledger.units(bucket="weight", start=lo, end=hi) >= 0.9 * 60, (lo, counts)
 
