@@ -276,8 +276,9 @@ class Engine:
         req.attempts += 1
         self.in_flight += 1
         self.metrics.sent += 1
+        sent_at = req.last_sent_at = stamps[0].t if stamps else self.clock()
         if req.first_sent_at is None:
-            req.first_sent_at = sent_at = stamps[0].t if stamps else self.clock()
+            req.first_sent_at = sent_at
             self.metrics.queue_wait.add((sent_at - req.created_at) * 1000.0)
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
@@ -375,11 +376,21 @@ class Engine:
     def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Apply one verdict: count, pause, block, then end or retry the request."""
         m = self.metrics
-        worker.tally(v.tally)
+        widen = v.widen_headroom
+        worker.tally(v.tally, req.last_sent_at)
         if v.tally is Tally.SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
+            if self.cfg.engine.learn_policy and req.last_sent_at is not None:
+                learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
+                if learned is not None or worker.learned_limit is not None:
+                    widen = False  # the limit was wrong, not the timing: the headroom stays
+                if learned is not None:
+                    told = ", ".join(str(p) for p in worker.spec.policies)
+                    self.event(
+                        EventKind.SETTING, f"{worker.label}: told {told}, learned {learned} from rejections"
+                    )
         elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
         else:
@@ -390,7 +401,7 @@ class Engine:
             m.errors.add(
                 result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
             )
-        if v.widen_headroom:
+        if widen:
             self.headroom.observe_rejection(now)
         if v.cooldown is not None:
             host_gate = self.host_gate if v.cooldown.scope is Scope.HOST else None

@@ -50,6 +50,7 @@ class Request:
         "ending",
         "intended_at",
         "first_sent_at",
+        "last_sent_at",
         "shape",
         "idempotency_key",
     )
@@ -83,6 +84,7 @@ class Request:
         # arrival), so latency counts time a stalled source held it back.
         self.intended_at = created_at if intended_at is None else intended_at
         self.first_sent_at: float | None = None
+        self.last_sent_at: float | None = None  # the latest attempt's slot stamp
         self.shape: Shape | None = None  # method, path, body, weight, budgets when not the target's own
         self.idempotency_key: str | None = None  # made once per logical request, kept across retries
 

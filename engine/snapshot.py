@@ -38,6 +38,7 @@ class KeyRow:
     server_remaining: int | None = None  # the server's own count of what is left (X-RateLimit-Remaining ...)
     server_limit: int | None = None  # the limit the server reports for this key
     server_reset_in_s: float | None = None  # seconds until the server's window turns
+    learned_limit: str | None = None  # a limit learned from rejections, below the one given ("20/1s")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import mask_secret
-from ratedeck.core.vocab import KeyState, OutcomeKind
+from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
 from .config import KeySpec
 from .delays import advertised_policies
@@ -79,6 +80,8 @@ class KeyWorker:
         self.server_limit: int | None = None
         self.server_reset_at: float | None = None
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
+        self._ok_sends: deque[float] = deque(maxlen=4096)  # send times of recent successes
+        self._learned: Policy | None = None  # a limit learned from rejections
         self._nonce = 0
         self._waker = Waker()
 
@@ -225,11 +228,44 @@ class KeyWorker:
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
-    def tally(self, tally: Tally) -> None:
+    def tally(self, tally: Tally, sent_at: float | None = None) -> None:
         if tally is Tally.SUCCEEDED:
             self.succeeded += 1
+            if sent_at is not None:
+                self._ok_sends.append(sent_at)
         elif tally is Tally.REJECTED_429:
             self.rejected_429 += 1
+
+    @property
+    def learned_limit(self) -> Policy | None:
+        return self._learned
+
+    def learn_from_rejection(self, sent_at: float, h: float, now: float) -> Policy | None:
+        """A limit the evidence supports below the one we were told, adopted; None if none.
+
+        A rate limit at `sent_at` means the server had, in the window before
+        it, as many accepted requests as it allows: count ours that succeeded
+        in that window (widened by the headroom, for their arrival times). If
+        that is fewer than our tightest sliding limit, and we were sending at
+        our limit then (not idle), the true limit is that count: it becomes a
+        policy of this key. It only ever tightens; the user's own limit stays
+        as given (the console shows both).
+        """
+        sliding = [p for p in self.limiter.policies if p.kind is PolicyKind.SLIDING]
+        if not sliding:
+            return None
+        told = min(sliding, key=lambda p: p.rate)
+        start = sent_at - told.window_s - h
+        accepted = sum(1 for t in self._ok_sends if start < t < sent_at)
+        if accepted < 1 or accepted >= told.limit:
+            return None
+        if self._learned is not None and accepted >= self._learned.limit:
+            return None
+        learned = Policy(accepted, told.window_s)
+        if not self.limiter.add_policy(learned, now):
+            return None
+        self._learned = learned
+        return learned
 
     def block(self) -> bool:
         """The server refused this key for good; True the first time."""
@@ -288,4 +324,5 @@ class KeyWorker:
             self.server_remaining,
             self.server_limit,
             round(max(0.0, self.server_reset_at - now), 1) if self.server_reset_at is not None else None,
+            str(self._learned) if self._learned is not None else None,
         )
