@@ -138,3 +138,62 @@ def test_bad_target_settings_are_named(target, problem):
 
     with pytest.raises(ConfigError, match=problem):
         build_config({"target": {"url": "http://127.0.0.1:9/x", **target}, "keys": {"secrets": ["K1"]}})
+
+
+def test_a_signing_hook_signs_each_request_when_it_leaves_and_its_errors_never_show_the_secret(tmp_path):
+    """`signing = "module:function"`: called per attempt with the request and the key's secret."""
+    import asyncio
+    import sys
+
+    from aiohttp import web
+
+    from ratedeck.engine.engine import Engine
+    from ratedeck.engine.transport import http_transport
+
+    (tmp_path / "my_signer.py").write_text(
+        "import hashlib\n"
+        "def sign(s):\n"
+        "    s.params.append(('sig', hashlib.sha256((s.secret + s.path).encode()).hexdigest()[:16]))\n"
+        "    return {'X-Key': s.key}\n"
+        "def broken(s):\n"
+        "    raise ValueError('secret is ' + s.secret)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    seen = []
+
+    async def handler(request):
+        seen.append((request.headers.get("X-Key"), request.query.get("sig")))
+        return web.json_response({"ok": True})
+
+    async def run(hook):
+        app = web.Application()
+        app.router.add_get("/x", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        cfg = load_config(
+            overrides={
+                "target": {"url": f"http://127.0.0.1:{port}/x", "signing": hook, "key_header": "X-Plain"},
+                "keys": {"secrets": ["KEY-ONE S3CRET-VALUE"], "limits": ["50/1s"]},
+                "workload": {"total": 3},
+                "engine": {"graveyard_path": str(tmp_path / "g.jsonl"), "max_attempts": 1},
+            }
+        )
+        transport = http_transport(cfg, cfg.target.url)
+        snap = await Engine(cfg, transport).run(3.0)
+        await transport.close()
+        await runner.cleanup()
+        return snap
+
+    try:
+        ok = asyncio.run(run("my_signer:sign"))
+        broken = asyncio.run(run("my_signer:broken"))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert ok.succeeded == 3 and len(seen) == 3
+    assert all(key == "KEY-ONE" and sig and len(sig) == 16 for key, sig in seen)
+    assert broken.succeeded == 0 and broken.graveyard == 3
+    text = repr(broken.errors) + repr([e.text for e in broken.events])
+    assert "ValueError" in text and "S3CRET" not in text
