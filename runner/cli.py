@@ -590,6 +590,15 @@ def _presets(argv: list[str]) -> int:
 
     from ratedeck.engine.config import PRESET_DESCRIPTIONS, PRESETS
 
+    p = argparse.ArgumentParser(
+        prog="ratedeck presets",
+        description="The built-in presets for real APIs; with a NAME, what that preset sets, as TOML.",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help=f"one of {', '.join(PRESETS)}")
+    parsed = _parse(p, argv)
+    if isinstance(parsed, int):
+        return parsed
+    argv = [parsed.name] if parsed.name else []
     if not argv:
         width = max(len(name) for name in PRESETS)
         for name in PRESETS:
