@@ -19,7 +19,7 @@ from typing import Any
 
 from ratedeck.core.loops import LOOP_NAMES
 
-from .scenarios import SCENARIOS, STRATEGIES
+from .scenarios import DEFAULT_SCENARIOS, DEFAULT_STRATEGIES, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
 
 EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
@@ -54,12 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ratedeck bench",
         description="Run rate-limit clients one after another against the same simulator scenarios "
-        "and compare successful req/s, 429s, latency, CPU and memory; then micro "
-        "benchmarks and scaling. Scenarios: "
+        "and compare successful req/s, the sustained share of the limit the server saw, 429s, "
+        "latency, CPU and memory; then micro benchmarks and scaling. Scenarios: "
         + ", ".join(SCENARIOS)
+        + "; groups: "
+        + ", ".join(f"{g} ({', '.join(names)})" for g, names in GROUPS.items())
         + ". Strategies: "
         + ", ".join(STRATEGIES)
-        + ".",
+        + " (without --strategies, each scenario runs its own list).",
     )
     p.add_argument(
         "--duration",
@@ -104,8 +106,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise UsageError(f"--duration: expected seconds, got {args.duration!r}") from None
         if not args.duration > 0 or args.duration != args.duration or args.duration == float("inf"):
             raise UsageError(f"--duration: must be a number of seconds above 0, got {args.duration:g}")
-    args.scenarios = _names("--scenarios", args.scenarios, SCENARIOS)
-    args.strategies = _names("--strategies", args.strategies, STRATEGIES)
+    args.scenarios = _names("--scenarios", args.scenarios, SCENARIOS, GROUPS, DEFAULT_SCENARIOS)
+    args.strategies_given = args.strategies is not None
+    args.strategies = _names("--strategies", args.strategies, STRATEGIES, {}, DEFAULT_STRATEGIES)
     if args.micro is None:
         args.micro = "limiter" if args.quick else "full"
     try:
@@ -115,16 +118,28 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _names(flag: str, text: str | None, known: dict[str, Any]) -> list[str]:
+def _names(
+    flag: str,
+    text: str | None,
+    known: dict[str, Any],
+    groups: dict[str, tuple[str, ...]],
+    default: tuple[str, ...],
+) -> list[str]:
     if text is None:
-        return list(known)
+        return list(default)
     names = [n.strip() for n in text.split(",") if n.strip()]
+    listed = ", ".join([*known, *groups])
     if not names:
-        raise UsageError(f"{flag}: expected names, got {text!r}; known: {', '.join(known)}")
+        raise UsageError(f"{flag}: expected names, got {text!r}; known: {listed}")
+    out: list[str] = []
     for name in names:
-        if name not in known:
-            raise UsageError(f"{flag}: unknown name {name!r}; known: {', '.join(known)}")
-    return list(dict.fromkeys(names))
+        if name in groups:
+            out.extend(groups[name])
+        elif name in known:
+            out.append(name)
+        else:
+            raise UsageError(f"{flag}: unknown name {name!r}; known: {listed}")
+    return list(dict.fromkeys(out))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,17 +203,21 @@ def run_scenarios(args: argparse.Namespace) -> list:
     for name in args.scenarios:
         scenario = SCENARIOS[name]
         result = ScenarioResult(name, scenario.summary, scenario.capacity_tps)
-        for strategy in args.strategies:
+        strategies = args.strategies if args.strategies_given else scenario.strategies
+        for strategy in strategies:
+            if strategy in NEEDS_HEALTH and not scenario.health:
+                _progress(f"{name}: {strategy} skipped (this server has no /health to probe)")
+                continue
             _progress(f"{name}: {strategy} for {args.duration:g} s")
             with Simulator(scenario.serve_args, seed=args.seed) as sim:
                 spec = RunSpec(
                     strategy,
                     sim.url,
                     scenario.keys,
-                    scenario.limit,
+                    scenario.client_limit,
                     scenario.window_s,
                     scenario.nonce,
-                    scenario.capacity_tps,
+                    scenario.offered_tps,
                     args.duration,
                     loop=args.loop,
                     seed=args.seed,

@@ -62,7 +62,7 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
 
         runner_fn: Callable[[], dict] = lambda: run_improved_threads(spec).summary()  # noqa: E731
     else:
-        if spec.strategy == "ratedeck":
+        if spec.strategy.startswith("ratedeck"):
             from .engine_run import run_engine as coro_fn
 
             async def job() -> dict:

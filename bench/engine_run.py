@@ -27,9 +27,31 @@ def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
     }
 
 
+def variant_overrides(spec: RunSpec) -> dict[str, Any]:
+    """What a ratedeck strategy adds to the seed preset: "ratedeck+probe" probes the
+    simulator's `/health`, "ratedeck+budget" may spend 10 rejections probing (limit
+    learning off: the limit is right, the 429s are the probing's own)."""
+    overrides = engine_overrides(spec)
+    if spec.strategy == "ratedeck+probe":
+        base = spec.url.rsplit("/api/request", 1)[0]
+        overrides["target"]["probe_url"] = f"{base}/health"
+    elif spec.strategy == "ratedeck+budget":
+        overrides["engine"]["rejection_budget"] = BUDGET
+        # The limit is known right here; limit learning would read a deliberate
+        # squeeze (a probing 429) as a limit one lower and keep it.
+        overrides["engine"]["learn_policy"] = False
+    elif spec.strategy != "ratedeck":
+        raise ValueError(f"not a ratedeck strategy: {spec.strategy!r}")
+    return overrides
+
+
+#: The rejection budget of the "ratedeck+budget" strategy.
+BUDGET = 10
+
+
 async def run_engine(spec: RunSpec) -> dict:
     """Run the engine for `spec.duration_s`, stop it (bounded drain) and summarise."""
-    cfg = load_config(preset="seed", overrides=engine_overrides(spec))
+    cfg = load_config(preset="seed", overrides=variant_overrides(spec))
     session = Session(cfg)
     await session.start()
     await asyncio.sleep(spec.duration_s)
@@ -51,4 +73,15 @@ def snapshot_summary(snap: Snapshot) -> dict:
         "p50_ms": snap.latency.p50,
         "p99_ms": snap.latency.p99,
         "headroom_ms": round(snap.headroom_ms, 1),
+        "headroom_source": snap.headroom_source,
+        "rtt_spread_ms": _ms(snap.rtt_spread_ms),
+        "network_spread_ms": _ms(snap.network_spread_ms),
+        "server_time_ms": _ms(snap.server_time_ms),
+        "rejection_budget": snap.rejection_budget,
+        "rejections_spent": snap.rejections_spent,
+        "probe_sent": snap.probe_sent,
     }
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -44,6 +44,7 @@ def make_row(
     """
     totals = server.get("totals", {})
     host = server.get("host", {})
+    share = server.get("share", {})
     ok_per_s = client["succeeded"] / duration_s
     row = {
         "strategy": strategy,
@@ -66,14 +67,30 @@ def make_row(
         "failed": int(client.get("failed", 0)),
         "server_ok": int(totals.get("ok", 0)),
         "server_audit_ok": bool(server.get("audit_ok", True)),
+        # the server's own view: W / mean gap between accepted arrivals i and i+N of a key
+        "share": share.get("sustained"),
+        "share_all": share.get("all"),
     }
+    # what a ratedeck strategy's headroom was made of
+    for name in (
+        "headroom_ms",
+        "headroom_source",
+        "rtt_spread_ms",
+        "network_spread_ms",
+        "server_time_ms",
+        "rejection_budget",
+        "rejections_spent",
+        "probe_sent",
+    ):
+        if name in client:
+            row[name] = client[name]
     return row
 
 
 def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
     head = (
-        f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
+        f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'RSS MB':>8}"
     )
     lines = [
@@ -83,12 +100,33 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
         "-" * len(head),
     ]
     for r in result.rows:
+        share = r.get("share")
         lines.append(
-            f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%{r['rejected_429']:>7}"
+            f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%"
+            f"{'-' if share is None else f'{share:.3f}':>7}{r['rejected_429']:>7}"
             f"{r['rejected_nonce']:>7}{r['expired']:>8}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}"
             f"{r['cpu_s']:>7.2f}{r['peak_rss_mb']:>8.1f}"
         )
+    for r in result.rows:
+        if "headroom_source" in r:
+            lines.append("  " + _headroom_note(r))
     return "\n".join(lines)
+
+
+def _headroom_note(row: dict[str, Any]) -> str:
+    """What a ratedeck row's headroom was made of, in one short phrase."""
+    parts = [f"{row['headroom_ms']:g} ms from {row['headroom_source']}"]
+    if row.get("network_spread_ms") is not None:
+        parts.append(f"network spread {row['network_spread_ms']:g} ms")
+    if row.get("rtt_spread_ms") is not None:
+        parts.append(f"round trips {row['rtt_spread_ms']:g} ms")
+    if row.get("server_time_ms") is not None:
+        parts.append(f"server time {row['server_time_ms']:g} ms")
+    if row.get("rejection_budget"):
+        parts.append(f"spent {row['rejections_spent']} of {row['rejection_budget']} rejections")
+    if row.get("probe_sent"):
+        parts.append(f"{row['probe_sent']} probes")
+    return f"{row['strategy']} headroom: " + ", ".join(parts)
 
 
 def micro_table(micro: list[dict[str, Any]]) -> str:

@@ -18,6 +18,11 @@ class Scenario:
         keys: the API keys the clients use.
         limit / window_s: each key's policy, as the server enforces it.
         nonce: the server requires a strictly increasing nonce per key.
+        told_limit: the per-key limit the clients are told, when it is not
+            the server's (a limit "told wrong"); they are offered what they
+            were told. None: the server's.
+        health: the server answers `GET /health` (a probe's target).
+        strategies: the strategies run when `--strategies` is not given.
     """
 
     name: str
@@ -27,14 +32,49 @@ class Scenario:
     limit: int
     window_s: float
     nonce: bool
+    told_limit: int | None = None
+    health: bool = False
+    strategies: tuple[str, ...] = ()
 
     @property
     def capacity_tps(self) -> float:
-        """Requests per second all keys allow together."""
+        """Requests per second all keys allow together, as the server enforces it."""
         return len(self.keys) * self.limit / self.window_s
+
+    @property
+    def client_limit(self) -> int:
+        """The per-key limit the clients are given."""
+        return self.told_limit if self.told_limit is not None else self.limit
+
+    @property
+    def offered_tps(self) -> float:
+        """The arrival rate every strategy is offered: the capacity the clients believe in."""
+        return len(self.keys) * self.client_limit / self.window_s
 
 
 MANY_KEYS = 50
+
+#: Strategy name -> what it is, in the order they run.
+STRATEGIES: dict[str, str] = {
+    "original": "seed's original client: 50 ms interval + ring, 1 in flight/key",
+    "improved-async": "seed's improved client on asyncio: ring + 30..50 ms buffer, 1 in flight/key",
+    "improved-threads": "seed's improved client on threads (http.client)",
+    "aiolimiter": "aiolimiter AsyncLimiter(limit, window) per key, 8 in flight/key",
+    "ratedeck": "ratedeck's engine (seed preset, adaptive headroom, even pacing; reads timing hints)",
+    "ratedeck+probe": "ratedeck with target.probe_url = the simulator's /health (10 probes/s)",
+    "ratedeck+budget": "ratedeck with engine.rejection_budget = 10 (probes the headroom on purpose; learn_policy off)",
+}
+
+#: The strategies of the original three scenarios (and of `ratedeck bench` with no options).
+DEFAULT_STRATEGIES = ("original", "improved-async", "improved-threads", "aiolimiter", "ratedeck")
+#: Strategies that need the scenario's `/health`.
+NEEDS_HEALTH = frozenset({"ratedeck+probe"})
+
+_PEERS = ("original", "improved-async", "aiolimiter", "ratedeck")
+# A server that says nothing but yes or no: no Retry-After, no RateLimit headers.
+_PLAIN = ("--mode", "standard", "--keys", "5", "--limit", "20/1s", "--no-nonce")
+_QUIET = ("--no-ratelimit-headers", "--no-retry-after")
+_NOISY_KEYS = generated_keys(5)
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -47,6 +87,7 @@ SCENARIOS: dict[str, Scenario] = {
             20,
             1.0,
             True,
+            strategies=DEFAULT_STRATEGIES,
         ),
         Scenario(
             "seed+jitter",
@@ -56,6 +97,7 @@ SCENARIOS: dict[str, Scenario] = {
             20,
             1.0,
             True,
+            strategies=DEFAULT_STRATEGIES,
         ),
         Scenario(
             "many-keys",
@@ -75,15 +117,76 @@ SCENARIOS: dict[str, Scenario] = {
             20,
             1.0,
             False,
+            strategies=DEFAULT_STRATEGIES,
+        ),
+        # The noisy servers (issue 12): server time next to network jitter.
+        Scenario(
+            "noisy",
+            "5 keys x 20/1s, 5..45 ms each way, 20..80 ms processing, no hints of any kind; /health",
+            (*_PLAIN, "--latency", "5:45", "--processing", "20:80", *_QUIET, "--health"),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            health=True,
+            strategies=(*_PEERS, "ratedeck+probe", "ratedeck+budget"),
+        ),
+        Scenario(
+            "noisy+timing",
+            "noisy, and every answer says its server time (Server-Timing: app;dur=X)",
+            (*_PLAIN, "--latency", "5:45", "--processing", "20:80", *_QUIET, "--server-timing"),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            strategies=_PEERS,
+        ),
+        Scenario(
+            "noisy-wide",
+            "noisy with 5..95 ms each way (no hints; budget 0 must stay at 0 rejections)",
+            (*_PLAIN, "--latency", "5:95", "--processing", "20:80", *_QUIET, "--health"),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            health=True,
+            strategies=(*_PEERS, "ratedeck+probe"),
+        ),
+        Scenario(
+            "steady+timing",
+            "a steady network (100..104 ms each way), 20..80 ms processing, Server-Timing",
+            (*_PLAIN, "--latency", "100:104", "--processing", "20:80", *_QUIET, "--server-timing"),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            strategies=_PEERS,
+        ),
+        Scenario(
+            "told-wrong",
+            "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, "
+            "escalating cooldowns; 0..50 ms each way, no RateLimit headers",
+            (
+                *_PLAIN,
+                "--latency",
+                "0:50",
+                "--no-ratelimit-headers",
+                "--retry-after",
+                "--escalation",
+            ),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            told_limit=25,
+            strategies=_PEERS,
         ),
     )
 }
 
-#: Strategy name -> what it is, in the order they run.
-STRATEGIES: dict[str, str] = {
-    "original": "seed's original client: 50 ms interval + ring, 1 in flight/key",
-    "improved-async": "seed's improved client on asyncio: ring + 30..50 ms buffer, 1 in flight/key",
-    "improved-threads": "seed's improved client on threads (http.client)",
-    "aiolimiter": "aiolimiter AsyncLimiter(limit, window) per key, 8 in flight/key",
-    "ratedeck": "ratedeck's engine (seed preset, adaptive headroom, even pacing)",
+#: Names that stand for several scenarios in `--scenarios`.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "default": ("seed", "seed+jitter", "many-keys"),
+    "noisy-servers": ("noisy", "noisy+timing", "noisy-wide", "steady+timing", "told-wrong"),
 }
+DEFAULT_SCENARIOS = GROUPS["default"]

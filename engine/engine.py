@@ -311,7 +311,9 @@ class Engine:
                 held = now - stamps[0].t
                 # The server's own time (a hint, judged there) and remaining count.
                 server_s = result.server_time_s
-                self.headroom.observe_rtt(held, now, server_s, result.remaining)
+                # A 429 counts against the rejection budget here, whatever _apply makes of it.
+                rejected = result.kind is oc.RATE_LIMITED
+                self.headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
                 # The answer bounds how late the server stamped this request: its
                 # slot frees by that, not by the worst case (see headroom.py).
                 self.headroom.assign(stamps, held, now, server_s)

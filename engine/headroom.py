@@ -113,9 +113,37 @@ def network_rtt(rtt_s: float, server_s: float | None) -> float:
 
 class RangeTracker:
     """Min and max of samples over the last `window_s` whole seconds plus the running one,
-    a moving mean and counts: O(1) per sample at any rate."""
+    a moving mean and counts: O(1) per sample at any rate.
 
-    __slots__ = ("_buckets", "_end", "_b_lo", "_b_hi", "_b_n", "_old_n", "lo", "hi", "mean", "n", "last_t")
+    The body: `body_hi` is the 99th percentile of the window's samples (of
+    the last `BODY_SAMPLES`, recomputed once a second). A rare spike, a busy
+    loop or one slow packet, hits one leg, not both: the range of round trips
+    is then no longer twice a leg's, and the symmetric estimate holds only
+    for the body. Samples above it pay their own way (`HeadroomController`).
+    """
+
+    BODY_Q = 0.99
+    BODY_SAMPLES = 4096
+
+    __slots__ = (
+        "_buckets",
+        "_end",
+        "_b_lo",
+        "_b_hi",
+        "_b_n",
+        "_old_n",
+        "_recent",
+        "_window_s",
+        "lo",
+        "hi",
+        "body_hi",
+        "lo_doubt",
+        "lo_long",
+        "_mins",
+        "mean",
+        "n",
+        "last_t",
+    )
 
     def __init__(self, window_s: int):
         self._buckets: deque[tuple[float, float, int]] = deque(maxlen=window_s)
@@ -124,6 +152,12 @@ class RangeTracker:
         self._b_hi = self.hi = float("-inf")
         self._b_n = 0  # samples in the running second
         self._old_n = 0  # samples in the closed seconds still in the window
+        self._recent: deque[tuple[float, float]] = deque(maxlen=self.BODY_SAMPLES)
+        self._window_s = window_s
+        self.body_hi = float("-inf")  # the body's top; the range's top until a second has passed
+        self.lo_doubt = 0.0  # how far above the true minimum `lo` may still be
+        self._mins: deque[float] = deque(maxlen=6 * window_s)  # per-second minima, kept longer
+        self.lo_long = float("inf")  # the minimum over six windows: closer to the true one
         self.mean = 0.0
         self.n = 0  # samples ever
         self.last_t = float("-inf")
@@ -134,6 +168,7 @@ class RangeTracker:
         # A plain average over the first 100 samples, then a moving one.
         self.mean += (x - self.mean) / min(self.n, 100)
         self.last_t = now
+        self._recent.append((now, x))
         changed = False
         if self._end == float("inf"):
             self._end = now + 1.0
@@ -148,9 +183,15 @@ class RangeTracker:
         if x < self.lo or x > self.hi:
             self.lo, self.hi = min(self.lo, x), max(self.hi, x)
             changed = True
+        if x < self.lo_long:
+            self.lo_long = x
+        if self._old_n == 0:  # no closed second yet: the body is the range
+            self.body_hi = self.hi
         return changed
 
     def _roll(self, now: float) -> None:
+        self._mins.append(self._b_lo)
+        self.lo_long = min(self._mins)
         self._buckets.append((self._b_lo, self._b_hi, self._b_n))
         self._b_lo, self._b_hi, self._b_n = float("inf"), float("-inf"), 0
         while self._end <= now:
@@ -158,6 +199,17 @@ class RangeTracker:
         self.lo = min(b[0] for b in self._buckets)
         self.hi = max(b[1] for b in self._buckets)
         self._old_n = sum(b[2] for b in self._buckets)
+        oldest = now - self._window_s - 1.0
+        recent = sorted(x for t, x in self._recent if t >= oldest)
+        if len(recent) >= 100:
+            self.body_hi = recent[int(self.BODY_Q * (len(recent) - 1))]
+        else:
+            self.body_hi = self.hi
+        # The smallest of n samples sits above the true minimum. Where the density
+        # near the minimum grows like a^m, x(k) - min ~ (x(1) - min) * k^(1/m): for
+        # m <= 2 (a sum of up to three delays: two legs and the server's time) the
+        # gap to the 4th smallest is at least the doubt.
+        self.lo_doubt = recent[3] - recent[0] if len(recent) >= 4 else 0.0
 
     @property
     def in_window(self) -> int:
@@ -165,12 +217,15 @@ class RangeTracker:
         return self._old_n + self._b_n
 
     @property
-    def sampled_spread(self) -> float:
-        """The spread, widened for the samples it is made of: a range of n samples
+    def body_spread(self) -> float:
+        return self.body_hi - self.lo if self.body_hi >= self.lo else 0.0
+
+    def sampled(self, spread: float) -> float:
+        """`spread` widened for the samples it is made of: a range of n samples
         falls short of the true one by about 1/sqrt(n) of it where the density
         thins out toward the edges (a sum of legs: n = 100 sees 10% less)."""
         n = self.in_window
-        return self.spread * (1.0 + 1.0 / math.sqrt(n)) if n else 0.0
+        return spread * (1.0 + 1.0 / math.sqrt(n)) if n else 0.0
 
     @property
     def spread(self) -> float:
@@ -178,8 +233,8 @@ class RangeTracker:
 
     @property
     def two_sided(self) -> bool:
-        """The mean sits well inside the range (both legs vary alike), not at a one-sided tail."""
-        return self.hi > self.lo and self.mean - self.lo > 0.3 * (self.hi - self.lo)
+        """The mean sits well inside the body (both legs vary alike), not at a one-sided tail."""
+        return self.body_hi > self.lo and self.mean - self.lo > 0.3 * (self.body_hi - self.lo)
 
 
 class BudgetProber:
@@ -187,9 +242,10 @@ class BudgetProber:
 
     `cap_ms` caps what the evidence asks for (None: not narrowing). Phases:
     "descend" (x0.8 per clean stretch, from the evidence at the start),
-    "refine" (bisect, geometrically, between the last clean cap `hi` and the
-    failing one `lo`; 2 stretches each), "hold" (10% above `hi`; a rejection
-    there steps up 10%), "off" (budget under 3, or spent: no cap, for good).
+    "refine" (bisect, geometrically, between the last clean cap `hi`, raised
+    10% on every failure, and the failing one `lo`, until they are within
+    20%; 2 stretches each), "hold" (5% above `hi`; a rejection there steps up
+    10%), "off" (budget under 3, or spent: no cap, for good).
     Caps are absolute milliseconds: the round-trip evidence wobbles with its
     window, the server's window does not.
 
@@ -253,7 +309,7 @@ class BudgetProber:
             self._try(self.hi * self.DESCEND, now)
         else:  # refine
             lo = self.lo if self.lo is not None else self.hi * self.DESCEND
-            if self.hi / lo <= 1.25:
+            if self.hi / lo <= 1.2:
                 self._hold()
             else:
                 self._try(math.sqrt(self.hi * lo), now)
@@ -264,8 +320,9 @@ class BudgetProber:
             return
         assert self.cap_ms is not None and self.hi is not None
         if self._testing:
+            # Back above the last clean cap: one clean stretch is evidence, not proof.
             self.lo = self.cap_ms if self.lo is None else max(self.lo, self.cap_ms)
-            self.cap_ms = self.hi
+            self.hi = self.cap_ms = self.hi * 1.1
             self._testing = False
             if self.phase != "hold":
                 self.phase = "refine"
@@ -288,7 +345,7 @@ class BudgetProber:
         self.phase = "hold"
         self._testing = False
         if self.hi is not None:
-            self.cap_ms = self.hi * 1.1
+            self.cap_ms = self.hi * 1.05
 
 
 class RemainingJudge:
@@ -363,6 +420,7 @@ class HeadroomController:
         "direct_safety",
         "narrow_ms_per_s",
         "settle_s",
+        "bound_settle_s",
         "policy_window_s",
         "rejections",
         "seen_min_ms",
@@ -388,6 +446,7 @@ class HeadroomController:
         "_mean_extra_ms",
         "_remaining",
         "_trial",
+        "_counted_at",
     )
 
     def __init__(
@@ -403,6 +462,7 @@ class HeadroomController:
         direct_safety: float = 1.10,
         narrow_ms_per_s: float = 10.0,
         settle_s: float = 2.0,
+        bound_settle_s: float = 5.0,
         window_s: int = 10,
         policy_window_s: float = 1.0,
     ):
@@ -411,6 +471,7 @@ class HeadroomController:
         self.jitter_share, self.safety, self.direct_safety = jitter_share, safety, direct_safety
         self.narrow_ms_per_s = narrow_ms_per_s
         self.settle_s = settle_s
+        self.bound_settle_s = max(settle_s, bound_settle_s)  # per-request bounds need a trusted minimum
         self.policy_window_s = policy_window_s  # a change in headroom shows a window later
         self.rejections = 0
         self.hints_used = self.hints_ignored = 0
@@ -435,6 +496,7 @@ class HeadroomController:
         self._trial: deque[tuple[float, Any, float]] = (
             deque()
         )  # (when, stamps, whole extra ms) narrowed by a trial
+        self._counted_at: float | None = None  # when the last rejection was counted from its answer
         self.adaptive = fixed_ms is None
         self.value_ms = self._clamp(initial_ms if fixed_ms is None else fixed_ms)
         self.seen_min_ms = self.seen_max_ms = self.value_ms
@@ -511,22 +573,26 @@ class HeadroomController:
         `server_s` is the server's own account of its time, if it gave one;
         it counts only when it fits the round trip (`network_rtt`).
         rtt_min only falls as samples accumulate, and an early, too high
-        baseline would make extras too small: until `settle_s` seconds and
-        100 answers have passed, an answered slot keeps at least the fallback
-        in force then (so a later, narrower fallback cannot shrink it).
-        Extras carry a margin of 1 ms plus 5% of the round-trip spread on top
-        of any rejection-driven margin.
+        baseline would make extras too small: until `bound_settle_s` seconds
+        and 100 answers have passed, an answered slot keeps at least the
+        fallback in force then (so a later, narrower fallback cannot shrink
+        it); after that the minimum is the one over six windows. Extras carry
+        a margin of 1 ms plus 5% of the round-trip spread, or the doubt about
+        the minimum if more (`RangeTracker.lo_doubt`), on top of any
+        rejection-driven margin.
         """
         if not self.adaptive:
             return None
         net = network_rtt(rtt_s, server_s)
-        lo = self._net.lo
-        if self._net.n < 100 or self._first_t is None or now - self._first_t < self.settle_s:
+        lo = self._net.lo_long
+        if self._net.n < 100 or self._first_t is None or now - self._first_t < self.bound_settle_s:
             return max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms) / 1000.0
         spread_ms = self._net.spread * 1000.0
-        extra_ms = (net - lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
+        extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         cap = self._cap_ms(spread_ms)
-        if cap is not None and extra_ms > cap:
+        if cap is not None and extra_ms > cap and (net <= self._net.body_hi or self._capped_whole()):
+            # Above the body (a spike) an answer keeps its own bound: a spike hits one
+            # leg, and the symmetric estimate does not cover it (RangeTracker).
             extra_ms = cap
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms))
         m = self._mean_extra_ms
@@ -553,7 +619,7 @@ class HeadroomController:
             return
         net = network_rtt(rtt_s, server_s)
         spread_ms = self._net.spread * 1000.0
-        whole = (net - self._net.lo) * 1000.0 + self.margin_ms + 0.05 * spread_ms
+        whole = (net - self._net.lo_long) * 1000.0 + self._margin(spread_ms)
         if whole > extra * 1000.0:
             trial = self._trial
             trial.append((now, stamps, whole))
@@ -580,18 +646,30 @@ class HeadroomController:
             # too, and the smaller of two bounds holds. One-sided spikes (mean
             # near the minimum, a long tail: queueing on the way in) keep the
             # per-request bound, which the symmetric estimate would under-cover.
-            return max(self.value_ms, self._floor_ms)
+            return max(self._floor_ms, self._trial_cap(max(self.value_ms, self._floor_ms)))
         if self.narrowing:
             # Probing on one-sided evidence: the tail itself is what is tried.
-            return max(self._floor_ms, self._probed(spread_ms + self.margin_ms))
+            tail = (spread_ms + self.margin_ms) * self._remaining.factor
+            return max(self._floor_ms, self._trial_cap(tail))
         return None
 
-    def _probed(self, evidence_ms: float) -> float:
-        """`evidence_ms` as probing narrows it: under the budget's cap, times the remaining counts' factor."""
+    def _margin(self, spread_ms: float) -> float:
+        """On top of an answer's own bound: the rejection-driven margin, plus 5% of the
+        spread or the doubt about the minimum round trip, whichever is more."""
+        return self.margin_ms + max(0.05 * spread_ms, self._net.lo_doubt * 1000.0)
+
+    def _capped_whole(self) -> bool:
+        """Every slot takes the cap, spikes too: while probing on purpose, or when the
+        cap is the probe's (the traffic's round trips carry server time, so their
+        spikes are mostly the server's)."""
+        return self.budget.narrowing or self._target_source == SOURCE_PROBE
+
+    def _trial_cap(self, ms: float) -> float:
+        """`ms` under the budget prober's cap, if it holds one. Only answered slots
+        take it: the fallback (`value_ms`, which unanswered slots and the limit
+        learner read) stays with the evidence."""
         cap = self.budget.cap_ms
-        if cap is not None and cap < evidence_ms:
-            evidence_ms = cap
-        return evidence_ms * self._remaining.factor
+        return cap if cap is not None and cap < ms else ms
 
     # -- control
     def set_fixed(self, ms: float) -> None:
@@ -604,13 +682,25 @@ class HeadroomController:
 
     # -- evidence
     def observe_rtt(
-        self, rtt_s: float, now: float, server_s: float | None = None, remaining: int | None = None
+        self,
+        rtt_s: float,
+        now: float,
+        server_s: float | None = None,
+        remaining: int | None = None,
+        rejected: bool = False,
     ) -> None:
         """Record one answered request: its round trip, and the server's hints if it sent any.
 
         `server_s`: the server time it reported (used only if it fits,
-        `hint_fits`); `remaining`: the server's remaining count after it.
+        `hint_fits`); `remaining`: the server's remaining count after it;
+        `rejected`: it was a rate-limit rejection (429). Every one counts
+        against the rejection budget, whatever else the engine makes of it
+        (a limit learned from it, say), so the budget is kept whatever
+        decides the widening.
         """
+        if rejected:
+            self._count_rejection(now)
+            self._counted_at = now
         usable = False
         if server_s is not None:
             usable = hint_fits(rtt_s, server_s)
@@ -649,54 +739,70 @@ class HeadroomController:
         direct = self._hint_share >= HINTED
         share = self.jitter_share
         if direct:
-            target = net.sampled_spread * 1000.0 * share * self.direct_safety
+            target = net.sampled(net.body_spread) * 1000.0 * share * self.direct_safety
         else:
-            target = net.spread * 1000.0 * share * self.safety
+            target = net.body_spread * 1000.0 * share * self.safety
         source = SOURCE_HINTS if direct else SOURCE_RTT
         if self._probe_ready():
-            probed = self._probe.sampled_spread * 1000.0 * share * self.direct_safety
+            # The probe's whole range: its samples are few, and the traffic's
+            # slots are all capped by it (its round trips carry server time).
+            probed = self._probe.sampled(self._probe.spread) * 1000.0 * share * self.direct_safety
             if probed < target:
                 target, source, direct = probed, SOURCE_PROBE, True
         self._target_ms, self._target_source, self._target_direct = target, source, direct
 
     def observe_rejection(self, now: float) -> None:
-        """A rate-limit rejection: the headroom was too small. Widen at once.
+        """A rate-limit rejection the headroom should answer for: widen at once.
 
-        While the budget prober has the headroom below the evidence, it
-        steps back to the last clean value instead; once the whole budget is
-        spent, it returns to the evidence for good.
+        While the budget prober holds a narrower cap, it steps back to the
+        last clean value instead; once the budget is spent, it returns to the
+        evidence for good. A rejection already counted from its answer
+        (`observe_rtt(..., rejected=True)` at the same instant) is not
+        counted twice.
         """
-        self.rejections += 1
-        budget = self.budget
-        budget.spent += 1
-        self._prior = False
-        self._remaining.rejected()
-        if budget.active and budget.spent_out:
-            budget.retreat()
-            self._set(max(self.value_ms, self._goal()))
-            self._rewiden()
+        if self._counted_at != now:
+            self._count_rejection(now)
+        self._counted_at = None
+        if self.budget.narrowing:
+            return  # the prober answered when it was counted
         if not self.adaptive or now < self._hold_until:
             return
         # Answers to requests already in flight may still be rejections of the
         # same burst; give them a round trip (generously) before widening again.
         self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0))
-        if budget.narrowing:
-            # Probing on purpose: back to the last clean value, no wider. Slots
-            # granted at the failed value keep it for up to a window: their
-            # rejections belong to this burst too.
-            self._hold_until += self.policy_window_s
-            budget.rejected(now)
-            self._set(max(self.value_ms, self._goal()))
-            self._rewiden()
-            return
         widened = max(self.value_ms * 1.5, self.value_ms + 10.0)
         self._floor_ms = self._clamp(widened)
         self.margin_ms = min(self.max_ms, max(self.margin_ms * 1.5, self.margin_ms + 10.0))
         self._set(self._floor_ms)
 
+    def _count_rejection(self, now: float) -> None:
+        """Count one 429 against the budget; the prober steps back (first of a burst)."""
+        self.rejections += 1
+        budget = self.budget
+        budget.spent += 1
+        self._prior = False
+        self._remaining.rejected()
+        if not budget.active:
+            return
+        if budget.spent_out:
+            budget.retreat()
+            self._set(max(self.value_ms, self._goal()))
+            self._rewiden()
+            # What is still on its way was sent narrow: no widening beyond the evidence for it.
+            self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0)) + self.policy_window_s
+            return
+        if not self.adaptive or now < self._hold_until or not budget.narrowing:
+            return
+        # Probing on purpose: back to the last clean value, no wider. Slots
+        # granted at the failed value keep it for up to a window: their
+        # rejections belong to this burst too.
+        self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0)) + self.policy_window_s
+        budget.rejected(now)
+        self._rewiden()
+
     def _goal(self) -> float:
         target = self._target_ms if self._target_ms is not None else self.value_ms
-        return self._clamp(max(self._probed(target), self._floor_ms))
+        return self._clamp(max(target * self._remaining.factor, self._floor_ms))
 
     def _step(self, now: float) -> None:
         last, self._last_t = self._last_t, now

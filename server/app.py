@@ -1,7 +1,14 @@
 """The simulated API over HTTP (aiohttp.web): a thin shell around `RateRules`.
 
 Routes: `GET|POST /api/request` (api_key, nonce, req_id from the query string or
-a form body), `GET /stats` (counters and audit), `POST /reset` (clear state).
+a form body), `GET /stats` (counters and audit), `POST /reset` (clear state),
+and with `health` on, `GET /health` (no key, no limit: a probe's target).
+
+A request's time on the server, in order: the way in (`latency_in_ms`), the
+decision at the arrival stamp, server processing (`processing_ms`, only for a
+request that spent a slot), the way back (`latency_out_ms`). With
+`server_timing`, the answer says how long it spent between the stamp and the
+answer (`Server-Timing: app;dur=X`, measured, not the drawn value).
 
 `/reset` is off unless the server is started with a `reset_token` (`ratedeck
 serve --allow-reset` makes one and prints it); then it needs the header
@@ -30,7 +37,7 @@ from aiohttp import web
 
 from ratedeck.core.secrets import redact
 
-from .rules import Decision, RateRules
+from .rules import SPENT, Decision, RateRules, server_timing
 from .settings import ServerSettings
 
 #: Where the app keeps its `RateRules`, for handlers and embedders.
@@ -91,6 +98,8 @@ class ApiHandlers:
         self._clock_ms = clock_ms
         self._draw_in = _latency_draw(settings.latency_in_ms, rng)
         self._draw_out = _latency_draw(settings.latency_out_ms, rng)
+        self._draw_processing = _latency_draw(settings.processing_ms, rng)
+        self._server_timing = settings.server_timing
 
     async def api_request(self, request: web.Request) -> web.Response:
         """Answer `/api/request` the way the simulated API would."""
@@ -107,11 +116,28 @@ class ApiHandlers:
             if delay_ms:
                 await self._sleep(delay_ms / 1000.0)
             # The decision time is taken after the incoming delay, as the seed server does.
-            decision = rules.decide(api_key, params.get("nonce"), self._clock_ms(), params.get("req_id"))
+            stamp_ms = self._clock_ms()
+            decision = rules.decide(api_key, params.get("nonce"), stamp_ms, params.get("req_id"))
+            if decision.outcome in SPENT:
+                processing_ms = self._draw_processing()
+                if processing_ms:
+                    await self._sleep(processing_ms / 1000.0)
+            if self._server_timing:
+                decision.headers["Server-Timing"] = server_timing(self._clock_ms() - stamp_ms)
         delay_ms = self._draw_out()
         if delay_ms:
             await self._sleep(delay_ms / 1000.0)
         return _json_response(decision)
+
+    async def health(self, request: web.Request) -> web.Response:
+        """`GET /health`: costs nothing against any limit; the same network delays each way."""
+        delay_ms = self._draw_in()
+        if delay_ms:
+            await self._sleep(delay_ms / 1000.0)
+        delay_ms = self._draw_out()
+        if delay_ms:
+            await self._sleep(delay_ms / 1000.0)
+        return web.json_response({"status": "OK"})
 
     async def stats(self, request: web.Request) -> web.Response:
         """`GET /stats`: the rules' counters and audit."""
@@ -189,6 +215,8 @@ def create_app(
     app.router.add_post("/api/request", handlers.api_request)
     app.router.add_get("/stats", handlers.stats)
     app.router.add_post("/reset", handlers.reset)
+    if settings.health:
+        app.router.add_get("/health", handlers.health)
     return app
 
 

@@ -25,6 +25,19 @@ MSG_HOST_LIMIT = "exceeded host rate limit"
 MSG_INVALID_NONCE = "invalid nonce"
 MSG_UNAVAILABLE = "service unavailable"
 
+#: Accepted arrivals of a key's first seconds (a client still learning) are left
+#: out of the sustained share; `share_all` counts them too.
+SHARE_WARMUP_S = 5.0
+
+
+#: Outcomes of requests that spent a slot: the service processed them.
+SPENT = frozenset({"ok", "invalid_nonce", "fault"})
+
+
+def server_timing(ms: float) -> str:
+    """The Server-Timing field for `ms` of server time (never negative)."""
+    return f"app;dur={max(0.0, ms):.1f}"
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -67,6 +80,11 @@ class KeyState:
         "faults",
         "requests_during_cooldown",
         "escalations",
+        "first_accept_ms",
+        "share_pairs",
+        "share_gap_ms",
+        "all_pairs",
+        "all_gap_ms",
     )
 
     def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
@@ -88,6 +106,13 @@ class KeyState:
         self.faults = 0
         self.requests_during_cooldown = 0
         self.escalations = 0
+        # Sustained share: gaps between accepted arrivals i and i+N of the first policy
+        # (N its limit), counted once the key has been accepting for SHARE_WARMUP_S.
+        self.first_accept_ms: float | None = None
+        self.share_pairs = 0
+        self.share_gap_ms = 0.0
+        self.all_pairs = 0
+        self.all_gap_ms = 0.0
 
 
 class HostState:
@@ -202,6 +227,17 @@ class RateRules:
 
     def _spend(self, state: KeyState, now_ms: float) -> None:
         """Take a slot in every per-key and host ring, and tell the audits."""
+        first = state.first_accept_ms
+        if first is None:
+            state.first_accept_ms = first = now_ms
+        # The slot about to be overwritten holds the arrival N accepts ago.
+        older = state.rings[0].oldest()
+        if older > -math.inf:
+            state.all_pairs += 1
+            state.all_gap_ms += now_ms - older
+            if older >= first + SHARE_WARMUP_S * 1000.0:
+                state.share_pairs += 1
+                state.share_gap_ms += now_ms - older
         for ring in state.rings:
             ring.take(now_ms)
         for audit in state.audits:
@@ -251,6 +287,28 @@ class RateRules:
             "X-RateLimit-Reset": f"{reset_ms / 1000.0:.3f}",
         }
 
+    def share(self) -> dict[str, Any]:
+        """How much of the limit the accepted traffic used, as the server saw it.
+
+        With N/W the first policy, `sustained` is W / the mean gap between
+        accepted arrivals i and i+N of a key, over every key, leaving out each
+        key's first `SHARE_WARMUP_S` seconds of accepts (a client still
+        learning); `all` counts those too. 1.0 is a window filled to the limit
+        all the time; None until there is a pair.
+        """
+        window_ms = self.settings.policies[0].window_s * 1000.0
+        states = self._states.values()
+        pairs = sum(s.share_pairs for s in states)
+        gap = sum(s.share_gap_ms for s in states)
+        all_pairs = sum(s.all_pairs for s in states)
+        all_gap = sum(s.all_gap_ms for s in states)
+        return {
+            "sustained": round(window_ms * pairs / gap, 4) if gap > 0 else None,
+            "all": round(window_ms * all_pairs / all_gap, 4) if all_gap > 0 else None,
+            "pairs": pairs,
+            "warmup_s": SHARE_WARMUP_S,
+        }
+
     def stats(self) -> dict[str, Any]:
         """Counters and the audit, JSON-ready. Keys appear masked, with their index."""
         block_after = self.settings.block_after
@@ -275,6 +333,7 @@ class RateRules:
         )
         return {
             "mode": self.settings.mode,
+            "share": self.share(),
             "policies": [format_policy(p) for p in self.settings.policies],
             "host_policies": [format_policy(p) for p in self.settings.host_policies],
             "audit_ok": audit_ok,

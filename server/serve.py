@@ -40,6 +40,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="limit shared by all keys, like 500/1s (repeatable)",
     )
     parser.add_argument("--latency", metavar="LOW:HIGH", help="simulated ms each way, like 0:50 or 0")
+    parser.add_argument("--latency-in", metavar="LOW:HIGH", help="simulated ms on the way in only")
+    parser.add_argument("--latency-out", metavar="LOW:HIGH", help="simulated ms on the way back only")
+    parser.add_argument(
+        "--processing",
+        metavar="LOW:HIGH",
+        help="server time in ms between the arrival stamp and the answer, like 20:80 "
+        "(requests that spent a slot; it moves no stamp)",
+    )
+    parser.add_argument(
+        "--server-timing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send Server-Timing: app;dur=X (ms from the arrival stamp to the answer)",
+    )
+    parser.add_argument(
+        "--health",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve GET /health: no key, no limit, network latency only (a probe's target)",
+    )
     parser.add_argument(
         "--retry-after",
         action=argparse.BooleanOptionalAction,
@@ -88,7 +108,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.latency is not None:
         latency = _option("--latency", _parse_latency, args.latency)
         changes["latency_in_ms"] = changes["latency_out_ms"] = latency
-    for name in ("retry_after", "ratelimit_headers", "escalation", "nonce"):
+    if args.latency_in is not None:
+        changes["latency_in_ms"] = _option("--latency-in", _parse_latency, args.latency_in)
+    if args.latency_out is not None:
+        changes["latency_out_ms"] = _option("--latency-out", _parse_latency, args.latency_out)
+    if args.processing is not None:
+        changes["processing_ms"] = _option("--processing", _parse_latency, args.processing)
+    for name in ("retry_after", "ratelimit_headers", "escalation", "nonce", "server_timing", "health"):
         value = getattr(args, name)
         if value is not None:
             changes[name] = value

@@ -35,6 +35,15 @@ class ServerSettings:
         policies: per-key window limits; a request must fit all of them.
         latency_in_ms / latency_out_ms: (low, high) whole milliseconds, drawn
             uniformly (inclusive) before the decision and before the answer.
+        processing_ms: (low, high) whole milliseconds of server time, drawn
+            uniformly between the arrival stamp (the decision) and the answer,
+            for requests that spent a slot (a rejection is answered at once,
+            as a gateway in front of the service would). It moves no stamp:
+            only the way in does.
+        server_timing: send `Server-Timing: app;dur=X` (X in ms, the time from
+            the arrival stamp to the answer) on every answer to a known key.
+        health: serve `GET /health`: no key, no limit, no processing; the same
+            network latency each way. A probe's target.
         block_after: rate-limit rejections after which a key is blocked for the
             server's lifetime; 0 never blocks.
         nonce: require an integer nonce strictly above the key's last accepted one.
@@ -55,6 +64,9 @@ class ServerSettings:
     policies: tuple[Policy, ...] = (Policy(20, 1.0),)
     latency_in_ms: tuple[int, int] = (0, 50)
     latency_out_ms: tuple[int, int] = (0, 50)
+    processing_ms: tuple[int, int] = (0, 0)
+    server_timing: bool = False
+    health: bool = False
     block_after: int = 0
     nonce: bool = False
     retry_after: bool = True
@@ -88,7 +100,7 @@ class ServerSettings:
                         f"{name}: {format_policy(policy)} allows more than {MAX_POLICY_LIMIT:,} "
                         "requests per window; the simulator keeps a slot per request"
                     )
-        for name in ("latency_in_ms", "latency_out_ms"):
+        for name in ("latency_in_ms", "latency_out_ms", "processing_ms"):
             _check_latency(name, getattr(self, name))
         if not isinstance(self.block_after, int) or self.block_after < 0:
             raise ValueError(f"block_after: must be a whole number >= 0, got {self.block_after!r}")
@@ -137,6 +149,7 @@ class ServerSettings:
         out["host_policies"] = [format_policy(p) for p in self.host_policies]
         out["latency_in_ms"] = list(self.latency_in_ms)
         out["latency_out_ms"] = list(self.latency_out_ms)
+        out["processing_ms"] = list(self.processing_ms)
         if self.seed is None:
             del out["seed"]  # TOML has no null
         return out
@@ -197,11 +210,19 @@ def _convert_field(name: str, value: Any) -> Any:
             return tuple(p if isinstance(p, Policy) else parse_policy(p) for p in value)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
-    if name in ("latency_in_ms", "latency_out_ms"):
+    if name in ("latency_in_ms", "latency_out_ms", "processing_ms"):
         if isinstance(value, (list, tuple)):
             return tuple(value)
         raise ValueError(f"{name}: expected [low, high] whole milliseconds, got {value!r}")
-    if name in ("nonce", "retry_after", "ratelimit_headers", "escalation", "whole_ms_stamps"):
+    if name in (
+        "nonce",
+        "retry_after",
+        "ratelimit_headers",
+        "escalation",
+        "whole_ms_stamps",
+        "server_timing",
+        "health",
+    ):
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true or false, got {value!r}")
         return value

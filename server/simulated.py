@@ -5,7 +5,12 @@
 server, after the same random one-way delays the HTTP simulator adds.
 `run_virtual` runs a coroutine on a loop whose clock jumps to the next timer
 whenever it would wait, so sleeping costs nothing and runs are repeatable.
-Used by `ratedeck sweep`; nothing here touches the network.
+Used by `ratedeck sweep` and the engine's tests; nothing here touches the network.
+
+Like the HTTP simulator, a request that spent a slot then takes the
+settings' `processing_ms` of server time before the answer leaves, and with
+`server_timing` the answer says how long (`Server-Timing: app;dur=X`).
+`probe()` is the simulator's `GET /health`: the network's delays only.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ import asyncio
 import json
 import random
 import selectors
+from collections.abc import Callable
 
 from ratedeck.engine.config import KeySpec
-from ratedeck.engine.delays import response_delay
+from ratedeck.engine.delays import answer_hints, response_delay
 from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
 from ratedeck.engine.request import Request
 
-from .rules import RateRules
+from .rules import SPENT, RateRules, server_timing
 from .settings import ServerSettings
 
 
@@ -29,8 +35,10 @@ class SimulatedTransport:
 
     Tests use the extras: `extra_in_ms` / `extra_out_ms` add uniform random
     network delay to each leg, `fail_every` turns every Nth attempt into a
-    timeout, and `sends` / `cooldowns` log what was sent when and which
-    delays the client was told.
+    timeout, `timing_hint` replaces the Server-Timing text (given the true
+    server time in ms; None sends none), so tests can send nonsense hints,
+    and `sends` / `cooldowns` log what was sent when and which delays the
+    client was told. `probes` counts `probe()` calls.
     """
 
     def __init__(
@@ -41,12 +49,15 @@ class SimulatedTransport:
         extra_in_ms: tuple[float, float] = (0, 0),
         extra_out_ms: tuple[float, float] = (0, 0),
         fail_every: int = 0,
+        timing_hint: Callable[[float], str | None] | None = None,
     ):
         self.settings = settings
         self.rules = RateRules(settings)
         self.rng = random.Random(seed)
         self.extra_in_ms, self.extra_out_ms = extra_in_ms, extra_out_ms
         self.fail_every = fail_every
+        self.timing_hint = timing_hint
+        self.probes = 0
         self.attempts = 0
         self.sends: list[tuple[str, float]] = []  # (key, send time)
         self.cooldowns: list[tuple[str, float, float]] = []  # (key, from, until) told to the client
@@ -60,19 +71,40 @@ class SimulatedTransport:
         if self.fail_every and self.attempts % self.fail_every == 0:
             await asyncio.sleep(0.2)
             return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
-        decision = self.rules.decide(key.secret, nonce, loop.time() * 1000.0, req.id)
+        stamp = loop.time()
+        decision = self.rules.decide(key.secret, nonce, stamp * 1000.0, req.id)
+        headers = decision.headers
+        if decision.outcome in SPENT and self.settings.processing_ms[1]:
+            await self._delay(self.settings.processing_ms, (0, 0))
+        if self.rules.is_known(key.secret):
+            served_ms = (loop.time() - stamp) * 1000.0
+            text = self.timing_hint(served_ms) if self.timing_hint is not None else None
+            if self.timing_hint is None and self.settings.server_timing:
+                text = server_timing(served_ms)
+            if text is not None:
+                headers = {**headers, "Server-Timing": text}
         await self._delay(self.settings.latency_out_ms, self.extra_out_ms)
         body = json.dumps(decision.body)
-        delay = response_delay(decision.status, decision.headers, body) if decision.status >= 400 else None
+        delay = response_delay(decision.status, headers, body) if decision.status >= 400 else None
         if delay is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
+        server_s, remaining = answer_hints(headers)
         return Outcome(
             classify(decision.status, body, uses_nonce=nonce is not None),
             decision.status,
             delay,
             loop.time() - start,
-            policy_header=decision.headers.get("RateLimit-Policy"),
+            policy_header=headers.get("RateLimit-Policy"),
+            server_time_s=server_s,
+            remaining=remaining,
         )
+
+    async def probe(self) -> int:
+        """`GET /health`: the network's delays each way, no key, no limit; returns the status."""
+        self.probes += 1
+        await self._delay(self.settings.latency_in_ms, self.extra_in_ms)
+        await self._delay(self.settings.latency_out_ms, self.extra_out_ms)
+        return 200 if self.settings.health else 404
 
     async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
         ms = self.rng.randint(*bounds)

@@ -43,6 +43,10 @@ class SlotRing:
         index += 1
         self.index = 0 if index == self.limit else index
 
+    def oldest(self) -> float:
+        """The oldest stamp held (the one the next `take` overwrites); -inf while a slot is unused."""
+        return self.stamps[self.index]
+
     def wait_ms(self, now_ms: float) -> float:
         """Milliseconds until the oldest slot frees (0 if it is free already)."""
         return max(0.0, self.stamps[self.index] + self.window_ms - now_ms)

@@ -65,7 +65,15 @@ def test_scenarios_and_strategies_are_the_issue_s():
     assert SCENARIOS["seed"].nonce and not SCENARIOS["many-keys"].nonce
     assert len(SCENARIOS["many-keys"].keys) > len(SCENARIOS["seed"].keys)
     assert "--latency" in SCENARIOS["seed+jitter"].serve_args
-    assert set(STRATEGIES) == {"original", "improved-async", "improved-threads", "aiolimiter", "ratedeck"}
+    assert set(STRATEGIES) == {
+        "original",
+        "improved-async",
+        "improved-threads",
+        "aiolimiter",
+        "ratedeck",
+        "ratedeck+probe",
+        "ratedeck+budget",
+    }
 
 
 def test_run_spec_round_trips_through_json():

@@ -1,0 +1,102 @@
+"""`ratedeck bench` for noisy servers: the scenario group, the ratedeck variants,
+the told-wrong limit, and the sustained share and headroom parts in each row."""
+
+from __future__ import annotations
+
+from ratedeck.bench import parse_args
+from ratedeck.bench.engine_run import BUDGET, snapshot_summary, variant_overrides
+from ratedeck.bench.output import ScenarioResult, make_row, scenario_table
+from ratedeck.bench.scenarios import DEFAULT_SCENARIOS, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
+from ratedeck.bench.spec import RunSpec
+from ratedeck.engine.config import load_config
+from ratedeck.engine.snapshot import Snapshot
+from ratedeck.server.serve import add_serve_arguments, settings_from_args
+
+
+def serve_settings(name: str):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return settings_from_args(parser.parse_args(list(SCENARIOS[name].serve_args)))
+
+
+def test_the_noisy_group_expands_in_place_and_the_default_is_unchanged():
+    assert parse_args([]).scenarios == list(DEFAULT_SCENARIOS)
+    args = parse_args(["--scenarios", "seed,noisy-servers,noisy"])
+    assert args.scenarios == ["seed", *GROUPS["noisy-servers"]]
+    assert not args.strategies_given and parse_args(["--strategies", "ratedeck"]).strategies_given
+
+
+def test_the_noisy_scenarios_are_the_issue_s():
+    noisy = serve_settings("noisy")
+    assert noisy.latency_in_ms == noisy.latency_out_ms == (5, 45)
+    assert noisy.processing_ms == (20, 80)
+    assert not (noisy.server_timing or noisy.ratelimit_headers or noisy.retry_after or noisy.nonce)
+    assert noisy.health and noisy.block_after == 0
+    assert serve_settings("noisy+timing").server_timing
+    assert serve_settings("noisy-wide").latency_in_ms == (5, 95)
+    steady = serve_settings("steady+timing")
+    assert steady.latency_in_ms == (100, 104) and steady.processing_ms == (20, 80) and steady.server_timing
+
+
+def test_told_wrong_is_offered_what_the_clients_were_told():
+    told = SCENARIOS["told-wrong"]
+    settings = serve_settings("told-wrong")
+    assert settings.policies[0].limit == told.limit == 20
+    assert settings.retry_after and settings.escalation and not settings.ratelimit_headers
+    assert told.client_limit == 25
+    assert told.capacity_tps == 100 and told.offered_tps == 125
+
+
+def test_each_scenario_runs_its_own_strategies_and_probes_only_where_there_is_health():
+    for scenario in SCENARIOS.values():
+        assert scenario.strategies and set(scenario.strategies) <= set(STRATEGIES)
+        if not scenario.health:
+            assert not NEEDS_HEALTH & set(scenario.strategies)
+    assert {"ratedeck", "ratedeck+probe", "ratedeck+budget"} <= set(SCENARIOS["noisy"].strategies)
+
+
+def spec(strategy: str) -> RunSpec:
+    return RunSpec(strategy, "http://127.0.0.1:1234/api/request", ("k",), 20, 1.0, False, 20.0, 5.0)
+
+
+def test_ratedeck_variants_add_a_probe_or_a_budget_and_load():
+    probe = variant_overrides(spec("ratedeck+probe"))
+    assert probe["target"]["probe_url"] == "http://127.0.0.1:1234/health"
+    budget = variant_overrides(spec("ratedeck+budget"))
+    assert budget["engine"]["rejection_budget"] == BUDGET == 10 and budget["engine"]["learn_policy"] is False
+    plain = variant_overrides(spec("ratedeck"))
+    assert "probe_url" not in plain["target"] and "rejection_budget" not in plain["engine"]
+    for overrides in (probe, budget, plain):
+        load_config(preset="seed", overrides=overrides)  # valid configs
+
+
+def test_a_row_carries_the_share_and_what_the_headroom_was_made_of():
+    snap = Snapshot(
+        succeeded=190,
+        headroom_ms=41.0,
+        headroom_source="hints",
+        rtt_spread_ms=131.0,
+        network_spread_ms=79.0,
+        server_time_ms=50.2,
+        rejection_budget=10,
+        rejections_spent=3,
+        probe_sent=0,
+    )
+    client = snapshot_summary(snap) | {"cpu_s": 1.0, "peak_rss_mb": 40.0}
+    server = {"totals": {"ok": 190}, "share": {"sustained": 0.9612, "all": 0.955, "pairs": 3000}}
+    row = make_row("ratedeck", client, server, duration_s=2.0, capacity_tps=100.0)
+    assert row["share"] == 0.9612 and row["share_all"] == 0.955
+    assert row["headroom_source"] == "hints" and row["rejections_spent"] == 3
+    table = scenario_table(ScenarioResult("noisy", "s", 100.0, rows=[row]), 2.0)
+    assert "share" in table.splitlines()[2] and "0.961" in table
+    assert "41 ms from hints" in table and "spent 3 of 10 rejections" in table
+    assert "server time 50.2 ms" in table and "network spread 79 ms" in table
+
+
+def test_a_row_without_a_share_shows_a_dash():
+    row = make_row("original", {"succeeded": 0}, {"totals": {}}, duration_s=1.0, capacity_tps=100.0)
+    assert row["share"] is None
+    table = scenario_table(ScenarioResult("noisy", "s", 100.0, rows=[row]), 1.0)
+    assert table.splitlines()[-1].split()[3] == "-"
