@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,8 +17,9 @@ import tomli_w
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
-from textual.widgets import Footer
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
 
 from ratedeck.engine.commands import (
     Command,
@@ -33,35 +35,94 @@ from ratedeck.engine.commands import (
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.host.protocol import EngineHost
 
+from .history import SPANS, RunHistory
+from .screens.confirm import ConfirmScreen
+from .screens.errors import ErrorsScreen
 from .screens.headroom import HeadroomScreen
-from .screens.help import HelpScreen
+from .screens.help import HelpScreen, HelpSections
+from .screens.key_detail import KeyDetailScreen
 from .screens.palette import ControlsProvider
 from .screens.throttle import ThrottleScreen
+from .steering import Pending, RateSteps
 from .themes import DEFAULT_THEME, load_themes
 from .widgets import numbers
+from .widgets.chart import ChartSpec, Series
+from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
-from .widgets.goodput import GoodputPanel, is_message_run
+from .widgets.goodput import GOODPUT_STYLE, GoodputPanel, is_message_run
 from .widgets.keys_table import KeysTable
-from .widgets.latency import LatencyPanel
+from .widgets.latency import P50_STYLE, P99_STYLE, LatencyPanel
 from .widgets.limiter import LimiterPanel
 from .widgets.queues import QueuesPanel
 from .widgets.run_bar import RunBar
-from .widgets.throughput import ThroughputPanel
+from .widgets.throughput import BAR_STYLE, CAPACITY_STYLE, LIVE_STYLE, ThroughputPanel
 
 HEADROOM_STEP_MS = 5.0
-ARRIVAL_STEP = 0.10
+ARRIVAL_FACTOR = 1.1
 # Below either size the secondary panels are hidden (see ratedeck.tcss).
 COMPACT_WIDTH = 100
 COMPACT_HEIGHT = 32
-# Controls that still make sense while the engine drains.
-_ALWAYS_AVAILABLE = {"show_help", "quit", "next_theme", "command_palette"}
+# From this size up the errors panel sits beside the keys and the charts grow.
+WIDE_WIDTH = 160
+WIDE_HEIGHT = 45
+# The keys table's figures are brought up to date at most this often (every
+# changed cell repaints the whole table); a key's state change shows at once,
+# and the header, charts and gauges keep the pull rate.
+KEYS_REFRESH_S = 1.0
+# Views, not controls: they still make sense while the engine drains.
+_VIEW_ACTIONS = {"chart_span", "show_errors", "filter_keys", "sort_next", "sort_reverse"}
+# Views of the main screen's keys table and charts: hidden on other screens.
+_MAIN_ONLY = {"chart_span", "filter_keys", "sort_next", "sort_reverse"}
+_ALWAYS_AVAILABLE = {"show_help", "quit", "next_theme", "command_palette"} | _VIEW_ACTIONS
 
 _HEADROOM = Binding.Group("headroom", compact=True)
 _ARRIVAL = Binding.Group("arrival", compact=True)
 _THROTTLE = Binding.Group("throttle", compact=True)
 # Controls of the entry throttle: only a message workload has one.
 _THROTTLE_ACTIONS = {"throttle_cycle", "throttle_set"}
+_SECTIONS = (
+    (
+        "Keys and view",
+        ("filter_keys", "sort_next", "sort_reverse", "show_errors", "chart_span", "next_theme"),
+    ),
+    ("Traffic", ("pause_key", "pause_all", "rate_up", "rate_down", "toggle_backpressure")),
+    (
+        "Headroom and throttle",
+        (
+            "headroom_up",
+            "headroom_down",
+            "headroom_set",
+            "headroom_adaptive",
+            "throttle_cycle",
+            "throttle_set",
+        ),
+    ),
+    ("Run", ("save_profile", "show_help", "quit", "quit_interrupt")),
+)
+# Keys of the table and the screens, not remappable: listed in help as they are.
+_FIXED_KEYS = (
+    ("↑ ↓ / j k", "move between keys"),
+    ("PgUp PgDn", "a page of keys up / down"),
+    ("Home End", "first / last key"),
+    ("Enter", "open the key under the cursor (window, latency, errors, gates); n / p next / previous"),
+    ("click header", "sort by that column; click again to reverse"),
+    ("Esc", "close a screen or clear the filter"),
+)
+
+
+class MainScreen(Screen):
+    """The console's main screen (the app composes into it)."""
+
+
+class FilterInput(Input):
+    """The keys filter: typing filters at once; Enter keeps it, Esc clears it."""
+
+    BINDINGS = [Binding("escape", "clear", "Clear filter", show=False)]
+
+    def action_clear(self) -> None:
+        self.value = ""
+        self.post_message(self.Submitted(self, ""))
 
 
 class RatedeckApp(App[Snapshot]):
@@ -71,6 +132,8 @@ class RatedeckApp(App[Snapshot]):
     the operator quits with q or Ctrl+C, or when a snapshot's `elapsed_s`
     reaches `duration_s` (the same graceful drain). `keymap` maps binding
     ids (see `BINDINGS`) to keys; `theme` names a theme from the themes folder.
+    Snapshots are pulled every `refresh_s`; the keys table's figures follow at
+    most every `keys_refresh_s` (state changes at once).
     """
 
     CSS_PATH = "ratedeck.tcss"
@@ -115,13 +178,19 @@ class RatedeckApp(App[Snapshot]):
             tooltip="Lower headroom by 5 ms (switches to a fixed headroom)",
         ),
         Binding(
-            "h", "headroom_set", "Headroom…", id="headroom_set", tooltip="Type an exact fixed headroom in ms"
+            "h",
+            "headroom_set",
+            "Headroom…",
+            id="headroom_set",
+            show=False,
+            tooltip="Type an exact fixed headroom in ms",
         ),
         Binding(
             "a",
             "headroom_adaptive",
             "Adaptive",
             id="headroom_adaptive",
+            show=False,
             tooltip="Let the limiter learn the headroom again",
         ),
         Binding(
@@ -134,18 +203,44 @@ class RatedeckApp(App[Snapshot]):
         Binding(
             "right_square_bracket",
             "rate_up",
-            "Arrival +10%",
+            "Arrival ×1.1",
             id="rate_up",
             group=_ARRIVAL,
-            tooltip="Raise the arrival rate by 10%",
+            tooltip="Raise the arrival rate ×1.1 (] then [ returns exactly to the start)",
         ),
         Binding(
             "left_square_bracket",
             "rate_down",
-            "Arrival -10%",
+            "Arrival ÷1.1",
             id="rate_down",
             group=_ARRIVAL,
-            tooltip="Lower the arrival rate by 10%",
+            tooltip="Lower the arrival rate ÷1.1 (undoes one ])",
+        ),
+        Binding(
+            "slash",
+            "filter_keys",
+            "Filter",
+            id="filter_keys",
+            tooltip="Filter the keys table (words in label, state, status, error)",
+        ),
+        Binding(
+            "e",
+            "show_errors",
+            "Errors",
+            id="show_errors",
+            tooltip="Errors by status and cause, with the last masked body",
+        ),
+        Binding(
+            "z", "chart_span", "Span", id="chart_span", tooltip="Chart time span: 1 m → 5 m → the whole run"
+        ),
+        Binding("o", "sort_next", "Sort", id="sort_next", tooltip="Sort the keys by the next column"),
+        Binding(
+            "O",
+            "sort_reverse",
+            "Reverse",
+            id="sort_reverse",
+            show=False,
+            tooltip="Reverse the keys' sort order",
         ),
         Binding(
             "g",
@@ -168,9 +263,9 @@ class RatedeckApp(App[Snapshot]):
             "save_profile",
             "Save",
             id="save_profile",
-            tooltip="Save the current settings to the profile file",
+            tooltip="Save the current settings as a TOML profile (asks before overwriting)",
         ),
-        Binding("t", "next_theme", "Theme", id="next_theme", tooltip="Switch to the next theme"),
+        Binding("t", "next_theme", "Theme", id="next_theme", show=False, tooltip="Switch to the next theme"),
         # Ctrl+C is what operators press under stress; it must drain like q,
         # from any screen, so it is a priority binding. Pressed again during
         # the drain, it stops at once.
@@ -188,6 +283,7 @@ class RatedeckApp(App[Snapshot]):
         title: str = "ratedeck",
         themes_dir: str | Path | None = None,
         duration_s: float | None = None,
+        keys_refresh_s: float = KEYS_REFRESH_S,
     ) -> None:
         super().__init__()
         self.host = host
@@ -206,11 +302,18 @@ class RatedeckApp(App[Snapshot]):
         self._keymap_in_force: dict[str, str] = {}  # binding id -> keys, as given to set_keymap
         self._exiting = False
         # Values sent but maybe not yet visible in a snapshot, so that fast
-        # repeated +/+ or ]/] presses build on each other.
-        self._pending_headroom: float | None = None
-        self._pending_rate: float | None = None
-        self._pending_throttle: tuple[str, float] | None = None
+        # repeated +/+, ]/] or space/space presses build on each other.
+        self.pending = Pending()
+        self.rate_steps = RateSteps(ARRIVAL_FACTOR)
         self._binding_state: tuple[bool, bool, bool] | None = None
+        self._drain_reason = ""
+        self.history = RunHistory()
+        self.span_index = 0  # into SPANS: the charts' time span
+        self._charts_for: tuple[int, int] | None = None  # (history seconds, span) the charts show
+        self._keys_shown_at = 0.0  # monotonic time the keys table was last brought up to date
+        self._keys_now = True  # update the table at the next pull whatever the time
+        self._key_states: tuple[tuple[str, str], ...] = ()
+        self.keys_refresh_s = keys_refresh_s
         themes, problems = load_themes(themes_dir)
         for problem in problems:
             self._startup_notices.append((f"Theme file skipped: {problem}", "error"))
@@ -232,33 +335,50 @@ class RatedeckApp(App[Snapshot]):
             yield GoodputPanel(id="goodput", classes="panel")
             yield LatencyPanel(id="latency", classes="panel")
             yield QueuesPanel(id="queues", classes="panel")
-        yield KeysTable(id="keys")
+        with Horizontal(id="middle"):
+            with Vertical(id="keys-box"):
+                with Horizontal(id="filter-bar"):
+                    yield Static("[b $text-accent]/[/] filter", id="filter-label")
+                    yield FilterInput(
+                        placeholder="words of label, state, status or error · Enter keep · Esc clear",
+                        id="key-filter",
+                    )
+                yield KeysTable(id="keys")
+            yield ErrorsPanel(id="errors-panel", classes="panel")
         yield GatesPanel(id="gates", classes="panel")
         with Horizontal(id="bottom"):
             yield EventLog(id="events", classes="panel")
             yield LimiterPanel(id="limiter", classes="panel")
         yield Footer(compact=True, show_command_palette=False)
 
+    def get_default_screen(self) -> Screen:
+        return MainScreen(id="_default")
+
     def on_mount(self) -> None:
         # Held once: while a modal is open, `query_one` would search the modal.
         self._run_bar = self.query_one(RunBar)
         self._limiter = self.query_one(LimiterPanel)
+        self._throughput = self.query_one(ThroughputPanel)
+        self._latency = self.query_one(LatencyPanel)
+        self._goodput = self.query_one(GoodputPanel)
         self._panels = (
-            self.query_one(ThroughputPanel),
-            self.query_one(GoodputPanel),
-            self.query_one(LatencyPanel),
+            self._goodput,
             self.query_one(QueuesPanel),
             self._limiter,
             self.query_one(GatesPanel),
+            self.query_one(ErrorsPanel),
         )
         self._keys_table = self.query_one(KeysTable)
+        self._filter = self.query_one(FilterInput)
+        self._filter_bar = self.query_one("#filter-bar")
+        self._filter_bar.display = False
         self._event_log = self.query_one(EventLog)
         self._apply_theme_choice()
         self._apply_keymap()
         for message, severity in self._startup_notices:
             self.notify(message, severity=severity, timeout=10)  # type: ignore[arg-type]
         self._set_compact(self.size.width, self.size.height)
-        self._keys_table.border_title = "Keys"
+        self._keys_table.border_title = "Keys · Enter details · / filter · o sort"
         self._keys_table.focus()
         self.pull_snapshot()
         self.set_interval(self.refresh_s, self._tick)
@@ -300,6 +420,7 @@ class RatedeckApp(App[Snapshot]):
     def _set_compact(self, width: int, height: int) -> None:
         compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
         self.set_class(compact, "-compact")
+        self.set_class(not compact and width >= WIDE_WIDTH and height >= WIDE_HEIGHT, "-wide")
         # The first Resize arrives before on_mount has found the table, which
         # then applies the layout itself. (Not `query`: while a modal is open
         # it searches the modal, and the table would miss the resize.)
@@ -309,6 +430,9 @@ class RatedeckApp(App[Snapshot]):
         limiter: LimiterPanel | None = getattr(self, "_limiter", None)
         if limiter is not None:
             limiter.compact = compact
+        throughput: ThroughputPanel | None = getattr(self, "_throughput", None)
+        if throughput is not None:
+            throughput.compact = compact
 
     def _apply_theme_choice(self) -> None:
         wanted = self._requested_theme or DEFAULT_THEME
@@ -343,10 +467,6 @@ class RatedeckApp(App[Snapshot]):
     # ---------------------------------------------------------------- data
 
     def _tick(self) -> None:
-        # After a full refresh interval the snapshot is the truth again.
-        self._pending_headroom = None
-        self._pending_rate = None
-        self._pending_throttle = None
         self.pull_snapshot()
 
     def exit(self, *args: Any, **kwargs: Any) -> None:
@@ -369,7 +489,13 @@ class RatedeckApp(App[Snapshot]):
         self.show_snapshot(snap)
 
     def show_snapshot(self, snap: Snapshot) -> None:
-        """Pass `snap` down to the panels (attributes down)."""
+        """Pass `snap` down to the panels (attributes down).
+
+        A host that has published nothing new hands back the same object:
+        then nothing is redrawn.
+        """
+        if snap is self.snapshot:
+            return
         self.snapshot = snap
         # Panels that only apply to some runs are shown by class (see ratedeck.tcss).
         self.set_class(is_message_run(snap), "-messages")
@@ -377,8 +503,13 @@ class RatedeckApp(App[Snapshot]):
         self._run_bar.snapshot = snap
         for panel in self._panels:
             panel.snapshot = snap
-        self._keys_table.show_keys(snap.keys)
-        self._event_log.events = snap.events
+        self.history.ingest(snap)
+        self._show_charts(snap)
+        self._show_keys(snap)
+        self._event_log.show(snap.events)
+        for screen in self.screen_stack[1:]:
+            if isinstance(screen, KeyDetailScreen | ErrorsScreen):
+                screen.snapshot = snap
         state = (bool(snap.keys), snap.headroom_adaptive, is_message_run(snap))
         if state != self._binding_state:
             self._binding_state = state
@@ -386,10 +517,83 @@ class RatedeckApp(App[Snapshot]):
         if self.duration_s is not None and snap.elapsed_s >= self.duration_s and not self._draining:
             self._begin_quit(f"{numbers.duration(self.duration_s)} run over")
 
+    def _show_keys(self, snap: Snapshot) -> None:
+        """Update the keys table: at once when a key's state changes or the operator
+        acts, otherwise at most every `keys_refresh_s` (each changed cell repaints
+        the table), and not at all while a full screen covers it."""
+        table = self._keys_table
+        now = time.monotonic()
+        states = tuple((row.label, row.state) for row in snap.keys)
+        due = self._keys_now or states != self._key_states or now - self._keys_shown_at >= self.keys_refresh_s
+        if self._on_other_screen():
+            table.remember(snap.keys)
+            self._keys_now = True  # up to date the moment the table is back in view
+            return
+        if not due:
+            table.remember(snap.keys)
+            return
+        self._keys_now = False
+        self._keys_shown_at = now
+        self._key_states = states
+        table.show_keys(snap.keys)
+
+    @property
+    def span(self) -> tuple[str, int | None]:
+        """The charts' time span: (name, seconds or None for the whole run)."""
+        return SPANS[self.span_index]
+
+    def _show_charts(self, snap: Snapshot) -> None:
+        name, span_s = self.span
+        points, res_s = self.history.view(span_s)
+        shown_s = span_s if span_s is not None else max(len(points) * res_s, 1.0)
+        label = f"last {name}" if span_s is not None else f"run {numbers.duration(shown_s)}"
+        if (self.history.seconds, self.span_index) != self._charts_for:
+            self._charts_for = (self.history.seconds, self.span_index)
+            self._tps_spec = ChartSpec(
+                "bars",
+                (
+                    Series(tuple(point.tps for point in points), BAR_STYLE),
+                    Series(tuple(point.live for point in points), LIVE_STYLE),
+                    Series(tuple(point.capacity for point in points), CAPACITY_STYLE),
+                ),
+                span_s=shown_s,
+                res_s=res_s,
+            )
+            self._latency_spec = ChartSpec(
+                "log",
+                (
+                    Series(tuple(point.p50 for point in points), P50_STYLE),
+                    Series(tuple(point.p99 for point in points), P99_STYLE, how="max"),
+                ),
+                span_s=shown_s,
+                res_s=res_s,
+            )
+            calls = snap.messages.calls_per_message if snap.messages is not None else 1
+            self._goodput_spec = ChartSpec(
+                "bars",
+                (
+                    Series(tuple(point.goodput for point in points), GOODPUT_STYLE),
+                    Series(
+                        tuple(None if point.live is None else point.live / calls for point in points),
+                        LIVE_STYLE,
+                    ),
+                ),
+                span_s=shown_s,
+                res_s=res_s,
+            )
+        self._throughput.show(snap, self._tps_spec, f"{label} · z")
+        self._latency.show(snap, self._latency_spec, label)
+        if is_message_run(snap):
+            self._goodput.show_chart(self._goodput_spec, label)
+
     # ---------------------------------------------------------------- controls
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Dim controls that cannot apply now, so the footer tells the truth."""
+        if action in _MAIN_ONLY and self._on_other_screen():
+            return False  # the keys table and charts are not on this screen
+        if action == "pause_key" and isinstance(self.screen, ErrorsScreen):
+            return False  # no key under the cursor here (Enter opens one)
         if action in _ALWAYS_AVAILABLE or action not in self._control_actions():
             return True
         if self._draining:
@@ -403,10 +607,16 @@ class RatedeckApp(App[Snapshot]):
             return False  # hidden: a plain request run has no entry throttle
         return True
 
+    def _on_other_screen(self) -> bool:
+        """True when a full screen (key detail, errors) covers the main one."""
+        return any(isinstance(screen, KeyDetailScreen | ErrorsScreen) for screen in self.screen_stack[1:])
+
     def unavailable_reason(self, action: str) -> str | None:
         """Why control `action` cannot run now, or None if it can."""
         if self.check_action(action, ()):
             return None
+        if action in _MAIN_ONLY:
+            return "Only on the main screen (Esc goes back to it)"
         if self._draining:
             return "Draining: controls are off until the engine stops"
         if action in _THROTTLE_ACTIONS:
@@ -462,9 +672,27 @@ class RatedeckApp(App[Snapshot]):
             shown = " / ".join(self.get_key_display(binding.with_key(key.strip())) for key in keys)
             description = binding.tooltip or binding.description
             if binding.id == "quit_interrupt":
-                description = "Quit like q (drain, then exit)"
+                description = "Quit like q (drain, then exit); pressed again while draining, stop at once"
             rows.append((shown, binding.id, description, binding.action))
         return rows
+
+    def help_sections(self) -> HelpSections:
+        """The help screen's sections: every control by purpose, then the fixed keys."""
+        by_id = {
+            binding_id: (keys, binding_id, description)
+            for keys, binding_id, description, _ in self.control_rows()
+        }
+        sections: HelpSections = []
+        listed: set[str] = set()
+        for title, ids in _SECTIONS:
+            rows = [by_id[binding_id] for binding_id in ids if binding_id in by_id]
+            listed.update(ids)
+            sections.append((title, rows))
+        rest = [row for binding_id, row in by_id.items() if binding_id not in listed]
+        if rest:
+            sections.append(("Other", rest))
+        sections.append(("Table and screens", [(keys, "", description) for keys, description in _FIXED_KEYS]))
+        return sections
 
     def _send(self, command: Command, message: str) -> bool:
         try:
@@ -473,13 +701,19 @@ class RatedeckApp(App[Snapshot]):
             self.notify(f"{message} failed: {error}", severity="error")
             return False
         self.notify(message, timeout=3)
+        self._keys_now = True  # the operator's change shows at once
         self.pull_snapshot()
         return True
 
+    # ---------------------------------------------------------------- keys
+
+    def _paused(self, row) -> bool:
+        """Whether `row`'s key is paused, counting a pause or resume just sent."""
+        return bool(self.pending.get(f"pause:{row.label}", row.state == "paused"))
+
     def action_pause_key(self) -> None:
-        table = self._keys_table
-        label = table.selected_key
-        row = table.key_row(label) if label else None
+        label = self._detail_label() or self._keys_table.selected_key
+        row = self._keys_table.key_row(label) if label else None
         if row is None:
             self.notify("No key selected", severity="warning")
             return
@@ -488,27 +722,81 @@ class RatedeckApp(App[Snapshot]):
                 f"{label} is blocked by the server; it cannot be paused or resumed", severity="warning"
             )
             return
-        if row.state == "paused":
-            self._send(ResumeKey(row.label), f"Resumed {row.label}")
-        else:
-            self._send(PauseKey(row.label), f"Paused {row.label}")
+        if self._paused(row):
+            if self._send(ResumeKey(row.label), f"Resumed {row.label}"):
+                self.pending.set(f"pause:{row.label}", False)
+        elif self._send(PauseKey(row.label), f"Paused {row.label}"):
+            self.pending.set(f"pause:{row.label}", True)
+
+    def _detail_label(self) -> str | None:
+        screen = self.screen
+        return screen.label if isinstance(screen, KeyDetailScreen) else None
 
     def action_pause_all(self) -> None:
         keys = [row for row in (self.snapshot.keys if self.snapshot else ()) if row.state != "blocked"]
-        if keys and all(row.state == "paused" for row in keys):
-            self._send(ResumeAll(), "Resumed all keys")
-        else:
-            self._send(PauseAll(), "Paused all keys")
+        if keys and all(self._paused(row) for row in keys):
+            if self._send(ResumeAll(), "Resumed all keys"):
+                for row in keys:
+                    self.pending.set(f"pause:{row.label}", False)
+        elif self._send(PauseAll(), "Paused all keys"):
+            for row in keys:
+                self.pending.set(f"pause:{row.label}", True)
+
+    def open_key_detail(self, label: str) -> None:
+        """Show one key's detail screen (Enter on the table, or from the errors screen)."""
+        if self._keys_table.key_row(label) is None:
+            self.notify(f"No key {label} in the latest snapshot", severity="warning")
+            return
+        self.push_screen(KeyDetailScreen(label, self.snapshot, lambda: self._keys_table.shown_labels))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table is self._keys_table and event.row_key.value is not None:
+            self.open_key_detail(event.row_key.value)
+
+    def action_filter_keys(self) -> None:
+        self._filter_bar.display = True
+        self._filter.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input is self._filter:
+            self._keys_table.set_filter(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input is not self._filter:
+            return
+        self._keys_table.set_filter(event.value)
+        self._filter_bar.display = bool(event.value.strip())
+        self._keys_table.focus()
+
+    def action_sort_next(self) -> None:
+        self._keys_table.next_sort()
+        self.notify(f"Keys sorted by {self._keys_table.sort_description()} (O reverses)", timeout=2)
+
+    def action_sort_reverse(self) -> None:
+        self._keys_table.reverse_sort()
+        self.notify(f"Keys sorted by {self._keys_table.sort_description()}", timeout=2)
+
+    def action_show_errors(self) -> None:
+        if isinstance(self.screen, ErrorsScreen):
+            return
+        self.push_screen(ErrorsScreen(self.snapshot))
+
+    def action_chart_span(self) -> None:
+        self.span_index = (self.span_index + 1) % len(SPANS)
+        if self.snapshot is not None:
+            self._show_charts(self.snapshot)
+        name, span_s = self.span
+        self.notify(f"Charts: {'the whole run' if span_s is None else f'last {name}'}", timeout=2)
+
+    # ---------------------------------------------------------------- settings
 
     def _current_headroom(self) -> float:
-        if self._pending_headroom is not None:
-            return self._pending_headroom
-        return self.snapshot.headroom_ms if self.snapshot else 0.0
+        return float(self.pending.get("headroom", self.snapshot.headroom_ms if self.snapshot else 0.0))
 
     def _set_fixed_headroom(self, value: float) -> None:
         value = max(0.0, round(value, 1))
         if self._send(SetHeadroom(value), f"Headroom fixed at {value:g} ms"):
-            self._pending_headroom = value
+            self.pending.set("headroom", value)
 
     def action_headroom_up(self) -> None:
         self._set_fixed_headroom(self._current_headroom() + HEADROOM_STEP_MS)
@@ -525,34 +813,43 @@ class RatedeckApp(App[Snapshot]):
 
     def action_headroom_adaptive(self) -> None:
         if self._send(SetHeadroom(None), "Headroom adaptive"):
-            self._pending_headroom = None
+            self.pending.clear("headroom")
 
     def action_toggle_backpressure(self) -> None:
-        on = not (self.snapshot.backpressure if self.snapshot else True)
-        self._send(SetBackpressure(on), f"Backpressure {'on' if on else 'off'}")
+        now = self.pending.get("backpressure", self.snapshot.backpressure if self.snapshot else True)
+        on = not now
+        if self._send(SetBackpressure(on), f"Backpressure {'on' if on else 'off'}"):
+            self.pending.set("backpressure", on)
 
-    def _change_rate(self, factor: float) -> None:
-        base = self._pending_rate
-        if base is None:
-            base = self.snapshot.arrival_rate if self.snapshot else 0.0
-        # From zero a percentage goes nowhere; start at 1/s.
-        rate = round(base * factor, 2) if base > 0 else (1.0 if factor > 1 else 0.0)
+    def _change_rate(self, direction: int) -> None:
+        current = float(self.pending.get("rate", self.snapshot.arrival_rate if self.snapshot else 0.0))
+        rate = self.rate_steps.step(current, direction)
         if self._send(SetArrivalRate(rate), f"Arrival rate {rate:g}/s"):
-            self._pending_rate = rate
+            self.pending.set("rate", rate)
 
     def action_rate_up(self) -> None:
-        self._change_rate(1 + ARRIVAL_STEP)
+        self._change_rate(+1)
 
     def action_rate_down(self) -> None:
-        self._change_rate(1 - ARRIVAL_STEP)
+        self._change_rate(-1)
 
     def _current_throttle(self) -> tuple[str, float]:
-        if self._pending_throttle is not None:
-            return self._pending_throttle
         snap = self.snapshot
-        if snap is None or snap.messages is None:
-            return ("off", 0.0)
-        return (snap.messages.throttle_mode, snap.messages.throttle_rate)
+        truth = (
+            ("off", 0.0)
+            if snap is None or snap.messages is None
+            else (
+                snap.messages.throttle_mode,
+                snap.messages.throttle_rate,
+            )
+        )
+        # "auto" is caught up as soon as the mode is; its rate comes from the engine.
+        held = self.pending.get(
+            "throttle",
+            truth,
+            lambda sent, seen: sent[0] == seen[0] and (sent[0] != "fixed" or sent[1] == seen[1]),
+        )
+        return held
 
     def _set_throttle(self, value: str | float) -> None:
         if isinstance(value, str):
@@ -564,7 +861,7 @@ class RatedeckApp(App[Snapshot]):
             pending = ("fixed", value)
             message = f"Entry throttle fixed at {value:g} msg/s"
         if self._send(SetThrottle(value), message):
-            self._pending_throttle = pending
+            self.pending.set("throttle", pending)
 
     def action_throttle_cycle(self) -> None:
         mode, rate = self._current_throttle()
@@ -602,6 +899,24 @@ class RatedeckApp(App[Snapshot]):
         except Exception as error:  # bad data from the host: say so, keep running
             self.notify(f"Settings could not be turned into TOML: {error}", severity="error")
             return
+        if not path.exists():
+            self._write_profile(path, text)
+            return
+
+        def answered(overwrite: bool | None) -> None:
+            if overwrite:
+                self._write_profile(path, text)
+            else:
+                self.notify(f"Not saved; {path.resolve()} left as it was", title="Not saved", timeout=5)
+
+        self.push_screen(
+            ConfirmScreen(
+                f"{path.resolve()} already exists. Overwrite it with the current settings?", "Save profile"
+            ),
+            answered,
+        )
+
+    def _write_profile(self, path: Path, text: str) -> None:
         try:
             path.write_text(text, encoding="utf-8")
         except OSError as error:
@@ -612,7 +927,7 @@ class RatedeckApp(App[Snapshot]):
                 timeout=8,
             )
             return
-        self.notify(f"Settings saved to {path.resolve()}", title="Saved")
+        self.notify(f"Settings saved to {path.resolve()} (load with --config)", title="Saved", timeout=6)
 
     def use_theme(self, name: str) -> None:
         """Switch to theme `name` and say so."""
@@ -625,8 +940,7 @@ class RatedeckApp(App[Snapshot]):
         self.use_theme(names[(index + 1) % len(names)])
 
     def action_show_help(self) -> None:
-        rows = [(keys, binding_id, description) for keys, binding_id, description, _ in self.control_rows()]
-        self.push_screen(HelpScreen(rows))
+        self.push_screen(HelpScreen(self.help_sections()))
 
     async def action_quit(self, how: str = "key") -> None:
         """Drain gracefully: stop the engine, then exit with its final snapshot.
@@ -639,7 +953,7 @@ class RatedeckApp(App[Snapshot]):
             else:
                 self.notify("Still draining… (Ctrl+C stops at once)", timeout=2)
             return
-        self._begin_quit("Quitting")
+        self._begin_quit("quit by operator")
 
     def _stop_at_once(self) -> None:
         """Cut the drain short: what is left is reported as queued or in flight."""
@@ -661,11 +975,14 @@ class RatedeckApp(App[Snapshot]):
             return
         self.exit(final)
 
-    def _begin_quit(self, title: str) -> None:
+    def _begin_quit(self, reason: str) -> None:
         self._draining = True
+        self._run_bar.drain_reason = reason
         self._run_bar.draining = True
         self.refresh_bindings()
-        self.notify("draining… waiting for in-flight requests", title=title, timeout=30)
+        self.notify(
+            "draining… waiting for in-flight requests", title=reason[:1].upper() + reason[1:], timeout=30
+        )
         self.run_worker(self._drain(), name="drain", exclusive=True)
 
     async def _drain(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ratedeck.console.app import RatedeckApp
 from ratedeck.core.secrets import mask_secret
-from ratedeck.core.vocab import Excess, MessagePattern
+from ratedeck.core.vocab import Excess, MessagePattern, OutcomeKind
 from ratedeck.engine.commands import (
     Command,
     PauseAll,
@@ -24,7 +24,15 @@ from ratedeck.engine.commands import (
     SetHeadroom,
     SetThrottle,
 )
-from ratedeck.engine.snapshot import Event, GateRow, KeyRow, LatencySummary, MessageStats, Snapshot
+from ratedeck.engine.snapshot import (
+    ErrorRow,
+    Event,
+    GateRow,
+    KeyRow,
+    LatencySummary,
+    MessageStats,
+    Snapshot,
+)
 
 # 32-character secrets: tests assert none of these ever reaches the screen.
 SECRETS = {
@@ -46,10 +54,46 @@ def _series(n: int, base: float, swing: float, period: float, phase: float = 0.0
     )
 
 
+# The per-key fields the console asks the engine for, with what they mean:
+# `fingerprint`: first 6 hex digits of sha256(secret), stable across runs;
+# `server_remaining` / `server_limit` / `server_reset_in_s`: the server's own
+# count from its last answer's headers (None when it sent none); `latency`:
+# this key's send->answer distribution; `recent_errors`: this key's last
+# failed attempts, newest last. Those the engine already has are not redeclared.
+_PROPOSED_KEY_FIELDS = (
+    ("fingerprint", str, ""),
+    ("server_remaining", int | None, None),
+    ("server_limit", int | None, None),
+    ("server_reset_in_s", float | None, None),
+    ("latency", LatencySummary | None, None),
+    ("recent_errors", tuple, ()),
+)
+_KEY_FIELDS = {field.name for field in dataclasses.fields(KeyRow)}
+ReportedKeyRow = dataclasses.make_dataclass(
+    "ReportedKeyRow",
+    [
+        (name, kind, dataclasses.field(default=default))
+        for name, kind, default in _PROPOSED_KEY_FIELDS
+        if name not in _KEY_FIELDS
+    ],
+    bases=(KeyRow,),
+    frozen=True,
+    slots=True,
+)
+
+
+LAST_ERRORS = {
+    "k2": (503, "503: <html><body>Service Unavailable</body></html>"),
+    "k4": (429, '429: {"error":"rate limit exceeded","key":"…Ye5G","retry_after":5}'),
+    "k6": (None, "timeout: no answer within 10.0s"),
+}
+
+
 def key_rows() -> tuple[KeyRow, ...]:
-    """Six busy keys, all active."""
+    """Six busy keys, all active; k2, k4 and k6 have had failures."""
     rows = []
     for index, (label, secret) in enumerate(SECRETS.items()):
+        status, error = LAST_ERRORS.get(label, (200, ""))
         rows.append(
             KeyRow(
                 label=label,
@@ -62,9 +106,37 @@ def key_rows() -> tuple[KeyRow, ...]:
                 window_used=18 + index % 3,
                 window_limit=20,
                 last_latency_ms=41.5 + 3.25 * index,
+                errors={"k2": 3, "k4": 4, "k6": 6}.get(label, index % 2),
+                last_status=200 if label != "k6" else None,
+                last_error=error,
             )
         )
     return tuple(rows)
+
+
+def error_rows() -> tuple[ErrorRow, ...]:
+    """Failed attempts by status and cause, consistent with main_snapshot's counters."""
+    return (
+        ErrorRow(None, OutcomeKind.TIMEOUT, "timeout", 6, "no answer within 10.0s", "k6", 112.2),
+        ErrorRow(
+            503,
+            OutcomeKind.SERVER_ERROR,
+            "server error",
+            3,
+            "<html><body>Service Unavailable</body></html>",
+            "k2",
+            95.0,
+        ),
+        ErrorRow(
+            429,
+            OutcomeKind.RATE_LIMITED,
+            "rate limited",
+            3,
+            '{"error":"rate limit exceeded","key":"…Ye5G","retry_after":5}',
+            "k4",
+            31.0,
+        ),
+    )
 
 
 def events() -> tuple[Event, ...]:
@@ -84,6 +156,7 @@ def main_snapshot() -> Snapshot:
         elapsed_s=183.4,
         phase="running",
         capacity_tps=120.0,
+        live_capacity_tps=120.0,
         throughput_tps=113.6,
         current_tps=117.0,
         generated=21_292,
@@ -110,7 +183,10 @@ def main_snapshot() -> Snapshot:
         headroom_max_ms=35.0,
         backpressure=True,
         arrival_rate=125.0,
-        latency=LatencySummary(mean=48.2, p50=44.0, p90=71.5, p99=118.0, max=402.0),
+        latency=LatencySummary(mean=48.2, p50=44.0, p90=71.5, p99=118.0, max=402.0, p999=260.0, count=20_834),
+        latency_total=LatencySummary(mean=160.0, p50=120.0, p90=300.0, p99=820.0, max=1_900.0, count=20_834),
+        queue_wait=LatencySummary(mean=110.0, p50=80.0, p90=240.0, p99=700.0, max=1_800.0, count=21_000),
+        errors=error_rows(),
         tps_series=_series(180, 112.0, 8.0, 9.0),
         p50_series=_series(180, 44.0, 5.0, 7.0, 1.0),
         p99_series=_series(180, 115.0, 25.0, 11.0, 2.0),
@@ -127,7 +203,9 @@ def with_key_state(snap: Snapshot, label: str, **changes: object) -> Snapshot:
 def paused_snapshot() -> Snapshot:
     """k2 paused by the operator."""
     snap = with_key_state(main_snapshot(), "k2", state="paused", in_flight=0)
-    return dataclasses.replace(snap, events=snap.events + (Event(150.0, "pause", "k2 paused by operator"),))
+    return dataclasses.replace(
+        snap, live_capacity_tps=100.0, events=snap.events + (Event(150.0, "pause", "k2 paused by operator"),)
+    )
 
 
 def cooldown_snapshot() -> Snapshot:
@@ -136,7 +214,9 @@ def cooldown_snapshot() -> Snapshot:
         main_snapshot(), "k4", state="cooling", cooldown_left_s=3.5, in_flight=0, rejected_429=4
     )
     return dataclasses.replace(
-        snap, events=snap.events + (Event(180.0, "cooldown", "k4 got 429, Retry-After 5s: cooling"),)
+        snap,
+        live_capacity_tps=100.0,
+        events=snap.events + (Event(180.0, "cooldown", "k4 got 429, Retry-After 5s: cooling"),),
     )
 
 
@@ -181,6 +261,8 @@ def gates_snapshot() -> Snapshot:
         snap,
         keys=keys,
         gates=gates,
+        live_capacity_tps=0.0,
+        current_tps=0.0,
         in_flight=0,
         main_depth=snap.main_depth + snap.in_flight,  # nothing sends while the gates are shut
         events=snap.events
@@ -228,6 +310,185 @@ def message_snapshot() -> Snapshot:
 def empty_snapshot() -> Snapshot:
     """Before the first request: no keys, no series."""
     return Snapshot(phase="starting")
+
+
+def fingerprint_of(secret: str) -> str:
+    """What the console asks the engine to report: sha256(secret)[:6]."""
+    import hashlib
+
+    return hashlib.sha256(secret.encode()).hexdigest()[:6]
+
+
+def reported_snapshot() -> Snapshot:
+    """main_snapshot with the per-key fields the console proposes (ReportedKeyRow):
+    fingerprints for every key, the server's remaining count for k1..k3, per-key
+    latency, and k4's recent errors."""
+    snap = main_snapshot()
+    keys = []
+    for index, row in enumerate(snap.keys):
+        fields = {field.name: getattr(row, field.name) for field in dataclasses.fields(KeyRow)}
+        extra: dict[str, object] = {"fingerprint": fingerprint_of(SECRETS[row.label])}
+        if index < 3:
+            extra.update(server_remaining=2 - index % 3, server_limit=20, server_reset_in_s=0.4 + 0.1 * index)
+        extra["latency"] = LatencySummary(
+            mean=45.0 + index,
+            p50=43.0 + index,
+            p90=70.0,
+            p99=110.0 + 4 * index,
+            max=390.0,
+            count=row.succeeded,
+        )
+        if row.label == "k4":
+            extra["recent_errors"] = (
+                ErrorRow(
+                    429,
+                    OutcomeKind.RATE_LIMITED,
+                    "rate limited",
+                    1,
+                    '{"error":"rate limit exceeded"}',
+                    "k4",
+                    29.5,
+                ),
+                ErrorRow(
+                    429,
+                    OutcomeKind.RATE_LIMITED,
+                    "rate limited",
+                    1,
+                    '{"error":"rate limit exceeded","key":"…Ye5G","retry_after":5}',
+                    "k4",
+                    31.0,
+                ),
+            )
+        keys.append(ReportedKeyRow(**{**fields, **extra}))
+    return dataclasses.replace(snap, keys=tuple(keys), gates=open_gates())
+
+
+def many_keys_snapshot(count: int = 500) -> Snapshot:
+    """A fleet of keys: every tenth cooling, every 25th paused, every 50th blocked."""
+    rows = []
+    for index in range(1, count + 1):
+        state = "active"
+        if index % 50 == 0:
+            state = "blocked"
+        elif index % 25 == 0:
+            state = "paused"
+        elif index % 10 == 0:
+            state = "cooling"
+        secret = f"{index:04d}" + "x" * 24 + f"{(index * 7919) % 10000:04d}"
+        rows.append(
+            KeyRow(
+                label=f"k{index}",
+                masked=mask_secret(secret),
+                state=state,
+                cooldown_left_s=1.5 + index % 7 if state == "cooling" else 0.0,
+                in_flight=0 if state != "active" else index % 4,
+                sent=1_000 + (index * 37) % 900,
+                succeeded=980 + (index * 37) % 880,
+                rejected_429=(index * 13) % 7 if index % 3 == 0 else 0,
+                window_used=(index * 3) % 21,
+                window_limit=20,
+                last_latency_ms=30.0 + (index * 17) % 90,
+                errors=(index * 13) % 7 if index % 3 == 0 else 0,
+                last_status=429 if index % 3 == 0 else 200,
+                last_error='429: {"error":"rate limit exceeded"}' if index % 3 == 0 else "",
+            )
+        )
+    snap = main_snapshot()
+    per_key = 0.3  # slow keys (18/min): a fleet of them makes the run's capacity
+    live = per_key * sum(1 for row in rows if row.state == "active")
+    return dataclasses.replace(snap, keys=tuple(rows), capacity_tps=per_key * count, live_capacity_tps=live)
+
+
+def all_blocked_snapshot() -> Snapshot:
+    """The server refused every key for good: nothing can be sent."""
+    snap = main_snapshot()
+    keys = tuple(
+        dataclasses.replace(row, state="blocked", in_flight=0, last_status=403, last_error="403: key revoked")
+        for row in snap.keys
+    )
+    return dataclasses.replace(
+        snap,
+        keys=keys,
+        live_capacity_tps=0.0,
+        current_tps=0.0,
+        events=snap.events + (Event(182.0, "error", "k6 blocked by the server: 403 key revoked"),),
+    )
+
+
+def _jitter(n: int, base: float, swing: float, seed: int) -> tuple[float, ...]:
+    """Deterministic noise around `base` (no randomness: tests render the same every run)."""
+    return tuple(
+        round(base + swing * math.sin(i * 2.399 + seed) * math.cos(i * 0.7 + seed), 1) for i in range(n)
+    )
+
+
+DEMO_DIP = range(70, 82)  # seconds when k3 was cooling in the demo
+
+
+def demo_live_capacity(n: int = 125) -> tuple[float, ...]:
+    """Live capacity per second of the demo: 98.1/s, 78.5/s while k3 cooled down."""
+    return tuple(78.5 if second in DEMO_DIP else 98.1 for second in range(n))
+
+
+def demo_snapshot() -> Snapshot:
+    """What `ratedeck` shows out of the box after two minutes: five seed keys of
+    20/1s on the embedded simulator, steady at the limit; p50 wobbles between
+    52.2 and 52.6 ms (a log scale keeps that flat)."""
+    labels = ("k1", "k2", "k3", "k4", "k5")
+    keys = tuple(
+        KeyRow(
+            label=label,
+            masked="…" + "JYA69F5OEEM9XGYSJ5JE"[4 * index : 4 * index + 4],
+            state="active",
+            in_flight=1,
+            sent=2_440 + index,
+            succeeded=2_436 + index,
+            window_used=19,
+            window_limit=20,
+            last_latency_ms=52.4 + index / 10,
+            last_status=200,
+        )
+        for index, label in enumerate(labels)
+    )
+    n = 125
+    live = demo_live_capacity(n)
+    tps = tuple(min(cap, value) for cap, value in zip(live, _jitter(n, 97.0, 3.0, 1), strict=True))
+    return Snapshot(
+        elapsed_s=125.3,
+        phase="running",
+        capacity_tps=100.0,
+        live_capacity_tps=98.1,
+        throughput_tps=96.9,
+        current_tps=97.0,
+        generated=12_230,
+        succeeded=12_190,
+        main_depth=35,
+        in_flight=5,
+        sent=12_195,
+        main_max=50,
+        main_peak=50,
+        main_avg=31.0,
+        headroom_ms=38.0,
+        headroom_adaptive=True,
+        headroom_min_ms=21.0,
+        headroom_max_ms=100.0,
+        backpressure=True,
+        arrival_rate=100.0,
+        latency=LatencySummary(mean=52.5, p50=52.4, p90=85.0, p99=97.6, max=104.0, p999=101.0, count=12_190),
+        latency_total=LatencySummary(mean=400.0, p50=380.0, p90=520.0, p99=610.0, max=900.0, count=12_190),
+        queue_wait=LatencySummary(mean=340.0, p50=330.0, p90=460.0, p99=540.0, max=800.0, count=12_195),
+        tps_series=tps,
+        p50_series=_jitter(n, 52.4, 0.2, 2),
+        p99_series=_jitter(n, 97.5, 1.5, 3),
+        keys=keys,
+        events=(
+            Event(0.0, "info", "started: 5 keys, capacity 100/s"),
+            Event(0.0, "info", "embedded simulator: http://127.0.0.1:41473/api/request"),
+            Event(1.2, "setting", "headroom learned: 100 ms → 60 ms"),
+            Event(9.8, "setting", "headroom learned: 60 ms → 38 ms"),
+        ),
+        gates=tuple(GateRow(label, 0.0, "", 0, 0) for label in labels),
+    )
 
 
 class FakeHost:
@@ -330,8 +591,16 @@ class FakeHost:
         return row
 
     def snapshot(self) -> Snapshot:
+        keys = tuple(self._key(row) for row in self.base.keys)
+        # As the engine: only keys that can send now count (equal keys here).
+        live = self.base.live_capacity_tps
+        if keys:
+            base_active = sum(1 for row in self.base.keys if row.state == "active")
+            per_key = live / base_active if base_active else self.base.capacity_tps / len(keys)
+            live = per_key * sum(1 for row in keys if row.state == "active")
         return dataclasses.replace(
             self.base,
+            live_capacity_tps=live,
             phase="stopped" if self.stopped else self.base.phase,
             elapsed_s=self.elapsed_s,
             gates=self.gates,
@@ -342,7 +611,7 @@ class FakeHost:
                 if self.base.messages is not None
                 else None
             ),
-            keys=tuple(self._key(row) for row in self.base.keys),
+            keys=keys,
             headroom_ms=self.headroom_ms,
             headroom_adaptive=self.headroom_adaptive,
             backpressure=self.backpressure,
@@ -364,6 +633,53 @@ class FakeHost:
         return self.snapshot()
 
 
+class ReplayHost:
+    """Plays a snapshot's per-second series a second at a time, as a running
+    engine publishes them, with each second's live capacity from `live`.
+
+    `step()` moves one second on; `replay(app)` steps through every second,
+    pulling a snapshot after each, so the console builds its history as it
+    would while watching the run.
+    """
+
+    def __init__(self, base: Snapshot, live: tuple[float, ...]) -> None:
+        self.host = FakeHost(base)
+        self.base = base
+        self.live = live
+        self.second = 0
+        self.commands = self.host.commands
+
+    def step(self) -> None:
+        self.second = min(self.second + 1, len(self.base.tps_series))
+
+    def snapshot(self) -> Snapshot:
+        snap = self.host.snapshot()
+        n = self.second
+        return dataclasses.replace(
+            snap,
+            elapsed_s=n + self.base.elapsed_s % 1,
+            tps_series=snap.tps_series[:n],
+            p50_series=snap.p50_series[:n],
+            p99_series=snap.p99_series[:n],
+            live_capacity_tps=self.live[min(n, len(self.live) - 1)],
+        )
+
+    def replay(self, app: RatedeckApp) -> None:
+        while self.second < len(self.base.tps_series):
+            self.step()
+            app.pull_snapshot()
+
+    def send(self, command: Command) -> None:
+        self.host.send(command)
+
+    def effective_config(self) -> dict:
+        return self.host.effective_config()
+
+    async def stop(self) -> Snapshot:
+        await self.host.stop()
+        return self.snapshot()
+
+
 def make_app(
     base: Snapshot | None = None,
     *,
@@ -372,6 +688,7 @@ def make_app(
     **kwargs: object,
 ) -> RatedeckApp:
     """A console over a `FakeHost`, with the refresh timer effectively off."""
+    kwargs.setdefault("keys_refresh_s", 0.0)  # tests see every pull in the table
     return RatedeckApp(
         host if host is not None else FakeHost(base),
         profile_path=str(profile_path),

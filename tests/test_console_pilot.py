@@ -166,16 +166,20 @@ async def test_b_toggles_backpressure_and_queue_shows_unbounded():
 
 
 @async_test
-async def test_brackets_change_arrival_rate_by_ten_percent():
+async def test_brackets_step_arrival_rate_by_a_factor_and_back_exactly():
     host = FakeHost()
     app = make_app(host=host)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("right_square_bracket")
         assert host.arrival_rate == pytest.approx(137.5)
-        app._tick()  # a refresh makes the snapshot the base again
+        app._tick()  # a refresh in between changes nothing
         await pilot.press("left_square_bracket")
-        assert host.arrival_rate == pytest.approx(123.75)
-        assert "124/s" in screen_text(app)
+        assert host.arrival_rate == 125.0  # exactly the start
+        await pilot.press(*["right_square_bracket"] * 5, *["left_square_bracket"] * 5)
+        assert host.arrival_rate == 125.0
+        await pilot.press("left_square_bracket")
+        assert host.arrival_rate == pytest.approx(125.0 / 1.1)
+        assert "114/s" in screen_text(app)
 
 
 @async_test
@@ -258,7 +262,7 @@ async def test_quit_shows_draining_and_blocks_controls_until_stopped():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("q")
         await pilot.pause()
-        assert "draining…" in screen_text(app)
+        assert "◌ draining (quit by operator)" in screen_text(app)
         assert app.query_one(RunBar).draining
         await pilot.press("b", "q")  # controls are off; a second q does not stop twice
         assert host.commands == []
@@ -347,7 +351,7 @@ async def test_resize_to_compact_and_back():
         assert app.has_class("-compact")
         assert not app.query_one("#latency").display
         text = screen_text(app)
-        assert "k6" in text and "Last" in text  # all rows and columns still fit
+        assert "k6" in text and "Latency" in text and "HTTP" in text  # all rows and the figures fit
         await pilot.resize_terminal(*SIZE)
         await pilot.pause()
         assert not app.has_class("-compact")

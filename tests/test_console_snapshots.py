@@ -12,17 +12,24 @@ from pathlib import Path
 import pytest
 from console_fixtures import (
     SECRETS,
+    ReplayHost,
+    all_blocked_snapshot,
     cooldown_snapshot,
+    demo_live_capacity,
+    demo_snapshot,
     gates_snapshot,
     main_snapshot,
     make_app,
+    many_keys_snapshot,
     message_snapshot,
     paused_snapshot,
+    reported_snapshot,
     swelling_snapshot,
 )
 
 FULL = (120, 40)
 COMPACT = (80, 24)
+WIDE = (200, 50)
 SNAPSHOT_DIR = Path(__file__).parent / "__snapshots__" / "test_console_snapshots"
 
 
@@ -75,6 +82,70 @@ def test_compact_80x24_gates_closed(snap_compare):
 @pytest.mark.parametrize("theme", ["ratedeck-dark", "ratedeck-light", "ratedeck-high-contrast"])
 def test_theme(snap_compare, theme: str):
     assert snap_compare(make_app(paused_snapshot(), theme=theme), terminal_size=FULL, run_before=settle)
+
+
+def demo_app() -> tuple:
+    host = ReplayHost(demo_snapshot(), demo_live_capacity())
+    return make_app(host=host), host
+
+
+@pytest.mark.parametrize("size", [COMPACT, FULL, WIDE], ids=["80x24", "120x40", "200x50"])
+def test_demo_steady_state(snap_compare, size: tuple[int, int]):
+    """The out-of-box demo two minutes in, watched from the start, at the three
+    sizes: throughput under the live-capacity line, which steps down while k3
+    cooled (70-82 s) and back; p50 wobbling by 0.4 ms stays flat on the log scale."""
+    app, host = demo_app()
+
+    async def replay(pilot) -> None:
+        host.replay(app)
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=replay)
+
+
+def test_wide_200x50_errors_beside_keys(snap_compare):
+    assert snap_compare(make_app(main_snapshot()), terminal_size=WIDE, run_before=settle)
+
+
+def test_key_detail(snap_compare):
+    """Enter on k1 with the fields the engine is asked to report: fingerprint, the
+    server's remaining count, per-key latency."""
+    assert snap_compare(make_app(reported_snapshot()), terminal_size=FULL, press=["enter"], run_before=settle)
+
+
+def test_key_detail_80x24_unknowns(snap_compare):
+    """k4 without the proposed fields: "unknown" where the engine reports nothing."""
+    assert snap_compare(
+        make_app(main_snapshot()),
+        terminal_size=COMPACT,
+        press=["down", "down", "down", "enter"],
+        run_before=settle,
+    )
+
+
+def test_errors_screen(snap_compare):
+    assert snap_compare(make_app(main_snapshot()), terminal_size=FULL, press=["e", "down"], run_before=settle)
+
+
+def test_keys_sorted_and_filtered(snap_compare):
+    """500 keys sorted by 429s (five `o`), filtered to the cooling ones."""
+    press = ["o"] * 5 + ["slash", "c", "o", "o", "l", "enter"]
+    assert snap_compare(make_app(many_keys_snapshot(500)), terminal_size=FULL, press=press, run_before=settle)
+
+
+def test_help_80x24_scrolled_to_the_end(snap_compare):
+    assert snap_compare(
+        make_app(main_snapshot()), terminal_size=COMPACT, press=["question_mark", "end"], run_before=settle
+    )
+
+
+def test_all_keys_blocked_80x24(snap_compare):
+    assert snap_compare(make_app(all_blocked_snapshot()), terminal_size=COMPACT, run_before=settle)
+
+
+def test_whole_run_span(snap_compare):
+    """`z` twice: the charts cover the whole run."""
+    assert snap_compare(make_app(main_snapshot()), terminal_size=FULL, press=["z", "z"], run_before=settle)
 
 
 def test_main_snapshot_baseline_shows_no_secret(request):

@@ -89,7 +89,12 @@ class GatesPanel(Static):
     subtitle repeats the count of closed gates and of escalations.
     """
 
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    _subtitle: str | None = None  # the border subtitle last set
+
+    _text = ""  # what is shown, so an unchanged refresh repaints nothing
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
 
     def on_mount(self) -> None:
         self.border_title = "Gates"
@@ -110,9 +115,16 @@ class GatesPanel(Static):
             )
         if quiet:
             lines.append(f"[$text-muted]never closed: {escape(' '.join(quiet))}[/]")
-        self.update("\n".join(lines) or "[$text-muted]no gates[/]")
+        text = "\n".join(lines) or "[$text-muted]no gates[/]"
+        if text != self._text:
+            # its height follows its lines: relayout only when their number changes
+            self.update(text, layout=text.count("\n") != self._text.count("\n"))
+            self._text = text
         closed = len(closed_gates(gates))
         raised = escalations(gates)
-        self.border_subtitle = f"{closed} closed of {len(gates)}" + (
+        subtitle = f"{closed} closed of {len(gates)}" + (
             f" · [b $text-error]▲ {plural(raised, 'escalation')}[/]" if raised else " · 0 escalations"
         )
+        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
+            self._subtitle = subtitle
+            self.border_subtitle = subtitle

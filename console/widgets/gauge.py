@@ -36,7 +36,9 @@ class Gauge(Widget):
         self.label = label
 
     def show(self, value: float, maximum: float, text: str, level: str = "ok") -> None:
-        """Set every field at once (one repaint)."""
+        """Set every field at once (one repaint, none if nothing changed)."""
+        if (value, maximum, text, level) == (self.value, self.maximum, self.text, self.level):
+            return
         self.set_reactive(Gauge.value, value)
         self.set_reactive(Gauge.maximum, maximum)
         self.set_reactive(Gauge.text, text)

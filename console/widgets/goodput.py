@@ -10,11 +10,14 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
+from .chart import Chart, ChartSpec
+
+GOODPUT_STYLE = "$secondary"
 
 
 def is_message_run(snap: Snapshot | None) -> bool:
@@ -34,16 +37,29 @@ def messages_text(snap: Snapshot) -> str:
 
 
 class GoodputPanel(Vertical):
-    """A goodput sparkline (messages/s) with current and average goodput."""
+    """Goodput (messages completed per second) as bars from zero, with the most the
+    live capacity allows (live capacity / calls per message) drawn across."""
 
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    _subtitle: str | None = None  # the border subtitle last set
+
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
 
     def compose(self) -> ComposeResult:
         yield Static(id="goodput-stats", classes="panel-stats")
-        yield Sparkline([], id="goodput-spark")
+        yield Chart(id="goodput-chart")
+
+    span = ""  # the charts' span, as the throughput panel says it
 
     def on_mount(self) -> None:
-        self.border_title = "Goodput"
+        self.border_title = "Goodput msg/s"
+
+    def show_chart(self, spec: ChartSpec | None, span: str) -> None:
+        self.span = span
+        self.query_one("#goodput-chart", Chart).spec = spec
+        if self.snapshot is not None:
+            self.watch_snapshot(self.snapshot)
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None or snap.messages is None:
@@ -55,7 +71,10 @@ class GoodputPanel(Vertical):
             f"  [$text-muted]avg[/] [b]{numbers.rate(m.goodput_tps)} msg/s[/]\n"
             f"{messages_text(snap)}\n"
             f"[$text-muted]calls wasted[/] {wasted}"
-            f" [$text-muted]· {m.calls_per_message} calls per msg[/]"
+            f" [$text-muted]· {m.calls_per_message} calls per msg[/]",
+            layout=False,  # three lines, fixed in the stylesheet
         )
-        self.query_one("#goodput-spark", Sparkline).data = list(m.goodput_series)
-        self.border_subtitle = f"{m.pattern} · last {numbers.duration(len(m.goodput_series))}"
+        subtitle = f"[$accent]─[/] capacity/{m.calls_per_message} · {m.pattern} · {self.span}"
+        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
+            self._subtitle = subtitle
+            self.border_subtitle = subtitle

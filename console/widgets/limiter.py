@@ -37,7 +37,10 @@ class LimiterPanel(Static):
     third is the throttle and goodput for a message run, rejections otherwise.
     """
 
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    _text = ""  # what is shown, so an unchanged refresh repaints nothing
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
     compact: reactive[bool] = reactive(False, init=False)
 
     def on_mount(self) -> None:
@@ -83,7 +86,7 @@ class LimiterPanel(Static):
                 )
             else:
                 lines.append(f"[$text-muted]Rejected[/] {rejected}")
-            self.update("\n".join(lines))
+            self._show("\n".join(lines))
             return
         causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
         lines = [
@@ -99,4 +102,9 @@ class LimiterPanel(Static):
             lines.append(f"[$text-muted]Causes      [/]{escape(causes)}")
         if snap.gates:
             lines.append(f"[$text-muted]Gates       [/]{gates_summary(snap.gates)}")
-        self.update("\n".join(lines))
+        self._show("\n".join(lines))
+
+    def _show(self, text: str) -> None:
+        if text != self._text:
+            self._text = text
+            self.update(text, layout=False)  # a fixed-size panel: no relayout

@@ -40,3 +40,13 @@ def share(part: int, whole: int) -> str:
         return "0%"
     pct = 100 * part / whole
     return "<0.1%" if pct < 0.1 else f"{pct:.1f}%"
+
+
+def compact_count(value: int | float) -> str:
+    """A count in at most 7 characters, for table cells: "999 999", "1.23M", "12.3M"."""
+    value = int(value)
+    if abs(value) < 1_000_000:
+        return f"{value:,}".replace(",", " ")
+    if abs(value) < 100_000_000:
+        return f"{value / 1_000_000:.3g}M"
+    return f"{value / 1_000_000_000:.3g}G"

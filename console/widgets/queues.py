@@ -31,7 +31,10 @@ def main_queue_level(depth: int, maximum: int, backpressure: bool) -> str:
 class QueuesPanel(Vertical):
     """Gauges for the main queue, DLQ, graveyard and expired requests."""
 
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    _note = ""  # what is shown, so an unchanged refresh repaints nothing
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
 
     def compose(self) -> ComposeResult:
         yield Gauge("Main", id="gauge-main")
@@ -83,8 +86,11 @@ class QueuesPanel(Vertical):
             if snap.backpressure
             else "backpressure [b $text-warning]off[/] · queue may swell"
         )
-        self.query_one("#queues-note", Static).update(
+        note = (
             f"[$text-muted]{pressure}\n"
             f"main peak {numbers.count(snap.main_peak)} · avg {snap.main_avg:.0f}"
             f" · DLQ avg {snap.dlq_avg:.1f}[/]"
         )
+        if note != self._note:
+            self._note = note
+            self.query_one("#queues-note", Static).update(note, layout=False)  # two lines, fixed

@@ -1,28 +1,116 @@
-"""A one-line status strip: run phase, elapsed time and the request totals."""
+"""The header: what the run is doing and why, then the figures that matter most.
+
+Left to right in order of importance, so a narrow terminal cuts the least
+important end: state and reason, elapsed, 429s and failures, throughput
+against the live capacity, latency, then the request totals.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
+from .gates import closed_gates
 
-_PHASE_STYLE = {
-    "starting": "$text-warning",
-    "running": "$text-success",
-    "draining": "$text-warning",
-    "stopped": "$text-error",
-}
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What the header says the run is doing: a word, why, and its colour."""
+
+    icon: str
+    word: str
+    reason: str
+    style: str
+
+
+def run_status(snap: Snapshot, draining: bool = False, drain_reason: str = "") -> RunStatus:
+    """Running, paused, waiting, all blocked, draining or stopped, with the reason.
+
+    Derived from the phase and the keys' states; the engine's own
+    `phase_reason` (when it reports one) is shown as the reason.
+    """
+    engine_reason = str(getattr(snap, "phase_reason", "") or "")
+    if snap.phase == "stopped":
+        return RunStatus("■", "stopped", engine_reason, "$text-error")
+    if draining or snap.phase == "draining":
+        return RunStatus(
+            "◌", "draining", drain_reason or engine_reason or "finishing in-flight requests", "$text-warning"
+        )
+    if snap.phase == "starting":
+        return RunStatus("○", "starting", engine_reason, "$text-warning")
+    keys = snap.keys
+    blocked = sum(1 for row in keys if row.state == "blocked")
+    paused = sum(1 for row in keys if row.state == "paused")
+    cooling = sum(1 for row in keys if row.state == "cooling")
+    usable = len(keys) - blocked
+    if keys and blocked == len(keys):
+        return RunStatus("✖", "all blocked", "the server refused every key", "$text-error")
+    if keys and paused == usable:
+        reason = "every key paused by the operator" if not blocked else f"paused; {blocked} blocked"
+        return RunStatus("‖", "paused", reason, "$text-warning")
+    if keys and paused + cooling == usable:
+        gates = closed_gates(snap.gates)
+        reason = f"gate {gates[0].name} {gates[0].left_s:.1f}s" if gates else "cooldowns"
+        return RunStatus("◔", "waiting", reason, "$text-accent")
+    notes = []
+    if blocked:
+        notes.append(f"{blocked} blocked")
+    if paused:
+        notes.append(f"{paused} paused")
+    if cooling:
+        notes.append(f"{cooling} cooling")
+    return RunStatus("●", "running", ", ".join(notes) or engine_reason, "$text-success")
+
+
+def header_text(snap: Snapshot, draining: bool = False, drain_reason: str = "") -> str:
+    """The header's markup line.
+
+    A stopped, paused, waiting or draining run says why right after its state;
+    a running one lists its keys that cannot send after the failures, so the
+    429s and failures stay in view at 80 columns.
+    """
+    status = run_status(snap, draining, drain_reason)
+    running = status.word == "running"
+    reason = f" [$text-muted]({escape(status.reason)})[/]" if status.reason and not running else ""
+    balance = snap.balance()
+    r429 = f"[b $text-warning]{numbers.count(snap.rejected_429)}[/]" if snap.rejected_429 else "0"
+    other = f"[b $text-error]{numbers.count(snap.rejected_other)}[/]" if snap.rejected_other else "0"
+    failed = f"[b $text-error]{numbers.count(snap.failed)}[/]" if snap.failed else "0"
+    parts = [
+        f"[b {status.style}]{status.icon} {status.word}[/]{reason} {numbers.duration(snap.elapsed_s)}",
+        f"[$text-muted]429s[/] {r429}",
+        f"[$text-muted]4xx[/] {other}",
+        f"[$text-muted]failed[/] {failed}",
+    ]
+    if running and status.reason:
+        parts.append(f"[$text-accent]{escape(status.reason)}[/]")
+    parts += [
+        f"[b]{numbers.rate(snap.current_tps)}[/][$text-muted]/s of[/] {numbers.rate(snap.live_capacity_tps)}"
+        "[$text-muted] live[/]",
+        f"[$text-muted]p99[/] {numbers.millis(snap.latency.p99)}",
+        f"[$text-muted]p50[/] {numbers.millis(snap.latency.p50)}",
+        f"[$text-muted]ok[/] {numbers.count(snap.succeeded)}",
+        f"[$text-muted]in flight[/] {numbers.count(snap.in_flight)}",
+        f"[$text-muted]generated[/] {numbers.count(snap.generated)}",
+        f"[$text-muted]shed[/] {numbers.count(snap.shed)}",
+    ]
+    if balance:
+        parts.insert(1, f"[b $text-error]unaccounted {balance}[/]")
+    return "  ".join(parts)
 
 
 class RunBar(Static):
-    """Phase, elapsed time, totals and current latency on one line.
+    """One line: state (running / paused / waiting / all blocked / draining) with
+    the reason, then 429s and failures first so 80 columns keep them.
 
-    It sits at the top of the screen so that even in the compact layout (where
-    the latency panel is hidden) p50/p99 stay in view. `draining` is set by the
-    app the moment the operator quits, before the engine reports it.
+    `draining` and `drain_reason` are set by the app the moment the operator
+    quits, before the engine reports it.
     """
 
     DEFAULT_CSS = """
@@ -36,8 +124,15 @@ class RunBar(Static):
     }
     """
 
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
     draining: reactive[bool] = reactive(False, init=False)
+    drain_reason: reactive[str] = reactive("", init=False)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._text = ""
 
     def watch_snapshot(self) -> None:
         self._render_line()
@@ -45,25 +140,16 @@ class RunBar(Static):
     def watch_draining(self) -> None:
         self._render_line()
 
+    def watch_drain_reason(self) -> None:
+        self._render_line()
+
     def _render_line(self) -> None:
         snap = self.snapshot
-        if snap is None:
-            self.update("[$text-muted]waiting for the engine…[/]")
-            return
-        phase = "draining" if self.draining and snap.phase != "stopped" else snap.phase
-        label = "draining…" if phase == "draining" else phase
-        style = _PHASE_STYLE.get(phase, "$text-muted")
-        balance = snap.balance()
-        balance_part = "" if balance == 0 else f"  [$text-error]unaccounted {balance}[/]"
-        self.update(
-            f"[b {style}]● {label}[/] {numbers.duration(snap.elapsed_s)}"
-            f"  [$text-muted]p50[/] {numbers.millis(snap.latency.p50)}"
-            f"  [$text-muted]p99[/] {numbers.millis(snap.latency.p99)}"
-            f"  [$text-muted]generated[/] {numbers.count(snap.generated)}"
-            f"  [$text-muted]ok[/] {numbers.count(snap.succeeded)}"
-            f"  [$text-muted]in flight[/] {numbers.count(snap.in_flight)}"
-            f"  [$text-muted]429s[/] {numbers.count(snap.rejected_429)}"
-            f"  [$text-muted]failed[/] {numbers.count(snap.failed)}"
-            f"  [$text-muted]shed[/] {numbers.count(snap.shed)}"
-            f"{balance_part}"
+        text = (
+            "[$text-muted]waiting for the engine…[/]"
+            if snap is None
+            else header_text(snap, self.draining, self.drain_reason)
         )
+        if text != self._text:
+            self._text = text
+            self.update(text, layout=False)  # one line, always

@@ -1,0 +1,234 @@
+"""One key up close: window fill, the server's own count, latency, last errors, gates.
+
+Opened with Enter on a key; n / p step to the next / previous key in the
+table's order (sort and filter included); Esc or q goes back. The app hands
+every new snapshot to the screen while it is open.
+
+Some of what an operator wants here is only known if the engine reports it
+per key; each such field is read with `getattr`, and shown as "unknown" until
+the engine has it: `fingerprint`, `server_remaining`, `server_limit`,
+`server_reset_in_s`, `latency` (a `LatencySummary`) and `recent_errors`
+(`ErrorRow`s, newest last).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.markup import escape
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from ratedeck.engine.snapshot import ErrorRow, KeyRow, LatencySummary, Snapshot
+
+from ..widgets import numbers
+from ..widgets.errors import KIND_STYLE, by_count, cause_text, one_line, status_text
+from ..widgets.event_log import event_line
+from ..widgets.gauge import Gauge
+from ..widgets.keys_table import fingerprint, state_text
+
+MAX_EVENTS = 40
+MAX_ERRORS = 8
+_STATE_STYLE = {
+    "active": "$text-success",
+    "paused": "$text-warning",
+    "cooling": "$text-accent",
+    "blocked": "$text-error",
+}
+
+
+def unknown(why: str) -> str:
+    return f"[$text-muted]unknown[/] [$text-muted i]({why})[/]"
+
+
+def head_text(row: KeyRow) -> str:
+    fp = fingerprint(row)
+    fp_part = f"fingerprint [b]{escape(fp)}[/]" if fp else f"fingerprint {unknown('not reported')}"
+    style = _STATE_STYLE.get(str(row.state), "$text-error")
+    note = (
+        " [$text-error]· refused by the server for good; it is not used[/]" if row.state == "blocked" else ""
+    )
+    return f"[b]{escape(row.label)}[/] {escape(row.masked)} · {fp_part} · [b {style}]{escape(state_text(row))}[/]{note}"
+
+
+def window_text(row: KeyRow) -> str:
+    remaining = getattr(row, "server_remaining", None)
+    limit = getattr(row, "server_limit", None)
+    reset = getattr(row, "server_reset_in_s", None)
+    if remaining is None:
+        server = unknown("server sent none")
+    else:
+        server = f"[b]{numbers.count(remaining)}[/] remaining"
+        if limit is not None:
+            server += f" of {numbers.count(limit)}"
+        if reset is not None:
+            server += f" · resets in {reset:.1f}s"
+    return "\n".join(
+        (
+            f"[$text-muted]Server says [/] {server}",
+            f"[$text-muted]In flight   [/] {numbers.count(row.in_flight)}",
+            f"[$text-muted]Sent        [/] {numbers.count(row.sent)}"
+            f"  [$text-muted]ok[/] {numbers.count(row.succeeded)}",
+            f"[$text-muted]429s        [/] {numbers.count(row.rejected_429)}"
+            f"  [$text-muted]other failures[/] {numbers.count(max(0, row.errors - row.rejected_429))}",
+        )
+    )
+
+
+def latency_text(row: KeyRow, snap: Snapshot) -> str:
+    summary: LatencySummary | None = getattr(row, "latency", None)
+    lines = [f"[$text-muted]Last        [/] [b]{numbers.millis(row.last_latency_ms)}[/]"]
+    if summary is not None and summary.count:
+        lines.append(
+            f"[$text-muted]This key    [/] p50 [b]{numbers.millis(summary.p50)}[/]"
+            f"  p90 {numbers.millis(summary.p90)}  p99 [b]{numbers.millis(summary.p99)}[/]"
+            f"  max {numbers.millis(summary.max)}  [$text-muted]({numbers.count(summary.count)} answers)[/]"
+        )
+    else:
+        lines.append(f"[$text-muted]This key    [/] {unknown('not reported per key')}")
+    lines.append(
+        f"[$text-muted]All keys    [/] p50 {numbers.millis(snap.latency.p50)}  p99 {numbers.millis(snap.latency.p99)}"
+    )
+    return "\n".join(lines)
+
+
+def key_errors(row: KeyRow, snap: Snapshot) -> list[ErrorRow]:
+    """This key's recent errors: `recent_errors` when reported, else the groups it got last."""
+    recent = getattr(row, "recent_errors", None)
+    if recent:
+        return list(recent)[-MAX_ERRORS:][::-1]
+    return [error for error in by_count(snap.errors) if error.last_key == row.label][:MAX_ERRORS]
+
+
+def errors_text(row: KeyRow, snap: Snapshot) -> str:
+    lines = []
+    if row.last_status is not None or row.last_error:
+        status = "—" if row.last_status is None else str(row.last_status)
+        lines.append(
+            f"[$text-muted]Last answer [/] [b]{status}[/]"
+            + (f"  [$text-muted]last error[/] {escape(one_line(row.last_error))}" if row.last_error else "")
+        )
+    errors = key_errors(row, snap)
+    for error in errors:
+        style = KIND_STYLE.get(str(error.kind), "$text-error")
+        lines.append(
+            f"[b {style}]{status_text(error):>3} {escape(cause_text(error))}[/]"
+            f" [$text-muted]×{numbers.count(error.count)} · last at {numbers.duration(error.last_at_s)}[/]\n"
+            f"    {escape(one_line(error.last_text)) or '[$text-muted](no body)[/]'}"
+        )
+    if not lines:
+        return "[$text-success]no failed attempts[/]"
+    if not errors and row.errors:
+        lines.append(
+            f"[$text-muted]{numbers.count(row.errors)} failed attempts; groups were last seen on other keys[/]"
+        )
+    return "\n".join(lines)
+
+
+def mentions(label: str) -> Callable[[str], bool]:
+    pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(label)}(?![A-Za-z0-9_])")
+    return lambda text: bool(pattern.search(text))
+
+
+def gates_text(row: KeyRow, snap: Snapshot) -> str:
+    lines = []
+    for gate in snap.gates:
+        if gate.name not in (row.label, "host"):
+            continue
+        state = f"[b $text-accent]closed {gate.left_s:.1f}s[/]" if gate.left_s > 0 else "[$text-muted]open[/]"
+        raised = f" [b $text-error]▲ {gate.escalations} escalations[/]" if gate.escalations else ""
+        reason = f" · {'' if gate.left_s > 0 else 'last: '}{escape(gate.reason)}" if gate.reason else ""
+        lines.append(f"[b]{escape(gate.name):<5}[/] {state} · {gate.closures} closures{raised}{reason}")
+    if not snap.gates:
+        lines.append("[$text-muted]no gates reported[/]")
+    about = mentions(row.label)
+    events = [event for event in snap.events if about(event.text)][-MAX_EVENTS:]
+    lines.append("")
+    lines.extend(event_line(event) for event in events)
+    if not events:
+        lines.append(
+            f"[$text-muted]no events about {escape(row.label)} in the last {len(snap.events)} events[/]"
+        )
+    return "\n".join(lines)
+
+
+class KeyDetailScreen(Screen[None]):
+    """Everything known about one key, live."""
+
+    BINDINGS = [
+        Binding("escape,q", "close", "Back", id="close_detail"),
+        Binding("n", "step(1)", "Next key", id="next_key"),
+        Binding("p", "step(-1)", "Previous key", id="previous_key"),
+    ]
+
+    snapshot: reactive[Snapshot | None] = reactive(
+        None, init=False, repaint=False
+    )  # watchers repaint what changed
+
+    def __init__(self, label: str, snapshot: Snapshot | None, order: Callable[[], list[str]]) -> None:
+        super().__init__()
+        self.label = label
+        self._order = order  # labels in the table's order, for n / p
+        self._initial = snapshot
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-head")
+        with VerticalScroll(id="detail-body"):
+            with Horizontal(id="detail-top"):
+                with VerticalScroll(id="detail-window", classes="panel"):
+                    yield Gauge("Window", id="detail-fill")
+                    yield Static(id="detail-window-text")
+                yield Static(id="detail-latency", classes="panel")
+            yield Static(id="detail-errors", classes="panel")
+            yield Static(id="detail-gates", classes="panel")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-window").border_title = "Window"
+        self.query_one("#detail-latency").border_title = "Latency"
+        self.query_one("#detail-errors").border_title = "Last errors"
+        self.query_one("#detail-gates").border_title = "Gates and events"
+        self.snapshot = self._initial
+
+    def watch_snapshot(self) -> None:
+        self._render_all()
+
+    def _render_all(self) -> None:
+        snap = self.snapshot
+        row = next((key for key in snap.keys if key.label == self.label), None) if snap else None
+        head = self.query_one("#detail-head", Static)
+        if snap is None or row is None:
+            head.update(f"[b]{escape(self.label)}[/] [$text-muted]is not in the latest snapshot[/]")
+            return
+        head.update(head_text(row))
+        fill = row.window_used / row.window_limit if row.window_limit else 0.0
+        level = "error" if fill >= 1 else "warning" if fill >= 0.9 else "ok"
+        self.query_one("#detail-fill", Gauge).show(
+            row.window_used,
+            row.window_limit,
+            f"{row.window_used}/{row.window_limit} ({fill:.0%})" if row.window_limit else "no limit known",
+            level,
+        )
+        self.query_one("#detail-window-text", Static).update(window_text(row))
+        self.query_one("#detail-latency", Static).update(latency_text(row, snap))
+        self.query_one("#detail-errors", Static).update(errors_text(row, snap))
+        self.query_one("#detail-gates", Static).update(gates_text(row, snap))
+        self.query_one(
+            "#detail-gates", Static
+        ).border_subtitle = f"gate {row.label} and host · events naming {row.label}"
+
+    def action_step(self, step: int) -> None:
+        order = self._order()
+        if not order:
+            return
+        index = order.index(self.label) if self.label in order else -1
+        self.label = order[(index + step) % len(order)]
+        self._render_all()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
