@@ -216,11 +216,15 @@ class RatedeckApp(App[Snapshot]):
             group=_ARRIVAL,
             tooltip="Lower the arrival rate ÷1.1 (undoes one ])",
         ),
+        # A priority binding: it acts before the keys typed right after it are
+        # handed on, so "/k3" typed (or pasted) at once all lands in the filter.
+        # check_action lets "/" through to any text field.
         Binding(
             "slash",
             "filter_keys",
             "Filter",
             id="filter_keys",
+            priority=True,
             tooltip="Filter the keys table (words in label, state, status, error)",
         ),
         Binding(
@@ -592,6 +596,10 @@ class RatedeckApp(App[Snapshot]):
         """Dim controls that cannot apply now, so the footer tells the truth."""
         if action in _MAIN_ONLY and self._on_other_screen():
             return False  # the keys table and charts are not on this screen
+        if action == "filter_keys" and (
+            self.screen is not self.screen_stack[0] or isinstance(self.focused, Input)
+        ):
+            return False  # "/" is a character in a text field or a modal
         if action == "pause_key" and isinstance(self.screen, ErrorsScreen):
             return False  # no key under the cursor here (Enter opens one)
         if action in _ALWAYS_AVAILABLE or action not in self._control_actions():
@@ -755,7 +763,9 @@ class RatedeckApp(App[Snapshot]):
 
     def action_filter_keys(self) -> None:
         self._filter_bar.display = True
-        self._filter.focus()
+        # At once, not after the next refresh (as `focus()` does): keys typed
+        # right after the / are already queued and must reach the filter.
+        self._filter.screen.set_focus(self._filter)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input is self._filter:
@@ -766,7 +776,7 @@ class RatedeckApp(App[Snapshot]):
             return
         self._keys_table.set_filter(event.value)
         self._filter_bar.display = bool(event.value.strip())
-        self._keys_table.focus()
+        self._keys_table.screen.set_focus(self._keys_table)  # at once, as above
 
     def action_sort_next(self) -> None:
         self._keys_table.next_sort()

@@ -15,9 +15,11 @@ from console_fixtures import (
     main_snapshot,
     make_app,
     many_keys_snapshot,
+    message_snapshot,
     reported_snapshot,
     screen_text,
 )
+from textual import events
 
 from ratedeck.console.screens.confirm import ConfirmScreen
 from ratedeck.console.screens.errors import ErrorsScreen
@@ -403,3 +405,32 @@ async def test_table_figures_follow_at_most_once_a_second_but_states_at_once():
         await pilot.pause()
         assert str(keys.get_cell("k3", "state")) == "‖ paused"  # a state change shows at once
         assert str(keys.get_cell("k1", "sent")) == "4 211"
+
+
+@async_test
+async def test_keys_typed_right_after_slash_reach_the_filter():
+    """A terminal delivers "/k3<Enter>" in one read (fast typing, a paste): every key
+    lands in the filter, none moves the table's cursor."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        for key in ("slash", "k", "3", "enter"):
+            app.post_message(events.Key(key, "/" if key == "slash" else key if len(key) == 1 else None))
+        await pilot.pause()
+        await pilot.pause()
+        assert app.query_one("#key-filter").value == "k3"
+        assert table(app).shown_labels == ["k3"] and app.focused is table(app)
+        await pilot.press("enter")
+        assert isinstance(app.screen, KeyDetailScreen) and app.screen.label == "k3"
+        # "/" opens the filter with the old text selected (typing replaces it); in
+        # the filter "/" is a character, not the filter key again
+        await pilot.press("escape", "slash", "slash")
+        assert app.query_one("#key-filter").value == "/"
+
+
+@async_test
+async def test_slash_types_into_a_modal_text_field():
+    app = make_app(message_snapshot())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("G", "2", "5", "slash", "s")  # the old value is selected: typing replaces it
+        assert app.screen.query_one("#throttle-input").value == "25/s"
+        assert not app.query_one("#filter-bar").display
