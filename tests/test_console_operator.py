@@ -5,11 +5,13 @@ folded events, where notifications go, the help at 80x24 and saving a profile.""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 from console_fixtures import (
+    SECRETS,
     FakeHost,
     async_test,
     main_snapshot,
@@ -434,3 +436,16 @@ async def test_slash_types_into_a_modal_text_field():
         await pilot.press("G", "2", "5", "slash", "s")  # the old value is selected: typing replaces it
         assert app.screen.query_one("#throttle-input").value == "25/s"
         assert not app.query_one("#filter-bar").display
+
+
+@async_test
+async def test_no_secret_reaches_the_new_screens():
+    app = make_app(reported_snapshot())
+    async with app.run_test(size=(200, 50)) as pilot:
+        for keys in ((), ("down", "down", "down", "enter"), ("escape", "e"), ("down", "down")):
+            await pilot.press(*keys)
+            await pilot.pause()
+            text = screen_text(app)
+            for secret in SECRETS.values():
+                assert secret not in text and secret[-8:] not in text
+            assert not re.search(r"[A-Za-z0-9]{32}", text)
