@@ -19,16 +19,17 @@ P99_STYLE = "$warning"
 def latency_text(snap: Snapshot) -> str:
     """Markup: send->answer percentiles, then arrival->done and queue wait."""
     lat, total, wait = snap.latency, snap.latency_total, snap.queue_wait
+    ms = numbers.percentile
     lines = [
-        f"[{P50_STYLE}]p50[/] [b]{numbers.millis(lat.p50)}[/]"
-        f" [$text-muted]·[/] [{P99_STYLE}]p99[/] [b]{numbers.millis(lat.p99)}[/]"
-        f" [$text-muted]· p90[/] {numbers.millis(lat.p90)}"
+        f"[{P50_STYLE}]p50[/] [b]{ms(lat, lat.p50)}[/]"
+        f" [$text-muted]·[/] [{P99_STYLE}]p99[/] [b]{ms(lat, lat.p99)}[/]"
+        f" [$text-muted]· p90[/] {ms(lat, lat.p90)}"
     ]
-    second = f"[$text-muted]max[/] {numbers.millis(lat.max)}"
+    second = f"[$text-muted]max[/] {ms(lat, lat.max)}"
     if total.count or wait.count:
         second += (
-            f" [$text-muted]· end-to-end p99[/] {numbers.millis(total.p99)}"
-            f" [$text-muted]· queue wait p99[/] {numbers.millis(wait.p99)}"
+            f" [$text-muted]· end-to-end p99[/] {ms(total, total.p99)}"
+            f" [$text-muted]· queue wait p99[/] {ms(wait, wait.p99)}"
         )
     lines.append(second)
     return "\n".join(lines)

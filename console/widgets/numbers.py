@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ratedeck.engine.snapshot import LatencySummary
+
 
 def count(value: int | float) -> str:
     """A count with thin grouping ("12 345"); millions shortened ("3.2M")."""
@@ -21,6 +23,11 @@ def millis(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def percentile(summary: LatencySummary, value: float) -> str:
+    """A percentile of `summary` in milliseconds, or an em dash before anything was measured."""
+    return millis(value if summary.count else None)
 
 
 def duration(seconds: float) -> str:

@@ -93,8 +93,8 @@ def header_text(snap: Snapshot, draining: bool = False, drain_reason: str = "") 
     parts += [
         f"[b]{numbers.rate(snap.current_tps)}[/][$text-muted]/s of[/] {numbers.rate(snap.live_capacity_tps)}"
         "[$text-muted] live[/]",
-        f"[$text-muted]p99[/] {numbers.millis(snap.latency.p99)}",
-        f"[$text-muted]p50[/] {numbers.millis(snap.latency.p50)}",
+        f"[$text-muted]p99[/] {numbers.percentile(snap.latency, snap.latency.p99)}",
+        f"[$text-muted]p50[/] {numbers.percentile(snap.latency, snap.latency.p50)}",
         f"[$text-muted]ok[/] {numbers.count(snap.succeeded)}",
         f"[$text-muted]in flight[/] {numbers.count(snap.in_flight)}",
         f"[$text-muted]generated[/] {numbers.count(snap.generated)}",
