@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -288,9 +290,14 @@ class RatedeckApp(App[Snapshot]):
         themes_dir: str | Path | None = None,
         duration_s: float | None = None,
         keys_refresh_s: float = KEYS_REFRESH_S,
+        on_hangup: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.host = host
+        # SIGHUP: the terminal is gone. Nothing can be drawn, and Textual's own
+        # shutdown would wait on writes to it, so the runner's callback drains
+        # the engine, writes the report and ends the process from a thread.
+        self.on_hangup = on_hangup
         self.profile_path = profile_path
         self.refresh_s = refresh_s
         self.title = title
@@ -404,6 +411,10 @@ class RatedeckApp(App[Snapshot]):
             self._signals.append(sig)
 
     def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGHUP and self.on_hangup is not None:
+            self._exiting = True  # draw nothing more
+            threading.Thread(target=self.on_hangup, name="ratedeck-hangup", daemon=True).start()
+            return
         if self._draining:
             self._stop_at_once()
         else:

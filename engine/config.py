@@ -216,6 +216,9 @@ _SEED_PRESET: dict[str, dict[str, Any]] = {
         },
         "keys": {"secrets": list(SEED_KEYS), "limits": ["20/1s"]},
         "engine": {"ttl_s": 1.0, "rejection_budget": 0, "queue_max": 50},
+        # Just under what the keys carry (about 94/s against the seed server's jitter),
+        # so the demo's queues stay healthy; `]` pushes it over.
+        "workload": {"rate": 90.0},
         "server": {"mode": "seed"},
     },
 }

@@ -466,7 +466,7 @@ def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = No
     from ratedeck.console.app import RatedeckApp
     from ratedeck.host.process_host import ProcessHost
 
-    from .headless import EXIT_USAGE, check_outputs, conclude
+    from .headless import EXIT_INTERRUPTED, EXIT_USAGE, check_outputs, conclude
 
     problems = check_outputs(cfg)
     if problems:
@@ -493,7 +493,32 @@ def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = No
         except BaseException:  # Ctrl-C while the engine starts: leave no process behind
             host.abort()
             raise
-        app = RatedeckApp(host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s)
+
+        def hangup() -> None:
+            """The terminal went away (SIGHUP): drain, write the report, leave; print nothing."""
+            code = EXIT_INTERRUPTED
+            try:
+                nowhere = open(os.devnull, "w")
+                sys.stdout = sys.stderr = nowhere  # the terminal is gone: a write there fails or waits
+                with _signals_held():
+                    final = host.stop_blocking()
+                    code = conclude(
+                        final,
+                        host.facts,
+                        cfg,
+                        out=nowhere,
+                        server_stats=host.server_stats,
+                        stopped_at_once=host.aborted,
+                        thresholds=thresholds,
+                    )
+                if exporter is not None:
+                    exporter.close()
+            finally:
+                os._exit(code)  # Textual's shutdown would wait on the dead terminal
+
+        app = RatedeckApp(
+            host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s, on_hangup=hangup
+        )
         try:
             final = app.run()
         finally:

@@ -23,7 +23,7 @@ from ratedeck.server.simulated import run_virtual
 
 
 def test_seed_mode_reaches_92_per_second_with_no_rejection():
-    engine, transport = seed_engine()
+    engine, transport = seed_engine(workload={"rate": 100.0})  # offered at capacity (the demo offers 90)
 
     async def main():
         return await engine.run(60)

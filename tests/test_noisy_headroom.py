@@ -46,6 +46,7 @@ def build(settings: ServerSettings, seed=1, *, budget=0, probe=False, timing_hin
             "target": target,
             "keys": {"secrets": list(settings.keys)},
             "engine": {"graveyard_path": "", "rejection_budget": budget, "learn_policy": learn},
+            "workload": {"rate": 100.0},  # offered at capacity: the share measures the client
             "run": {"seed": seed},
         },
     )
