@@ -294,9 +294,10 @@ class RatedeckApp(App[Snapshot]):
     ) -> None:
         super().__init__()
         self.host = host
-        # SIGHUP: the terminal is gone. Nothing can be drawn, and Textual's own
-        # shutdown would wait on writes to it, so the runner's callback drains
-        # the engine, writes the report and ends the process from a thread.
+        # SIGHUP: the terminal may be gone, and then Textual's own shutdown waits
+        # on writes to it forever: the runner's callback is a watchdog that, if
+        # the ordinary quit has not finished in time, drains the engine, writes
+        # the report and ends the process (from its own thread).
         self.on_hangup = on_hangup
         self.profile_path = profile_path
         self.refresh_s = refresh_s
@@ -411,10 +412,10 @@ class RatedeckApp(App[Snapshot]):
             self._signals.append(sig)
 
     def _on_signal(self, sig: int) -> None:
-        if sig == signal.SIGHUP and self.on_hangup is not None:
-            self._exiting = True  # draw nothing more
+        if sig == signal.SIGHUP and self.on_hangup is not None and not self._draining:
+            # Quit as for q; if the terminal is gone and that never finishes, the
+            # runner's watchdog writes the report and ends the process.
             threading.Thread(target=self.on_hangup, name="ratedeck-hangup", daemon=True).start()
-            return
         if self._draining:
             self._stop_at_once()
         else:

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -494,8 +495,13 @@ def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = No
             host.abort()
             raise
 
+        concluding = threading.Event()  # the ordinary quit got past the console
+
         def hangup() -> None:
-            """The terminal went away (SIGHUP): drain, write the report, leave; print nothing."""
+            """SIGHUP: quit as for q; if that is stuck on a terminal that went away,
+            drain, write the report and leave, printing nothing."""
+            if concluding.wait(cfg.engine.drain_timeout_s + 5.0):
+                return  # the ordinary path finishes the job
             code = EXIT_INTERRUPTED
             try:
                 nowhere = open(os.devnull, "w")
@@ -522,6 +528,7 @@ def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = No
         try:
             final = app.run()
         finally:
+            concluding.set()
             with _signals_held():  # the drain and the report are not cut short by a late signal
                 final_snap = host.stop_blocking()
         final = final or final_snap

@@ -43,6 +43,9 @@ def test_the_library_exports_what_it_documents():
     assert (REPO / "engine" / "py.typed").is_file()
 
 
+_PUBLIC_UNDERSCORED = {"os._exit"}  # documented API whose name starts with _
+
+
 def private_reaches(tree: ast.AST) -> list[tuple[int, str]]:
     """`other._name` where `other` is not self, cls or super(): a reach into someone's privates."""
     found = []
@@ -56,6 +59,8 @@ def private_reaches(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
             continue
         if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        if isinstance(owner, ast.Name) and f"{owner.id}.{name}" in _PUBLIC_UNDERSCORED:
             continue
         found.append((node.lineno, ast.unparse(node)))
     return found

@@ -41,7 +41,8 @@ def _cli(tmp_path, *argv):
 @pytest.mark.slow
 def test_a_run_told_a_higher_limit_fails_its_threshold_and_passes_without_it(tmp_path):
     report = tmp_path / "r.json"
-    flags = ["--no-ui", "--limit", "30/1s", "--duration", "3s", "--interval", "10s"]
+    # Told 30/1s per key and offered that much, against a seed server that allows 20/1s.
+    flags = ["--no-ui", "--limit", "30/1s", "--rate", "150", "--duration", "3s", "--interval", "10s"]
     failing = _cli(tmp_path, *flags, "--fail-on", "rejected_429>0", "--report", str(report))
     assert failing.returncode == EXIT_THRESHOLD == 99, failing.stderr
     data = json.loads(report.read_text())

@@ -244,7 +244,11 @@ def test_messages_section_selects_the_message_workload():
     from ratedeck.engine.config import to_toml_dict
     from ratedeck.engine.multicall import MessageWorkload
 
-    cfg = load_config(preset="seed", overrides={"messages": {"calls": 3, "throttle": 25}})
+    from ratedeck.engine.config import build_config
+
+    # No arrival rate given: messages arrive at the keys' capacity divided by the calls each needs.
+    keys = {"secrets": [f"key-{i:03d}" for i in range(5)], "limits": ["20/1s"]}
+    cfg = build_config({"keys": keys, "messages": {"calls": 3, "throttle": 25}})
     assert cfg.messages.calls == 3 and cfg.messages.throttle == 25.0
     engine = Engine(cfg, SimulatedTransport(ServerSettings()))
     assert isinstance(engine.source, MessageWorkload)
