@@ -84,6 +84,8 @@ def parse_retry_after(value: str | None, now_wall: float | None = None) -> float
 
 def _split(text: str, sep: str) -> list[str]:
     """Split on `sep` outside double-quoted strings (a structured field's quoting)."""
+    if '"' not in text:
+        return text.split(sep)  # nothing quoted: the common case, without a walk
     parts: list[str] = []
     current: list[str] = []
     quoted = escaped = False
@@ -280,6 +282,12 @@ def _reset_in(text: object, now_wall: float) -> float | None:
     return _delay(max(0.0, value))
 
 
+@lru_cache(maxsize=64)
+def _policy_windows(header: str) -> dict[str, tuple[float | None, float | None]]:
+    """RateLimit-Policy as {name: (quota, window)}; a server repeats it exactly, so it is parsed once."""
+    return {n.strip('"').lower(): (p.get("q"), p.get("w")) for n, _v, p in _members(header)}
+
+
 def read_quotas(headers: Mapping[str, str], now_wall: float | None = None) -> tuple[Quota, ...]:
     """Every count the server reports in `headers`; an empty tuple when it reports none. Never raises."""
     try:
@@ -301,12 +309,9 @@ def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ..
         name = resource.strip().lower()[:40] if isinstance(resource, str) and resource.strip() else None
         quotas.append(Quota(limit, remaining, used, reset, None, name))
         break
-    field = get("RateLimit")
+    field = get("RateLimit") if not quotas else None  # X-RateLimit-* said it already
     if isinstance(field, str) and field:
-        windows = {
-            n.strip('"').lower(): (params.get("q"), params.get("w"))
-            for n, _v, params in _members(get("RateLimit-Policy") or "")
-        }
+        windows = _policy_windows(get("RateLimit-Policy") or "")
         for name, value, params in _members(field):
             if value is None and "r" in params:
                 policy = name.strip('"').lower()
@@ -315,7 +320,9 @@ def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ..
                 reset = _delay(params["t"]) if "t" in params else None
                 quotas.append(Quota(limit, int(max(0.0, params["r"])), None, reset, window, policy or None))
     for header, value in headers.items():
-        match = _MBX.fullmatch(header.lower()) if isinstance(header, str) else None
+        if not isinstance(header, str) or header[:6].lower() != "x-mbx-":
+            continue
+        match = _MBX.fullmatch(header.lower())
         used = _count(value) if match else None
         if match is None or used is None:
             continue

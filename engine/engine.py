@@ -342,7 +342,7 @@ class Engine:
         What this key spent after the answered request was sent is added, since
         the server cannot have counted it yet (`spent_since`).
         """
-        sent_at = req.first_sent_at if req.first_sent_at is not None else now
+        sent_at = req.last_sent_at if req.last_sent_at is not None else now
         for quota in result.quotas:
             limiter = self._limiter_for_quota(worker, quota)
             if limiter is None:
@@ -356,6 +356,7 @@ class Engine:
                 reset_at=reset_at,
                 window_s=quota.window_s,
                 sent_since=limiter.spent_since(sent_at),
+                sent_at=sent_at,
             )
             worker.note_quota(quota, reset_at)
 

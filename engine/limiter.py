@@ -372,12 +372,13 @@ class WindowLimiter:
         reset_at: float | None = None,
         window_s: float | None = None,
         sent_since: int = 0,
+        sent_at: float | None = None,
     ) -> None:
         """Take what the server says it has counted (from an answer's headers).
 
         `used` (or `limit - remaining`) is the server's count when it answered;
-        `sent_since` is what we spent after the answered request, which the
-        server could not have counted yet. `reset_at` (loop time) is when its
+        `sent_since` is what we spent after the answered request (sent at
+        `sent_at`), which the server could not have counted yet. `reset_at` (loop time) is when its
         window ends; `window_s` picks the policy it speaks of (else the
         tightest window). Only ever raises our count, never lowers it.
         """
@@ -389,8 +390,13 @@ class WindowLimiter:
             meter.sync(counted, reset_at, limit, now)
         elif isinstance(meter, _Bucket):
             meter.sync(counted, now)
-        elif counted is not None:
-            extra = counted - meter.used(now)
+        elif used is not None and used > meter.total:
+            # The server counted its window when the answered request arrived: compare
+            # with what we sent that could be in it (generously, for arrival times),
+            # never with our window now. Only more than that is someone else's use.
+            start = (sent_at if sent_at is not None else now) - meter.window - self.headroom_s()
+            ours = sum(spent for stamp, spent in meter.entries if stamp.t > start)
+            extra = used - ours
             if extra > 0:
                 until = reset_at if reset_at is not None and reset_at > now else now + meter.window
                 meter.absorb(extra, until)
