@@ -94,6 +94,7 @@ class ApiHandlers:
         rng = rng if rng is not None else random.Random(settings.seed)
         self.rules = rules
         self.reset_token = reset_token  # None: POST /reset is off
+        self._modern_keys = settings.mode != "seed"  # Bearer or X-Api-Key as well as api_key
         self._sleep = sleep
         self._clock_ms = clock_ms
         self._draw_in = _latency_draw(settings.latency_in_ms, rng)
@@ -107,6 +108,10 @@ class ApiHandlers:
         if request.body_exists:
             params = await _merged_params(request)
         api_key = params.get("api_key")
+        if api_key is None and self._modern_keys:
+            # Standard mode takes a key the modern ways too (the seed server knows only api_key).
+            auth = request.headers.get("Authorization", "")
+            api_key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key")
         rules = self.rules
         if not rules.is_known(api_key):
             # The seed server rejects unknown keys before any incoming latency.

@@ -205,3 +205,27 @@ def test_running_server_exposes_url_port_and_rules():
         return server.rules.stats()["totals"]["ok"]
 
     assert run_against(zero_latency(seed_settings()), scenario) == 1
+
+
+def test_standard_mode_takes_a_bearer_key_as_a_named_target_sends_it():
+    import aiohttp
+
+    from ratedeck.server.app import start_server
+
+    async def main():
+        settings = ServerSettings(
+            mode="standard", keys=("k-000000001",), latency_in_ms=(0, 0), latency_out_ms=(0, 0)
+        )
+        server = await start_server(settings)
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"{server.url}/api/request"
+                async with session.get(url, headers={"Authorization": "Bearer k-000000001"}) as ok:
+                    bearer = ok.status
+                async with session.get(url, headers={"Authorization": "Bearer nope"}) as bad:
+                    unknown = bad.status
+        finally:
+            await server.close()
+        return bearer, unknown
+
+    assert asyncio.run(main()) == (200, 401)
