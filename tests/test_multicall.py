@@ -241,10 +241,8 @@ def test_bad_messages_settings_name_the_key(table, key):
 
 
 def test_messages_section_selects_the_message_workload():
-    from ratedeck.engine.config import to_toml_dict
+    from ratedeck.engine.config import build_config, to_toml_dict
     from ratedeck.engine.multicall import MessageWorkload
-
-    from ratedeck.engine.config import build_config
 
     # No arrival rate given: messages arrive at the keys' capacity divided by the calls each needs.
     keys = {"secrets": [f"key-{i:03d}" for i in range(5)], "limits": ["20/1s"]}
