@@ -45,10 +45,11 @@ also capped by the symmetric estimate; one-sided tails keep it whole.
 Requests not answered yet use the fallback.
 
 Safety: 1.25 on a spread measured from whole round trips (server time mixed
-in, in an unknown share); 1.15 when the spread is the network's alone
-(hints on nearly every answer, or a ready probe). The smaller hedge still
-covers legs split 57/43 instead of evenly; worse asymmetry shows as a
-rejection, which widens at once and sets a floor.
+in, in an unknown share); 1.05 when the spread is the network's alone (hints
+on nearly every answer, or a ready probe), after correcting that spread for
+the samples it is made of (`RangeTracker.sampled`), plus the 1 ms grain. The
+smaller hedge covers legs split 52/48 rather than evenly; worse asymmetry
+shows as rejections, and a rejection widens at once and sets a floor.
 
 Rules:
 - widen at once when the evidence says so, or on a rejection (x1.5, at least
@@ -460,7 +461,7 @@ class HeadroomController:
         rejection_budget: int = 0,
         jitter_share: float = 0.5,
         safety: float = 1.25,
-        direct_safety: float = 1.10,
+        direct_safety: float = 1.05,
         narrow_ms_per_s: float = 10.0,
         settle_s: float = 2.0,
         bound_settle_s: float = 5.0,
@@ -647,7 +648,10 @@ class HeadroomController:
             # too, and the smaller of two bounds holds. One-sided spikes (mean
             # near the minimum, a long tail: queueing on the way in) keep the
             # per-request bound, which the symmetric estimate would under-cover.
-            return max(self._floor_ms, self._trial_cap(max(self.value_ms, self._floor_ms)))
+            # A direct estimate gets the 1 ms grain every bound carries: at a few ms
+            # of spread, timers and busy loops are jitter too, one leg at a time.
+            cap = max(self.value_ms, self._floor_ms) + (self.margin_ms if self._target_direct else 0.0)
+            return max(self._floor_ms, self._trial_cap(cap))
         if self.narrowing:
             # Probing on one-sided evidence: the tail itself is what is tried.
             tail = (spread_ms + self.margin_ms) * self._remaining.factor

@@ -1,0 +1,52 @@
+"""Bad input for the noisy-server settings: one clear line and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratedeck.engine.config import ConfigError, load_config
+from ratedeck.runner.cli import main
+
+
+@pytest.mark.parametrize(
+    "toml, needle",
+    [
+        ('[target]\nprobe_url = "not a url"\n', "target.probe_url"),
+        ('[target]\nprobe_url = "ftp://host/health"\n', "target.probe_url"),
+        ("[target]\nprobe_rate = 0\n", "target.probe_rate"),
+        ('[target]\nprobe_rate = "fast"\n', "target.probe_rate"),
+        ("[engine]\nrejection_budget = 2.5\n", "engine.rejection_budget"),
+        ('[engine]\nrejection_budget = "ten"\n', "engine.rejection_budget"),
+        ("[engine]\nrejection_budget = -1\n", "engine.rejection_budget"),
+    ],
+)
+def test_bad_noisy_settings_are_one_line_and_exit_2(tmp_path, capsys, toml, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    assert main(["--no-ui", "--config", str(path), "--duration", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_a_probe_never_goes_to_the_rate_limited_path():
+    with pytest.raises(ConfigError, match="rate-limited target itself"):
+        load_config(
+            preset="seed",
+            overrides={
+                "target": {"url": "http://h:9/api/request", "probe_url": "http://h:9/api/request/"},
+                "keys": {"secrets": ["k"]},
+            },
+        )
+    cfg = load_config(
+        preset="seed",
+        overrides={
+            "target": {
+                "url": "http://h:9/api/request",
+                "probe_url": "http://h:9/health",
+                "probe_rate": "5/1s",
+            },
+            "keys": {"secrets": ["k"]},
+        },
+    )
+    assert cfg.target.probe_url == "http://h:9/health" and cfg.target.probe_rate == 5.0
+    assert load_config(preset="seed").target.probe_url is None  # off unless asked for
