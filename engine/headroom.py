@@ -233,10 +233,11 @@ class RangeTracker:
     def spread(self) -> float:
         return self.hi - self.lo if self.hi >= self.lo else 0.0
 
-    @property
-    def two_sided(self) -> bool:
-        """The mean sits well inside the body (both legs vary alike), not at a one-sided tail."""
-        return self.body_hi > self.lo and self.mean - self.lo > 0.3 * (self.body_hi - self.lo)
+    def two_sided(self, body: bool = False) -> bool:
+        """The mean sits well inside the range (both legs vary alike), not at a one-sided
+        tail; with `body`, inside the body (spikes above it are judged apart)."""
+        top = self.body_hi if body else self.hi
+        return top > self.lo and self.mean - self.lo > 0.3 * (top - self.lo)
 
 
 class BudgetProber:
@@ -642,7 +643,7 @@ class HeadroomController:
     def _cap_ms(self, spread_ms: float) -> float | None:
         """The most one answered slot needs, if anything bounds it below its own round trip."""
         shape = self._probe if self._target_source == SOURCE_PROBE else self._net
-        if self._target_ms is not None and shape.two_sided:
+        if self._target_ms is not None and shape.two_sided(body=not self._capped_whole()):
             # Two-sided jitter (the mean sits inside the range, as when both legs
             # vary alike): one leg's spread is bounded by the symmetric estimate
             # too, and the smaller of two bounds holds. One-sided spikes (mean
@@ -664,10 +665,11 @@ class HeadroomController:
         return self.margin_ms + max(0.05 * spread_ms, self._net.lo_doubt * 1000.0)
 
     def _capped_whole(self) -> bool:
-        """Every slot takes the cap, spikes too: while probing on purpose, or when the
-        cap is the probe's (the traffic's round trips carry server time, so their
-        spikes are mostly the server's)."""
-        return self.budget.narrowing or self._target_source == SOURCE_PROBE
+        """Every slot takes the cap, spikes too, unless the cap comes from hints: while
+        probing on purpose, and whenever the round trips carry server time (the
+        round-trip and probe estimates), whose spikes are mostly the server's and
+        whose cap is the whole range's."""
+        return self.budget.narrowing or self._target_source != SOURCE_HINTS
 
     def _trial_cap(self, ms: float) -> float:
         """`ms` under the budget prober's cap, if it holds one. Only answered slots
@@ -746,7 +748,9 @@ class HeadroomController:
         if direct:
             target = net.sampled(net.body_spread) * 1000.0 * share * self.direct_safety
         else:
-            target = net.body_spread * 1000.0 * share * self.safety
+            # The whole range: with server time in the round trips, a spike may be
+            # either, and the wider estimate is what today's design stands on.
+            target = net.spread * 1000.0 * share * self.safety
         source = SOURCE_HINTS if direct else SOURCE_RTT
         if self._probe_ready():
             # The probe's whole range: its samples are few, and the traffic's
@@ -818,8 +822,13 @@ class HeadroomController:
             # A change shows a window and a round trip later; then watch it for a while.
             stretch = self.policy_window_s + 2.0 * max(self._net.hi, 0.0) + 1.5
             if self.budget.active and self._floor_ms <= self.min_ms:
-                two_sided = (self._probe if self._target_source == SOURCE_PROBE else self._net).two_sided
-                start = self._target_ms if two_sided else self._net.spread * 1000.0 + self.margin_ms
+                shape = self._probe if self._target_source == SOURCE_PROBE else self._net
+                two_sided = shape.two_sided(body=not self._capped_whole())
+                if two_sided:  # trials start from the body's estimate: a start, not a promise
+                    body = shape.body_spread * 1000.0 * self.jitter_share * self.safety
+                    start = min(self._target_ms, body) if body > 0 else self._target_ms
+                else:
+                    start = self._net.spread * 1000.0 + self.margin_ms
                 self.budget.step(now, stretch, start)
             if not self.budget.narrowing:
                 self._remaining.step(now, stretch)

@@ -108,8 +108,7 @@ def test_two_sided_jitter_caps_extras_by_the_symmetric_estimate():
     cap = max(h.value_ms, h.target_ms)
     assert h.extra_for(0.090, t) * 1000 <= cap + 1e-9
     assert h.extra_for(0.030, t) * 1000 < cap
-    # Above the body (the top 1%), an answer keeps its own bound: a spike hits one leg.
-    assert h.extra_for(0.0999, t) * 1000 > cap
+    assert h.extra_for(0.0999, t) * 1000 <= cap + 1e-9
 
 
 def test_unsettled_extras_keep_the_fallback_and_a_fixed_headroom_has_none():

@@ -251,3 +251,21 @@ def test_remaining_counts_at_full_speed_cost_nothing():
     snap, share, sources, _ = run(settings, seconds=30)
     assert snap.rejected_429 == 0
     assert share >= 0.92
+
+
+def test_with_hints_a_spike_above_the_body_keeps_its_own_bound():
+    """A spike hits one leg: above the body (p99) of the network's round trips the
+    symmetric cap does not hold, so such an answer's slot waits out its own bound."""
+    rng = random.Random(11)
+    h = HeadroomController(initial_ms=100)
+    t = 0.0
+    while t < 8.0:
+        net = rng.uniform(0.005, 0.045) + rng.uniform(0.005, 0.045)
+        server = rng.uniform(0.02, 0.08)
+        h.observe_rtt(net + server, t, server_s=server)
+        t += 0.01
+    assert h.source == "hints"
+    cap = max(h.value_ms, h.target_ms) + h.margin_ms
+    assert h.extra_for(0.050 + 0.070, t, server_s=0.050) * 1000 <= cap + 1e-9  # in the body: capped
+    spike = h.extra_for(0.050 + 0.140, t, server_s=0.050) * 1000  # 50 ms beyond any network seen
+    assert spike > cap and spike >= 125
