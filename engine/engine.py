@@ -385,7 +385,9 @@ class Engine:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
-            if self.cfg.engine.learn_policy and req.last_sent_at is not None:
+            # A 429 while the headroom deliberately narrows (a rejection budget, remaining
+            # counts) is about timing, not the limit: learn nothing from it.
+            if self.cfg.engine.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
                 learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
                 if learned is not None or worker.learned_limit is not None:
                     widen = False  # the limit was wrong, not the timing: the headroom stays
