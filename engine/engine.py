@@ -392,9 +392,9 @@ class Engine:
                 if learned is not None or worker.learned_limit is not None:
                     widen = False  # the limit was wrong, not the timing: the headroom stays
                 if learned is not None:
-                    told = ", ".join(str(p) for p in worker.spec.policies)
                     self.event(
-                        EventKind.SETTING, f"{worker.label}: told {told}, learned {learned} from rejections"
+                        EventKind.SETTING,
+                        f"{worker.label}: told {worker.told}, learned {learned} from rejections",
                     )
         elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1

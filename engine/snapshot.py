@@ -39,6 +39,7 @@ class KeyRow:
     server_limit: int | None = None  # the limit the server reports for this key
     server_reset_in_s: float | None = None  # seconds until the server's window turns
     learned_limit: str | None = None  # a limit learned from rejections, below the one given ("20/1s")
+    told_limit: str = ""  # the limits the key was given ("25/1s"; several joined by ", ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +226,26 @@ class Snapshot:
             + self.dlq_depth
             + self.in_flight
         )
+
+    def headroom_basis(self) -> str:
+        """What the headroom is made of, in words: its source, the round trip's
+        parts where known, the rejection budget spent, the probe's cost.
+
+        "hints: network spread 12 ms, server 48 ms · spent 3 of 10 rejections"
+        """
+        parts = []
+        if self.network_spread_ms is not None:
+            parts.append(f"network spread {self.network_spread_ms:.0f} ms")
+        if self.server_time_ms is not None:
+            parts.append(f"server {self.server_time_ms:.0f} ms")
+        if self.rtt_spread_ms is not None and self.network_spread_ms is None:
+            parts.append(f"round-trip spread {self.rtt_spread_ms:.0f} ms")
+        text = self.headroom_source + (f": {', '.join(parts)}" if parts else "")
+        if self.rejection_budget:
+            text += f" · spent {self.rejections_spent} of {self.rejection_budget} rejections"
+        if self.probe_sent:
+            text += f" · {self.probe_sent} probes sent"
+        return text
 
     @property
     def pct_capacity(self) -> float:

@@ -56,6 +56,7 @@ class KeyWorker:
         self.spec = spec
         self.label = spec.label
         self.masked = mask_secret(spec.secret)
+        self.told = ", ".join(str(p) for p in spec.policies)  # the limits given, as the user wrote them
         self.limiter = limiter  # this key's own budget
         self.limiters = (limiter, *shared)  # every budget a send spends (key, host)
         self.budgets = budgets if budgets is not None and budgets.routing else None
@@ -325,4 +326,5 @@ class KeyWorker:
             self.server_limit,
             round(max(0.0, self.server_reset_at - now), 1) if self.server_reset_at is not None else None,
             str(self._learned) if self._learned is not None else None,
+            self.told,
         )

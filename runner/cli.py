@@ -108,6 +108,17 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
     )
     p.add_argument("--total", metavar="N", help="stop generating after N requests")
     p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
+    p.add_argument(
+        "--probe-url",
+        metavar="URL",
+        help="a cheap endpoint of the target's host (time, health) polled to measure the network alone",
+    )
+    p.add_argument("--probe-rate", metavar="N", help="probes per second with --probe-url (default 10)")
+    p.add_argument(
+        "--rejection-budget",
+        metavar="N",
+        help="429s the run may spend narrowing its headroom (default 0: never probe; keep 0 where a server bans)",
+    )
     p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
     p.add_argument("--ttl", metavar="S", help="request time-to-live: seconds, or 500ms, 30s, 5m")
     p.add_argument("--duration", metavar="S", help="stop after this long: seconds, or 30s, 5m, 1h")
@@ -214,6 +225,14 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         o["engine"]["in_flight_per_key"] = _number("--in-flight", args.in_flight, "engine.in_flight_per_key")
     if args.headroom is not None:
         o["engine"]["headroom"] = _number("--headroom", args.headroom, "engine.headroom")
+    if args.probe_url is not None:
+        o["target"]["probe_url"] = _number("--probe-url", args.probe_url, "target.probe_url")
+    if args.probe_rate is not None:
+        o["target"]["probe_rate"] = _number("--probe-rate", args.probe_rate, "target.probe_rate")
+    if args.rejection_budget is not None:
+        o["engine"]["rejection_budget"] = _number(
+            "--rejection-budget", args.rejection_budget, "engine.rejection_budget"
+        )
     if args.no_backpressure:
         o["engine"]["backpressure"] = False
     if args.ttl is not None:

@@ -94,6 +94,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
         f"  arrival {snap.arrival_rate:g}/s",
+        f"             from {snap.headroom_basis()}",
     ]
 
 
@@ -122,6 +123,7 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
     for k in snap.keys:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
+            + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
         )
     return lines
 

@@ -46,6 +46,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
     (totals and the independent window audit): the server's view, not ours.
     """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
+    maybe = lambda x: None if x is None else round(float(x), 1)  # noqa: E731
     report: dict = {
         "schema_version": SCHEMA_VERSION,
         "duration_s": r(snap.elapsed_s, 3),
@@ -89,6 +90,15 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
             "max": r(snap.headroom_max_ms, 1),
             "adaptive": snap.headroom_adaptive,
         },
+        "headroom": {
+            "source": snap.headroom_source,
+            "rtt_spread_ms": maybe(snap.rtt_spread_ms),
+            "network_spread_ms": maybe(snap.network_spread_ms),
+            "server_time_ms": maybe(snap.server_time_ms),
+            "rejection_budget": snap.rejection_budget,
+            "rejections_spent": snap.rejections_spent,
+            "probe_sent": snap.probe_sent,
+        },
         "queues": {
             "main_max": snap.main_peak,
             "main_avg": r(snap.main_avg),
@@ -109,6 +119,8 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
                 "state": k.state,
                 "server_remaining": k.server_remaining,
                 "server_limit": k.server_limit,
+                "told_limit": k.told_limit,
+                "learned_limit": k.learned_limit,
             }
             for k in snap.keys
         ],

@@ -50,3 +50,38 @@ def test_a_probe_never_goes_to_the_rate_limited_path():
     )
     assert cfg.target.probe_url == "http://h:9/health" and cfg.target.probe_rate == 5.0
     assert load_config(preset="seed").target.probe_url is None  # off unless asked for
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--probe-url", "not a url"], "--probe-url"),
+        (["--probe-rate", "0"], "--probe-rate"),
+        (["--rejection-budget", "2.5"], "--rejection-budget"),
+        (["--rejection-budget", "-1"], "--rejection-budget"),
+    ],
+)
+def test_bad_noisy_flags_name_the_flag_and_exit_2(capsys, flags, needle):
+    assert main(["--no-ui", "--duration", "1", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_noisy_flags_reach_the_saved_config(tmp_path):
+    import tomllib
+
+    saved = tmp_path / "out.toml"
+    flags = [
+        "--target",
+        "http://127.0.0.1:9/api/request",
+        "--keys",
+        "a1,b2",
+        "--probe-url",
+        "http://127.0.0.1:9/health",
+    ]
+    flags += ["--probe-rate", "4", "--rejection-budget", "7", "--save-config", str(saved)]
+    assert main(flags) == 0
+    cfg = tomllib.loads(saved.read_text())
+    assert cfg["target"]["probe_url"] == "http://127.0.0.1:9/health"
+    assert cfg["target"]["probe_rate"] == 4.0
+    assert cfg["engine"]["rejection_budget"] == 7

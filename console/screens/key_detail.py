@@ -56,6 +56,15 @@ def head_text(row: KeyRow) -> str:
     return f"[b]{escape(row.label)}[/] {escape(row.masked)} · {fp_part} · [b {style}]{escape(state_text(row))}[/]{note}"
 
 
+def limit_text(row: KeyRow) -> str:
+    """The limit the key was given, and one learned from the server's rejections."""
+    told = escape(getattr(row, "told_limit", "") or "") or unknown("not reported")
+    learned = getattr(row, "learned_limit", None)
+    if learned:
+        return f"told {told}, [b $text-warning]learned {escape(learned)}[/] [$text-muted](from rejections)[/]"
+    return f"[b]{told}[/]"
+
+
 def window_text(row: KeyRow) -> str:
     remaining = getattr(row, "server_remaining", None)
     limit = getattr(row, "server_limit", None)
@@ -71,6 +80,7 @@ def window_text(row: KeyRow) -> str:
     return "\n".join(
         (
             f"[$text-muted]Server says [/] {server}",
+            f"[$text-muted]Limit       [/] {limit_text(row)}",
             f"[$text-muted]In flight   [/] {numbers.count(row.in_flight)}",
             f"[$text-muted]Sent        [/] {numbers.count(row.sent)}"
             f"  [$text-muted]ok[/] {numbers.count(row.succeeded)}",

@@ -1,0 +1,50 @@
+"""What the headroom is made of, and limits learned, as the report, the summary and the console say them."""
+
+from __future__ import annotations
+
+from ratedeck.engine.snapshot import KeyRow, Snapshot
+from ratedeck.runner.headless import metrics_block, summary_lines
+from ratedeck.runner.report import build_report
+
+
+def _snap(**kw) -> Snapshot:
+    keys = (
+        KeyRow("k1", "…AAAA", told_limit="25/1s", learned_limit="20/1s"),
+        KeyRow("k2", "…BBBB", told_limit="25/1s"),
+    )
+    return Snapshot(keys=keys, **kw)
+
+
+def test_the_basis_names_the_source_and_the_parts_it_knows():
+    assert _snap().headroom_basis() == "round trip"
+    assert _snap(rtt_spread_ms=71.4).headroom_basis() == "round trip: round-trip spread 71 ms"
+    hinted = _snap(headroom_source="hints", rtt_spread_ms=90.0, network_spread_ms=38.2, server_time_ms=49.6)
+    assert hinted.headroom_basis() == "hints: network spread 38 ms, server 50 ms"
+    budget = _snap(headroom_source="budget probing", rejection_budget=10, rejections_spent=3, probe_sent=120)
+    assert budget.headroom_basis() == "budget probing · spent 3 of 10 rejections · 120 probes sent"
+
+
+def test_the_summary_and_report_show_the_basis_and_learned_limits():
+    snap = _snap(headroom_source="probe", network_spread_ms=40.0, probe_sent=55, rejection_budget=2)
+    assert (
+        metrics_block(snap)[-1].strip()
+        == "from probe: network spread 40 ms · spent 0 of 2 rejections · 55 probes sent"
+    )
+    lines = summary_lines(snap)
+    k1 = next(line for line in lines if line.strip().startswith("k1"))
+    k2 = next(line for line in lines if line.strip().startswith("k2"))
+    assert k1.endswith("told 25/1s, learned 20/1s") and "learned" not in k2
+    report = build_report(snap)
+    assert report["headroom"] == {
+        "source": "probe",
+        "rtt_spread_ms": None,
+        "network_spread_ms": 40.0,
+        "server_time_ms": None,
+        "rejection_budget": 2,
+        "rejections_spent": 0,
+        "probe_sent": 55,
+    }
+    assert [(k["told_limit"], k["learned_limit"]) for k in report["keys"]] == [
+        ("25/1s", "20/1s"),
+        ("25/1s", None),
+    ]
