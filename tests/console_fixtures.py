@@ -331,7 +331,9 @@ def reported_snapshot() -> Snapshot:
         if index < 3:
             extra.update(server_remaining=2 - index % 3, server_limit=20, server_reset_in_s=0.4 + 0.1 * index)
         # k1 was told 25/1s and learned the server's 20/1s from rejections
-        extra.update(told_limit="25/1s" if index == 0 else "20/1s", learned_limit="20/1s" if index == 0 else None)
+        extra.update(
+            told_limit="25/1s" if index == 0 else "20/1s", learned_limit="20/1s" if index == 0 else None
+        )
         extra["latency"] = LatencySummary(
             mean=45.0 + index,
             p50=43.0 + index,
