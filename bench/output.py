@@ -70,6 +70,10 @@ def make_row(
         # the server's own view: W / mean gap between accepted arrivals i and i+N of a key
         "share": share.get("sustained"),
         "share_all": share.get("all"),
+        # how the server's cooldowns went: sends into a closed gate, cooldowns doubled
+        "server_in_cooldown": int(totals.get("requests_during_cooldown", 0)),
+        "server_escalations": int(totals.get("escalations", 0)),
+        "rejected_429_by_key": [int(k.get("rejected_429", 0)) for k in server.get("keys", [])],
     }
     # what a ratedeck strategy's headroom was made of
     for name in (
@@ -110,6 +114,12 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     for r in result.rows:
         if "headroom_source" in r:
             lines.append("  " + _headroom_note(r))
+    for r in result.rows:
+        if r["rejected_429"] and r.get("rejected_429_by_key"):
+            lines.append(
+                f"  {r['strategy']} 429s by key {','.join(map(str, r['rejected_429_by_key']))};"
+                f" sent during a cooldown {r['server_in_cooldown']}; escalations {r['server_escalations']}"
+            )
     return "\n".join(lines)
 
 

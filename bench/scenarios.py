@@ -181,12 +181,31 @@ SCENARIOS: dict[str, Scenario] = {
             told_limit=25,
             strategies=_PEERS,
         ),
+        Scenario(
+            "told-wrong+remaining",
+            "clients told 30/1s per key, the server allows 20/1s and says its remaining count "
+            "(X-RateLimit-*) on every answer; 429 + Retry-After, escalating cooldowns; 0..50 ms each way",
+            (*_PLAIN, "--latency", "0:50", "--retry-after", "--escalation"),
+            _NOISY_KEYS,
+            20,
+            1.0,
+            False,
+            told_limit=30,
+            strategies=_PEERS,
+        ),
     )
 }
 
 #: Names that stand for several scenarios in `--scenarios`.
 GROUPS: dict[str, tuple[str, ...]] = {
     "default": ("seed", "seed+jitter", "many-keys"),
-    "noisy-servers": ("noisy", "noisy+timing", "noisy-wide", "steady+timing", "told-wrong"),
+    "noisy-servers": (
+        "noisy",
+        "noisy+timing",
+        "noisy-wide",
+        "steady+timing",
+        "told-wrong",
+        "told-wrong+remaining",
+    ),
 }
 DEFAULT_SCENARIOS = GROUPS["default"]

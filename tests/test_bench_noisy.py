@@ -47,6 +47,24 @@ def test_told_wrong_is_offered_what_the_clients_were_told():
     assert settings.retry_after and settings.escalation and not settings.ratelimit_headers
     assert told.client_limit == 25
     assert told.capacity_tps == 100 and told.offered_tps == 125
+    remaining = serve_settings("told-wrong+remaining")
+    assert remaining.ratelimit_headers and remaining.retry_after and remaining.escalation
+    assert SCENARIOS["told-wrong+remaining"].client_limit == 30
+
+
+def test_a_row_with_429s_says_how_the_server_s_cooldowns_went():
+    server = {
+        "totals": {"ok": 90, "rejected_429": 3, "requests_during_cooldown": 1, "escalations": 2},
+        "keys": [{"rejected_429": 2}, {"rejected_429": 1}, {"rejected_429": 0}],
+    }
+    row = make_row("ratedeck", {"succeeded": 90}, server, duration_s=1.0, capacity_tps=100.0)
+    assert row["rejected_429_by_key"] == [2, 1, 0]
+    table = scenario_table(ScenarioResult("told-wrong", "s", 100.0, rows=[row]), 1.0)
+    assert "ratedeck 429s by key 2,1,0; sent during a cooldown 1; escalations 2" in table
+    clean = make_row(
+        "ratedeck", {"succeeded": 90}, {"totals": {"ok": 90}}, duration_s=1.0, capacity_tps=100.0
+    )
+    assert "by key" not in scenario_table(ScenarioResult("t", "s", 100.0, rows=[clean]), 1.0)
 
 
 def test_each_scenario_runs_its_own_strategies_and_probes_only_where_there_is_health():
