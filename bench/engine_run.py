@@ -30,16 +30,13 @@ def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
 def variant_overrides(spec: RunSpec) -> dict[str, Any]:
     """What a ratedeck strategy adds to the seed preset: "ratedeck+probe" probes the
     simulator's `/health`, "ratedeck+budget" may spend 10 rejections probing (limit
-    learning off: the limit is right, the 429s are the probing's own)."""
+    learning stays on: a 429 while the headroom narrows teaches no limit)."""
     overrides = engine_overrides(spec)
     if spec.strategy == "ratedeck+probe":
         base = spec.url.rsplit("/api/request", 1)[0]
         overrides["target"]["probe_url"] = f"{base}/health"
     elif spec.strategy == "ratedeck+budget":
         overrides["engine"]["rejection_budget"] = BUDGET
-        # The limit is known right here; limit learning would read a deliberate
-        # squeeze (a probing 429) as a limit one lower and keep it.
-        overrides["engine"]["learn_policy"] = False
     elif spec.strategy != "ratedeck":
         raise ValueError(f"not a ratedeck strategy: {spec.strategy!r}")
     return overrides
