@@ -227,25 +227,27 @@ class Snapshot:
             + self.in_flight
         )
 
-    def headroom_basis(self) -> str:
-        """What the headroom is made of, in words: its source, the round trip's
-        parts where known, the rejection budget spent, the probe's cost.
+    def headroom_from(self) -> str:
+        """Where the headroom comes from, with what that cost:
+        "budget probing, spent 3 of 10 rejections", "probe, 300 probes sent"."""
+        text = self.headroom_source
+        if self.rejection_budget:
+            text += f", spent {self.rejections_spent} of {self.rejection_budget} rejections"
+        if self.probe_sent:
+            text += f", {self.probe_sent} probes sent"
+        return text
 
-        "hints: network spread 12 ms, server 48 ms · spent 3 of 10 rejections"
-        """
+    def headroom_spread(self) -> str:
+        """The round trip's parts where known: "network 38 ms, server 50 ms"
+        (hints or a probe), else the whole round trip's "round trip 98 ms"; "" before any."""
         parts = []
         if self.network_spread_ms is not None:
-            parts.append(f"network spread {self.network_spread_ms:.0f} ms")
+            parts.append(f"network {self.network_spread_ms:.0f} ms")
+        elif self.rtt_spread_ms is not None:
+            parts.append(f"round trip {self.rtt_spread_ms:.0f} ms")
         if self.server_time_ms is not None:
             parts.append(f"server {self.server_time_ms:.0f} ms")
-        if self.rtt_spread_ms is not None and self.network_spread_ms is None:
-            parts.append(f"round-trip spread {self.rtt_spread_ms:.0f} ms")
-        text = self.headroom_source + (f": {', '.join(parts)}" if parts else "")
-        if self.rejection_budget:
-            text += f" · spent {self.rejections_spent} of {self.rejection_budget} rejections"
-        if self.probe_sent:
-            text += f" · {self.probe_sent} probes sent"
-        return text
+        return ", ".join(parts)
 
     @property
     def pct_capacity(self) -> float:

@@ -94,7 +94,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
         f"  arrival {snap.arrival_rate:g}/s",
-        f"             from {snap.headroom_basis()}",
+        f"             from {snap.headroom_from()}"
+        + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]
 
 

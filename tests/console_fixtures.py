@@ -473,6 +473,7 @@ def demo_snapshot() -> Snapshot:
         main_peak=50,
         main_avg=31.0,
         headroom_ms=38.0,
+        rtt_spread_ms=62.0,
         headroom_adaptive=True,
         headroom_min_ms=21.0,
         headroom_max_ms=100.0,

@@ -15,20 +15,20 @@ def _snap(**kw) -> Snapshot:
     return Snapshot(keys=keys, **kw)
 
 
-def test_the_basis_names_the_source_and_the_parts_it_knows():
-    assert _snap().headroom_basis() == "round trip"
-    assert _snap(rtt_spread_ms=71.4).headroom_basis() == "round trip: round-trip spread 71 ms"
+def test_the_basis_names_the_source_its_cost_and_the_parts_it_knows():
+    assert (_snap().headroom_from(), _snap().headroom_spread()) == ("round trip", "")
+    assert _snap(rtt_spread_ms=71.4).headroom_spread() == "round trip 71 ms"
     hinted = _snap(headroom_source="hints", rtt_spread_ms=90.0, network_spread_ms=38.2, server_time_ms=49.6)
-    assert hinted.headroom_basis() == "hints: network spread 38 ms, server 50 ms"
+    assert (hinted.headroom_from(), hinted.headroom_spread()) == ("hints", "network 38 ms, server 50 ms")
     budget = _snap(headroom_source="budget probing", rejection_budget=10, rejections_spent=3, probe_sent=120)
-    assert budget.headroom_basis() == "budget probing · spent 3 of 10 rejections · 120 probes sent"
+    assert budget.headroom_from() == "budget probing, spent 3 of 10 rejections, 120 probes sent"
 
 
 def test_the_summary_and_report_show_the_basis_and_learned_limits():
     snap = _snap(headroom_source="probe", network_spread_ms=40.0, probe_sent=55, rejection_budget=2)
     assert (
         metrics_block(snap)[-1].strip()
-        == "from probe: network spread 40 ms · spent 0 of 2 rejections · 55 probes sent"
+        == "from probe, spent 0 of 2 rejections, 55 probes sent; spread network 40 ms"
     )
     lines = summary_lines(snap)
     k1 = next(line for line in lines if line.strip().startswith("k1"))

@@ -91,7 +91,8 @@ class LimiterPanel(Static):
         causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
         lines = [
             f"[$text-muted]Headroom    [/]{headroom}",
-            f"[$text-muted]  from      [/]{escape(snap.headroom_basis())}",
+            f"[$text-muted]  from      [/]{escape(snap.headroom_from())}",
+            f"[$text-muted]  spread    [/]{escape(snap.headroom_spread() or 'not measured yet')}",
             f"[$text-muted]Backpressure[/] {pressure}",
             f"[$text-muted]Arrival     [/][b]{numbers.rate(snap.arrival_rate)}{unit}[/]",
         ]
