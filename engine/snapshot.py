@@ -239,12 +239,14 @@ class Snapshot:
 
     def headroom_spread(self) -> str:
         """The round trip's parts where known: "network 38 ms, server 50 ms"
-        (hints or a probe), else the whole round trip's "round trip 98 ms"; "" before any."""
+        (hints or a probe), else the whole round trip's "round trip 98 ms" ("98 ms" when
+        that is the source); "" before any."""
         parts = []
         if self.network_spread_ms is not None:
             parts.append(f"network {self.network_spread_ms:.0f} ms")
         elif self.rtt_spread_ms is not None:
-            parts.append(f"round trip {self.rtt_spread_ms:.0f} ms")
+            whole = f"{self.rtt_spread_ms:.0f} ms"
+            parts.append(whole if self.headroom_source == "round trip" else f"round trip {whole}")
         if self.server_time_ms is not None:
             parts.append(f"server {self.server_time_ms:.0f} ms")
         return ", ".join(parts)

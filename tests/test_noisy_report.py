@@ -17,7 +17,8 @@ def _snap(**kw) -> Snapshot:
 
 def test_the_basis_names_the_source_its_cost_and_the_parts_it_knows():
     assert (_snap().headroom_from(), _snap().headroom_spread()) == ("round trip", "")
-    assert _snap(rtt_spread_ms=71.4).headroom_spread() == "round trip 71 ms"
+    assert _snap(rtt_spread_ms=71.4).headroom_spread() == "71 ms"
+    assert _snap(headroom_source="budget probing", rtt_spread_ms=71.4).headroom_spread() == "round trip 71 ms"
     hinted = _snap(headroom_source="hints", rtt_spread_ms=90.0, network_spread_ms=38.2, server_time_ms=49.6)
     assert (hinted.headroom_from(), hinted.headroom_spread()) == ("hints", "network 38 ms, server 50 ms")
     budget = _snap(headroom_source="budget probing", rejection_budget=10, rejections_spent=3, probe_sent=120)
