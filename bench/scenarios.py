@@ -162,6 +162,30 @@ SCENARIOS: dict[str, Scenario] = {
             False,
             strategies=_PEERS,
         ),
+        # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
+        Scenario(
+            "many-keys-heavy",
+            f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
+            (
+                "--mode",
+                "standard",
+                "--keys",
+                str(MANY_KEYS),
+                "--limit",
+                "100/1s",
+                "--latency",
+                "5:45",
+                "--processing",
+                "20:80",
+                "--no-nonce",
+                *_QUIET,
+            ),
+            generated_keys(MANY_KEYS),
+            100,
+            1.0,
+            False,
+            strategies=("improved-async", "aiolimiter", "ratedeck", "ratedeck+procs2"),
+        ),
         Scenario(
             "told-wrong",
             "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, "

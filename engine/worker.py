@@ -90,6 +90,25 @@ class KeyWorker:
         """Wake the worker from whatever it waits for, so it re-checks its state."""
         self._waker.poke()
 
+    def wake_if_sooner(self, now: float) -> None:
+        """After an answer: wake the worker only when that lets it send sooner than the wait
+        it is in ends by itself (a slot freed early, room in flight); a wake costs a turn
+        of the loop and a new timer, and most answers change nothing the worker waits for."""
+        waker = self._waker
+        if not waker.waiting:
+            return
+        until = waker.until
+        if until is None or self.budgets is not None:
+            waker.poke()  # waiting for room in flight or for work, or a budget plan: look again
+            return
+        if self.paused or self.blocked:
+            return
+        sooner = self.gate_open_at()
+        if sooner <= now:
+            sooner = self.next_free(now) if self.in_flight < self.max_in_flight else math.inf
+        if sooner < until:
+            waker.poke()
+
     async def _wait(self, until: float | None = None) -> None:
         await self._waker.wait(self.host.loop, until)
 
