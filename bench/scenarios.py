@@ -63,6 +63,7 @@ STRATEGIES: dict[str, str] = {
     "ratedeck": "ratedeck's engine (seed preset, adaptive headroom, even pacing; reads timing hints)",
     "ratedeck+probe": "ratedeck with target.probe_url = the simulator's /health (10 probes/s)",
     "ratedeck+budget": "ratedeck with engine.rejection_budget = 10 (probes the headroom on purpose; learn_policy off)",
+    "ratedeck+procs2": "ratedeck with --procs 2: keys shared out among two engine processes",
 }
 
 #: The strategies of the original three scenarios (and of `ratedeck bench` with no options).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import time
 import uuid
@@ -69,6 +70,13 @@ def engine_clock(loop: asyncio.AbstractEventLoop):
     if isinstance(loop, asyncio.BaseEventLoop):
         return loop.time
     return time.monotonic
+
+
+#: Timers firing this late (ms) mean the loop cannot keep up: the client is the bottleneck.
+LOOP_LAG_WARN_MS = 10.0
+#: At most one loop-lag warning in the event log per this many seconds.
+LOOP_LAG_WARN_EVERY_S = 30.0
+_LAG_WINDOW_S = 5.0  # the lag shown is the worst in the last this-many seconds
 
 
 class UnknownKey(RatedeckError, ValueError):
@@ -186,6 +194,16 @@ class Engine:
         self._sends: set[asyncio.Task] = set()
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
+        # The client's own cost (Snapshot.cpu_s, loop_lag_ms): process CPU since the start,
+        # and how late the ticker's timer fires (a loop that cannot keep up).
+        self._cpu0 = 0.0
+        self._cpu_end: float | None = None
+        self.loop_lag_ms = 0.0
+        self._lag_now = 0.0  # the worst lateness in the running window
+        self._lag_prev = 0.0  # and in the one before
+        self._lag_window_end = 0.0
+        self._lag_warned_at = -math.inf
+        self.mergeable = False  # one of several processes: snapshots carry whole histograms
         self.problems: list[str] = []
         # Called with (request, ending) for every request that ends (a results
         # file, metrics): after the request's own on_done.
@@ -206,6 +224,8 @@ class Engine:
         self.loop = asyncio.get_running_loop()
         self.clock = engine_clock(self.loop)
         self.started_at = self.clock()
+        self._cpu0 = time.process_time()
+        self._lag_window_end = self.started_at + _LAG_WINDOW_S
         self._wall_offset = time.time() - self.started_at
         for lim in self.all_limiters():
             lim.align(self._wall_offset, self.started_at)  # fixed windows turn at the clock's minutes
@@ -262,6 +282,7 @@ class Engine:
                 await asyncio.gather(*pending, return_exceptions=True)
         self._expire_queued(self.clock())
         self.ended_at = self.clock()
+        self._cpu_end = time.process_time()
         self.phase = Phase.STOPPED
         self.source.close_second()  # flush what the source still holds (shed lines)
         self._flush_graveyard()
@@ -294,11 +315,11 @@ class Engine:
         try:
             result = await self.transport.send(worker.spec, req, nonce)
         except asyncio.CancelledError:
-            self._sends.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._sends.discard(asyncio.current_task())
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
-        self._sends.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._sends.discard(asyncio.current_task())
         result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1
@@ -594,8 +615,10 @@ class Engine:
         """Ten times a second: expire queued requests, sample depths; each second roll series."""
         next_second = self.started_at + 1.0
         while True:
+            due = self.clock() + 0.1
             await asyncio.sleep(0.1)
             now = self.clock()
+            self.note_lag(now - due, now)
             self._expire_queued(now)
             self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
             while now >= next_second:
@@ -604,6 +627,36 @@ class Engine:
                 next_second += 1.0
                 self._flush_graveyard()
             self._check_finished()
+
+    def note_lag(self, late_s: float, now: float) -> None:
+        """The ticker's timer fired `late_s` late: keep the worst of the last few seconds,
+        and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`) when it is
+        above `LOOP_LAG_WARN_MS`: then every timer (pacing, deadlines) is that late too."""
+        late_ms = max(0.0, late_s * 1000.0)
+        if now >= self._lag_window_end:  # a new window: the last one's worst is still shown
+            self._lag_prev, self._lag_now = self._lag_now, late_ms
+            self._lag_window_end = now + _LAG_WINDOW_S
+        elif late_ms > self._lag_now:
+            self._lag_now = late_ms
+        self.loop_lag_ms = max(self._lag_prev, self._lag_now)
+        if late_ms > LOOP_LAG_WARN_MS and now - self._lag_warned_at >= LOOP_LAG_WARN_EVERY_S:
+            self._lag_warned_at = now
+            cpu = self._cpu_us_per_request()
+            cost = f", {cpu:.0f} µs CPU per request" if cpu is not None else ""
+            self.event(
+                EventKind.ERROR,
+                f"the engine's loop runs late: a timer fired {late_ms:.0f} ms late{cost};"
+                " the client, not the server, may be the bottleneck (try --procs)",
+            )
+
+    def cpu_s(self) -> float:
+        """CPU seconds of this process since the engine started (frozen when it stopped)."""
+        end = self._cpu_end if self._cpu_end is not None else time.process_time()
+        return max(0.0, end - self._cpu0) if self.loop is not None else 0.0
+
+    def _cpu_us_per_request(self) -> float | None:
+        answered = self.metrics.sent - self.in_flight
+        return self.cpu_s() * 1e6 / answered if answered > 0 else None
 
     def _expire_queued(self, now: float) -> None:
         for req in self.queues.drain_expired(now):
@@ -720,9 +773,9 @@ class Engine:
             headroom_max_ms=h.seen_max_ms,
             backpressure=self.backpressure,
             arrival_rate=self.source.rate,
-            latency=m.latency.summary(),
-            latency_total=m.latency_total.summary(),
-            queue_wait=m.queue_wait.summary(),
+            latency=m.latency.summary(self.mergeable),
+            latency_total=m.latency_total.summary(self.mergeable),
+            queue_wait=m.queue_wait.summary(self.mergeable),
             tps_series=tuple(m.tps_series),
             p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series),
@@ -741,4 +794,6 @@ class Engine:
             rejection_budget=h.rejection_budget,
             rejections_spent=h.rejections_spent,
             probe_sent=self.probe.sent if self.probe is not None else 0,
+            cpu_s=self.cpu_s(),
+            loop_lag_ms=self.loop_lag_ms,
         )

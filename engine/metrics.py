@@ -73,7 +73,8 @@ class LatencyHistogram:
         """Upper edges of the buckets holding each quantile (in ms)."""
         return quantiles_of(self.bins, self.count, self.max, qs)
 
-    def summary(self) -> LatencySummary:
+    def summary(self, whole: bool = False) -> LatencySummary:
+        """Mean, percentiles and cumulative buckets; with `whole`, the sparse histogram too."""
         p50, p90, p99, p999 = self.quantiles(0.5, 0.9, 0.99, 0.999)
         mean = self.total / self.count if self.count else 0.0
         return LatencySummary(
@@ -85,6 +86,7 @@ class LatencyHistogram:
             p999=p999,
             count=self.count,
             buckets=self.cumulative(),
+            hist=tuple((i, n) for i, n in enumerate(self.bins) if n) if whole else (),
         )
 
     def cumulative(self, edges_ms: tuple[float, ...] = BUCKET_EDGES_MS) -> tuple[tuple[float, int], ...]:
