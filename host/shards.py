@@ -297,6 +297,7 @@ class ShardedHost:
         self.hosts: list[ProcessHost] = []
         self._simulator: SimulatorProcess | None = None
         self._owner: dict[str, ProcessHost] = {}
+        self._order = {k.label: i for i, k in enumerate(cfg.keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
         self._merged = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps, procs=procs)
@@ -335,7 +336,9 @@ class ShardedHost:
                 a is not b for a, b in zip(parts, self._parts, strict=False)
             ):
                 merged = merge_snapshots(parts) if parts else self._merged
-                self._merged = dataclasses.replace(merged, procs=len(parts) or self.procs)
+                order = self._order
+                keys = tuple(sorted(merged.keys, key=lambda k: order.get(k.label, len(order))))
+                self._merged = dataclasses.replace(merged, keys=keys, procs=len(parts) or self.procs)
                 self._parts = parts
             return self._merged
 
