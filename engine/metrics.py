@@ -60,10 +60,10 @@ class LatencyHistogram:
 
     def add(self, ms: float) -> None:
         if ms < _FINE_MS:
-            i = int(ms * 10)
+            i = int(ms * 10) if ms > 0 else 0
         else:
             i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), len(self.bins) - 1)
-        self.bins[max(i, 0)] += 1
+        self.bins[i] += 1
         self.count += 1
         self.total += ms
         if ms > self.max:
