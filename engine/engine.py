@@ -201,6 +201,7 @@ class Engine:
         self.loop_lag_ms = 0.0
         self._lag_now = 0.0  # the worst lateness in the running window
         self._lag_prev = 0.0  # and in the one before
+        self._late_ticks = 0  # ticks in a row that fired late
         self._lag_window_end = 0.0
         self._lag_warned_at = -math.inf
         self.mergeable = False  # one of several processes: snapshots carry whole histograms
@@ -630,8 +631,9 @@ class Engine:
 
     def note_lag(self, late_s: float, now: float) -> None:
         """The ticker's timer fired `late_s` late: keep the worst of the last few seconds,
-        and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`) when it is
-        above `LOOP_LAG_WARN_MS`: then every timer (pacing, deadlines) is that late too."""
+        and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`) when two ticks
+        in a row were later than `LOOP_LAG_WARN_MS`: then every timer (pacing, deadlines) is
+        that late too."""
         late_ms = max(0.0, late_s * 1000.0)
         if now >= self._lag_window_end:  # a new window: the last one's worst is still shown
             self._lag_prev, self._lag_now = self._lag_now, late_ms
@@ -639,7 +641,9 @@ class Engine:
         elif late_ms > self._lag_now:
             self._lag_now = late_ms
         self.loop_lag_ms = max(self._lag_prev, self._lag_now)
-        if late_ms > LOOP_LAG_WARN_MS and now - self._lag_warned_at >= LOOP_LAG_WARN_EVERY_S:
+        # Two late ticks in a row: one alone may be a single long turn (the start, a GC).
+        self._late_ticks = self._late_ticks + 1 if late_ms > LOOP_LAG_WARN_MS else 0
+        if self._late_ticks >= 2 and now - self._lag_warned_at >= LOOP_LAG_WARN_EVERY_S:
             self._lag_warned_at = now
             cpu = self._cpu_us_per_request()
             cost = f", {cpu:.0f} µs CPU per request" if cpu is not None else ""

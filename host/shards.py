@@ -217,10 +217,13 @@ class SimulatorProcess:
     def start(self, timeout_s: float = 30.0) -> str:
         self._proc.start()
         self._child.close()
-        if not self._conn.poll(timeout_s):
+        try:
+            if not self._conn.poll(timeout_s):
+                raise EOFError
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
             self.close()
-            raise RuntimeError("the simulator did not start")
-        kind, value = self._conn.recv()
+            raise RuntimeError("the simulator process did not start") from None
         if kind != "url":
             self.close()
             raise RuntimeError(f"the simulator did not start: {value}")

@@ -209,8 +209,12 @@ def test_a_late_loop_is_warned_once_per_interval_and_shown_for_a_few_seconds(tmp
     warnings = lambda: [e for e in engine.events if "loop runs late" in e.text]  # noqa: E731
     engine.note_lag(0.002, 1.0)  # 2 ms: timers and a busy turn, nothing to say
     assert engine.loop_lag_ms == pytest.approx(2.0) and not warnings()
-    engine.note_lag(0.040, 1.1)
-    assert engine.loop_lag_ms == pytest.approx(40.0)
+    engine.note_lag(0.040, 1.1)  # one late tick alone: a long turn, shown but not warned
+    assert engine.loop_lag_ms == pytest.approx(40.0) and not warnings()
+    engine.note_lag(0.001, 1.2)
+    engine.note_lag(0.030, 1.3)
+    assert not warnings()
+    engine.note_lag(0.040, 1.4)  # the second late tick in a row: the loop cannot keep up
     assert len(warnings()) == 1 and "40 ms late" in warnings()[0].text
     assert warnings()[0].kind == EventKind.ERROR
     engine.note_lag(0.050, 2.0)  # still late: no second warning yet
@@ -219,7 +223,9 @@ def test_a_late_loop_is_warned_once_per_interval_and_shown_for_a_few_seconds(tmp
     assert engine.loop_lag_ms == pytest.approx(50.0)
     engine.note_lag(0.001, 30.0)  # two windows later it is gone
     assert engine.loop_lag_ms == pytest.approx(1.0)
-    engine.note_lag(0.030, 1.1 + LOOP_LAG_WARN_EVERY_S)
+    engine.note_lag(0.030, 1.4 + LOOP_LAG_WARN_EVERY_S)
+    assert len(warnings()) == 1
+    engine.note_lag(0.030, 1.5 + LOOP_LAG_WARN_EVERY_S)
     assert len(warnings()) == 2
 
 
@@ -269,3 +275,13 @@ def test_procs_2_headless_prints_one_merged_report_that_balances_and_covers_ever
     # One simulator served both processes: its count is the whole run's, and its audit held.
     assert data["server"]["audit_ok"] is True
     assert data["server"]["totals"]["accepted"] >= req["succeeded"]
+
+
+def test_the_console_limiter_panel_names_the_client_s_cpu_per_request_and_a_late_loop():
+    from ratedeck.console.widgets.limiter import client_text
+
+    assert client_text(Snapshot()) == ""  # nothing answered yet: nothing to say
+    snap = Snapshot(sent=1000, in_flight=0, cpu_s=0.25, procs=2, loop_lag_ms=3.0)
+    assert "250 µs" in client_text(snap) and "2 procs" in client_text(snap)
+    assert "late" not in client_text(snap)
+    assert "loop 40 ms late" in client_text(Snapshot(sent=10, cpu_s=0.01, loop_lag_ms=40.0))
