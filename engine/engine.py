@@ -191,7 +191,7 @@ class Engine:
         self.ended_at: float | None = None
         self._wall_offset = 0.0
         self._tasks: list[asyncio.Task] = []
-        self._sends: set[asyncio.Task] = set()
+        self._sends: dict[int, asyncio.Task] = {}  # attempts in flight, by request id
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
         # The client's own cost (Snapshot.cpu_s, loop_lag_ms): process CPU since the start,
@@ -276,7 +276,7 @@ class Engine:
             await self.probe.close()
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         if self._sends:
-            _done, pending = await asyncio.wait(set(self._sends), timeout=timeout)
+            _done, pending = await asyncio.wait(set(self._sends.values()), timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
@@ -307,8 +307,8 @@ class Engine:
         loop = self.loop
         assert loop is not None, "launch() before start()"
         # The attempt takes itself out of `_sends` when it ends (no done callback: one
-        # loop turn less per request).
-        self._sends.add(loop.create_task(self._attempt(worker, req, nonce, stamps)))
+        # loop turn less per request). A request has one attempt in flight at a time.
+        self._sends[req.id] = loop.create_task(self._attempt(worker, req, nonce, stamps))
 
     async def _attempt(
         self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...]
@@ -316,11 +316,11 @@ class Engine:
         try:
             result = await self.transport.send(worker.spec, req, nonce)
         except asyncio.CancelledError:
-            self._sends.discard(asyncio.current_task())
+            self._sends.pop(req.id, None)
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
-        self._sends.discard(asyncio.current_task())
+        self._sends.pop(req.id, None)
         result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1

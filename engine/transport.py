@@ -307,7 +307,7 @@ class HttpTransport:
                 raise  # stopped from outside (the engine's drain), not timed out
             task = asyncio.current_task()
             if task is not None:
-                task.uncancel()
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
             return self._no_answer(TIMEOUT, "timed out", start)
         except TimeoutError:
             return self._no_answer(TIMEOUT, "timed out", start)
@@ -395,6 +395,9 @@ def _hinted(outcome: Outcome, headers) -> Outcome:
     return outcome
 
 
+_current_task = asyncio.current_task  # the C version where there is one (no module lookup per call)
+
+
 class _Watch:
     """One attempt under a deadline: its task until it is answered, and whether it timed out."""
 
@@ -416,19 +419,22 @@ class AttemptDeadlines:
     the next. Answered attempts are dropped from the front as new ones come.
     """
 
-    __slots__ = ("timeout_s", "_fifo", "_timer")
+    __slots__ = ("timeout_s", "_fifo", "_timer", "_loop")
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._fifo: deque[_Watch] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def watch(self) -> _Watch:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         fifo = self._fifo
         while fifo and fifo[0].task is None:  # answered ones at the front: forget them
             fifo.popleft()
-        w = _Watch(loop.time() + self.timeout_s, asyncio.current_task())
+        w = _Watch(loop.time() + self.timeout_s, _current_task(loop))
         fifo.append(w)
         if self._timer is None:
             self._timer = loop.call_at(w.deadline, self._fire)
@@ -436,7 +442,8 @@ class AttemptDeadlines:
 
     def _fire(self) -> None:
         self._timer = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None
         now = loop.time()
         fifo = self._fifo
         while fifo:
