@@ -98,8 +98,10 @@ class KeyWorker:
         if not waker.waiting:
             return
         until = waker.until
+        if waker.for_work and self.budgets is None:
+            return  # waiting for work: a put (or a retry falling due) wakes it, not an answer
         if until is None or self.budgets is not None:
-            waker.poke()  # waiting for room in flight or for work, or a budget plan: look again
+            waker.poke()  # waiting for room in flight, paused, or a budget plan: look again
             return
         if self.paused or self.blocked:
             return
