@@ -285,3 +285,42 @@ def test_the_console_limiter_panel_names_the_client_s_cpu_per_request_and_a_late
     assert "250 µs" in client_text(snap) and "2 procs" in client_text(snap)
     assert "late" not in client_text(snap)
     assert "loop 40 ms late" in client_text(Snapshot(sent=10, cpu_s=0.01, loop_lag_ms=40.0))
+
+
+@pytest.mark.slow
+def test_ctrl_c_drains_every_process_and_prints_one_summary(tmp_path):
+    import signal
+
+    proc = subprocess.Popen(
+        [
+            *RATEDECK,
+            "--no-ui",
+            "--procs",
+            "2",
+            "--graveyard",
+            str(tmp_path / "dead.jsonl"),
+            "--interval",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()  # printed once every process runs
+        assert "in 2 processes" in first, first
+        for line in proc.stdout:  # a periodic block: requests are flowing
+            if line.startswith("requests") and " succeeded 0 " not in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopping: no new requests" in out
+    assert out.count("=== ratedeck final summary ===") == 1
+    accounting = next(line for line in out.splitlines() if line.startswith("accounting"))
+    assert "MISMATCH" not in accounting
+    assert "audit ok" in out
