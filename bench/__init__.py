@@ -219,6 +219,7 @@ def run_scenarios(args: argparse.Namespace) -> list:
                     scenario.nonce,
                     scenario.offered_tps,
                     args.duration,
+                    in_flight=scenario.in_flight,
                     loop=args.loop,
                     seed=args.seed,
                 )

@@ -79,7 +79,9 @@ def run_spec(spec: RunSpec) -> dict[str, Any]:
 
     cpu0, t0 = cpu_now(), time.monotonic()
     out = runner_fn()
-    out["cpu_s"] = cpu_now() - cpu0
+    # With engine processes of its own (ratedeck --procs), their CPU since their engines
+    # started is added: like this process's own figure, it leaves out their imports.
+    out["cpu_s"] = cpu_now() - cpu0 + out.pop("engine_procs_cpu_s", 0.0)
     out["wall_s"] = time.monotonic() - t0
     out["peak_rss_mb"] = peak_rss_mb()
     return out

@@ -8,6 +8,7 @@ from typing import Any
 from ratedeck.engine.config import load_config
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.host.session import Session
+from ratedeck.host.shards import ShardedHost
 
 from .spec import RunSpec
 
@@ -37,18 +38,29 @@ def variant_overrides(spec: RunSpec) -> dict[str, Any]:
         overrides["target"]["probe_url"] = f"{base}/health"
     elif spec.strategy == "ratedeck+budget":
         overrides["engine"]["rejection_budget"] = BUDGET
-    elif spec.strategy != "ratedeck":
+    elif spec.strategy not in ("ratedeck", *PROCS):
         raise ValueError(f"not a ratedeck strategy: {spec.strategy!r}")
     return overrides
 
 
 #: The rejection budget of the "ratedeck+budget" strategy.
 BUDGET = 10
+#: ratedeck strategies run as several engine processes (`--procs N`), by name.
+PROCS = {"ratedeck+procs2": 2}
 
 
 async def run_engine(spec: RunSpec) -> dict:
     """Run the engine for `spec.duration_s`, stop it (bounded drain) and summarise."""
     cfg = load_config(preset="seed", overrides=variant_overrides(spec))
+    procs = PROCS.get(spec.strategy, 1)
+    if procs > 1:
+        # As `ratedeck --procs N` runs it; the engine processes' CPU is added to this one's.
+        host = ShardedHost(cfg, procs)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, host.start)
+        await asyncio.sleep(spec.duration_s)
+        snap = await loop.run_in_executor(None, host.stop_blocking)
+        return snapshot_summary(snap) | {"engine_procs_cpu_s": snap.cpu_s, "procs": snap.procs}
     session = Session(cfg)
     await session.start()
     await asyncio.sleep(spec.duration_s)

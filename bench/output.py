@@ -20,6 +20,7 @@ ROW_FIELDS = (
     "p50_ms",
     "p99_ms",
     "cpu_s",
+    "cpu_us_per_ok",
     "peak_rss_mb",
 )
 
@@ -58,6 +59,10 @@ def make_row(
         "p50_ms": round(float(client.get("p50_ms", 0.0)), 1),
         "p99_ms": round(float(client.get("p99_ms", 0.0)), 1),
         "cpu_s": round(float(client.get("cpu_s", 0.0)), 2),
+        # the client's CPU (every process it ran) per accepted request: is the client the bottleneck?
+        "cpu_us_per_ok": round(1e6 * float(client.get("cpu_s", 0.0)) / client["succeeded"], 1)
+        if client["succeeded"]
+        else None,
         "peak_rss_mb": round(float(client.get("peak_rss_mb", 0.0)), 1),
         # extras, not part of the stable set
         "succeeded": int(client["succeeded"]),
@@ -95,7 +100,7 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
     head = (
         f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
-        f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'RSS MB':>8}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'µs/ok':>7}{'RSS MB':>8}"
     )
     lines = [
         f"{result.name}: {result.summary}",
@@ -105,11 +110,13 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     ]
     for r in result.rows:
         share = r.get("share")
+        per_ok = r.get("cpu_us_per_ok")
         lines.append(
             f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%"
             f"{'-' if share is None else f'{share:.3f}':>7}{r['rejected_429']:>7}"
             f"{r['rejected_nonce']:>7}{r['expired']:>8}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}"
-            f"{r['cpu_s']:>7.2f}{r['peak_rss_mb']:>8.1f}"
+            f"{r['cpu_s']:>7.2f}{'-' if per_ok is None else f'{per_ok:.0f}':>7}"
+            f"{r['peak_rss_mb']:>8.1f}"
         )
     for r in result.rows:
         if "headroom_source" in r:

@@ -23,6 +23,9 @@ class Scenario:
             were told. None: the server's.
         health: the server answers `GET /health` (a probe's target).
         strategies: the strategies run when `--strategies` is not given.
+        in_flight: requests in flight per key for the clients that keep
+            several (the limit times the slowest round trips, or they cap
+            the rate before the limit does).
     """
 
     name: str
@@ -35,6 +38,7 @@ class Scenario:
     told_limit: int | None = None
     health: bool = False
     strategies: tuple[str, ...] = ()
+    in_flight: int = 8
 
     @property
     def capacity_tps(self) -> float:
@@ -63,6 +67,7 @@ STRATEGIES: dict[str, str] = {
     "ratedeck": "ratedeck's engine (seed preset, adaptive headroom, even pacing; reads timing hints)",
     "ratedeck+probe": "ratedeck with target.probe_url = the simulator's /health (10 probes/s)",
     "ratedeck+budget": "ratedeck with engine.rejection_budget = 10 (probes the headroom on purpose; learn_policy off)",
+    "ratedeck+procs2": "ratedeck with --procs 2: keys shared out among two engine processes",
 }
 
 #: The strategies of the original three scenarios (and of `ratedeck bench` with no options).
@@ -161,6 +166,33 @@ SCENARIOS: dict[str, Scenario] = {
             1.0,
             False,
             strategies=_PEERS,
+        ),
+        # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
+        Scenario(
+            "many-keys-heavy",
+            f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
+            (
+                "--mode",
+                "standard",
+                "--keys",
+                str(MANY_KEYS),
+                "--limit",
+                "100/1s",
+                "--latency",
+                "5:45",
+                "--processing",
+                "20:80",
+                "--no-nonce",
+                *_QUIET,
+            ),
+            generated_keys(MANY_KEYS),
+            100,
+            1.0,
+            False,
+            strategies=("improved-async", "aiolimiter", "ratedeck", "ratedeck+procs2"),
+            # 100/s per key at round trips of 60..170 ms and more: 8 in flight would cap a key
+            # near 60/s, below its limit, for every client alike.
+            in_flight=16,
         ),
         Scenario(
             "told-wrong",

@@ -420,6 +420,23 @@ def remaining_count(headers: Mapping[str, str]) -> int | None:
     return int(min(counts)) if counts and min(counts) < 1e12 else None
 
 
+_HINT_NAMES = frozenset({"server-timing", "x-response-time", "x-runtime", "x-envoy-upstream-service-time"})
+_HINT_PREFIXES = ("x-ratelimit-", "ratelimit", "x-mbx-")
+
+
+def has_hints(headers: Mapping[str, str]) -> bool:
+    """Whether `headers` hold anything `answer_hints` or `read_quotas` read (one pass over
+    the names): most answers hold none, and reading both costs tens of microseconds."""
+    try:
+        for name in headers:
+            low = name.lower()
+            if low in _HINT_NAMES or low.startswith(_HINT_PREFIXES):
+                return True
+    except Exception:  # a mapping that misbehaves: let the readers decide (they never raise)
+        return True
+    return False
+
+
 def answer_hints(headers: Mapping[str, str]) -> tuple[float | None, int | None]:
     """(server time in seconds, remaining count) from an answer's headers; never raises."""
     return server_time_s(headers), remaining_count(headers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import time
 import uuid
@@ -69,6 +70,13 @@ def engine_clock(loop: asyncio.AbstractEventLoop):
     if isinstance(loop, asyncio.BaseEventLoop):
         return loop.time
     return time.monotonic
+
+
+#: Timers firing this late (ms) mean the loop cannot keep up: the client is the bottleneck.
+LOOP_LAG_WARN_MS = 10.0
+#: At most one loop-lag warning in the event log per this many seconds.
+LOOP_LAG_WARN_EVERY_S = 30.0
+_LAG_WINDOW_S = 5.0  # the lag shown is the worst in the last this-many seconds
 
 
 class UnknownKey(RatedeckError, ValueError):
@@ -183,9 +191,20 @@ class Engine:
         self.ended_at: float | None = None
         self._wall_offset = 0.0
         self._tasks: list[asyncio.Task] = []
-        self._sends: set[asyncio.Task] = set()
+        self._sends: dict[int, asyncio.Task] = {}  # attempts in flight, by request id
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
+        # The client's own cost (Snapshot.cpu_s, loop_lag_ms): process CPU since the start,
+        # and how late the ticker's timer fires (a loop that cannot keep up).
+        self._cpu0 = 0.0
+        self._cpu_end: float | None = None
+        self.loop_lag_ms = 0.0
+        self._lag_now = 0.0  # the worst lateness in the running window
+        self._lag_prev = 0.0  # and in the one before
+        self._late_ticks = 0  # ticks in a row that fired late
+        self._lag_window_end = 0.0
+        self._lag_warned_at = -math.inf
+        self.mergeable = False  # one of several processes: snapshots carry whole histograms
         self.problems: list[str] = []
         # Called with (request, ending) for every request that ends (a results
         # file, metrics): after the request's own on_done.
@@ -206,6 +225,8 @@ class Engine:
         self.loop = asyncio.get_running_loop()
         self.clock = engine_clock(self.loop)
         self.started_at = self.clock()
+        self._cpu0 = time.process_time()
+        self._lag_window_end = self.started_at + _LAG_WINDOW_S
         self._wall_offset = time.time() - self.started_at
         for lim in self.all_limiters():
             lim.align(self._wall_offset, self.started_at)  # fixed windows turn at the clock's minutes
@@ -255,13 +276,14 @@ class Engine:
             await self.probe.close()
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         if self._sends:
-            _done, pending = await asyncio.wait(set(self._sends), timeout=timeout)
+            _done, pending = await asyncio.wait(set(self._sends.values()), timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         self._expire_queued(self.clock())
         self.ended_at = self.clock()
+        self._cpu_end = time.process_time()
         self.phase = Phase.STOPPED
         self.source.close_second()  # flush what the source still holds (shed lines)
         self._flush_graveyard()
@@ -284,9 +306,9 @@ class Engine:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
         loop = self.loop
         assert loop is not None, "launch() before start()"
-        task = loop.create_task(self._attempt(worker, req, nonce, stamps))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+        # The attempt takes itself out of `_sends` when it ends (no done callback: one
+        # loop turn less per request). A request has one attempt in flight at a time.
+        self._sends[req.id] = loop.create_task(self._attempt(worker, req, nonce, stamps))
 
     async def _attempt(
         self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...]
@@ -294,9 +316,11 @@ class Engine:
         try:
             result = await self.transport.send(worker.spec, req, nonce)
         except asyncio.CancelledError:
+            self._sends.pop(req.id, None)
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
+        self._sends.pop(req.id, None)
         result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1
@@ -322,7 +346,7 @@ class Engine:
             # Whatever went wrong in handling the answer, the request is
             # accounted for: it ends in the graveyard with the error named.
             self._settle_failed(req, exc, now)
-        worker.poke()
+        worker.wake_if_sooner(now)
 
     def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Decide what the answer means (`settle.decide`, pure) and apply it here."""
@@ -592,8 +616,10 @@ class Engine:
         """Ten times a second: expire queued requests, sample depths; each second roll series."""
         next_second = self.started_at + 1.0
         while True:
+            due = self.clock() + 0.1
             await asyncio.sleep(0.1)
             now = self.clock()
+            self.note_lag(now - due, now)
             self._expire_queued(now)
             self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
             while now >= next_second:
@@ -602,6 +628,39 @@ class Engine:
                 next_second += 1.0
                 self._flush_graveyard()
             self._check_finished()
+
+    def note_lag(self, late_s: float, now: float) -> None:
+        """The ticker's timer fired `late_s` late: keep the worst of the last few seconds,
+        and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`) when two ticks
+        in a row were later than `LOOP_LAG_WARN_MS`: then every timer (pacing, deadlines) is
+        that late too."""
+        late_ms = max(0.0, late_s * 1000.0)
+        if now >= self._lag_window_end:  # a new window: the last one's worst is still shown
+            self._lag_prev, self._lag_now = self._lag_now, late_ms
+            self._lag_window_end = now + _LAG_WINDOW_S
+        elif late_ms > self._lag_now:
+            self._lag_now = late_ms
+        self.loop_lag_ms = max(self._lag_prev, self._lag_now)
+        # Two late ticks in a row: one alone may be a single long turn (the start, a GC).
+        self._late_ticks = self._late_ticks + 1 if late_ms > LOOP_LAG_WARN_MS else 0
+        if self._late_ticks >= 2 and now - self._lag_warned_at >= LOOP_LAG_WARN_EVERY_S:
+            self._lag_warned_at = now
+            cpu = self._cpu_us_per_request()
+            cost = f", {cpu:.0f} µs CPU per request" if cpu is not None else ""
+            self.event(
+                EventKind.ERROR,
+                f"the engine's loop runs late: a timer fired {late_ms:.0f} ms late{cost};"
+                " the client, not the server, may be the bottleneck (try --procs)",
+            )
+
+    def cpu_s(self) -> float:
+        """CPU seconds of this process since the engine started (frozen when it stopped)."""
+        end = self._cpu_end if self._cpu_end is not None else time.process_time()
+        return max(0.0, end - self._cpu0) if self.loop is not None else 0.0
+
+    def _cpu_us_per_request(self) -> float | None:
+        answered = self.metrics.sent - self.in_flight
+        return self.cpu_s() * 1e6 / answered if answered > 0 else None
 
     def _expire_queued(self, now: float) -> None:
         for req in self.queues.drain_expired(now):
@@ -718,9 +777,9 @@ class Engine:
             headroom_max_ms=h.seen_max_ms,
             backpressure=self.backpressure,
             arrival_rate=self.source.rate,
-            latency=m.latency.summary(),
-            latency_total=m.latency_total.summary(),
-            queue_wait=m.queue_wait.summary(),
+            latency=m.latency.summary(self.mergeable),
+            latency_total=m.latency_total.summary(self.mergeable),
+            queue_wait=m.queue_wait.summary(self.mergeable),
             tps_series=tuple(m.tps_series),
             p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series),
@@ -739,4 +798,6 @@ class Engine:
             rejection_budget=h.rejection_budget,
             rejections_spent=h.rejections_spent,
             probe_sent=self.probe.sent if self.probe is not None else 0,
+            cpu_s=self.cpu_s(),
+            loop_lag_ms=self.loop_lag_ms,
         )

@@ -167,7 +167,7 @@ class RangeTracker:
         """Record `x` at `now`; True when the range changed (grew, or a second rolled over)."""
         self.n += 1
         # A plain average over the first 100 samples, then a moving one.
-        self.mean += (x - self.mean) / min(self.n, 100)
+        self.mean += (x - self.mean) / (self.n if self.n < 100 else 100)
         self.last_t = now
         self._recent.append((now, x))
         changed = False
@@ -181,8 +181,11 @@ class RangeTracker:
             self._b_lo = x
         if x > self._b_hi:
             self._b_hi = x
-        if x < self.lo or x > self.hi:
-            self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+        if x < self.lo:
+            self.lo = x
+            changed = True
+        if x > self.hi:
+            self.hi = x
             changed = True
         if x < self.lo_long:
             self.lo_long = x

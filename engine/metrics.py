@@ -22,6 +22,31 @@ _COARSE_BINS = 6000  # then buckets of 10 ms, up to 61 s
 BUCKET_EDGES_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
 
+def bin_edge_ms(i: int) -> float:
+    """The upper edge (ms) of histogram bin `i`."""
+    return (i + 1) / 10 if i < _FINE_BINS else _FINE_MS + (i - _FINE_BINS + 1) * 10
+
+
+def quantiles_of(bins: list[int], count: int, top: float, qs: tuple[float, ...]) -> list[float]:
+    """Nearest-rank quantiles of a histogram: the upper edge of the bin holding each, at most
+    `top` (the largest value seen)."""
+    if not count:
+        return [0.0] * len(qs)
+    wanted = sorted((max(1, int(q * count + 0.999999)), k) for k, q in enumerate(qs))
+    out = [0.0] * len(qs)
+    seen, j = 0, 0
+    for i, n in enumerate(bins):
+        if not n:
+            continue
+        seen += n
+        while j < len(wanted) and seen >= wanted[j][0]:
+            out[wanted[j][1]] = min(bin_edge_ms(i), top)
+            j += 1
+        if j == len(wanted):
+            break
+    return out
+
+
 class LatencyHistogram:
     """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s."""
 
@@ -35,10 +60,10 @@ class LatencyHistogram:
 
     def add(self, ms: float) -> None:
         if ms < _FINE_MS:
-            i = int(ms * 10)
+            i = int(ms * 10) if ms > 0 else 0
         else:
             i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), len(self.bins) - 1)
-        self.bins[max(i, 0)] += 1
+        self.bins[i] += 1
         self.count += 1
         self.total += ms
         if ms > self.max:
@@ -46,24 +71,10 @@ class LatencyHistogram:
 
     def quantiles(self, *qs: float) -> list[float]:
         """Upper edges of the buckets holding each quantile (in ms)."""
-        if not self.count:
-            return [0.0] * len(qs)
-        wanted = sorted((max(1, int(q * self.count + 0.999999)), k) for k, q in enumerate(qs))
-        out = [0.0] * len(qs)
-        seen, j = 0, 0
-        for i, n in enumerate(self.bins):
-            if not n:
-                continue
-            seen += n
-            while j < len(wanted) and seen >= wanted[j][0]:
-                edge = (i + 1) / 10 if i < _FINE_BINS else _FINE_MS + (i - _FINE_BINS + 1) * 10
-                out[wanted[j][1]] = min(edge, self.max)
-                j += 1
-            if j == len(wanted):
-                break
-        return out
+        return quantiles_of(self.bins, self.count, self.max, qs)
 
-    def summary(self) -> LatencySummary:
+    def summary(self, whole: bool = False) -> LatencySummary:
+        """Mean, percentiles and cumulative buckets; with `whole`, the sparse histogram too."""
         p50, p90, p99, p999 = self.quantiles(0.5, 0.9, 0.99, 0.999)
         mean = self.total / self.count if self.count else 0.0
         return LatencySummary(
@@ -75,6 +86,7 @@ class LatencyHistogram:
             p999=p999,
             count=self.count,
             buckets=self.cumulative(),
+            hist=tuple((i, n) for i, n in enumerate(self.bins) if n) if whole else (),
         )
 
     def cumulative(self, edges_ms: tuple[float, ...] = BUCKET_EDGES_MS) -> tuple[tuple[float, int], ...]:

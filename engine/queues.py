@@ -126,12 +126,17 @@ class WorkQueues:
 
     # -- backpressure
     async def wait_space(self, limit: int) -> None:
-        """Wait until the main queue holds fewer than `limit` requests."""
+        """Wait until the main queue holds fewer than `limit` requests.
+
+        A full queue wakes the waiter only once it has room for an eighth of
+        `limit` (at least 1): a source held back by a busy client then refills
+        several at once instead of waking for every request taken (a loop turn
+        each, when the client is short of CPU). The bound itself is unchanged."""
         while len(self.main) >= limit:
             if self._space is None:
                 self._space = asyncio.Event()
             self._space.clear()
-            self._space_limit = limit
+            self._space_limit = limit - max(0, limit // 8 - 1)
             await self._space.wait()
 
     def release_space(self) -> None:

@@ -73,6 +73,10 @@ class Verdict:
     cause: str | None = None  # the failure's name in the failures table
 
 
+#: The verdict of every success: immutable, so one serves them all (no allocation per answer).
+_SUCCEEDED = Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
+
+
 def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Verdict:
     """What to count, whom to pause and where `req` goes after `outcome`.
 
@@ -80,7 +84,7 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     """
     kind = outcome.kind
     if kind == OutcomeKind.OK:
-        return Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
+        return _SUCCEEDED
     if kind == OutcomeKind.RATE_LIMITED:
         cooldown = None
         if outcome.retry_after_s is not None:

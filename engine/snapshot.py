@@ -94,6 +94,10 @@ class LatencySummary:
     p999: float = 0.0
     count: int = 0
     buckets: tuple[tuple[float, int], ...] = ()  # (upper bound ms, cumulative count), metrics.BUCKET_EDGES_MS
+    # The whole histogram, sparse: (bin, count) for every bin in use (metrics.LatencyHistogram's
+    # bins). Only an engine that runs as one of several processes fills it: percentiles of
+    # several processes together are then exact (engine/merge.py).
+    hist: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,23 @@ class Snapshot:
     rejection_budget: int = 0  # engine.rejection_budget: 429s the run may spend probing
     rejections_spent: int = 0  # rate-limit rejections the run spent (never above the budget by design)
     probe_sent: int = 0  # probes sent to target.probe_url (their cost)
+    # the client's own cost: is ratedeck the bottleneck?
+    cpu_s: float = 0.0  # CPU seconds (user + system) of the engine's process(es) since the start
+    loop_lag_ms: float = 0.0  # how late the engine's timers fired, worst in the last few seconds
+    procs: int = 1  # engine processes (`--procs`); a merged snapshot sums them
+
+    @property
+    def answered(self) -> int:
+        """Attempts that came back (with an answer or without one): sent minus in flight."""
+        return max(0, self.sent - self.in_flight)
+
+    @property
+    def cpu_us_per_request(self) -> float | None:
+        """CPU microseconds per answered attempt; None before any came back. Where the
+        embedded simulator shares the engine's process (`--no-ui` with no target and one
+        process), its CPU is in the figure too."""
+        answered = self.answered
+        return self.cpu_s * 1e6 / answered if answered and self.cpu_s > 0 else None
 
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""

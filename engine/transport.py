@@ -6,11 +6,12 @@ import asyncio
 import errno
 import json
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
+from multidict import CIMultiDict
 from yarl import URL
 
 from ratedeck.core.secrets import Redactor, safe_url
@@ -18,7 +19,7 @@ from ratedeck.core.version import version
 
 from .api_rules import PathRule, PathTable, first_match
 from .config import KeySpec, RunConfig, TargetConfig
-from .delays import DelayHook, answer_hints, json_field_hook, read_quotas, response_delay
+from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
 from .signing import SigningError, SignInput, encode, signer_for
@@ -94,6 +95,7 @@ class HttpTransport:
         # Our parameters go after the URL's own query string, in one query.
         self._base = str(parsed.with_query(None).with_fragment(None))
         self._base_query = parsed.raw_query_string
+        self._base_parts = (parsed.scheme, parsed.raw_authority, parsed.raw_path)
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
@@ -102,6 +104,8 @@ class HttpTransport:
         self._paths = PathTable(paths)
         self._signer = signer_for(target.signing) if target.signing else None
         self._headers_by_key: dict[str, dict[str, str]] = {}
+        self._lean_by_key: dict[str, tuple[str, CIMultiDict[str]] | bool] = {}  # False: not lean
+        self._deadlines: AttemptDeadlines | None = None
         self._rules = target.rules
         self._rules_read_body = any(rule.reads_body for rule in target.rules)
         self.answers = 0  # HTTP answers read whole, of any status
@@ -121,13 +125,17 @@ class HttpTransport:
         }
 
     def _open(self) -> aiohttp.ClientSession:
+        # Lean per request (issue 15): no cookie jar to filter, no auto headers to skip (ours
+        # carry a User-Agent), and no aiohttp timer per request: `AttemptDeadlines` times
+        # every attempt out with one timer for all.
         connector = aiohttp.TCPConnector(
             limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=False
         )
-        timeout = aiohttp.ClientTimeout(total=self.target.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+            connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
         )
+        self._deadlines = AttemptDeadlines(self.target.timeout_s)
         return self._session
 
     def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
@@ -181,9 +189,50 @@ class HttpTransport:
             self._headers_by_key[key.label] = headers
         return headers
 
-    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, dict[str, str]]:
+    def _lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str]] | None:
+        """For a plain GET (no shape, signing or path rule): the URL up to the varying fields
+        and the key's headers, built once per key; None when this target needs more."""
+        lean = self._lean_by_key.get(key.label)
+        if lean is False:
+            return None
+        if lean is None:
+            t = self.target
+            rule = self._paths.lookup(self._path)
+            if self._signer is not None or rule is not None or t.method != "GET":
+                self._lean_by_key[key.label] = False
+                return None
+            key_field = (
+                f"{t.key_param}={quote(key.secret, safe='')}" if t.key_param and not t.key_header else ""
+            )
+            head = "&".join(p for p in (self._base_query, key_field) if p)
+            lean = self._lean_by_key[key.label] = (head, CIMultiDict(self._key_headers(key)))
+        assert isinstance(lean, tuple)
+        return lean
+
+    def _lean_url(self, head: str, req: Request, nonce: int | None) -> URL:
+        """The same query `_get_url` builds, from the key's prebuilt head."""
+        t = self.target
+        parts = [head] if head else []
+        if t.nonce_param and nonce is not None:
+            parts.append(f"{t.nonce_param}={nonce}")
+        if t.id_param:
+            parts.append(f"{t.id_param}={req.id}")
+        if req.params:
+            parts.extend(f"{k}={quote(str(v), safe='')}" for k, v in req.params.items())
+        if self._static:
+            parts.append(self._static)
+        query = "&".join(parts)
+        if not query:
+            return URL(self._base, encoded=True)
+        # From parts, not from text: parsing a whole URL string costs several times more.
+        scheme, authority, path = self._base_parts
+        return URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
+
+    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
         """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
         t = self.target
+        if req.shape is None and (lean := self._lean_get(key)) is not None:
+            return "GET", self._lean_url(lean[0], req, nonce), None, lean[1]
         fields = self._fields(key, req, nonce)
         headers = self._key_headers(key)
         shape = req.shape
@@ -232,6 +281,9 @@ class HttpTransport:
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
+        deadlines = self._deadlines
+        assert deadlines is not None
+        watch = deadlines.watch()
         try:
             while True:
                 async with session.request(
@@ -251,11 +303,18 @@ class HttpTransport:
                     resp_headers = resp.headers
                 break
         except asyncio.CancelledError:
-            raise
+            if not watch.fired:
+                raise  # stopped from outside (the engine's drain), not timed out
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
+            return self._no_answer(TIMEOUT, "timed out", start)
         except TimeoutError:
             return self._no_answer(TIMEOUT, "timed out", start)
         except Exception as exc:  # whatever the target did, it is an attempt with no answer
             return self._no_answer(CONNECTION, _describe(exc), start)
+        finally:
+            watch.task = None  # answered (or not): the deadline no longer applies
         latency = time.monotonic() - start
         self.answers += 1
         self.statuses[status] += 1
@@ -326,10 +385,82 @@ class HttpTransport:
 
 def _hinted(outcome: Outcome, headers) -> Outcome:
     """`outcome` with what the answer says besides its status: timing hints (server time,
-    remaining count; see delays.answer_hints) and the server's own counts (delays.read_quotas)."""
+    remaining count; see delays.answer_hints) and the server's own counts (delays.read_quotas).
+
+    Most answers carry none of those headers: one look at the names skips both readers."""
+    if not has_hints(headers):
+        return outcome
     outcome.server_time_s, outcome.remaining = answer_hints(headers)
     outcome.quotas = read_quotas(headers)
     return outcome
+
+
+_current_task = asyncio.current_task  # the C version where there is one (no module lookup per call)
+
+
+class _Watch:
+    """One attempt under a deadline: its task until it is answered, and whether it timed out."""
+
+    __slots__ = ("deadline", "task", "fired")
+
+    def __init__(self, deadline: float, task: asyncio.Task | None):
+        self.deadline = deadline
+        self.task = task
+        self.fired = False
+
+
+class AttemptDeadlines:
+    """Times attempts out with one timer for all of them, not one per request.
+
+    Every attempt gets the same timeout, so deadlines arrive in send order: a
+    FIFO holds them and one `call_at` timer waits for the oldest still in
+    flight. When it fires it cancels the attempts past their deadline (marked
+    `fired`, so `send` turns the cancellation into a timeout) and re-arms for
+    the next. Answered attempts are dropped from the front as new ones come.
+    """
+
+    __slots__ = ("timeout_s", "_fifo", "_timer", "_loop")
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fifo: deque[_Watch] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self) -> _Watch:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fifo = self._fifo
+        while fifo and fifo[0].task is None:  # answered ones at the front: forget them
+            fifo.popleft()
+        w = _Watch(loop.time() + self.timeout_s, _current_task(loop))
+        fifo.append(w)
+        if self._timer is None:
+            self._timer = loop.call_at(w.deadline, self._fire)
+        return w
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        fifo = self._fifo
+        while fifo:
+            w = fifo[0]
+            if w.task is None:
+                fifo.popleft()
+            elif w.deadline <= now:
+                fifo.popleft()
+                w.fired = True
+                w.task.cancel()
+                w.task = None
+            else:
+                self._timer = loop.call_at(w.deadline, self._fire)
+                return
+
+    def __len__(self) -> int:
+        return sum(1 for w in self._fifo if w.task is not None)
 
 
 def _delay_of(

@@ -14,10 +14,18 @@ class Waker:
     also be handed to someone else who may end it (a queue's getter list).
     """
 
-    __slots__ = ("_fut",)
+    __slots__ = ("_fut", "until", "for_work")
 
     def __init__(self) -> None:
         self._fut: asyncio.Future[None] | None = None
+        self.until: float | None = None  # when the current wait ends by itself (None: only a poke)
+        self.for_work = False  # the current wait was handed to someone else too (a queue's getters)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a wait is pending (a poke would end it)."""
+        fut = self._fut
+        return fut is not None and not fut.done()
 
     def poke(self) -> None:
         fut = self._fut
@@ -32,6 +40,8 @@ class Waker:
     ) -> None:
         fut = (loop or asyncio.get_running_loop()).create_future()
         self._fut = fut
+        self.until = until
+        self.for_work = register is not None
         if register is not None:
             register(fut)
         handle = fut.get_loop().call_at(until, _resolve, fut) if until is not None else None

@@ -91,6 +91,27 @@ class KeyWorker:
         """Wake the worker from whatever it waits for, so it re-checks its state."""
         self._waker.poke()
 
+    def wake_if_sooner(self, now: float) -> None:
+        """After an answer: wake the worker only when that lets it send sooner than the wait
+        it is in ends by itself (a slot freed early, room in flight); a wake costs a turn
+        of the loop and a new timer, and most answers change nothing the worker waits for."""
+        waker = self._waker
+        if not waker.waiting:
+            return
+        until = waker.until
+        if waker.for_work and self.budgets is None:
+            return  # waiting for work: a put (or a retry falling due) wakes it, not an answer
+        if until is None or self.budgets is not None:
+            waker.poke()  # waiting for room in flight, paused, or a budget plan: look again
+            return
+        if self.paused or self.blocked:
+            return
+        sooner = self.gate_open_at()
+        if sooner <= now:
+            sooner = self.next_free(now) if self.in_flight < self.max_in_flight else math.inf
+        if sooner < until:
+            waker.poke()
+
     async def _wait(self, until: float | None = None) -> None:
         await self._waker.wait(self.host.loop, until)
 
@@ -101,6 +122,9 @@ class KeyWorker:
 
     def gate_open_at(self) -> float:
         gates = self.gates
+        if len(gates) == 2:  # the key's own gate and the host's: the usual case, asked per send
+            a, b = gates[0].open_at, gates[1].open_at
+            return a if a > b else b
         if len(gates) == 1:
             return gates[0].open_at
         return max(g.open_at for g in gates)

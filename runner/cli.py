@@ -160,6 +160,11 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
     p.add_argument("--plot", action="store_true", help="print TPS and latency charts at the end (headless)")
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
     p.add_argument(
+        "--procs",
+        metavar="N|auto",
+        help="engine processes, keys shared out among them (auto: one per core; default 1)",
+    )
+    p.add_argument(
         "--interval", default="5s", metavar="S", help="headless metrics every S seconds (or 500ms)"
     )
     p.add_argument(
@@ -308,12 +313,21 @@ def _main(argv: list[str]) -> int:
 class RunPlan:
     """A run as the flags and config ask for it, checked before anything starts."""
 
-    def __init__(self, cfg: RunConfig, source: str | None, thresholds: list, metrics: Any, interval_s: float):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        source: str | None,
+        thresholds: list,
+        metrics: Any,
+        interval_s: float,
+        procs: int = 1,
+    ):
         self.cfg = cfg
         self.source = source  # the config file read, if any
         self.thresholds = thresholds
         self.metrics = metrics  # headless.Metrics or None
         self.interval_s = interval_s
+        self.procs = procs  # engine processes (--procs)
 
 
 def plan_run(args: argparse.Namespace) -> RunPlan:
@@ -351,7 +365,26 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
         metrics = Metrics(port, host, linger)
     elif args.metrics_linger is not None:
         raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
-    return RunPlan(cfg, source, thresholds, metrics, args.interval)
+    procs = _procs(args, cfg, metrics)
+    return RunPlan(cfg, source, thresholds, metrics, args.interval, procs)
+
+
+def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Any) -> int:
+    """`--procs`, checked against the run: a run that cannot be split is bad input."""
+    from ratedeck.host.shards import ShardError, parse_procs, shard_configs
+
+    try:
+        procs = parse_procs(args.procs)
+    except ValueError as exc:
+        raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs: ")) from None
+    if procs > 1:
+        try:
+            procs = len(shard_configs(cfg, procs))
+        except ShardError as exc:
+            raise ConfigError("command line", "--procs", str(exc)) from None
+        if metrics is not None and args.no_ui:
+            raise ConfigError("command line", "--procs", "above 1 does not serve --metrics-port headless yet")
+    return procs
 
 
 def _run_from_args(args: argparse.Namespace) -> int:
@@ -373,10 +406,15 @@ def _run_from_args(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(
                 run_headless(
-                    cfg, interval_s=plan.interval_s, out=out, thresholds=plan.thresholds, metrics=plan.metrics
+                    cfg,
+                    interval_s=plan.interval_s,
+                    out=out,
+                    thresholds=plan.thresholds,
+                    metrics=plan.metrics,
+                    procs=plan.procs,
                 )
             )
-    return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics)
+    return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics, procs=plan.procs)
 
 
 # ---------------------------------------------------------------- config files
@@ -474,7 +512,7 @@ def save_config(cfg: RunConfig, path: str) -> int:
     return 0
 
 
-def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = None) -> int:
+def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = None, procs: int = 1) -> int:
     """The Textual console; the engine runs in its own process (see host/process_host.py).
 
     q, Ctrl-C, SIGTERM and SIGHUP all drain and leave the console (terminal
@@ -493,7 +531,12 @@ def run_console(cfg: RunConfig, thresholds: list | tuple = (), metrics: Any = No
         for problem in problems:
             fail(problem)
         return EXIT_USAGE
-    host = ProcessHost(cfg)
+    if procs > 1:
+        from ratedeck.host.shards import ShardedHost
+
+        host: Any = ShardedHost(cfg, procs)
+    else:
+        host = ProcessHost(cfg)
     exporter = None
     if metrics is not None:
         from .prometheus import MetricsPortError, Scrape, serve_metrics

@@ -79,7 +79,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
     """The periodic block: throughput, requests, queues, latency (send -> answer, arrival ->
     done, queue wait), headroom."""
     mode = "adaptive" if snap.headroom_adaptive else "fixed"
-    return [
+    lines = [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         f"  ({snap.pct_capacity:.1f}% of {snap.capacity_tps:g}/s capacity)",
@@ -97,6 +97,14 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             from {snap.headroom_from()}"
         + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]
+    cpu = snap.cpu_us_per_request
+    if cpu is not None:
+        procs = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
+        lines.append(
+            f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {procs})"
+            f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
+        )
+    return lines
 
 
 def _counts(pairs) -> str:
@@ -355,8 +363,12 @@ async def run_headless(
     *,
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
     metrics: Metrics | None = None,
+    procs: int = 1,
 ) -> int:
-    """Run until the duration passes, the workload ends, a signal, or a target that never answers."""
+    """Run until the duration passes, the workload ends, a signal, or a target that never answers.
+
+    With `procs` above 1 the keys are shared out among that many engine processes
+    (host/shards.py) and the summary and report are of the merged run."""
     out = out or sys.stdout
     problems = check_outputs(cfg)
     if problems:
@@ -364,6 +376,12 @@ async def run_headless(
             _say(f"ratedeck: {problem}", sys.stderr)
         return EXIT_USAGE
     loop = asyncio.get_running_loop()
+    if procs > 1:
+        signals = StopSignals(loop).install()
+        try:
+            return await _run_sharded(cfg, procs, interval_s, out, signals, thresholds)
+        finally:
+            signals.remove()
     exporter: MetricsServer | None = None
     source: LoopSource | None = None
     if metrics is not None:
@@ -382,6 +400,100 @@ async def run_headless(
         signals.remove()
         if exporter is not None:
             exporter.close()
+
+
+def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
+    """A sharded run with `workload.total`: every request generated and none left anywhere."""
+    total = cfg.workload.total
+    return (
+        total is not None
+        and snap.generated >= total
+        and not (snap.main_depth or snap.dlq_depth or snap.in_flight)
+    )
+
+
+async def _run_sharded(
+    cfg: RunConfig,
+    procs: int,
+    interval_s: float,
+    out: TextIO,
+    signals: StopSignals,
+    thresholds: list[Threshold] | tuple[Threshold, ...] = (),
+) -> int:
+    """`--procs N` headless: the same run loop over a `ShardedHost`, one merged summary."""
+    from ratedeck.host.shards import ShardedHost, ShardError
+
+    loop = asyncio.get_running_loop()
+    host = ShardedHost(cfg, procs)
+    try:
+        await loop.run_in_executor(None, host.start)
+    except (ConfigError, ShardError) as exc:
+        await loop.run_in_executor(None, host.abort)
+        _say(f"ratedeck: {exc}", sys.stderr)
+        return EXIT_USAGE
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        await loop.run_in_executor(None, host.abort)
+        _say(f"ratedeck: cannot start: {exc}", sys.stderr)
+        return EXIT_USAGE
+    where = "embedded simulator" if cfg.target.url is None else "target"
+    _say(
+        f"ratedeck: {len(cfg.keys)} keys in {host.procs} processes, capacity {cfg.capacity_tps:g} req/s,"
+        f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        out,
+    )
+    started = loop.time()
+    deadline = started + cfg.duration_s if cfg.duration_s else None
+    next_print = started + interval_s
+    drain = asyncio.ensure_future(signals.drain.wait())
+    try:
+        while not signals.drain.is_set():
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                break
+            wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
+            await asyncio.wait({drain}, timeout=max(0.0, wake - now))
+            now = loop.time()
+            snap = host.snapshot()
+            if _workload_done(cfg, snap):
+                break
+            facts = host.facts
+            if target_silent(facts, now - started):
+                _say(
+                    f"ratedeck: no answer from the target in {now - started:.0f} s"
+                    f" ({_counts(facts.no_answer)}); stopping",
+                    out,
+                )
+                break
+            if now >= next_print and not signals.drain.is_set():
+                _say("\n".join(metrics_block(snap)), out)
+                while next_print <= now:
+                    next_print += interval_s
+        if signals.drain.is_set():
+            _say("ratedeck: stopping: no new requests, letting in-flight ones finish…", out)
+    finally:
+        drain.cancel()
+    stopping = loop.run_in_executor(None, host.stop_blocking)
+    cut = asyncio.ensure_future(signals.now.wait())
+    await asyncio.wait({stopping, cut}, return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():
+        _say("ratedeck: stopping at once: what is left is reported as queued or in flight", out)
+        await loop.run_in_executor(None, host.abort)
+    cut.cancel()
+    snap = await stopping
+    code = conclude(
+        snap,
+        host.facts,
+        cfg,
+        out=out,
+        server_stats=host.server_stats,
+        stopped_at_once=host.aborted or signals.now.is_set(),
+        thresholds=thresholds,
+    )
+    if cfg.plot:
+        from .plots import run_charts
+
+        _say(run_charts(snap, color=out.isatty()), out)
+    return code
 
 
 async def _run(

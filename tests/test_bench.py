@@ -7,7 +7,7 @@ import pytest
 
 from ratedeck.bench import DEFAULT_DURATION_S, QUICK_DURATION_S, UsageError, main, parse_args
 from ratedeck.bench.output import ROW_FIELDS, ScenarioResult, bar_charts, make_row
-from ratedeck.bench.scenarios import SCENARIOS, STRATEGIES
+from ratedeck.bench.scenarios import DEFAULT_SCENARIOS, SCENARIOS, STRATEGIES
 from ratedeck.bench.spec import RunSpec
 
 
@@ -73,7 +73,13 @@ def test_scenarios_and_strategies_are_the_issue_s():
         "ratedeck",
         "ratedeck+probe",
         "ratedeck+budget",
+        "ratedeck+procs2",
     }
+    # Issue 15: the client's own CPU at 5,000/s, the peers beside one and two engine processes.
+    heavy = SCENARIOS["many-keys-heavy"]
+    assert heavy.capacity_tps == 5000 and "--processing" in heavy.serve_args
+    assert {"aiolimiter", "improved-async", "ratedeck", "ratedeck+procs2"} <= set(heavy.strategies)
+    assert "many-keys-heavy" not in DEFAULT_SCENARIOS  # too heavy for the default run
 
 
 def test_run_spec_round_trips_through_json():

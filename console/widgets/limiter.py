@@ -6,6 +6,7 @@ from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from ratedeck.engine.engine import LOOP_LAG_WARN_MS
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
@@ -23,6 +24,18 @@ def throttle_text(snap: Snapshot, excess: bool = True) -> str:
     else:
         mode = f"[b $text-accent]fixed[/] [b]{numbers.rate(snap.messages.throttle_rate)} msg/s[/]"
     return f"{mode} [$text-muted]· excess {escape(snap.messages.excess)}[/]" if excess else mode
+
+
+def client_text(snap: Snapshot) -> str:
+    """Markup for the client's own cost: CPU per answered request, processes, loop lag
+    (warned when the loop runs late: then the client, not the server, is the bottleneck)."""
+    cpu = snap.cpu_us_per_request
+    if cpu is None:
+        return ""
+    procs = f" · {snap.procs} procs" if snap.procs > 1 else ""
+    lag = snap.loop_lag_ms
+    late = f" · [$text-warning]loop {lag:.0f} ms late[/]" if lag > LOOP_LAG_WARN_MS else ""
+    return f"[b]{cpu:.0f} µs[/]/req CPU{procs}{late}"
 
 
 class LimiterPanel(Static):
@@ -70,6 +83,7 @@ class LimiterPanel(Static):
             f" · {numbers.count(snap.failed)} failed"
         )
         attempts = f"{numbers.count(snap.sent)} sent · {numbers.count(snap.retried)} retried"
+        cpu = client_text(snap)
         if self.compact:
             lines = [
                 f"[$text-muted]Headroom[/] {headroom} [$text-muted]· backpressure[/] {pressure}"
@@ -100,6 +114,8 @@ class LimiterPanel(Static):
             lines.append(f"[$text-muted]Throttle    [/]{throttle_text(snap)}")
         lines.append(f"[$text-muted]Attempts    [/]{attempts}")
         lines.append(f"[$text-muted]Rejected    [/]{rejected}")
+        if cpu:
+            lines.append(f"[$text-muted]Client      [/]{cpu}")
         if causes:
             lines.append(f"[$text-muted]Causes      [/]{escape(causes)}")
         if snap.gates:

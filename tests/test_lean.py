@@ -1,0 +1,142 @@
+"""Lean per request (issue 15): the shortcuts keep every behaviour they replace."""
+
+import asyncio
+import functools
+
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from ratedeck.engine.config import KeySpec, TargetConfig
+from ratedeck.engine.delays import has_hints
+from ratedeck.engine.queues import WorkQueues
+from ratedeck.engine.request import Request
+from ratedeck.engine.transport import AttemptDeadlines, HttpTransport
+
+
+def run_async(test):
+    """Run an `async def` test on a fresh event loop (no asyncio plugin here)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+def _headers(**pairs):
+    return CIMultiDictProxy(CIMultiDict(pairs))
+
+
+def test_hint_readers_are_skipped_only_when_no_header_could_feed_them():
+    plain = _headers(**{"Content-Type": "text/plain", "Content-Length": "2", "Date": "x", "Server": "y"})
+    assert not has_hints(plain)
+    for name in (
+        "Server-Timing",
+        "X-Response-Time",
+        "x-runtime",
+        "X-Envoy-Upstream-Service-Time",
+        "X-RateLimit-Remaining",
+        "RateLimit",
+        "RateLimit-Policy",
+        "ratelimit-reset",
+        "X-MBX-USED-WEIGHT-1M",
+    ):
+        assert has_hints(_headers(**{"Date": "x", name: "1"})), name
+
+
+@pytest.mark.parametrize(
+    "url,target",
+    [
+        (
+            "http://127.0.0.1:9/api/request",
+            TargetConfig(key_param="api_key", key_header=None, id_param="req_id"),
+        ),
+        (
+            "https://h.example/v1/x?fixed=1&b=%20",
+            TargetConfig(
+                key_param="k", key_header=None, nonce_param="nonce", id_param="id", params={"a": "b c"}
+            ),
+        ),
+        ("http://[::1]:8080/p", TargetConfig(params={"z": "1"})),  # the key in a header
+        ("http://h/p", TargetConfig()),
+    ],
+)
+def test_the_prebuilt_url_is_the_one_built_field_by_field(url, target):
+    transport = HttpTransport(target, url, 4)
+    key = KeySpec("k1", "s3cr/t+key", ())
+    for params in (None, {"q": "a/b&c", "n": 5}):
+        req = Request(41, 0.0, 1.0, params)
+        method, lean_url, body, headers = transport._prepare(key, req, 123)
+        assert method == "GET" and body is None
+        assert str(lean_url) == str(transport._get_url(transport._fields(key, req, 123)))
+        assert dict(headers) == transport._key_headers(key)
+
+
+@run_async
+async def test_one_timer_times_out_the_attempts_that_outlive_their_deadline():
+    deadlines = AttemptDeadlines(0.05)
+    never = asyncio.get_running_loop().create_future()
+
+    async def attempt(wait):
+        watch = deadlines.watch()
+        try:
+            await wait
+            return "answered"
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            asyncio.current_task().uncancel()
+            return "timed out"
+        finally:
+            watch.task = None
+
+    quick = asyncio.get_running_loop().create_future()
+    quick.set_result(None)
+    results = await asyncio.wait_for(asyncio.gather(attempt(never), attempt(quick), attempt(never)), 10)
+    assert results == ["timed out", "answered", "timed out"]
+    assert len(deadlines) == 0  # nothing left under watch
+
+
+@run_async
+async def test_a_cancellation_from_outside_is_not_taken_for_a_timeout():
+    deadlines = AttemptDeadlines(60.0)
+
+    async def attempt():
+        watch = deadlines.watch()
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            assert not watch.fired
+            raise
+        finally:
+            watch.task = None
+
+    task = asyncio.ensure_future(attempt())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@run_async
+async def test_a_full_queue_wakes_its_source_once_an_eighth_of_it_is_free_and_never_overfills():
+    queues = WorkQueues()
+    limit = 16
+    for i in range(limit):
+        queues.put(Request(i, 0.0, 100.0))
+    waiting = asyncio.ensure_future(queues.wait_space(limit))
+    await asyncio.sleep(0)
+    assert queues.pop_ready(0.0) is not None  # one free: not worth a wake yet
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert queues.pop_ready(0.0) is not None  # two free (16 // 8): the source refills both
+    await asyncio.wait_for(waiting, 5)
+    assert len(queues.main) == limit - 2
+    # A small queue wakes its source for every request taken, as before.
+    small = WorkQueues()
+    for i in range(4):
+        small.put(Request(i, 0.0, 100.0))
+    waiting = asyncio.ensure_future(small.wait_space(4))
+    await asyncio.sleep(0)
+    small.pop_ready(0.0)
+    await asyncio.wait_for(waiting, 5)
