@@ -38,6 +38,21 @@ def client_text(snap: Snapshot) -> str:
     return f"[b]{cpu:.0f} µs[/]/req CPU{procs}{late}"
 
 
+#: What fits after a limiter panel label at 120 columns.
+_VALUE_WIDTH = 30
+
+
+def basis_lines(snap: Snapshot) -> list[str]:
+    """Where the headroom comes from and the round trip's spread: one line when both fit."""
+    source, spread = snap.headroom_from(), snap.headroom_spread() or "not measured yet"
+    if len(source) + 10 + len(spread) <= _VALUE_WIDTH:
+        return [f"[$text-muted]  from      [/]{escape(source)} [$text-muted]· spread[/] {escape(spread)}"]
+    return [
+        f"[$text-muted]  from      [/]{escape(source)}",
+        f"[$text-muted]  spread    [/]{escape(spread)}",
+    ]
+
+
 class LimiterPanel(Static):
     """Headroom (value, adaptive/fixed, range seen), backpressure, arrival rate.
 
@@ -105,10 +120,8 @@ class LimiterPanel(Static):
         causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
         lines = [
             f"[$text-muted]Headroom    [/]{headroom}",
-            f"[$text-muted]  from      [/]{escape(snap.headroom_from())}",
-            f"[$text-muted]  spread    [/]{escape(snap.headroom_spread() or 'not measured yet')}",
-            f"[$text-muted]Backpressure[/] {pressure}",
-            f"[$text-muted]Arrival     [/][b]{numbers.rate(snap.arrival_rate)}{unit}[/]",
+            *basis_lines(snap),
+            f"[$text-muted]Backpressure[/] {pressure} [$text-muted]· arrival[/] [b]{numbers.rate(snap.arrival_rate)}{unit}[/]",
         ]
         if messages:
             lines.append(f"[$text-muted]Throttle    [/]{throttle_text(snap)}")
