@@ -30,6 +30,7 @@ COMMANDS = {
     "bench": "benchmarks: ratedeck against peer limiters, on the simulator",
     "sweep": "goodput against arrival rate for messages of several calls",
     "replay": "send the requests of a graveyard or results file again (FILE [run flags])",
+    "enqueue": "add a JSONL workload's lines to a store as jobs (--store URL FILE); 'ratedeck --store URL' works them",
     "config": "'config path': the user config file; 'config show [flags]': the config in force, keys masked",
     "completion": "'completion bash' or 'completion zsh': a shell completion script",
     "presets": "the built-in presets for real APIs (github, stripe, binance, kraken) and what each sets",
@@ -107,6 +108,18 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
         "--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)"
     )
     p.add_argument("--total", metavar="N", help="stop generating after N requests")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="where the work lives: memory (default), sqlite:PATH (durable), redis://host:port/db (shared);"
+        " fill it with 'ratedeck enqueue'",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
+        " only with an Idempotency-Key)",
+    )
     p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
     p.add_argument("--no-backpressure", action="store_true", help="let the main queue grow (TTLs expire)")
     p.add_argument("--ttl", metavar="S", help="request time-to-live: seconds, or 500ms, 30s, 5m")
@@ -228,6 +241,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         o["workload"]["file"] = args.workload
     if args.total is not None:
         o["workload"]["total"] = _number("--total", args.total, "workload.total")
+    if args.store is not None:
+        o["run"]["store"] = args.store
+    if args.resume:
+        o["run"]["resume"] = True
     if args.duration is not None:
         o["run"]["duration_s"] = _number("--duration", args.duration, "run.duration_s")
     if args.report:
@@ -304,6 +321,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     from .thresholds import ThresholdError, parse
 
     cfg, source = load_run_config(args)
+    check_store(cfg)
     thresholds = []
     for i, expression in enumerate(cfg.fail_on):
         try:
@@ -333,6 +351,15 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     elif args.metrics_linger is not None:
         raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
     return RunPlan(cfg, source, thresholds, metrics, args.interval)
+
+
+def check_store(cfg: RunConfig) -> None:
+    """Open and close the run's store, so a bad one is one line (exit 2) before anything starts."""
+    from ratedeck.store.work import open_for_run
+
+    store = open_for_run(cfg)
+    if store is not None:
+        asyncio.run(store.close())
 
 
 def _run_from_args(args: argparse.Namespace) -> int:
@@ -605,6 +632,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return _bench(argv)
     if name == "replay":
         return _replay(argv)
+    if name == "enqueue":
+        return _enqueue(argv)
     if name == "config":
         return _config(argv)
     if name == "completion":
@@ -732,6 +761,56 @@ def _replay(argv: list[str]) -> int:
             os.unlink(args.workload)
         except OSError:
             pass
+
+
+# ---------------------------------------------------------------- enqueue
+
+
+def _enqueue(argv: list[str]) -> int:
+    from ratedeck.engine.config import load_config
+    from ratedeck.engine.workload import read_jsonl
+    from ratedeck.store.work import open_for_run
+
+    p = argparse.ArgumentParser(
+        prog="ratedeck enqueue",
+        description="Check a JSONL workload (one object of parameters per line, as --workload reads it) and add"
+        " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
+    )
+    p.add_argument("--store", metavar="URL", required=True, help="sqlite:PATH or redis://host:port/db")
+    p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
+    p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
+    p.add_argument("file", metavar="FILE", help="JSONL workload file")
+    parsed = _parse(p, argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    try:
+        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
+        items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
+        if cfg.store.strip() == "memory":
+            raise ConfigError(
+                "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
+            )
+        store = open_for_run(cfg)
+    except ConfigError as exc:
+        return fail(str(exc))
+    assert store is not None
+
+    async def add() -> tuple[int, int]:
+        try:
+            added = await store.enqueue(items)
+            return added, (await store.counts()).pending
+        finally:
+            await store.close()
+
+    from ratedeck.store import StoreError
+
+    try:
+        added, pending = asyncio.run(add())
+    except StoreError as exc:
+        return fail(f"enqueue: nothing added: {exc}")
+    print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
+    return 0
 
 
 # ---------------------------------------------------------------- config

@@ -38,7 +38,8 @@ from ratedeck.core.vocab import Ending
 class StoreError(RatedeckError, ValueError):
     """A store that cannot be used (bad URL, unwritable path, a file that is not ours).
 
-    `str()` is one line fit to show a user; the CLI prints it and exits 2.
+    `str()` is one line fit to show a user, the problem alone (the caller names the
+    store: `--store: URL: problem`); the CLI prints it and exits 2.
     """
 
 
@@ -156,4 +157,4 @@ def open_store(url: str) -> WorkStore | None:
         from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
 
         return RedisStore.open(text)
-    raise StoreError(f"--store: {url!r} is not a store; use memory, sqlite:PATH or redis://host:port/db")
+    raise StoreError("not a store; use memory, sqlite:PATH or redis://host:port/db")

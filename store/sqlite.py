@@ -65,30 +65,29 @@ class SqliteStore(WorkStore):
     @classmethod
     def open(cls, path: str) -> SqliteStore:
         """Open (or create) the store at `path`; `StoreError` when it cannot be ours."""
-        where = f"--store sqlite:{path}"
         if not path:
-            raise StoreError(f"{where}: needs a file path, like sqlite:run.db")
+            raise StoreError("needs a file path, like sqlite:run.db")
         p = Path(path)
         if p.is_dir():
-            raise StoreError(f"{where}: is a directory")
+            raise StoreError("is a directory")
         if p.exists():
-            _check_header(p, where)
+            _check_header(p)
             if not os.access(p, os.R_OK | os.W_OK):
-                raise StoreError(f"{where}: not readable and writable")
+                raise StoreError("not readable and writable")
             new = p.stat().st_size == 0
         else:
             parent = p.parent
             if not parent.is_dir():
-                raise StoreError(f"{where}: no such directory {parent}")
+                raise StoreError(f"no such directory {parent}")
             if not os.access(parent, os.W_OK | os.X_OK):
-                raise StoreError(f"{where}: cannot create files in {parent}")
+                raise StoreError(f"cannot create files in {parent}")
             new = True
         try:
             db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StoreError(f"{where}: cannot open: {exc}") from None
+            raise StoreError(f"cannot open: {exc}") from None
         try:
-            store_id = _prepare(db, new, where)
+            store_id = _prepare(db, new)
         except BaseException:
             db.close()
             raise
@@ -220,18 +219,18 @@ class _transaction:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
-def _check_header(p: Path, where: str) -> None:
+def _check_header(p: Path) -> None:
     """Refuse a non-empty file that is not a SQLite database, before SQLite touches it."""
     try:
         with p.open("rb") as fh:
             head = fh.read(len(_HEADER))
     except OSError as exc:
-        raise StoreError(f"{where}: cannot read: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot read: {exc.strerror or exc}") from None
     if head and head != _HEADER:
-        raise StoreError(f"{where}: not a SQLite database (left as it is)")
+        raise StoreError("not a SQLite database (left as it is)")
 
 
-def _prepare(db: sqlite3.Connection, new: bool, where: str) -> str:
+def _prepare(db: sqlite3.Connection, new: bool) -> str:
     """Check (or, for a new file, create) the schema; the store's id. Nothing is written to a
     file that is not a ratedeck store."""
     try:
@@ -252,15 +251,13 @@ def _prepare(db: sqlite3.Connection, new: bool, where: str) -> str:
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall()) if "meta" in tables else {}
         if meta.get("app") != APP:
             shown = ", ".join(sorted(tables)) or "none"
-            raise StoreError(
-                f"{where}: a SQLite database, but not a ratedeck store (tables: {shown}); left as it is"
-            )
+            raise StoreError(f"a SQLite database, but not a ratedeck store (tables: {shown}); left as it is")
         if meta.get("schema") != str(SCHEMA):
-            raise StoreError(f"{where}: store schema {meta.get('schema')}, this ratedeck reads {SCHEMA}")
+            raise StoreError(f"store schema {meta.get('schema')}, this ratedeck reads {SCHEMA}")
         if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
-            raise StoreError(f"{where}: the database is damaged (PRAGMA quick_check failed); left as it is")
+            raise StoreError("the database is damaged (PRAGMA quick_check failed); left as it is")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = FULL")
         return str(meta["store_id"])
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{where}: not a usable SQLite database ({exc}); left as it is") from None
+        raise StoreError(f"not a usable SQLite database ({exc}); left as it is") from None
