@@ -259,5 +259,7 @@ def _prepare(db: sqlite3.Connection, new: bool) -> str:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = FULL")
         return str(meta["store_id"])
+    except sqlite3.OperationalError as exc:  # cannot open, create or lock the file
+        raise StoreError(f"cannot use the file: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"not a usable SQLite database ({exc}); left as it is") from None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.core.secrets import safe_url
-from ratedeck.core.vocab import Arrival, Ending
+from ratedeck.core.vocab import Arrival, Ending, EventKind
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.workload import Workload
 
@@ -107,7 +107,7 @@ class StoreWorkload(Workload):
         self.items = self._buffer
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
+    def for_store(cls, cfg: RunConfig, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
         w = cfg.workload
         return cls(
             store,
@@ -255,7 +255,7 @@ class StoreRun:
         self.cfg = cfg
         self.store = store
         self.member = f"run-{uuid.uuid4().hex[:12]}"
-        self.source = StoreWorkload.from_config(cfg, rng, store, self.member)
+        self.source = StoreWorkload.for_store(cfg, rng, store, self.member)
         self.journal: Journal | None = None
         self.recovered = 0
         self.left_claimed = 0  # claimed by earlier runs, not taken back (no --resume)
@@ -283,11 +283,11 @@ class StoreRun:
                 else "not sent again: reported uncertain"
             )
             engine.event(
-                "info", f"resumed: {self.recovered} jobs in flight when the last run stopped, {what}"
+                EventKind.INFO, f"resumed: {self.recovered} jobs in flight when the last run stopped, {what}"
             )
         elif self.left_claimed:
             engine.event(
-                "info",
+                EventKind.INFO,
                 f"{self.left_claimed} jobs are claimed by another run (killed? --resume takes them back)",
             )
 
