@@ -119,7 +119,9 @@ class Session:
             if store is not None:
                 self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
                 await self.store_run.prepare()
-                self.engine = Engine(cfg, self._transport, source=self.store_run.source)
+                # A store many processes share (Redis) also shares the keys' budgets and gates.
+                shared = store.shared() if hasattr(store, "shared") else None
+                self.engine = Engine(cfg, self._transport, source=self.store_run.source, shared_state=shared)
             else:
                 self.engine = Engine(cfg, self._transport)
             self.engine.graveyard.redact = self.engine.redact
