@@ -196,6 +196,8 @@ class Journal:
         self.written = 0
         self.problem: str | None = None
         self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
 
     def finished(self, req: Request, ending: Ending) -> None:
         """The finish watcher: note the ending (no I/O here: this is the engine's path)."""
@@ -210,9 +212,20 @@ class Journal:
         if len(self.waiting) >= FLUSH_AT:
             self._wake.set()
 
-    async def run(self) -> None:
-        """Flush every `FLUSH_EVERY_S`, or at once when `FLUSH_AT` endings wait."""
-        while True:
+    def start(self) -> None:
+        """Write what has ended every `FLUSH_EVERY_S`, or at once when `FLUSH_AT` wait."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="journal")
+
+    async def stop(self) -> None:
+        """Let a write under way finish (never cut one short), then write the rest."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+
+    async def _run(self) -> None:
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY_S)
             except TimeoutError:
@@ -259,7 +272,6 @@ class StoreRun:
         self.journal: Journal | None = None
         self.recovered = 0
         self.left_claimed = 0  # claimed by earlier runs, not taken back (no --resume)
-        self._task: asyncio.Task | None = None
 
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
@@ -275,7 +287,7 @@ class StoreRun:
         """Watch the engine's endings; start the journal's writer on the running loop."""
         self.journal = Journal(engine, self.source)
         engine.finish_watchers.append(self.journal.finished)
-        self._task = asyncio.get_running_loop().create_task(self.journal.run(), name="journal")
+        self.journal.start()
         if self.recovered:
             what = (
                 "sent again with the same Idempotency-Key"
@@ -293,14 +305,11 @@ class StoreRun:
 
     async def finish(self, engine: Engine | None) -> StoreReport:
         """After the engine stopped: write the last endings, give back jobs never sent, close."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
         journal = self.journal
         counts, problem = StoreCounts(), None
         try:
             if journal is not None:
-                await journal.flush()
+                await journal.stop()
             if engine is not None:
                 queued = list(engine.queues.main) + list(engine.queues.dlq)
                 await self.store.release(

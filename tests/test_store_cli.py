@@ -336,3 +336,31 @@ def test_the_readme_durable_run_commands_parse_as_written(tmp_path, monkeypatch)
         args = build_parser().parse_args(argv)
         assert args.store == "sqlite:work.db"
     assert "--resume" not in runs[0] and "--resume" in runs[1]
+
+
+@pytest.mark.slow
+def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch):
+    """The console runs the engine in a child process (ProcessHost): the store goes with it."""
+    import dataclasses
+
+    from ratedeck.engine.config import load_config
+    from ratedeck.host.process_host import ProcessHost
+
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "work.db"
+    _enqueue(tmp_path, db, n=40)
+    host = ProcessHost(dataclasses.replace(load_config(), store=f"sqlite:{db}"))
+    host.start()
+    try:
+        deadline = time.monotonic() + 30
+        while host.snapshot().phase != "stopped" and host.snapshot().succeeded + host.snapshot().expired < 40:
+            assert time.monotonic() < deadline, "the store's 40 jobs did not end"
+            time.sleep(0.05)
+    finally:
+        final = host.stop_blocking()
+    store = host.facts.store
+    assert store is not None, (final, host.facts)
+    assert final.balance() == 0
+    assert store.journaled == final.succeeded + final.expired + final.graveyard + final.shed
+    assert dict(store.counts.done).get("succeeded", 0) + dict(store.counts.done).get("expired", 0) == 40
+    assert store.counts.total == 40 and store.counts.pending == store.counts.claimed == 0
