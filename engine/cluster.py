@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
-from ratedeck.core.vocab import EventKind, PolicyKind
+from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -240,7 +240,8 @@ class ClusterMember:
                 h,
                 self.slack_s,
                 engine.headroom.pace_seconds(),
-                worker.limiter.min_spacing,
+                # even pacing spaces the cluster's sends as the limiter would one member's
+                worker.limiter.min_spacing if worker.limiter.pacing is Pacing.EVEN else 0.0,
                 self.horizon_s,
                 self._hold_s(worker, h),
             )

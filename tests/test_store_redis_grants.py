@@ -12,11 +12,15 @@ import asyncio
 import random
 import time
 
+import pytest
 from redis_server import redis_server  # noqa: F401 (a fixture)
 
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.engine.cluster import LeasedSlots
 from ratedeck.store.redis_shared import RedisShared
+
+# a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
+pytestmark = pytest.mark.slow
 
 SLACK_S = 0.004
 
