@@ -766,21 +766,25 @@ def _replay(argv: list[str]) -> int:
 # ---------------------------------------------------------------- enqueue
 
 
-def _enqueue(argv: list[str]) -> int:
-    from ratedeck.engine.config import load_config
-    from ratedeck.engine.workload import read_jsonl
-    from ratedeck.store.work import open_for_run
-
+def enqueue_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ratedeck enqueue",
-        description="Check a JSONL workload (one object of parameters per line, as --workload reads it) and add"
+        description="Check a JSONL workload (one object of parameters per line, as a workload file is read) and add"
         " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
     )
     p.add_argument("--store", metavar="URL", required=True, help="sqlite:PATH or redis://host:port/db")
     p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
     p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
     p.add_argument("file", metavar="FILE", help="JSONL workload file")
-    parsed = _parse(p, argv)
+    return p
+
+
+def _enqueue(argv: list[str]) -> int:
+    from ratedeck.engine.config import load_config
+    from ratedeck.engine.workload import read_jsonl
+    from ratedeck.store.work import open_for_run
+
+    parsed = _parse(enqueue_parser(), argv)
     if isinstance(parsed, int):
         return parsed
     args = parsed
@@ -913,6 +917,7 @@ def completion_script(shell: str) -> str:
     subflags["sweep"] = _flags(sweep_parser())
     run_flags = _flags(build_parser())
     subflags["replay"] = sorted(set(run_flags) | {"--all", "--only"})
+    subflags["enqueue"] = _flags(enqueue_parser())
     cases = "\n".join(f'        {name}) words="{" ".join(flags)}" ;;' for name, flags in subflags.items())
     script = f"""# ratedeck {shell} completion: eval "$(ratedeck completion {shell})"
 _ratedeck() {{
@@ -936,7 +941,7 @@ _ratedeck() {{
             if [ "$COMP_CWORD" -eq 2 ]; then COMPREPLY=( $(compgen -W "path show" -- "$cur") ); return; fi
             [ "${{COMP_WORDS[2]}}" = path ] && words="--themes" ;;
         completion) COMPREPLY=( $(compgen -W "bash zsh" -- "$cur") ); return ;;
-        replay)
+        replay|enqueue)
             if [[ "$cur" != -* ]]; then COMPREPLY=( $(compgen -f -- "$cur") ); return; fi ;;
     esac
     case "${{COMP_WORDS[1]}}" in
