@@ -854,9 +854,11 @@ def shown_config(cfg: RunConfig, source: str | None) -> str:
     """The config in force as TOML, for reading: every key masked, where it came from on top."""
     import tomli_w
 
-    from ratedeck.core.secrets import Redactor, mask_secret
+    from ratedeck.core.secrets import Redactor, mask_secret, safe_url
 
     data = to_toml_dict(cfg)
+    if "store" in data.get("run", {}):  # a redis:// URL may carry a password
+        data["run"]["store"] = safe_url(data["run"]["store"])
     literal = [s for s in cfg.key_sources if not s.strip().startswith(("env:", "@"))]
     if literal and "secrets" in data.get("keys", {}):
         data["keys"]["secrets"] = [

@@ -364,3 +364,14 @@ def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch)
     assert store.journaled == final.succeeded + final.expired + final.graveyard + final.shed
     assert dict(store.counts.done).get("succeeded", 0) + dict(store.counts.done).get("expired", 0) == 40
     assert store.counts.total == 40 and store.counts.pending == store.counts.claimed == 0
+
+
+def test_config_show_never_prints_a_store_password():
+    import dataclasses
+
+    from ratedeck.engine.config import load_config
+    from ratedeck.runner.cli import shown_config
+
+    cfg = dataclasses.replace(load_config(), store="redis://:hunter2@127.0.0.1:6379/0")
+    text = shown_config(cfg, None)
+    assert 'store = "redis://127.0.0.1:6379/0"' in text and "hunter2" not in text
