@@ -104,6 +104,7 @@ class StoreWorkload(Workload):
         self.jobs: dict[int, Job] = {}
         self.claimed = 0
         self._buffer = _JobBuffer()
+        self._claim: asyncio.Future[list[Job]] | None = None
         self.items = self._buffer
 
     @classmethod
@@ -124,7 +125,11 @@ class StoreWorkload(Workload):
         await super().run(_TyingSink(sink, self))
 
     async def refill(self) -> bool:
-        jobs = await self.store.claim(self.member, self.batch)
+        # Shielded: a run stopped while a claim is under way must still learn which
+        # jobs it claimed, to give them back (`unsent_of`).
+        self._claim = asyncio.ensure_future(self.store.claim(self.member, self.batch))
+        jobs = await asyncio.shield(self._claim)
+        self._claim = None
         self.claimed += len(jobs)
         self._buffer.extend(jobs)
         return bool(jobs)
@@ -137,10 +142,11 @@ class StoreWorkload(Workload):
         if self.idempotent:
             req.idempotency_key = job.key
 
-    def unsent_of(self, never_sent: set[int]) -> list[int]:
-        """The jobs claimed and never sent: still in the buffer, or made into one of the
-        requests `never_sent` (ids of requests queued with no attempt)."""
-        ids = self._buffer.drain()
+    async def unsent_of(self, never_sent: set[int]) -> list[int]:
+        """The jobs claimed and never sent: in a claim the stop cut short, still in the
+        buffer, or made into one of the requests `never_sent` (queued with no attempt)."""
+        ids = [job.id for job in await self._claim] if self._claim is not None else []
+        ids += self._buffer.drain()
         ids += [self.jobs.pop(rid).id for rid in never_sent if rid in self.jobs]
         return ids
 
@@ -313,7 +319,7 @@ class StoreRun:
             if engine is not None:
                 queued = list(engine.queues.main) + list(engine.queues.dlq)
                 await self.store.release(
-                    self.member, self.source.unsent_of({r.id for r in queued if not r.attempts})
+                    self.member, await self.source.unsent_of({r.id for r in queued if not r.attempts})
                 )
             counts = await self.store.counts()
         except StoreError as exc:

@@ -228,3 +228,32 @@ def test_an_empty_file_becomes_a_store(tmp_path):
     s = SqliteStore.open(str(path))
     assert run(s.counts()).total == 0
     run(s.close())
+
+
+def test_a_claim_cut_short_by_the_stop_is_still_given_back(tmp_path):
+    """The run stops while a claim is under way: the jobs it claimed are released, not left
+    claimed (a later --resume would have called them uncertain though never sent)."""
+    from ratedeck.store.work import StoreWorkload
+
+    async def scenario() -> None:
+        store = SqliteStore.open(str(tmp_path / "w.db"))
+        await store.enqueue([{"job": i} for i in range(5)])
+        let_go = asyncio.Event()
+
+        class SlowClaims:
+            async def claim(self, member: str, n: int):
+                await let_go.wait()
+                return await store.claim(member, n)
+
+        source = StoreWorkload(SlowClaims(), "m", 10.0, batch=3, idempotent=False)
+        refill = asyncio.ensure_future(source.refill())
+        await asyncio.sleep(0.01)
+        refill.cancel()  # the engine's stop cancels the source task mid-claim
+        let_go.set()
+        ids = await source.unsent_of(set())
+        assert len(ids) == 3
+        await store.release("m", ids)
+        assert (await store.counts()).pending == 5
+        await store.close()
+
+    run(scenario())
