@@ -95,12 +95,11 @@ class SqliteStore(WorkStore):
 
     # ------------------------------------------------------------ the contract
     async def enqueue(self, items: Sequence[Mapping[str, Any]]) -> int:
-        rows = [(json.dumps(dict(item), separators=(",", ":")),) for item in items]
-
         def write() -> int:
+            rows = ((json.dumps(dict(item), separators=(",", ":")),) for item in items)  # one at a time
             with _transaction(self._db):
                 self._db.executemany("INSERT INTO jobs (item) VALUES (?)", rows)
-            return len(rows)
+            return len(items)
 
         return await self._run(write)
 
