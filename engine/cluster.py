@@ -67,12 +67,22 @@ class Grant:
     usable_s: float
     retry_at: float | None = None
     fresh: bool = False
+    epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """What a member reads each poll: the shared gates closed now (loop time, reason) and the epoch."""
+
+    gates: dict[str, tuple[float, str]]
+    epoch: str | None
 
 
 class SharedState(Protocol):
     """What members share through a store. Every method raises `StoreUnavailable` when it cannot answer."""
 
     shown: str  # the store as it may be printed (no password)
+    calls: int  # round trips made so far
 
     def bind(self, clock: Any) -> None:
         """The engine's clock (loop time): grants and gates are told in it."""
@@ -95,7 +105,7 @@ class SharedState(Protocol):
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
 
-    async def read_gates(self, gates: Sequence[str]) -> dict[str, tuple[float, str]]: ...
+    async def poll(self, gates: Sequence[str]) -> Poll: ...
 
     async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None: ...
 
@@ -107,11 +117,12 @@ class SharedState(Protocol):
 class LeasedSlots:
     """The send times one key holds from the store: `next_at(now)` the earliest usable, `take` one."""
 
-    __slots__ = ("times", "fetching", "retry_at", "granted", "used", "dropped")
+    __slots__ = ("times", "fetching", "retry_at", "valid_until", "granted", "used", "dropped")
 
     def __init__(self) -> None:
         self.times: deque[tuple[float, float]] = deque()  # (from, until), loop clock
         self.fetching = False
+        self.valid_until = math.inf  # none is used after this: the store's epoch was not confirmed since
         self.retry_at = 0.0  # no fetch before this (the store said the budget is full until then)
         self.granted = self.used = self.dropped = 0
 
@@ -123,6 +134,9 @@ class LeasedSlots:
     def next_at(self, now: float) -> float:
         """The earliest lease still usable at `now` or later (inf: none held); stale ones are dropped."""
         times = self.times
+        if now > self.valid_until:
+            self.clear()
+            return math.inf
         while times and times[0][1] < now:
             times.popleft()
             self.dropped += 1
@@ -176,11 +190,16 @@ class ClusterMember:
     """The engine's side of a shared store: fetches leases, shares gates, publishes, watches the store.
 
     Attributes:
-        lease_ahead_s: how far ahead a fetch leases at a key's rate (0.2 s of
-            20/s: 4 slots), so the store is asked a few times a second per key.
+        lease_ahead_s: how far ahead a fetch leases at a key's rate (0.25 s of
+            20/s: 5 slots), so the store is asked a few times a second per key.
         horizon_s: the store grants no slot further ahead than this.
         slack_s: how late a lease may still be used (timers fire late), beyond
             the clock uncertainty, which the store adds itself.
+        confirm_s: leases are used only while the store's epoch was confirmed
+            (by a poll or a grant) within this long. A Redis restarted empty
+            has a new epoch: every member drops what it holds within
+            `confirm_s`, and a budget's first grant after it waits that out
+            too (`_hold_s`), so old leases and new grants never meet.
     """
 
     def __init__(
@@ -191,10 +210,11 @@ class ClusterMember:
         gate_ids: dict[str, str],
         *,
         member: str | None = None,
-        lease_ahead_s: float = 0.2,
-        horizon_s: float = 0.3,
-        slack_s: float = 0.004,
+        lease_ahead_s: float = 0.25,
+        horizon_s: float = 1.0,
+        slack_s: float = 0.015,
         poll_s: float = 0.1,
+        confirm_s: float = 0.3,
         publish_s: float = 1.0,
         retry_s: float = 0.25,
     ):
@@ -207,6 +227,8 @@ class ClusterMember:
         self.horizon_s = horizon_s
         self.slack_s = slack_s
         self.poll_s = poll_s
+        self.confirm_s = confirm_s
+        self.epoch: str | None = None
         self.publish_s = publish_s
         self.retry_s = retry_s
         self.down_since: float | None = None
@@ -250,7 +272,8 @@ class ClusterMember:
             return
         finally:
             leases.fetching = False
-        leases.add(grant)
+        if self._epoch(grant.epoch, engine.clock()):
+            leases.add(grant)
         if grant.retry_at is not None:
             leases.retry_at = grant.retry_at
         if grant.fresh and engine.loop is not None and worker.sent:
@@ -267,14 +290,15 @@ class ClusterMember:
         recent sends show that the budget was in use; it then asks that the
         budget's first grant wait out the longest window (and the leases
         anyone may still hold), so no window sees old and new sends together.
-        A member that has not sent within that time asks for no wait.
+        A member that has not sent within that time asks for no wait. Old
+        leases cannot outlive `confirm_s` after the restart (see `confirm_s`).
         """
         policies = worker.limiter.policies
         longest = max((p.window_s for p in policies if p.kind is PolicyKind.SLIDING), default=0.0)
         for p in policies:
             if p.kind is PolicyKind.BUCKET:
                 longest = max(longest, p.limit / p.rate)
-        hold = longest + h + self.slack_s + self.horizon_s
+        hold = longest + h + self.slack_s + self.confirm_s
         if worker.limiter.spent_since(self.engine.clock() - hold) > 0:
             return hold
         return 0.0
@@ -292,6 +316,24 @@ class ClusterMember:
             await self.shared.close_gate(store_name, until, self.engine.redact(reason, 120))
         except StoreUnavailable as exc:
             self._went_down(str(exc))
+
+    def _epoch(self, epoch: str | None, now: float) -> bool:
+        """Note the store's epoch as just read: leases stay usable `confirm_s` more if it is the one
+        we knew; a new one (Redis lost its state) drops every lease held. False if it changed."""
+        same = epoch is not None and epoch == self.epoch
+        if not same and self.epoch is not None:
+            for w in self.engine.workers:
+                if w.leases is not None:
+                    w.leases.clear()
+            self.engine.event(
+                EventKind.INFO, f"store {self.shared.shown} started afresh (state lost): leases dropped"
+            )
+        self.epoch = epoch
+        until = now + self.confirm_s if epoch is not None else -math.inf
+        for w in self.engine.workers:
+            if w.leases is not None:
+                w.leases.valid_until = until
+        return same or self.epoch is not None
 
     def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
         by_store = {v: k for k, v in self.gate_ids.items()}
@@ -356,8 +398,10 @@ class ClusterMember:
                 self._came_back()
                 continue
             try:
-                found = await self.shared.read_gates(gates)
-                self._apply_gates(found, engine.clock())
+                polled = await self.shared.poll(gates)
+                now = engine.clock()
+                self._epoch(polled.epoch, now)
+                self._apply_gates(polled.gates, now)
                 if now >= next_publish:
                     next_publish = now + self.publish_s
                     await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
@@ -379,8 +423,9 @@ class ClusterMember:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.down_since is None:
             try:
-                await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
-            except StoreUnavailable:
+                last = self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
+                await asyncio.wait_for(last, 2.0)
+            except (StoreUnavailable, TimeoutError):
                 pass
         await self.shared.close()
 
@@ -405,6 +450,8 @@ class ClusterMember:
             "dlq_depth": len(engine.queues.dlq),
             "in_flight": engine.in_flight,
             "store": "unreachable" if self.down_since is not None else "ok",
+            "store_calls": self.shared.calls,
+            "leases": dict(zip(("granted", "used", "dropped"), self.lease_totals(), strict=True)),
             "keys": [
                 {
                     "label": w.label,

@@ -39,13 +39,14 @@ from ratedeck.core.secrets import safe_url
 from ratedeck.engine.cluster import StoreUnavailable
 
 from .base import Finished, Job, StoreCounts, StoreError, WorkStore
-from .redis_shared import NAMESPACE, RedisShared, check_url, connect, unavailable
+from .redis_shared import COMMAND_TIMEOUT_S, NAMESPACE, RedisShared, check_url, connect, unavailable
 
 GROUP = "ratedeck"
 #: An entry pending this long without a refresh belongs to a dead member.
 CLAIM_TIMEOUT_S = 30.0
-#: While Redis is unreachable a claim asks again this often.
+#: While Redis is unreachable a claim asks again this often, for at most `CLAIM_PATIENCE_S`.
 RETRY_S = 0.25
+CLAIM_PATIENCE_S = 30.0
 
 
 def _text(x: Any) -> str:
@@ -164,11 +165,16 @@ class RedisStore(WorkStore):
         )
 
     async def claim(self, member: str, n: int) -> list[Job]:
+        """Up to `n` jobs; while Redis is unreachable it waits (no work can be taken then), up to
+        `CLAIM_PATIENCE_S`, then raises `StoreError` (a stop awaits a claim under way)."""
+        give_up = time.monotonic() + CLAIM_PATIENCE_S
         while True:
             try:
                 return await self._claim(member, n)
             except StoreError:
-                await asyncio.sleep(RETRY_S)  # no work can be taken while Redis is away
+                if time.monotonic() > give_up:
+                    raise
+                await asyncio.sleep(RETRY_S)
 
     async def _claim(self, member: str, n: int) -> list[Job]:
         await self._group()
@@ -238,8 +244,12 @@ class RedisStore(WorkStore):
         if ids:
             pipe.xack(self._k("main"), GROUP, *ids)
             pipe.xdel(self._k("main"), *ids)
+        by_ending: dict[str, int] = {}
         for f in endings:
-            pipe.hincrby(self._k("done"), str(f.ending), 1)
+            by_ending[str(f.ending)] = by_ending.get(str(f.ending), 0) + 1
+        for ending, n in by_ending.items():
+            pipe.hincrby(self._k("done"), ending, n)
+        for f in endings:
             if f.record is not None:
                 pipe.xadd(self._k("graveyard"), {"job": f.job_id, "record": json.dumps(dict(f.record))})
         await self._do(pipe.execute)
@@ -306,7 +316,7 @@ class RedisStore(WorkStore):
         if self._client is not None:
             client, self._client = self._client, None
             try:
-                await client.aclose()
+                await asyncio.wait_for(client.aclose(), COMMAND_TIMEOUT_S)
             except Exception:
                 pass
 

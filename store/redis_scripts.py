@@ -9,13 +9,14 @@ from __future__ import annotations
 
 #: Grant up to `count` send times of one budget, all its policies together.
 #:
-#: KEYS[1]: the budget's prefix, `rd:b:{id}`; its keys are `<prefix>:m` (a hash: the last
+#: KEYS[2]: the store's epoch (set at the first grant after Redis starts empty; a restart
+#: that lost the state shows as a new epoch). KEYS[1]: the budget's prefix, `rd:b:{id}`; its keys are `<prefix>:m` (a hash: the last
 #: slot, sequence, bucket levels), `<prefix>:s<i>` (a sorted set per sliding window: one
 #: member per unit granted, scored by the time it stops counting) and `<prefix>:f<i>:<n>`
 #: (a counter per fixed window n). All share the `{id}` hash tag.
 #: ARGV: count, cost, headroom_us, pace_us, spacing, horizon_us, hold_us, then four per
 #: policy: kind (s|f|b), limit, window_us, drain (a bucket's units per window).
-#: Returns {now_us, status, fresh, next_us, t1, t2, ...}: status 1 granted t1.. (maybe none,
+#: Returns {now_us, status, fresh, next_us, epoch, t1, t2, ...}: status 1 granted t1.. (maybe none,
 #: when the next slot, `next_us`, is beyond the horizon), 0 never (a cost above a limit).
 GRANT = r"""
 local pre = KEYS[1]
@@ -42,11 +43,11 @@ for i = 1, (#ARGV - 7) / 4 do
   policies[i] = p
   if p.kind == 'b' then
     p.rate = p.drain / p.window
-    if cost > p.limit - p.rate * h then return {now, 0, 0, 0} end
+    if cost > p.limit - p.rate * h then return {now, 0, 0, 0, ''} end
     local fill = math.ceil(p.limit / p.rate)
     if fill > longest then longest = fill end
   else
-    if cost > p.limit then return {now, 0, 0, 0} end
+    if cost > p.limit then return {now, 0, 0, 0, ''} end
     -- even pacing: each slot at least (W + pace) * spacing * cost / N after the last
     local g = (p.window + pace) * spacing * cost / p.limit
     if g > gap then gap = g end
@@ -57,6 +58,8 @@ for i = 1, (#ARGV - 7) / 4 do
   end
 end
 
+redis.call('SET', KEYS[2], num(now), 'NX')
+local epoch = redis.call('GET', KEYS[2])
 local fresh = 0
 local last = redis.call('HGET', meta, 'last')
 if last then
@@ -124,7 +127,7 @@ local function record(p, s)
   end
 end
 
-local out = {now, 1, fresh, 0}
+local out = {now, 1, fresh, 0, epoch}
 local s = math.ceil(last + gap)
 if s < now then s = now end
 for _ = 1, count do

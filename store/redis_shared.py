@@ -57,7 +57,7 @@ from urllib.parse import urlsplit
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.cluster import Grant, StoreUnavailable
+from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
 
 from . import redis_scripts
 from .base import StoreError
@@ -115,6 +115,10 @@ def _is_store_failure(exc: BaseException) -> bool:
     from redis.exceptions import RedisError
 
     return isinstance(exc, (RedisError, OSError, asyncio.TimeoutError))
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _kind(policy: Policy) -> str:
@@ -217,17 +221,20 @@ class RedisShared:
         for p in policies:
             args += [_kind(p), p.limit, _us(p.window_s), repr(float(p.drain))]
         t0 = self._clock()
-        out = await self._call(self._grant, keys=[self.budget_key(budget)], args=args)
+        out = await self._call(self._grant, keys=[self.budget_key(budget), self.epoch_key()], args=args)
         t1 = self._clock()
         now_us, status, fresh, next_us = (int(x) for x in out[:4])
         self._note(now_us, t0, t1)
         lo = self.offset.lo
         if status == 0:
             raise StoreUnavailable("a request costs more than the key's limit allows")  # config bug: loud
-        self.last_grant_us = tuple(int(t) for t in out[4:])
+        self.last_grant_us = tuple(int(t) for t in out[5:])
         times = tuple(t / 1_000_000 - lo for t in self.last_grant_us)
         retry_at = None if times else next_us / 1_000_000 - lo - horizon_s
-        return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh))
+        return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh), epoch=_text(out[4]))
+
+    def epoch_key(self) -> str:
+        return f"{self.ns}:epoch"
 
     # -- gates
     def gate_key(self, gate: str) -> str:
@@ -239,21 +246,18 @@ class RedisShared:
         until_us = _us(until + self.offset.hi)  # the later end of what `until` may be on Redis's clock
         await self._call(self._close_gate, keys=[self.gate_key(gate)], args=[until_us, reason[:120]])
 
-    async def read_gates(self, gates: Sequence[str]) -> dict[str, tuple[float, str]]:
-        if not gates:
-            return {}
+    async def poll(self, gates: Sequence[str]) -> Poll:
         if self.offset.width == float("inf"):
             await self._time_sample()
-        values = await self._call(self.client.mget, [self.gate_key(g) for g in gates])
+        values = await self._call(self.client.mget, [self.epoch_key(), *(self.gate_key(g) for g in gates)])
         found = {}
-        for gate, raw in zip(gates, values, strict=True):
+        for gate, raw in zip(gates, values[1:], strict=True):
             if raw is None:
                 continue
-            text = raw.decode("utf-8", "replace")
-            head, _, reason = text.partition(" ")
+            head, _, reason = _text(raw).partition(" ")
             if head.isdigit():
                 found[gate] = (int(head) / 1_000_000 - self.offset.lo, reason)
-        return found
+        return Poll(found, _text(values[0]) if values[0] is not None else None)
 
     # -- members
     def members_key(self) -> str:
@@ -273,7 +277,7 @@ class RedisShared:
 
     async def close(self) -> None:
         try:
-            await self.client.aclose()
+            await asyncio.wait_for(self.client.aclose(), COMMAND_TIMEOUT_S)
         except Exception:
             pass
 
