@@ -272,6 +272,7 @@ class ClusterMember:
             return
         finally:
             leases.fetching = False
+            worker.poke()  # whatever happened, the worker looks again (it waits for this)
         if self._epoch(grant.epoch, engine.clock()):
             leases.add(grant)
         if grant.retry_at is not None:
@@ -280,7 +281,6 @@ class ClusterMember:
             engine.event(
                 EventKind.INFO, f"{worker.label}: the store had no record of its budget; started afresh"
             )
-        worker.poke()
 
     def _hold_s(self, worker: KeyWorker, h: float) -> float:
         """How long a budget the store has no record of must stay shut, told by a member that sent on it.
@@ -381,6 +381,13 @@ class ClusterMember:
     def start(self) -> None:
         self.shared.bind(self.engine.clock)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
+        self._runner.add_done_callback(self._runner_ended)
+
+    def _runner_ended(self, task: asyncio.Task[None]) -> None:
+        # A bug here must not pass silently: without polls, leases stop after `confirm_s`.
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.engine.problem(f"cluster: {type(exc).__name__}: {self.engine.redact(str(exc), 200)}")
 
     async def _run(self) -> None:
         engine = self.engine
@@ -413,7 +420,11 @@ class ClusterMember:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_ended)
+
+    def _spawned_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._runner_ended(task)
 
     async def close(self) -> None:
         """Stop polling, publish a last summary (best effort), close the connection."""

@@ -34,11 +34,14 @@ before it answers; none further ahead than `horizon_s`):
 - a lease unused by `slack` after its time is dropped, still counted: waste,
   never excess. After the store was unreachable a member drops all it holds.
 
-When a budget has no record in Redis (first use, or a restart lost the
-state), a member that has sent on it recently asks that the first grant wait
-out the longest window, the slack and the lease horizon (`hold_s`), so no
-window sees sends from before and after the loss together. Redis's clock is
-the one clock: if it is stepped (NTP), grants near the step may overlap.
+Redis's state may be lost (a restart without persistence). Every grant
+sets the store's epoch key if it is missing; members read it with each gate
+poll (0.1 s) and each grant, and use leases only while their epoch was
+confirmed within `confirm_s` (0.3 s), dropping them all when it changed. The
+first grant of a budget with no record waits (`hold_s`) the longest window,
+the headroom, the slack and `confirm_s` when the asking member sent on it
+lately, so sends from before and after the loss never share a window. Redis's
+clock is the one clock: if it is stepped (NTP), grants near the step may overlap.
 
 Names in Redis carry a fingerprint of the key (`budget_name`), never the key.
 """

@@ -251,3 +251,22 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
 
     _killed, resumed_s = asyncio.run(main())
     assert resumed_s < 2.5  # about 1.7 s: a ping, then the longest window and the leases' horizon
+
+
+def test_the_readme_member_commands_load_as_written():
+    """The "Many processes" commands parse, and name the same Redis as the enqueue line."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from ratedeck.runner.cli import build_parser, overrides_from_args
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Many processes") :]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    members = [line.rstrip(" &") for line in block.splitlines() if line.startswith("ratedeck --no-ui")]
+    assert len(members) == 2 and "redis-server" in block and "ratedeck enqueue --store redis://" in block
+    for command in members:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        cfg = load_config(args.config, args.preset, overrides_from_args(args))
+        assert cfg.store == "redis://127.0.0.1:6379/0" and cfg.target.url == args.target
