@@ -236,6 +236,7 @@ class ClusterMember:
         self.last_problem = ""
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        self._closing = False
 
     # -- the workers' side
     def want(self, worker: KeyWorker, now: float) -> None:
@@ -393,7 +394,9 @@ class ClusterMember:
         engine = self.engine
         next_publish = 0.0
         gates = list(self.gate_ids.values())
-        while True:
+        # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
+        # into a timeout (seen with redis-py), and this loop would then outlive the stop.
+        while not self._closing:
             now = engine.clock()
             if self.down_since is not None:
                 try:
@@ -428,10 +431,12 @@ class ClusterMember:
 
     async def close(self) -> None:
         """Stop polling, publish a last summary (best effort), close the connection."""
+        self._closing = True
         tasks = [t for t in (self._runner, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)  # bounded: a client's cleanup never holds up a stop
         if self.down_since is None:
             try:
                 last = self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))

@@ -39,7 +39,15 @@ from ratedeck.core.secrets import safe_url
 from ratedeck.engine.cluster import StoreUnavailable
 
 from .base import Finished, Job, StoreCounts, StoreError, WorkStore
-from .redis_shared import COMMAND_TIMEOUT_S, NAMESPACE, RedisShared, check_url, connect, unavailable
+from .redis_shared import (
+    COMMAND_TIMEOUT_S,
+    NAMESPACE,
+    RedisShared,
+    cancel_lost,
+    check_url,
+    connect,
+    unavailable,
+)
 
 GROUP = "ratedeck"
 #: An entry pending this long without a refresh belongs to a dead member.
@@ -89,6 +97,7 @@ class RedisStore(WorkStore):
         self._reclaimed: list[Job] = []
         self._refresher: asyncio.Task[None] | None = None
         self._group_ready = False
+        self._closing = False  # loops end by this, not only by a cancel (which a client may lose)
 
     @classmethod
     def open(cls, url: str) -> RedisStore:
@@ -113,6 +122,8 @@ class RedisStore(WorkStore):
         except Exception as exc:
             from redis.exceptions import RedisError
 
+            if cancel_lost(exc):
+                raise asyncio.CancelledError from exc
             if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
                 raise StoreError(f"{self.url}: {unavailable(exc)}") from None
             raise
@@ -172,7 +183,7 @@ class RedisStore(WorkStore):
             try:
                 return await self._claim(member, n)
             except StoreError:
-                if time.monotonic() > give_up:
+                if time.monotonic() > give_up or self._closing:
                     raise
                 await asyncio.sleep(RETRY_S)
 
@@ -217,7 +228,7 @@ class RedisStore(WorkStore):
 
     async def _refresh(self) -> None:
         """Keep this process's pending entries fresh, so nobody takes them for a dead member's."""
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.claim_timeout_s / 3)
             for member, held in list(self._held.items()):
                 ids = list(held.values())
@@ -309,9 +320,10 @@ class RedisStore(WorkStore):
         return [json.loads(fields[b"record"]) for _eid, fields in rows]
 
     async def close(self) -> None:
+        self._closing = True
         if self._refresher is not None:
             self._refresher.cancel()
-            await asyncio.gather(self._refresher, return_exceptions=True)
+            await asyncio.wait([self._refresher], timeout=COMMAND_TIMEOUT_S)
             self._refresher = None
         if self._client is not None:
             client, self._client = self._client, None

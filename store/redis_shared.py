@@ -120,6 +120,17 @@ def _is_store_failure(exc: BaseException) -> bool:
     return isinstance(exc, (RedisError, OSError, asyncio.TimeoutError))
 
 
+def cancel_lost(exc: BaseException) -> bool:
+    """Whether `exc` hides a cancel of the current task.
+
+    A client's read timeout that races a cancel can turn the CancelledError
+    into a timeout (redis-py on Python 3.11); reported as a store failure, it
+    would keep a stopping loop alive. The task still says it is cancelling.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0 and not isinstance(exc, asyncio.CancelledError)
+
+
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
@@ -184,6 +195,8 @@ class RedisShared:
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:
+            if cancel_lost(exc):
+                raise asyncio.CancelledError from exc
             if _is_store_failure(exc):
                 raise unavailable(exc) from None
             raise

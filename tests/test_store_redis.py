@@ -270,3 +270,32 @@ def test_the_readme_member_commands_load_as_written():
         args = build_parser().parse_args(shlex.split(command)[1:])
         cfg = load_config(args.config, args.preset, overrides_from_args(args))
         assert cfg.store == "redis://127.0.0.1:6379/0" and cfg.target.url == args.target
+
+
+@pytest.mark.parametrize("which", ["shared", "store"])
+def test_a_cancel_hidden_as_a_client_timeout_still_cancels(which):
+    """redis-py's read timeout racing a cancel can raise TimeoutError instead of CancelledError;
+    taken for a store failure, a stopping member's poll loop (or a journal) lived on and the
+    process never exited (seen once in a few bench runs). It must stay a cancel."""
+
+    async def main():
+        target = (
+            RedisShared("redis://127.0.0.1:1/0") if which == "shared" else RedisStore("redis://127.0.0.1:1/0")
+        )
+        call = target._call if isinstance(target, RedisShared) else target._do
+        started = asyncio.Event()
+
+        async def read():
+            started.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise TimeoutError("Timeout reading from socket") from None
+
+        task = asyncio.create_task(call(read))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
