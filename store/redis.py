@@ -125,7 +125,7 @@ class RedisStore(WorkStore):
             if cancel_lost(exc):
                 raise asyncio.CancelledError from exc
             if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
-                raise StoreError(f"{self.url}: {unavailable(exc)}") from None
+                raise StoreError(f"Redis did not answer ({unavailable(exc)})") from None
             raise
 
     async def check(self) -> None:

@@ -78,16 +78,16 @@ def check_url(url: str) -> str:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise StoreError(f"--store {safe_url(text) or text!r}: not a Redis URL ({exc})") from None
+        raise StoreError(f"not a Redis URL ({exc})") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise StoreError(f"--store {safe_url(text)!r}: not a Redis URL; write redis://host:port/db")
+        raise StoreError("not a Redis URL; write redis://host:port/db")
     if parts.scheme != "unix" and not parts.hostname:
-        raise StoreError(f"--store {safe_url(text)!r}: no host; write redis://host:port/db")
+        raise StoreError("no host; write redis://host:port/db")
     if port is not None and not 0 < port < 65536:
-        raise StoreError(f"--store {safe_url(text)!r}: port out of range")
+        raise StoreError("port out of range")
     db = parts.path.strip("/")
     if parts.scheme != "unix" and db and not db.isdigit():
-        raise StoreError(f"--store {safe_url(text)!r}: the database must be a number (redis://host:port/0)")
+        raise StoreError("the database must be a number (redis://host:port/0)")
     return text
 
 
@@ -105,7 +105,7 @@ def connect(url: str) -> Any:
             retry=Retry(NoBackoff(), 0),
         )
     except ValueError as exc:
-        raise StoreError(f"--store {safe_url(url)!r}: {exc}") from None
+        raise StoreError(f"not a Redis URL ({exc})") from None
 
 
 def unavailable(exc: BaseException) -> StoreUnavailable:
