@@ -317,3 +317,54 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
     from .redis import queue_depths
 
     return {"members": members, "queues": await queue_depths(client, namespace)}
+
+
+def format_cluster(view: dict[str, Any]) -> str:
+    """`read_cluster`'s answer as a few lines of text (keys masked: members publish them masked)."""
+    q = view["queues"]
+    lines = [
+        f"queues: {q['main']} waiting, {q['claimed']} claimed, {q['uncertain']} uncertain, "
+        f"{q['graveyard']} in the graveyard; {len(view['members'])} members"
+    ]
+    for m in sorted(view["members"], key=lambda m: str(m.get("member"))):
+        leases = m.get("leases") or {}
+        lines.append(
+            f"  {m.get('member')}: {m.get('phase')}, {m.get('current_tps', 0):g}/s now, "
+            f"sent {m.get('sent')}, ok {m.get('succeeded')}, 429 {m.get('rejected_429')}, "
+            f"queue {m.get('main_depth')}+{m.get('dlq_depth')}, store {m.get('store')}, "
+            f"leases used {leases.get('used', 0)}/{leases.get('granted', 0)}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ratedeck.store.redis_shared redis://host:port/db`: the cluster, once."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ratedeck.store.redis_shared redis://host:port/db", file=sys.stderr)
+        return 2
+
+    async def show() -> str:
+        client = connect(args[0])
+        try:
+            return format_cluster(await read_cluster(client))
+        finally:
+            await client.aclose()
+
+    try:
+        print(asyncio.run(show()))
+    except StoreError as exc:
+        print(f"ratedeck: {safe_url(args[0]) or 'the URL'}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not _is_store_failure(exc):
+            raise
+        print(f"ratedeck: {safe_url(args[0])}: Redis did not answer ({unavailable(exc)})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,7 +23,7 @@ from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport
 from ratedeck.store.base import Finished, StoreError
 from ratedeck.store.redis import RedisStore
-from ratedeck.store.redis_shared import RedisShared, read_cluster
+from ratedeck.store.redis_shared import RedisShared, format_cluster, read_cluster
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
 pytestmark = pytest.mark.slow
@@ -188,7 +188,10 @@ def test_two_members_share_the_budget_and_a_gate(redis_server):  # noqa: F811
             view = await read_cluster(shared.client, "m1")
             await shared.close()
             assert len(view["members"]) == 2
-            text = str(view)
+            assert {m["store"] for m in view["members"]} == {"ok"}
+            shown = format_cluster(view)
+            assert shown.count("\n  ") == 2 and "2 members" in shown
+            text = str(view) + shown
             for spec in a.cfg.keys:
                 assert spec.secret not in text
         finally:
