@@ -172,6 +172,8 @@ class RunConfig:
     fail_on: tuple[str, ...] = ()  # [run] thresholds over the report ("rejected_429>0"): the runner's
     results: str | None = None  # [run] one JSON line per finished request
     results_body: bool = False  # [run] with the response body in each results line
+    store: str = "memory"  # [run] memory, sqlite:PATH or redis://host:port/db (ratedeck.store)
+    resume: bool = False  # --resume: take back the jobs a killed run held in the store
     preset: str | None = None
     key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
@@ -670,6 +672,8 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
         fail_on=run.get("fail_on", ()),
         results=run.get("results"),
         results_body=run.get("results_body", False),
+        store=run.get("store", "memory"),
+        resume=run.get("resume", False),
         key_sources=key_sources,
         messages=messages,
         host_policies=host_policies,
@@ -726,6 +730,8 @@ _RUN_RULES = {
     "fail_on": lambda v: _strings(v, 'threshold expressions like "rejected_429>0"'),
     "results": _optional(_path),
     "results_body": _bool,
+    "store": _path,
+    "resume": _bool,
 }
 
 
@@ -1026,6 +1032,7 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
             ("fail_on", list(cfg.fail_on) or None),
             ("results", cfg.results),
             ("results_body", cfg.results_body or None),
+            ("store", cfg.store if cfg.store != "memory" else None),
         )
         if v is not None
     }

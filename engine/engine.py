@@ -30,6 +30,7 @@ from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
 
 from . import outcome as oc
 from .budgets import Budgets
+from .cluster import ClusterMember, LeasedSlots, SharedState, budget_name, gate_names
 from .commands import (
     Command,
     PauseAll,
@@ -97,6 +98,7 @@ class Engine:
         *,
         source: Source | None = None,
         rng: random.Random | None = None,
+        shared_state: SharedState | None = None,
     ):
         self.cfg = cfg
         self.transport = transport
@@ -168,6 +170,21 @@ class Engine:
                     key_weighted=cfg.key_weighted,
                 )
             )
+        # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.
+        self.store_gate = CooldownGate("store")
+        self.cluster: ClusterMember | None = None
+        if shared_state is not None:
+            self.gates["store"] = self.store_gate
+            self.cluster = ClusterMember(
+                self,
+                shared_state,
+                {w.label: budget_name(cfg.target.url, w.spec.secret) for w in self.workers},
+                gate_names(cfg.target.url, {w.label: w.spec.secret for w in self.workers}),
+            )
+            for w in self.workers:
+                w.gates = (*w.gates, self.store_gate)
+                w.leases = LeasedSlots()
+                w.want_leases = self.cluster.want
         self.cooldown_scope = CooldownScope(e.cooldown)
         self.settle_rules = SettleRules(
             max_attempts=e.max_attempts,
@@ -235,6 +252,8 @@ class Engine:
         self._tasks = [self.loop.create_task(w.run(), name=f"key-{w.label}") for w in self.workers]
         self._tasks.append(self.loop.create_task(self.source.run(self), name="source"))
         self._tasks.append(self.loop.create_task(self._tick(), name="ticker"))
+        if self.cluster is not None:
+            self.cluster.start()
         if self.probe is not None:
             probing = self.probe.run(self.clock, self.headroom.observe_network, self.problem)
             self._tasks.append(self.loop.create_task(probing, name="probe"))
@@ -272,6 +291,8 @@ class Engine:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.probe is not None:
             await self.probe.close()
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
@@ -470,6 +491,8 @@ class Engine:
             escalations = gate.escalations
             if gate.close(now + delay, reason, now):
                 self.event(EventKind.COOLDOWN, f"{gate.name} cooling down {delay:.1f}s: {reason}")
+                if self.cluster is not None:
+                    self.cluster.gate_closed(gate, reason)  # every member stops, not only this one
                 if gate.escalations > escalations:
                     self.event(
                         EventKind.ERROR, f"{gate.name}: the server escalated its penalty to {delay:.1f}s"

@@ -10,7 +10,7 @@ class CooldownGate:
     that budget checks it before sending, so one rejection pauses them all.
     """
 
-    __slots__ = ("name", "open_at", "reason", "closures", "escalations", "_last_delay")
+    __slots__ = ("name", "open_at", "reason", "closures", "escalations", "_last_delay", "_held")
 
     def __init__(self, name: str):
         self.name = name
@@ -19,6 +19,7 @@ class CooldownGate:
         self.closures = 0
         self.escalations = 0  # closings asking for a longer wait than the previous one
         self._last_delay = 0.0
+        self._held = False
 
     def close(self, until: float, reason: str, now: float | None = None) -> bool:
         """Close until `until` unless already closed longer; True if it moved."""
@@ -33,6 +34,24 @@ class CooldownGate:
         self.reason = reason
         self.closures += 1
         return True
+
+    def hold(self, until: float, reason: str) -> None:
+        """Closed while a condition lasts (the shared store unreachable), until `until` or `release`.
+
+        Holding again extends it; a spell counts as one closure.
+        """
+        if not self._held:
+            self._held = True
+            self.closures += 1
+        if until > self.open_at:
+            self.open_at = until
+        self.reason = reason
+
+    def release(self, now: float) -> None:
+        """End a `hold` at `now` (a cooldown closed meanwhile is kept, it is the server's)."""
+        if self._held:
+            self._held = False
+            self.open_at = now
 
     def left(self, now: float) -> float:
         return max(0.0, self.open_at - now)

@@ -196,19 +196,7 @@ class Graveyard:
         self.count += 1
         if self.path is None or self.problem is not None:
             return
-        reason = req.last_error or (f"HTTP {req.last_status}" if req.last_status is not None else None)
-        record: dict[str, object] = {
-            "id": req.id,
-            "ending": "graveyard",
-            "attempts": req.attempts,
-            "last_status": req.last_status,
-            "last_error": req.last_error,  # masked where it was made (transport, engine)
-            "reason": reason,
-            "created_at": round(req.created_at + wall_offset, 3),
-            "buried_at": round(now + wall_offset, 3),
-            "params": self.scrub(req.params, self.redact) if req.params else {},
-            "pool": req.pool,
-        }
+        record = self.record(req, now, wall_offset)
         try:
             line = json.dumps(record, default=str)
             if self._fh is None:
@@ -220,6 +208,22 @@ class Graveyard:
             self.close()
             return
         self.written += 1
+
+    def record(self, req: Request, now: float, wall_offset: float) -> dict[str, object]:
+        """The line `add` writes for `req` (a durable store journals the same line)."""
+        reason = req.last_error or (f"HTTP {req.last_status}" if req.last_status is not None else None)
+        return {
+            "id": req.id,
+            "ending": "graveyard",
+            "attempts": req.attempts,
+            "last_status": req.last_status,
+            "last_error": req.last_error,  # masked where it was made (transport, engine)
+            "reason": reason,
+            "created_at": round(req.created_at + wall_offset, 3),
+            "buried_at": round(now + wall_offset, 3),
+            "params": self.scrub(req.params, self.redact) if req.params else {},
+            "pool": req.pool,
+        }
 
     @staticmethod
     def scrub(value: Any, redact: Callable[[str], str] | None) -> Any:

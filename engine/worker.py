@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import Policy
@@ -22,6 +23,7 @@ from .waker import Waker
 
 if TYPE_CHECKING:
     from .budgets import Budgets
+    from .cluster import LeasedSlots
     from .delays import Quota
     from .ports import WorkerHost
     from .request import Request
@@ -85,6 +87,9 @@ class KeyWorker:
         self._learned: Policy | None = None  # a limit learned from rejections
         self._nonce = 0
         self._waker = Waker()
+        # A budget shared through a store (engine/cluster.py): sends only at the times it granted.
+        self.leases: LeasedSlots | None = None
+        self.want_leases: Callable[[KeyWorker, float], None] | None = None
 
     # -- waking
     def poke(self) -> None:
@@ -156,6 +161,18 @@ class KeyWorker:
                 blocked = True
             elif (slot_at := self.next_free(now)) > now:
                 blocked, until = True, slot_at
+            elif self.leases is not None and (lease_at := self.leases.next_at(now)) > now:
+                if lease_at < math.inf:
+                    blocked, until = True, lease_at
+                elif not len(queues):
+                    await self._wait_for_work()  # no lease is asked for while there is no work
+                    woken_for_work = True
+                    continue
+                else:
+                    assert self.want_leases is not None
+                    self.want_leases(self, now)  # pokes this worker when the grant comes
+                    retry_at = self.leases.retry_at
+                    blocked, until = True, (retry_at if retry_at > now else None)
             else:
                 blocked = False
             if blocked:
@@ -199,6 +216,10 @@ class KeyWorker:
                 for lim in self.limiters[1:]:
                     lim.record(now, 1, stamp)
                 stamps = (stamp,)
+            if self.leases is not None:
+                self.leases.take()
+                if len(self.leases) <= 1 and len(queues) and self.want_leases is not None:
+                    self.want_leases(self, now)  # the next grant comes before these run out
             self.in_flight += 1
             self.sent += 1
             host.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)

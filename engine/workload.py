@@ -70,6 +70,10 @@ class Workload:
     def stats(self, elapsed_s: float) -> MessageStats | None:
         return None
 
+    async def refill(self) -> bool:
+        """`items` ran out: fetch more (a store claims a batch); False when there is no more work."""
+        return False
+
     async def _sleep(self, loop: asyncio.AbstractEventLoop | None, until: float | None) -> None:
         await self._waker.wait(loop, until)
 
@@ -101,6 +105,8 @@ class Workload:
             if self.items is not None:
                 params = next(self.items, None)
                 if params is None:
+                    if await self.refill():
+                        continue
                     break
             pool = params.pop("_pool", None) if params else None
             shape = take_shape(params) if params else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,6 +28,7 @@ from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.transport import Transport, http_transport
+from ratedeck.store.work import StoreReport, StoreRun, open_for_run
 
 #: A response body in a results line is cut to this many characters (after masking keys).
 RESULTS_BODY_CHARS = 64 * 1024
@@ -75,6 +77,7 @@ class RunFacts:
     results_path: str | None = None
     results_written: int = 0
     results_problem: str | None = None
+    store: StoreReport | None = None  # --store: the store's counts at the end, what this run journaled
 
 
 class Session:
@@ -88,6 +91,8 @@ class Session:
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
         self.results: ResultsFile | None = None  # --results: one line per finished request
+        self.store_run: StoreRun | None = None  # --store: the engine's work comes from a store
+        self.store_report: StoreReport | None = None  # kept at stop
         self._closed = False
 
     @property
@@ -110,8 +115,18 @@ class Session:
             tracking = None
             if cfg.results:
                 self._transport = tracking = KeyTracking(self._transport)
-            self.engine = Engine(cfg, self._transport)
+            store = open_for_run(cfg)
+            if store is not None:
+                self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
+                await self.store_run.prepare()
+                # A store many processes share (Redis) also shares the keys' budgets and gates.
+                shared = store.shared() if hasattr(store, "shared") else None
+                self.engine = Engine(cfg, self._transport, source=self.store_run.source, shared_state=shared)
+            else:
+                self.engine = Engine(cfg, self._transport)
             self.engine.graveyard.redact = self.engine.redact
+            if self.store_run is not None:
+                self.store_run.attach(self.engine)
             if tracking is not None and cfg.results:
                 self.results = ResultsFile(cfg.results, self.engine, tracking, body=cfg.results_body)
                 self.engine.finish_watchers.append(self.results.finished)
@@ -142,6 +157,7 @@ class Session:
             results_path=self.results.path if self.results is not None else None,
             results_written=self.results.written if self.results is not None else 0,
             results_problem=self.results.problem if self.results is not None else None,
+            store=self.store_report,
         )
 
     def snapshot(self) -> Snapshot:
@@ -171,6 +187,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self.store_run is not None:
+            self.store_report = await self.store_run.finish(self.engine)
         if self.engine is not None:
             self.engine.graveyard.close()
             if self.results is not None:

@@ -30,6 +30,7 @@ COMMANDS = {
     "bench": "benchmarks: ratedeck against peer limiters, on the simulator",
     "sweep": "goodput against arrival rate for messages of several calls",
     "replay": "send the requests of a graveyard or results file again (FILE [run flags])",
+    "enqueue": "add a JSONL workload's lines to a store as jobs (--store URL FILE); 'ratedeck --store URL' works them",
     "config": "'config path': the user config file; 'config show [flags]': the config in force, keys masked",
     "completion": "'completion bash' or 'completion zsh': a shell completion script",
     "presets": "the built-in presets for real APIs (github, stripe, binance, kraken) and what each sets",
@@ -107,6 +108,18 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
         "--workload", metavar="FILE", help="JSONL file of requests (one object of parameters per line)"
     )
     p.add_argument("--total", metavar="N", help="stop generating after N requests")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="where the work lives: memory (default), sqlite:PATH (durable), redis://host:port/db (shared);"
+        " fill it with 'ratedeck enqueue'",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
+        " only with an Idempotency-Key)",
+    )
     p.add_argument("--headroom", metavar="MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)")
     p.add_argument(
         "--probe-url",
@@ -252,6 +265,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         o["workload"]["file"] = args.workload
     if args.total is not None:
         o["workload"]["total"] = _number("--total", args.total, "workload.total")
+    if args.store is not None:
+        o["run"]["store"] = args.store
+    if args.resume:
+        o["run"]["resume"] = True
     if args.duration is not None:
         o["run"]["duration_s"] = _number("--duration", args.duration, "run.duration_s")
     if args.report:
@@ -337,6 +354,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     from .thresholds import ThresholdError, parse
 
     cfg, source = load_run_config(args)
+    check_store(cfg)
     thresholds = []
     for i, expression in enumerate(cfg.fail_on):
         try:
@@ -385,6 +403,15 @@ def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Any) -> int:
         if metrics is not None and args.no_ui:
             raise ConfigError("command line", "--procs", "above 1 does not serve --metrics-port headless yet")
     return procs
+
+
+def check_store(cfg: RunConfig) -> None:
+    """Open and close the run's store, so a bad one is one line (exit 2) before anything starts."""
+    from ratedeck.store.work import open_for_run
+
+    store = open_for_run(cfg)
+    if store is not None:
+        asyncio.run(store.close())
 
 
 def _run_from_args(args: argparse.Namespace) -> int:
@@ -667,6 +694,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return _bench(argv)
     if name == "replay":
         return _replay(argv)
+    if name == "enqueue":
+        return _enqueue(argv)
     if name == "config":
         return _config(argv)
     if name == "completion":
@@ -796,6 +825,60 @@ def _replay(argv: list[str]) -> int:
             pass
 
 
+# ---------------------------------------------------------------- enqueue
+
+
+def enqueue_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ratedeck enqueue",
+        description="Check a JSONL workload (one object of parameters per line, as a workload file is read) and add"
+        " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
+    )
+    p.add_argument("--store", metavar="URL", required=True, help="sqlite:PATH or redis://host:port/db")
+    p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
+    p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
+    p.add_argument("file", metavar="FILE", help="JSONL workload file")
+    return p
+
+
+def _enqueue(argv: list[str]) -> int:
+    from ratedeck.engine.config import load_config
+    from ratedeck.engine.workload import read_jsonl
+    from ratedeck.store.work import open_for_run
+
+    parsed = _parse(enqueue_parser(), argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    try:
+        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
+        items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
+        if cfg.store.strip() == "memory":
+            raise ConfigError(
+                "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
+            )
+        store = open_for_run(cfg)
+    except ConfigError as exc:
+        return fail(str(exc))
+    assert store is not None
+
+    async def add() -> tuple[int, int]:
+        try:
+            added = await store.enqueue(items)
+            return added, (await store.counts()).pending
+        finally:
+            await store.close()
+
+    from ratedeck.store import StoreError
+
+    try:
+        added, pending = asyncio.run(add())
+    except StoreError as exc:
+        return fail(f"enqueue: nothing added: {exc}")
+    print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
+    return 0
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -833,9 +916,11 @@ def shown_config(cfg: RunConfig, source: str | None) -> str:
     """The config in force as TOML, for reading: every key masked, where it came from on top."""
     import tomli_w
 
-    from ratedeck.core.secrets import Redactor, mask_secret
+    from ratedeck.core.secrets import Redactor, mask_secret, safe_url
 
     data = to_toml_dict(cfg)
+    if "store" in data.get("run", {}):  # a redis:// URL may carry a password
+        data["run"]["store"] = safe_url(data["run"]["store"])
     literal = [s for s in cfg.key_sources if not s.strip().startswith(("env:", "@"))]
     if literal and "secrets" in data.get("keys", {}):
         data["keys"]["secrets"] = [
@@ -896,6 +981,7 @@ def completion_script(shell: str) -> str:
     subflags["sweep"] = _flags(sweep_parser())
     run_flags = _flags(build_parser())
     subflags["replay"] = sorted(set(run_flags) | {"--all", "--only"})
+    subflags["enqueue"] = _flags(enqueue_parser())
     cases = "\n".join(f'        {name}) words="{" ".join(flags)}" ;;' for name, flags in subflags.items())
     script = f"""# ratedeck {shell} completion: eval "$(ratedeck completion {shell})"
 _ratedeck() {{
@@ -919,7 +1005,7 @@ _ratedeck() {{
             if [ "$COMP_CWORD" -eq 2 ]; then COMPREPLY=( $(compgen -W "path show" -- "$cur") ); return; fi
             [ "${{COMP_WORDS[2]}}" = path ] && words="--themes" ;;
         completion) COMPREPLY=( $(compgen -W "bash zsh" -- "$cur") ); return ;;
-        replay)
+        replay|enqueue)
             if [[ "$cur" != -* ]]; then COMPREPLY=( $(compgen -f -- "$cur") ); return; fi ;;
     esac
     case "${{COMP_WORDS[1]}}" in

@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, TextIO
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
-from ratedeck.runner.report import build_report, write_report
+from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
+from ratedeck.store.work import StoreReport
 
 if TYPE_CHECKING:
     from ratedeck.runner.prometheus import LoopSource, MetricsServer
@@ -129,11 +130,28 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         f" + {snap.graveyard} graveyard + {snap.shed} shed + {queued} queued + {snap.in_flight} in flight"
         + ("" if snap.balance() == 0 else f"  (MISMATCH {snap.balance()})")
     )
+    if facts is not None and facts.store is not None:
+        lines += store_lines(facts.store)
     for k in snap.keys:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
         )
+    return lines
+
+
+def store_lines(store: StoreReport) -> list[str]:
+    """Where every job of the store is (`--store`), and what this run took back and journaled."""
+    c = store.counts
+    done = "".join(f" + {c.done.get(e, 0)} {e}" for e in ("succeeded", "expired", "graveyard", "shed"))
+    lines = [
+        f"store        {store.url}: {c.total} jobs = {c.pending} pending + {c.claimed} in flight"
+        f" + {c.uncertain} uncertain{done}",
+        f"             journaled {store.journaled} endings of this run",
+    ]
+    if store.recovered:
+        what = "sent again with their Idempotency-Key" if store.retried_uncertain else "now uncertain"
+        lines[-1] += f"; resumed {store.recovered} jobs a stopped run held ({what})"
     return lines
 
 
@@ -309,10 +327,31 @@ def conclude(
             err,
         )
         codes.append(EXIT_UNBALANCED)
+    store = facts.store
+    if store is not None:
+        if store.problem or store.unjournaled:
+            _say(
+                f"ratedeck: store incomplete: {store.journaled} endings journaled, {store.unjournaled} not"
+                f" ({store.problem or 'not written'})",
+                err,
+            )
+            codes.append(EXIT_OUTPUT)
+        elif store.journaled != ended(snap):
+            _say(
+                f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}",
+                err,
+            )
+            codes.append(EXIT_UNBALANCED)
+        if store.counts.uncertain:
+            _say(
+                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them, and"
+                " with no Idempotency-Key they are not sent again",
+                err,
+            )
     if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
         _say(f"ratedeck: the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})", err)
         codes.append(EXIT_NO_ANSWER)
-    report = build_report(snap, server_stats)
+    report = build_report(snap, server_stats, facts.store)
     if thresholds:
         verdicts = evaluate(list(thresholds), report)
         report["thresholds"] = [

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ratedeck.engine.snapshot import LatencySummary, MessageStats, Snapshot
+from ratedeck.store.work import StoreReport
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = "report.schema.json"
@@ -39,11 +40,12 @@ def latency_report(lat: LatencySummary) -> dict:
     }
 
 
-def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
+def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreReport | None = None) -> dict:
     """Report fields from a final snapshot. Keys appear masked only.
 
     With the embedded simulator, `server` holds its own count of the run
     (totals and the independent window audit): the server's view, not ours.
+    With `--store`, `store` holds the store's count of every job (`store_report`).
     """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
     maybe = lambda x: None if x is None else round(float(x), 1)  # noqa: E731
@@ -156,7 +158,35 @@ def build_report(snap: Snapshot, server_stats: dict | None = None) -> dict:
         report["messages"] = messages_report(snap.messages)
     if server_stats:
         report["server"] = {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}
+    if store is not None:
+        report["store"] = store_report(store, snap)
     return report
+
+
+def ended(snap: Snapshot) -> int:
+    """Requests of this run that reached their final place."""
+    return snap.succeeded + snap.expired + snap.graveyard + snap.shed
+
+
+def store_report(s: StoreReport, snap: Snapshot) -> dict:
+    """Every job in the store by state, and whether every ending of this run reached it.
+
+    `jobs = pending + in_flight + uncertain + succeeded + expired + graveyard + shed`;
+    `balance_ok` says the store journaled exactly the endings this run counted.
+    """
+    c = s.counts
+    return {
+        "url": s.url,
+        "jobs": c.total,
+        "pending": c.pending,
+        "in_flight": c.claimed,
+        "uncertain": c.uncertain,
+        **{str(e): c.done.get(str(e), 0) for e in ("succeeded", "expired", "graveyard", "shed")},
+        "resumed": s.recovered,
+        "resumed_retried": s.retried_uncertain and s.recovered > 0,
+        "journaled": s.journaled,
+        "balance_ok": s.problem is None and s.unjournaled == 0 and s.journaled == ended(snap),
+    }
 
 
 def messages_report(m: MessageStats) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "engine", "server", "host", "runner", "bench", "console")
+LAYERS = ("core", "engine", "server", "store", "host", "runner", "bench", "console")
 BIN = Path(sys.executable).parent
 
 

@@ -1,0 +1,276 @@
+"""Many processes, one set of keys: members sharing budgets through Redis, against the simulator.
+
+    python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL]
+
+Starts (each in its own process) a `redis-server` on a free loopback port
+(unless `--redis` names one), the simulator (`ratedeck serve`, seed mode: 5
+keys x 20/s, counting every key's windows itself), fills the store's queue
+with `ratedeck enqueue`, and runs `--members` copies of
+`ratedeck --no-ui --store redis://...` at once, each offered more than its
+share. Then one `--store memory` process alone on the same keys, for CPU.
+
+It prints, and writes as JSON with `--json FILE`: the simulator's audit (the
+most accepted in any window, 429s), the combined sustained share of capacity
+(the simulator's `share`), and each process's CPU per request against the
+memory store's: CPU from /proc between 5 s in and 1 s before the end, over
+the requests that process's report counted in those seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .procs import Simulator
+
+WARMUP_S = 5.0
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisProcess:
+    """redis-server on 127.0.0.1, no persistence, a temporary directory; stopped by its PID."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("bench cluster: redis-server is not installed (apt-get install redis-server)")
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="ratedeck-bench-redis-")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen([*args, "--dir", self.dir], stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self._ping():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise SystemExit("bench cluster: redis-server did not start")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _ratedeck(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ratedeck.runner.cli", *args]
+
+
+def run_members(
+    target: str, store: str, count: int, duration_s: float, rate: float, workdir: Path
+) -> list[dict[str, Any]]:
+    """`count` members at once; each one's report, CPU samples and exit status."""
+    procs = []
+    for i in range(count):
+        report = workdir / f"member{i}-{store.split(':')[0]}.json"
+        args = _ratedeck(
+            "--no-ui",
+            "--preset",
+            "seed",
+            "--target",
+            target,
+            "--store",
+            store,
+            "--duration",
+            f"{duration_s:g}",
+            "--rate",
+            f"{rate:g}",
+            "--interval",
+            "3600",
+            "--report",
+            str(report),
+        )
+        log = open(workdir / f"member{i}.log", "w")
+        procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), report, log))
+    started = time.monotonic()
+    samples: list[list[tuple[float, float | None]]] = [[] for _ in procs]
+    hung: set[int] = set()
+    try:
+        for at in (WARMUP_S, duration_s - 1.0):
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            for i, (proc, _r, _l) in enumerate(procs):
+                samples[i].append((time.monotonic() - started, _cpu_s(proc.pid)))
+        for proc, _r, _l in procs:
+            try:
+                proc.wait(timeout=max(5.0, started + duration_s + 60 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass  # killed below, reported with no exit status
+    finally:
+        for i, (proc, _r, log) in enumerate(procs):
+            if proc.poll() is None:
+                hung.add(i)
+                proc.kill()
+                proc.wait()
+            log.close()
+    results = []
+    for i, (proc, report, _l) in enumerate(procs):
+        data = json.loads(report.read_text()) if report.exists() else {}
+        (t_a, cpu_a), (t_b, cpu_b) = samples[i]
+        tps = data.get("series", {}).get("tps", [])
+        done = sum(tps[round(t_a) : round(t_b)])
+        cpu = (cpu_b - cpu_a) if cpu_a is not None and cpu_b is not None else None
+        results.append(
+            {
+                "exit": "hung: killed" if i in hung else proc.returncode,
+                "succeeded": data.get("requests", {}).get("succeeded"),
+                "rejected_429": data.get("requests", {}).get("rejected_429"),
+                "throughput_tps": data.get("throughput_tps"),
+                "cpu_s": round(cpu, 2) if cpu is not None else None,
+                "requests_measured": done,
+                "cpu_us_per_request": round(cpu * 1e6 / done, 1) if cpu is not None and done else None,
+            }
+        )
+    return results
+
+
+def member_summaries(url: str) -> list[dict[str, Any]]:
+    """What the members last published (`ratedeck.store.redis_shared.read_cluster`)."""
+    import asyncio
+
+    from ratedeck.store.redis_shared import connect, read_cluster
+
+    async def read() -> list[dict[str, Any]]:
+        client = connect(url)
+        try:
+            return (await read_cluster(client))["members"]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def run(members: int, duration_s: float, redis_url: str | None) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
+    redis = None if redis_url else RedisProcess()
+    url = redis_url or (redis.url if redis else "")
+    capacity = 100.0  # seed: 5 keys x 20/s
+    try:
+        jobs = workdir / "jobs.jsonl"
+        total = int(capacity * duration_s * 1.5)
+        with jobs.open("w") as fh:
+            for i in range(total):
+                fh.write(json.dumps({"job": i}) + "\n")
+        subprocess.run(_ratedeck("enqueue", "--store", url, str(jobs)), check=True, capture_output=True)
+        with Simulator(["--mode", "seed"]) as sim:
+            shared = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
+            stats = sim.stats()
+        published = member_summaries(url)
+        with Simulator(["--mode", "seed"]) as sim:
+            alone = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
+            alone_stats = sim.stats()
+        # CPU per request falls with the rate (a process's fixed costs spread over more
+        # requests): the fair baseline also runs at one member's share of the keys.
+        with Simulator(["--mode", "seed"]) as sim:
+            share_rate = (stats["totals"]["accepted"] / duration_s) / members
+            at_share = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
+    finally:
+        if redis is not None:
+            redis.close()
+    worst = max(p["max_in_window"] for k in stats["keys"] for p in k["max_in_window"])
+    for m in shared:
+        per = m["cpu_us_per_request"]
+        for name, base in (
+            ("cpu_vs_memory", alone["cpu_us_per_request"]),
+            ("cpu_vs_memory_same_rate", at_share["cpu_us_per_request"]),
+        ):
+            m[name] = round(per / base, 2) if per and base else None
+    return {
+        "members": members,
+        "duration_s": duration_s,
+        "capacity_tps": capacity,
+        "audit_max_in_window": worst,
+        "audit_ok": stats.get("audit_ok"),
+        "rejected_429": stats["totals"]["rejected_429"],
+        "accepted": stats["totals"]["accepted"],
+        "sustained_share": stats["share"]["sustained"],
+        "share_all": stats["share"]["all"],
+        "per_member": shared,
+        "memory_alone": {**alone, "sustained_share": alone_stats["share"]["sustained"]},
+        "memory_at_member_rate": at_share,
+        "published": [
+            {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases")} for m in published
+        ],
+        "logs": str(workdir),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ratedeck.bench.cluster", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--members", type=int, default=3, help="processes sharing the keys (default 3)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    parser.add_argument("--redis", help="a running Redis to use (default: start one on a free port)")
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.members < 1 or not 10 <= args.duration <= 600:
+        parser.error("--members must be at least 1 and --duration 10 to 600 s")
+    result = run(args.members, args.duration, args.redis)
+    print(
+        f"{args.members} members x {args.duration:g} s on 5 keys x 20/s: "
+        f"max in any window {result['audit_max_in_window']}/20, 429s {result['rejected_429']}, "
+        f"sustained {result['sustained_share']} of capacity"
+    )
+    for i, m in enumerate(result["per_member"]):
+        print(
+            f"  member {i}: {m['succeeded']} ok, {m['throughput_tps']}/s, "
+            f"{m['cpu_us_per_request']} us CPU/request ({m['cpu_vs_memory']}x memory alone at full rate, "
+            f"{m['cpu_vs_memory_same_rate']}x memory at the member's rate)"
+        )
+    for m in result["published"]:
+        print(
+            f"  published {m['member']}: sent {m['sent']}, store calls {m['store_calls']}, leases {m['leases']}"
+        )
+    alone = result["memory_alone"]
+    print(
+        f"  memory store alone: {alone['succeeded']} ok, {alone['cpu_us_per_request']} us CPU/request, "
+        f"sustained {alone['sustained_share']}"
+    )
+    same = result["memory_at_member_rate"]
+    print(
+        f"  memory store at one member's rate: {same['succeeded']} ok, {same['throughput_tps']}/s, "
+        f"{same['cpu_us_per_request']} us CPU/request"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

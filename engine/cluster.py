@@ -1,0 +1,492 @@
+"""A member of a cluster: key budgets, cooldown gates and snapshots shared through a store.
+
+Several processes (members) that use the same API keys must not each think
+they own the whole budget. With a shared store (Redis, `ratedeck.store.redis_shared`)
+a key's budget is granted by the store, not by the member's own limiter:
+
+- **Leases.** A worker sends only at a time the store granted it. The store
+  grants a few future send times at once (`SharedState.lease`), on its own
+  clock, all of a key's policies together, and records them as spent before
+  it answers; the member keeps them in a `LeasedSlots` and sends at exactly
+  those times (its own limiter is still checked too, and never binds). An
+  unused lease simply expires: it stays counted, which wastes a slot but never
+  overruns one. How that stays exact is told where the grants are made
+  (`ratedeck.store.redis_shared`).
+- **Gates.** A cooldown one member closes (a Retry-After) is written to the
+  store; every member reads the gates at each poll (`poll_s`, 0.1 s) and closes
+  its own: a gate reaches the others within a poll plus a round trip.
+- **The store unreachable.** No lease can be had, so nothing is sent; the
+  member closes its `store` gate (shown in the snapshot's gates and the keys'
+  state), logs one event, drops the leases it holds, asks again every
+  `retry_s` and opens the gate when the store answers.
+- **Snapshots.** Each member publishes a small summary of itself every
+  `publish_s` (with an expiry), so a console can show the cluster.
+
+The engine never awaits the store on a worker's path: fetches run in their
+own tasks and poke the worker when a grant arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import secrets
+import socket
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.policy import Policy
+from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .gate import CooldownGate
+    from .worker import KeyWorker
+
+
+class StoreUnavailable(RatedeckError):
+    """The shared store did not answer (down, unreachable, too slow); the text is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Send times the store reserved for this member, in its loop clock, earliest first.
+
+    Each may be used from its time until `usable_s` after it (the slack the
+    store reserved beyond it). `retry_at` (loop clock), when nothing was
+    granted, is when the budget may have room again. `fresh` says the store
+    had no record of the budget (first use, or its state was lost).
+    """
+
+    times: tuple[float, ...]
+    usable_s: float
+    retry_at: float | None = None
+    fresh: bool = False
+    epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """What a member reads each poll: the shared gates closed now (loop time, reason) and the epoch."""
+
+    gates: dict[str, tuple[float, str]]
+    epoch: str | None
+
+
+class SharedState(Protocol):
+    """What members share through a store. Every method raises `StoreUnavailable` when it cannot answer."""
+
+    shown: str  # the store as it may be printed (no password)
+    calls: int  # round trips made so far
+
+    def bind(self, clock: Any) -> None:
+        """The engine's clock (loop time): grants and gates are told in it."""
+
+    async def lease(
+        self,
+        budget: str,
+        policies: Sequence[Policy],
+        count: int,
+        headroom_s: float,
+        slack_s: float,
+        pace_s: float,
+        spacing: float,
+        horizon_s: float,
+        hold_s: float,
+    ) -> Grant:
+        """Up to `count` send times of `budget` (all `policies` together) at least `slack_s`
+        usable each; none further ahead than `horizon_s`. `hold_s`: see `ClusterMember._hold_s`."""
+        ...
+
+    async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
+
+    async def poll(self, gates: Sequence[str]) -> Poll: ...
+
+    async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class LeasedSlots:
+    """The send times one key holds from the store: `next_at(now)` the earliest usable, `take` one."""
+
+    __slots__ = ("times", "fetching", "retry_at", "valid_until", "granted", "used", "dropped")
+
+    def __init__(self) -> None:
+        self.times: deque[tuple[float, float]] = deque()  # (from, until), loop clock
+        self.fetching = False
+        self.valid_until = math.inf  # none is used after this: the store's epoch was not confirmed since
+        self.retry_at = 0.0  # no fetch before this (the store said the budget is full until then)
+        self.granted = self.used = self.dropped = 0
+
+    def add(self, grant: Grant) -> None:
+        for t in grant.times:
+            self.times.append((t, t + grant.usable_s))
+        self.granted += len(grant.times)
+
+    def next_at(self, now: float) -> float:
+        """The earliest lease still usable at `now` or later (inf: none held); stale ones are dropped."""
+        times = self.times
+        if now > self.valid_until:
+            self.clear()
+            return math.inf
+        while times and times[0][1] < now:
+            times.popleft()
+            self.dropped += 1
+        return times[0][0] if times else math.inf
+
+    def take(self) -> None:
+        self.times.popleft()
+        self.used += 1
+
+    def clear(self) -> None:
+        self.dropped += len(self.times)
+        self.times.clear()
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def _target_host(url: str | None) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        return (urlsplit(url or "").netloc or "embedded").lower().rsplit("@", 1)[-1]
+    except ValueError:
+        return "embedded"
+
+
+def budget_name(target_url: str | None, secret: str) -> str:
+    """A key's budget as the store names it: a fingerprint of the target's host and the key, never the key.
+
+    Members that use the same key at the same host share one budget; 16 hex
+    digits of SHA-256 say nothing usable about a key.
+    """
+    text = f"ratedeck-budget\0{_target_host(target_url)}\0{secret}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict[str, str]:
+    """Store names of the gates members share: each key's (its budget's) and the target host's."""
+    names = {label: budget_name(target_url, secret) for label, secret in secrets_by_label.items()}
+    host = hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
+    names["host"] = f"host-{host}"
+    return names
+
+
+def member_id() -> str:
+    """This process's name in the cluster: host, pid and a few random digits (no secret)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+class ClusterMember:
+    """The engine's side of a shared store: fetches leases, shares gates, publishes, watches the store.
+
+    Attributes:
+        lease_ahead_s: how far ahead a fetch leases at a key's rate (0.25 s of
+            20/s: 5 slots), so the store is asked a few times a second per key.
+        horizon_s: the store grants no slot further ahead than this.
+        slack_s: how late a lease may still be used (timers fire late), beyond
+            the clock uncertainty, which the store adds itself.
+        confirm_s: leases are used only while the store's epoch was confirmed
+            (by a poll or a grant) within this long. A Redis restarted empty
+            has a new epoch: every member drops what it holds within
+            `confirm_s`, and a budget's first grant after it waits that out
+            too (`_hold_s`), so old leases and new grants never meet.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        shared: SharedState,
+        budget_ids: dict[str, str],
+        gate_ids: dict[str, str],
+        *,
+        member: str | None = None,
+        lease_ahead_s: float = 0.25,
+        horizon_s: float = 1.0,
+        slack_s: float = 0.015,
+        poll_s: float = 0.1,
+        confirm_s: float = 0.3,
+        publish_s: float = 1.0,
+        retry_s: float = 0.25,
+    ):
+        self.engine = engine
+        self.shared = shared
+        self.budget_ids = budget_ids  # key label -> budget name in the store (a fingerprint)
+        self.gate_ids = gate_ids  # gate name -> its name in the store
+        self.member = member or member_id()
+        self.lease_ahead_s = lease_ahead_s
+        self.horizon_s = horizon_s
+        self.slack_s = slack_s
+        self.poll_s = poll_s
+        self.confirm_s = confirm_s
+        self.epoch: str | None = None
+        self.publish_s = publish_s
+        self.retry_s = retry_s
+        self.down_since: float | None = None
+        self.outages = 0
+        self.last_problem = ""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- the workers' side
+    def want(self, worker: KeyWorker, now: float) -> None:
+        """`worker` has work and too few leases: fetch more, unless a fetch runs or the budget is full."""
+        leases = worker.leases
+        if leases is None or leases.fetching or self.down_since is not None or now < leases.retry_at:
+            return
+        leases.fetching = True
+        self._spawn(self._fetch(worker))
+
+    async def _fetch(self, worker: KeyWorker) -> None:
+        leases = worker.leases
+        assert leases is not None
+        engine = self.engine
+        try:
+            policies = worker.limiter.policies
+            rate = min(p.rate for p in policies)
+            count = max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
+            h = engine.headroom.seconds()
+            grant = await self.shared.lease(
+                self.budget_ids[worker.label],
+                policies,
+                count,
+                h,
+                self.slack_s,
+                engine.headroom.pace_seconds(),
+                # even pacing spaces the cluster's sends as the limiter would one member's
+                worker.limiter.min_spacing if worker.limiter.pacing is Pacing.EVEN else 0.0,
+                self.horizon_s,
+                self._hold_s(worker, h),
+            )
+        except StoreUnavailable as exc:
+            self._went_down(str(exc))
+            return
+        finally:
+            leases.fetching = False
+            worker.poke()  # whatever happened, the worker looks again (it waits for this)
+        if self._epoch(grant.epoch, engine.clock()):
+            leases.add(grant)
+        if grant.retry_at is not None:
+            leases.retry_at = grant.retry_at
+        if grant.fresh and engine.loop is not None and worker.sent:
+            engine.event(
+                EventKind.INFO, f"{worker.label}: the store had no record of its budget; started afresh"
+            )
+
+    def _hold_s(self, worker: KeyWorker, h: float) -> float:
+        """How long a budget the store has no record of must stay shut, told by a member that sent on it.
+
+        The store's state may have been lost (a restart without persistence):
+        sends made before it, by anyone, are not in it. This member's own
+        recent sends show that the budget was in use; it then asks that the
+        budget's first grant wait out the longest window (and the leases
+        anyone may still hold), so no window sees old and new sends together.
+        A member that has not sent within that time asks for no wait. Old
+        leases cannot outlive `confirm_s` after the restart (see `confirm_s`).
+        """
+        policies = worker.limiter.policies
+        longest = max((p.window_s for p in policies if p.kind is PolicyKind.SLIDING), default=0.0)
+        for p in policies:
+            if p.kind is PolicyKind.BUCKET:
+                longest = max(longest, p.limit / p.rate)
+        hold = longest + h + self.slack_s + self.confirm_s
+        if worker.limiter.spent_since(self.engine.clock() - hold) > 0:
+            return hold
+        return 0.0
+
+    # -- gates
+    def gate_closed(self, gate: CooldownGate, reason: str) -> None:
+        """A gate of ours moved: tell the others (fire and forget; a lost write only delays them)."""
+        store_name = self.gate_ids.get(gate.name)
+        if store_name is None or self.down_since is not None:
+            return
+        self._spawn(self._share_gate(store_name, gate.open_at, reason))
+
+    async def _share_gate(self, store_name: str, until: float, reason: str) -> None:
+        try:
+            await self.shared.close_gate(store_name, until, self.engine.redact(reason, 120))
+        except StoreUnavailable as exc:
+            self._went_down(str(exc))
+
+    def _epoch(self, epoch: str | None, now: float) -> bool:
+        """Note the store's epoch as just read: leases stay usable `confirm_s` more if it is the one
+        we knew; a new one (Redis lost its state) drops every lease held. False if it changed."""
+        same = epoch is not None and epoch == self.epoch
+        if not same and self.epoch is not None:
+            for w in self.engine.workers:
+                if w.leases is not None:
+                    w.leases.clear()
+            self.engine.event(
+                EventKind.INFO, f"store {self.shared.shown} started afresh (state lost): leases dropped"
+            )
+        self.epoch = epoch
+        until = now + self.confirm_s if epoch is not None else -math.inf
+        for w in self.engine.workers:
+            if w.leases is not None:
+                w.leases.valid_until = until
+        return same or self.epoch is not None
+
+    def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
+        by_store = {v: k for k, v in self.gate_ids.items()}
+        for store_name, (until, reason) in found.items():
+            gate = self.engine.gates.get(by_store.get(store_name, ""))
+            # Our own closing comes back a hair later (clock conversion): only a real extension counts.
+            if gate is None or until <= gate.open_at + 0.05 or until <= now:
+                continue
+            if gate.close(until, f"shared: {reason}"):
+                self.engine.event(
+                    EventKind.COOLDOWN,
+                    f"{gate.name} cooling down {until - now:.1f}s (another member): {reason}",
+                )
+
+    # -- the store's health
+    def _went_down(self, problem: str) -> None:
+        engine = self.engine
+        now = engine.clock()
+        for w in engine.workers:
+            if w.leases is not None:
+                w.leases.clear()  # held leases may predate a lost state: not used after an outage
+        engine.store_gate.hold(now + 3600.0, "store unreachable")
+        self.last_problem = problem
+        if self.down_since is None:
+            self.down_since = now
+            self.outages += 1
+            engine.event(
+                EventKind.ERROR,
+                f"store {self.shared.shown} unreachable ({problem}): not sending until it is back",
+            )
+
+    def _came_back(self) -> None:
+        engine = self.engine
+        now = engine.clock()
+        since = self.down_since if self.down_since is not None else now
+        self.down_since = None
+        engine.store_gate.release(now)
+        engine.event(EventKind.INFO, f"store {self.shared.shown} reachable again after {now - since:.1f}s")
+        for w in engine.workers:
+            if w.leases is not None:
+                w.leases.retry_at = 0.0
+            w.poke()
+
+    # -- running
+    def start(self) -> None:
+        self.shared.bind(self.engine.clock)
+        self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
+        self._runner.add_done_callback(self._runner_ended)
+
+    def _runner_ended(self, task: asyncio.Task[None]) -> None:
+        # A bug here must not pass silently: without polls, leases stop after `confirm_s`.
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.engine.problem(f"cluster: {type(exc).__name__}: {self.engine.redact(str(exc), 200)}")
+
+    async def _run(self) -> None:
+        engine = self.engine
+        next_publish = 0.0
+        gates = list(self.gate_ids.values())
+        # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
+        # into a timeout (seen with redis-py), and this loop would then outlive the stop.
+        while not self._closing:
+            now = engine.clock()
+            if self.down_since is not None:
+                try:
+                    await self.shared.ping()
+                except StoreUnavailable as exc:
+                    self.last_problem = str(exc)
+                    await asyncio.sleep(self.retry_s)
+                    continue
+                self._came_back()
+                continue
+            try:
+                polled = await self.shared.poll(gates)
+                now = engine.clock()
+                self._epoch(polled.epoch, now)
+                self._apply_gates(polled.gates, now)
+                if now >= next_publish:
+                    next_publish = now + self.publish_s
+                    await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
+            except StoreUnavailable as exc:
+                self._went_down(str(exc))
+                continue
+            await asyncio.sleep(self.poll_s)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._spawned_ended)
+
+    def _spawned_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._runner_ended(task)
+
+    async def close(self) -> None:
+        """Stop polling, publish a last summary (best effort), close the connection."""
+        self._closing = True
+        tasks = [t for t in (self._runner, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)  # bounded: a client's cleanup never holds up a stop
+        if self.down_since is None:
+            try:
+                last = self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
+                await asyncio.wait_for(last, 2.0)
+            except (StoreUnavailable, TimeoutError):
+                pass
+        await self.shared.close()
+
+    # -- reading
+    def summary(self) -> dict[str, Any]:
+        """This member as the cluster view shows it: counters, rates, queue depths, its keys (masked)."""
+        engine = self.engine
+        m = engine.metrics
+        now = engine.clock()
+        elapsed = max(1e-9, now - engine.started_at)
+        return {
+            "member": self.member,
+            "pid": os.getpid(),
+            "phase": str(engine.phase),
+            "elapsed_s": round(elapsed, 1),
+            "sent": m.sent,
+            "succeeded": m.succeeded,
+            "rejected_429": m.rejected_429,
+            "current_tps": m.tps_series[-1] if m.tps_series else 0.0,
+            "throughput_tps": round(m.succeeded / elapsed, 2),
+            "main_depth": len(engine.queues.main),
+            "dlq_depth": len(engine.queues.dlq),
+            "in_flight": engine.in_flight,
+            "store": "unreachable" if self.down_since is not None else "ok",
+            "store_calls": self.shared.calls,
+            "leases": dict(zip(("granted", "used", "dropped"), self.lease_totals(), strict=True)),
+            "keys": [
+                {
+                    "label": w.label,
+                    "key": w.masked,
+                    "budget": self.budget_ids.get(w.label, ""),
+                    "sent": w.sent,
+                    "state": str(w.state(now)),
+                    "leases_dropped": w.leases.dropped if w.leases is not None else 0,
+                }
+                for w in engine.workers
+            ],
+        }
+
+    def lease_totals(self) -> tuple[int, int, int]:
+        """(granted, used, dropped) leases over all keys."""
+        granted = used = dropped = 0
+        for w in self.engine.workers:
+            if w.leases is not None:
+                granted += w.leases.granted
+                used += w.leases.used
+                dropped += w.leases.dropped
+        return granted, used, dropped

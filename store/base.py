@@ -1,0 +1,160 @@
+"""The store contract: where work and its endings live when a run must outlive its process.
+
+A `WorkStore` holds jobs (workload lines) in one of four states:
+
+- pending: enqueued, not yet claimed (`uncertain` may be set: see below);
+- claimed: handed to a running member (a process working the store) by `claim`;
+- done: `finish` journaled its ending (`Ending`: succeeded, expired, graveyard, shed);
+- uncertain: claimed by a member that went away (killed) after it may have sent
+  the job, on a target with no Idempotency-Key; sending it again could do the work
+  twice, so it is reported, never silently re-sent or dropped.
+
+`recover` is how a run takes back the jobs a dead member held: with `retry` (the
+target has an Idempotency-Key) they go back to pending with `uncertain` set and
+are sent again with the same key (`Job.key`), which the server deduplicates;
+without it they become uncertain.
+
+The engine never calls a store on its hot path: a store-backed source claims
+jobs in batches and a journal writer records endings in batches
+(`ratedeck.store.work`). Every method is a coroutine so a networked store can
+await its server; a local store may simply do the work.
+
+Implementations: `memory` (no store at all: the engine's own queues, the
+default), `sqlite:PATH` (`sqlite.py`, durable on one machine), `redis://...`
+(`redis.py`, shared by many processes). `open_store(url)` picks one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.vocab import Ending
+
+
+class StoreError(RatedeckError, ValueError):
+    """A store that cannot be used (bad URL, unwritable path, a file that is not ours).
+
+    `str()` is one line fit to show a user, the problem alone (the caller names the
+    store: `--store: URL: problem`); the CLI prints it and exits 2.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One workload line handed to a member.
+
+    `item` is the line's object as `ratedeck enqueue` read it (parameters plus
+    `_pool`, `_method`, ... as in a workload file). `key` is stable for the job
+    across runs and processes: it is the job's Idempotency-Key. `attempts`
+    counts the claims before this one; `uncertain` says an earlier claim may
+    have sent it (its member died).
+    """
+
+    id: int
+    item: Mapping[str, Any]
+    key: str
+    attempts: int = 0
+    uncertain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job's ending, as the journal writer hands it to `finish`.
+
+    `record` is the graveyard line (`engine.queues.Graveyard`'s shape, keys
+    masked) for a buried job, None otherwise.
+    """
+
+    job_id: int
+    ending: Ending
+    attempts: int = 0
+    record: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounts:
+    """How many jobs are in each state; `done` by ending."""
+
+    pending: int = 0
+    claimed: int = 0
+    uncertain: int = 0
+    done: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.claimed + self.uncertain + sum(self.done.values())
+
+
+class WorkStore(abc.ABC):
+    """Jobs and their endings, durable as the implementation promises.
+
+    `url` is how the user named it, safe to print (no password).
+    """
+
+    url: str
+
+    @abc.abstractmethod
+    async def enqueue(self, items: Sequence[Mapping[str, Any]]) -> int:
+        """Add `items` as pending jobs, all or none (one transaction); returns how many."""
+
+    @abc.abstractmethod
+    async def claim(self, member: str, n: int) -> list[Job]:
+        """Up to `n` pending jobs, oldest first, now claimed by `member`."""
+
+    @abc.abstractmethod
+    async def finish(self, member: str, endings: Sequence[Finished]) -> None:
+        """Journal the endings of jobs `member` claimed, in one durable step.
+
+        A buried job's `record` is kept with it (`graveyard_lines`), so no
+        graveyard line is lost when the process is killed after this returns.
+        """
+
+    @abc.abstractmethod
+    async def release(self, member: str, job_ids: Sequence[int]) -> None:
+        """Give back claimed jobs that were never sent (a clean stop): pending again, as they were."""
+
+    @abc.abstractmethod
+    async def recover(self, member: str, *, retry: bool) -> int:
+        """Take back every job claimed by a member other than `member` (a killed run).
+
+        With `retry` they become pending and uncertain (sent again with the
+        same `Job.key`), else uncertain. Returns how many.
+        """
+
+    @abc.abstractmethod
+    async def counts(self) -> StoreCounts: ...
+
+    @abc.abstractmethod
+    async def graveyard_lines(self) -> list[dict[str, Any]]:
+        """The graveyard records `finish` journaled, in the order they were buried."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+MEMORY = "memory"
+
+
+def open_store(url: str) -> WorkStore | None:
+    """The store `url` names: None for `memory` (the engine's own queues), else a `WorkStore`.
+
+    `sqlite:PATH` (created if missing; its directory must exist and be
+    writable), `redis://host:port/db`. Raises `StoreError` with one line
+    naming the problem.
+    """
+    text = url.strip()
+    if text == MEMORY:
+        return None
+    if text.startswith("sqlite:"):
+        from .sqlite import SqliteStore
+
+        return SqliteStore.open(text.removeprefix("sqlite:"))
+    if text.startswith(("redis://", "rediss://", "unix://")):
+        from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
+
+        return RedisStore.open(text)
+    raise StoreError("not a store; use memory, sqlite:PATH or redis://host:port/db")

@@ -1,0 +1,336 @@
+"""`RedisStore`: the work of many processes in Redis Streams, and what they share (`redis_shared`).
+
+Work (keys under `<ns>:w:`, `ns` = "ratedeck" by default):
+
+- `main`: a stream of pending jobs (fields `id`, `key`, `item` as JSON) with one
+  consumer group, `ratedeck`; `claim` reads new entries for a member
+  (`XREADGROUP ... >`), which makes them pending for it until `finish`
+  acknowledges and deletes them;
+- `graveyard`: a stream of the graveyard records `finish` journals;
+- `uncertain`: a stream of jobs a dead member held that are not sent again
+  (the target has no Idempotency-Key: sending again could do the work twice);
+- `done`: a hash of counts per ending; `seq`: the last job id.
+
+Retries stay in each member's own dead-letter queue (its engine's): a job
+is claimed once per member and acknowledged only when it ends.
+
+A member that dies leaves its entries pending. A live member keeps its own
+fresh (`XCLAIM ... JUSTID` every `claim_timeout_s / 3`), so an entry idle longer
+than `claim_timeout_s` belongs to a dead one: a member that recovers (`--resume`,
+`recover`) takes such entries with `XAUTOCLAIM` then and at every later claim,
+and sends them again with the same Idempotency-Key, or moves them to
+`uncertain` when the target has none.
+
+While Redis is unreachable `claim` waits for it (a member has no work to
+take then, and stops only when told to); `finish` raises `StoreError` and the
+journal tries again next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ratedeck.core.secrets import safe_url
+from ratedeck.engine.cluster import StoreUnavailable
+
+from .base import Finished, Job, StoreCounts, StoreError, WorkStore
+from .redis_shared import (
+    COMMAND_TIMEOUT_S,
+    NAMESPACE,
+    RedisShared,
+    cancel_lost,
+    check_url,
+    connect,
+    unavailable,
+)
+
+GROUP = "ratedeck"
+#: An entry pending this long without a refresh belongs to a dead member.
+CLAIM_TIMEOUT_S = 30.0
+#: While Redis is unreachable a claim asks again this often, for at most `CLAIM_PATIENCE_S`.
+RETRY_S = 0.25
+CLAIM_PATIENCE_S = 30.0
+
+
+def _text(x: Any) -> str:
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+
+
+async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
+    """The work streams' depths: `main` (waiting to be claimed), `claimed`, `uncertain`, `graveyard`."""
+    w = f"{namespace}:w:"
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(w + "main")
+    pipe.xlen(w + "uncertain")
+    pipe.xlen(w + "graveyard")
+    main, uncertain, graveyard = await pipe.execute()
+    claimed = 0
+    if main:
+        try:
+            claimed = int((await client.xpending(w + "main", GROUP))["pending"])
+        except Exception:  # no group yet
+            claimed = 0
+    return {
+        "main": int(main) - claimed,
+        "claimed": claimed,
+        "uncertain": int(uncertain),
+        "graveyard": int(graveyard),
+    }
+
+
+class RedisStore(WorkStore):
+    """Jobs in Redis Streams, shared by every member that names the same server and namespace."""
+
+    def __init__(self, url: str, *, namespace: str = NAMESPACE, claim_timeout_s: float = CLAIM_TIMEOUT_S):
+        self.redis_url = check_url(url)
+        self.url = safe_url(self.redis_url) or "redis"
+        self.ns = namespace
+        self.claim_timeout_s = claim_timeout_s
+        self._client: Any = None
+        self._held: dict[str, dict[int, bytes]] = {}  # member -> job id -> entry id
+        self._reclaim: bool | None = None  # set by recover: retry (True) or make uncertain (False)
+        self._reclaimed: list[Job] = []
+        self._refresher: asyncio.Task[None] | None = None
+        self._group_ready = False
+        self._closing = False  # loops end by this, not only by a cancel (which a client may lose)
+
+    @classmethod
+    def open(cls, url: str) -> RedisStore:
+        return cls(url)
+
+    def shared(self) -> RedisShared:
+        """What members share besides work (budgets, gates, snapshots), on the same server and namespace."""
+        return RedisShared(self.redis_url, namespace=self.ns)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = connect(self.redis_url)
+        return self._client
+
+    def _k(self, name: str) -> str:
+        return f"{self.ns}:w:{name}"
+
+    async def _do(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            from redis.exceptions import RedisError
+
+            if cancel_lost(exc):
+                raise asyncio.CancelledError from exc
+            if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
+                raise StoreError(f"Redis did not answer ({unavailable(exc)})") from None
+            raise
+
+    async def check(self) -> None:
+        """Reach the server now: `StoreError` (one line) when it does not answer."""
+        await self._do(self.client.ping)
+
+    async def _group(self) -> None:
+        if self._group_ready:
+            return
+        from redis.exceptions import ResponseError
+
+        try:
+            await self._do(self.client.xgroup_create, self._k("main"), GROUP, id="0", mkstream=True)
+        except ResponseError as exc:  # pragma: no cover - the group exists: fine
+            if "BUSYGROUP" not in str(exc):
+                raise
+        except StoreError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    # -- work in
+    async def enqueue(self, items: Sequence[Mapping[str, Any]]) -> int:
+        if not items:
+            return 0
+        await self._group()
+        last = int(await self._do(self.client.incrby, self._k("seq"), len(items)))
+        first = last - len(items) + 1
+        pipe = self.client.pipeline(transaction=True)  # all or none
+        for i, item in enumerate(items):
+            pipe.xadd(
+                self._k("main"),
+                {"id": first + i, "key": uuid.uuid4().hex, "item": json.dumps(dict(item)), "attempts": 0},
+            )
+        await self._do(pipe.execute)
+        return len(items)
+
+    # -- work out
+    def _job(self, member: str, entry_id: bytes, fields: Mapping[bytes, bytes], uncertain: bool) -> Job:
+        job_id = int(fields[b"id"])
+        self._held.setdefault(member, {})[job_id] = entry_id
+        return Job(
+            job_id,
+            json.loads(fields[b"item"]),
+            _text(fields[b"key"]),
+            attempts=int(fields.get(b"attempts", b"0")),
+            uncertain=uncertain or fields.get(b"uncertain") == b"1",
+        )
+
+    async def claim(self, member: str, n: int) -> list[Job]:
+        """Up to `n` jobs; while Redis is unreachable it waits (no work can be taken then), up to
+        `CLAIM_PATIENCE_S`, then raises `StoreError` (a stop awaits a claim under way)."""
+        give_up = time.monotonic() + CLAIM_PATIENCE_S
+        while True:
+            try:
+                return await self._claim(member, n)
+            except StoreError:
+                if time.monotonic() > give_up or self._closing:
+                    raise
+                await asyncio.sleep(RETRY_S)
+
+    async def _claim(self, member: str, n: int) -> list[Job]:
+        await self._group()
+        self._start_refresher()
+        jobs = self._reclaimed[:n]
+        del self._reclaimed[: len(jobs)]
+        if self._reclaim is not None and len(jobs) < n:
+            jobs += await self._take_dead(member, n - len(jobs))
+        if len(jobs) < n:
+            reply = await self._do(
+                self.client.xreadgroup, GROUP, member, {self._k("main"): ">"}, count=n - len(jobs)
+            )
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    jobs.append(self._job(member, entry_id, fields, uncertain=False))
+        return jobs
+
+    async def _take_dead(self, member: str, n: int) -> list[Job]:
+        """Entries idle past the claim timeout (their member died): ours to send again, or uncertain."""
+        idle_ms = int(self.claim_timeout_s * 1000)
+        reply = await self._do(
+            self.client.xautoclaim, self._k("main"), GROUP, member, idle_ms, start_id="0-0", count=n
+        )
+        entries = [(eid, f) for eid, f in reply[1] if f]  # a deleted entry comes back empty
+        if not entries:
+            return []
+        if self._reclaim:
+            return [self._job(member, eid, fields, uncertain=True) for eid, fields in entries]
+        pipe = self.client.pipeline(transaction=True)
+        for eid, fields in entries:
+            pipe.xadd(self._k("uncertain"), {**fields, b"at": str(time.time())})
+            pipe.xack(self._k("main"), GROUP, eid)
+            pipe.xdel(self._k("main"), eid)
+        await self._do(pipe.execute)
+        return []
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh(), name="store-refresh")
+
+    async def _refresh(self) -> None:
+        """Keep this process's pending entries fresh, so nobody takes them for a dead member's."""
+        while not self._closing:
+            await asyncio.sleep(self.claim_timeout_s / 3)
+            for member, held in list(self._held.items()):
+                ids = list(held.values())
+                for i in range(0, len(ids), 500):
+                    try:
+                        await self._do(
+                            self.client.xclaim,
+                            self._k("main"),
+                            GROUP,
+                            member,
+                            0,
+                            ids[i : i + 500],
+                            justid=True,
+                        )
+                    except StoreError:
+                        break  # tried again next round
+
+    async def finish(self, member: str, endings: Sequence[Finished]) -> None:
+        if not endings:
+            return
+        held = self._held.get(member, {})
+        pipe = self.client.pipeline(transaction=True)
+        ids = [held[f.job_id] for f in endings if f.job_id in held]
+        if ids:
+            pipe.xack(self._k("main"), GROUP, *ids)
+            pipe.xdel(self._k("main"), *ids)
+        by_ending: dict[str, int] = {}
+        for f in endings:
+            by_ending[str(f.ending)] = by_ending.get(str(f.ending), 0) + 1
+        for ending, n in by_ending.items():
+            pipe.hincrby(self._k("done"), ending, n)
+        for f in endings:
+            if f.record is not None:
+                pipe.xadd(self._k("graveyard"), {"job": f.job_id, "record": json.dumps(dict(f.record))})
+        await self._do(pipe.execute)
+        for f in endings:
+            held.pop(f.job_id, None)
+
+    async def release(self, member: str, job_ids: Sequence[int]) -> None:
+        held = self._held.get(member, {})
+        ids = [held[j] for j in job_ids if j in held]
+        if not ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for eid in ids:
+            pipe.xrange(self._k("main"), eid, eid)
+        found = await self._do(pipe.execute)
+        pipe = self.client.pipeline(transaction=True)
+        for eid, rows in zip(ids, found, strict=True):
+            for _eid, fields in rows:
+                pipe.xadd(self._k("main"), fields)  # pending again, at the end
+            pipe.xack(self._k("main"), GROUP, eid)
+            pipe.xdel(self._k("main"), eid)
+        await self._do(pipe.execute)
+        gone = set(ids)
+        for j in [j for j, eid in held.items() if eid in gone]:
+            del held[j]
+
+    async def recover(self, member: str, *, retry: bool) -> int:
+        """Take every entry a dead member holds (idle past the claim timeout), now and at every claim."""
+        await self._group()
+        self._reclaim = retry
+        total = 0
+        while True:
+            if retry:
+                jobs = await self._take_dead(member, 500)
+                self._reclaimed += jobs
+                taken = len(jobs)
+            else:
+                before = int(await self._do(self.client.xlen, self._k("uncertain")))
+                await self._take_dead(member, 500)
+                taken = int(await self._do(self.client.xlen, self._k("uncertain"))) - before
+            total += taken
+            if taken < 500:
+                return total
+
+    async def counts(self) -> StoreCounts:
+        depths = await self._do(queue_depths, self.client, self.ns)
+        done = await self._do(self.client.hgetall, self._k("done"))
+        return StoreCounts(
+            pending=depths["main"],
+            claimed=depths["claimed"],
+            uncertain=depths["uncertain"],
+            done={_text(k): int(v) for k, v in done.items()},
+        )
+
+    async def graveyard_lines(self) -> list[dict[str, Any]]:
+        rows = await self._do(self.client.xrange, self._k("graveyard"), "-", "+")
+        return [json.loads(fields[b"record"]) for _eid, fields in rows]
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.wait([self._refresher], timeout=COMMAND_TIMEOUT_S)
+            self._refresher = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                await asyncio.wait_for(client.aclose(), COMMAND_TIMEOUT_S)
+            except Exception:
+                pass
+
+
+__all__ = ["RedisShared", "RedisStore", "StoreUnavailable", "queue_depths"]

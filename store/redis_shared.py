@@ -1,0 +1,370 @@
+"""Budgets, cooldown gates and member snapshots shared by many processes through Redis.
+
+`RedisShared` is the engine's `SharedState` (`ratedeck.engine.cluster`) on a
+Redis server. Every member that uses a key at a host asks Redis, not its own
+limiter, for the times it may send.
+
+**A grant** (`redis_scripts.GRANT`, one atomic script per call) takes all of
+a key's policies together, on Redis's clock (`TIME`), never the members':
+sliding windows keep one sorted-set member per unit, scored by the time the
+unit stops counting (`t + W + h`); fixed windows keep a counter per window of
+the Unix clock; a bucket keeps its level and when. The member passes its
+headroom `h` in, and the same rules as `engine/limiter.py` apply: a sliding
+slot frees at `t + W + h`, a send at `t` counts in every fixed window that
+`[t - h, t + h]` touches, a bucket keeps `rate * h` free; sends are spaced
+`(W + pace) * spacing / N` (even pacing) across all members.
+
+**Leases, and why they stay exact.** To keep Redis off each send, a call
+grants up to `count` future send times at once (the script reserves them
+before it answers; none further ahead than `horizon_s`):
+
+- no two members ever hold the same slot: a slot is created only inside the
+  script, which runs alone, and is handed to exactly one caller; every slot
+  is at or after the last one granted (`last`), so the check for a new slot at
+  `s` only has to look at `s` (every earlier grant's counting interval starts
+  at or before `s`, and counts only less later on);
+- the sum of grants in any window stays within the limit: each grant is
+  recorded as counting over `[s, s + W + h')` with `h' = h + slack + u`,
+  which contains the real send's interval: the member sends at loop time
+  `s - lo`, never before `s` on Redis's clock (`lo` is a lower bound of
+  Redis time minus loop time, from the round trips of its calls: `TIME` was
+  read between the call's start `t0` and end `t1`, so the offset lies in
+  `[T - t1, T - t0]`), and at most `slack` late; so the real send lies in
+  `[s, s + slack + u]`, `u` the width of the offset's bounds;
+- a lease unused by `slack` after its time is dropped, still counted: waste,
+  never excess. After the store was unreachable a member drops all it holds.
+
+Redis's state may be lost (a restart without persistence). Every grant
+sets the store's epoch key if it is missing; members read it with each gate
+poll (0.1 s) and each grant, and use leases only while their epoch was
+confirmed within `confirm_s` (0.3 s), dropping them all when it changed. The
+first grant of a budget with no record waits (`hold_s`) the longest window,
+the headroom, the slack and `confirm_s` when the asking member sent on it
+lately, so sends from before and after the loss never share a window. Redis's
+clock is the one clock: if it is stepped (NTP), grants near the step may overlap.
+
+Names in Redis carry a fingerprint of the key (`budget_name`), never the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ratedeck.core.policy import Policy
+from ratedeck.core.secrets import safe_url
+from ratedeck.core.vocab import PolicyKind
+from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
+
+from . import redis_scripts
+from .base import StoreError
+
+#: Redis keys start with this (a namespace keeps several clusters apart on one server).
+NAMESPACE = "ratedeck"
+#: How long a command may take before the store counts as unreachable.
+COMMAND_TIMEOUT_S = 1.0
+
+
+def check_url(url: str) -> str:
+    """`url` if it names a Redis server (redis://host:port/db, rediss://, unix://), else `StoreError`."""
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise StoreError(f"not a Redis URL ({exc})") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise StoreError("not a Redis URL; write redis://host:port/db")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise StoreError("no host; write redis://host:port/db")
+    if port is not None and not 0 < port < 65536:
+        raise StoreError("port out of range")
+    db = parts.path.strip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        raise StoreError("the database must be a number (redis://host:port/0)")
+    return text
+
+
+def connect(url: str) -> Any:
+    """A redis-py asyncio client for `url` with short timeouts and no retries (the caller retries)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    try:
+        return aioredis.Redis.from_url(
+            check_url(url),
+            socket_timeout=COMMAND_TIMEOUT_S,
+            socket_connect_timeout=COMMAND_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as exc:
+        raise StoreError(f"not a Redis URL ({exc})") from None
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable:
+    """A redis-py (or socket) failure as one line, no traceback."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return StoreUnavailable(f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__)
+
+
+def _is_store_failure(exc: BaseException) -> bool:
+    from redis.exceptions import RedisError
+
+    return isinstance(exc, (RedisError, OSError, asyncio.TimeoutError))
+
+
+def cancel_lost(exc: BaseException) -> bool:
+    """Whether `exc` hides a cancel of the current task.
+
+    A client's read timeout that races a cancel can turn the CancelledError
+    into a timeout (redis-py on Python 3.11); reported as a store failure, it
+    would keep a stopping loop alive. The task still says it is cancelling.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0 and not isinstance(exc, asyncio.CancelledError)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _kind(policy: Policy) -> str:
+    return {PolicyKind.SLIDING: "s", PolicyKind.FIXED: "f", PolicyKind.BUCKET: "b"}[policy.kind]
+
+
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1_000_000 + 0.999999))  # whole µs, rounded up
+
+
+@dataclass
+class _Offset:
+    """Bounds of (Redis time - loop time), seconds, from recent round trips."""
+
+    lo: float = float("-inf")
+    hi: float = float("inf")
+
+    @property
+    def width(self) -> float:
+        return self.hi - self.lo
+
+
+class RedisShared:
+    """The `SharedState` on one Redis server (see the module docstring)."""
+
+    def __init__(self, url: str, *, namespace: str = NAMESPACE, client: Any = None):
+        self.url = check_url(url)
+        self.shown = safe_url(self.url) or "redis"
+        self.ns = namespace
+        self.client = client if client is not None else connect(self.url)
+        self._grant = self.client.register_script(redis_scripts.GRANT)
+        self._close_gate = self.client.register_script(redis_scripts.CLOSE_GATE)
+        self._clock: Callable[[], float] = time.monotonic
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=32)  # (at, lo, hi)
+        self.offset = _Offset()
+        self.calls = 0
+        self.last_grant_us: tuple[int, ...] = ()  # the last grant on Redis's clock (for audits)
+
+    def bind(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._samples.clear()
+        self.offset = _Offset()
+
+    # -- the clock
+    def _note(self, redis_us: int, t0: float, t1: float) -> None:
+        at = redis_us / 1_000_000
+        sample = (t1, at - t1, at - t0)
+        samples = self._samples
+        samples.append(sample)
+        lo = max(s[1] for s in samples)
+        hi = min(s[2] for s in samples)
+        if lo > hi:  # a clock stepped: start again from this round trip
+            samples.clear()
+            samples.append(sample)
+            lo, hi = sample[1], sample[2]
+        self.offset = _Offset(lo, hi)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            if cancel_lost(exc):
+                raise asyncio.CancelledError from exc
+            if _is_store_failure(exc):
+                raise unavailable(exc) from None
+            raise
+
+    async def _time_sample(self) -> None:
+        t0 = self._clock()
+        sec, usec = await self._call(self.client.time)
+        self._note(int(sec) * 1_000_000 + int(usec), t0, self._clock())
+
+    # -- budgets
+    def budget_key(self, budget: str) -> str:
+        return f"{self.ns}:b:{{{budget}}}"
+
+    async def lease(
+        self,
+        budget: str,
+        policies: Sequence[Policy],
+        count: int,
+        headroom_s: float,
+        slack_s: float,
+        pace_s: float,
+        spacing: float,
+        horizon_s: float,
+        hold_s: float,
+    ) -> Grant:
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+        u = self.offset.width
+        args: list[Any] = [
+            count,
+            1,
+            _us(headroom_s + slack_s + u),
+            _us(pace_s),
+            repr(float(spacing)),
+            _us(horizon_s),
+            _us(hold_s),
+        ]
+        for p in policies:
+            args += [_kind(p), p.limit, _us(p.window_s), repr(float(p.drain))]
+        t0 = self._clock()
+        out = await self._call(self._grant, keys=[self.budget_key(budget), self.epoch_key()], args=args)
+        t1 = self._clock()
+        now_us, status, fresh, next_us = (int(x) for x in out[:4])
+        self._note(now_us, t0, t1)
+        lo = self.offset.lo
+        if status == 0:
+            raise StoreUnavailable("a request costs more than the key's limit allows")  # config bug: loud
+        self.last_grant_us = tuple(int(t) for t in out[5:])
+        times = tuple(t / 1_000_000 - lo for t in self.last_grant_us)
+        retry_at = None if times else next_us / 1_000_000 - lo - horizon_s
+        return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh), epoch=_text(out[4]))
+
+    def epoch_key(self) -> str:
+        return f"{self.ns}:epoch"
+
+    # -- gates
+    def gate_key(self, gate: str) -> str:
+        return f"{self.ns}:g:{gate}"
+
+    async def close_gate(self, gate: str, until: float, reason: str) -> None:
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+        until_us = _us(until + self.offset.hi)  # the later end of what `until` may be on Redis's clock
+        await self._call(self._close_gate, keys=[self.gate_key(gate)], args=[until_us, reason[:120]])
+
+    async def poll(self, gates: Sequence[str]) -> Poll:
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+        values = await self._call(self.client.mget, [self.epoch_key(), *(self.gate_key(g) for g in gates)])
+        found = {}
+        for gate, raw in zip(gates, values[1:], strict=True):
+            if raw is None:
+                continue
+            head, _, reason = _text(raw).partition(" ")
+            if head.isdigit():
+                found[gate] = (int(head) / 1_000_000 - self.offset.lo, reason)
+        return Poll(found, _text(values[0]) if values[0] is not None else None)
+
+    # -- members
+    def members_key(self) -> str:
+        return f"{self.ns}:members"
+
+    async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None:
+        body = json.dumps(summary, separators=(",", ":"))
+        expires_ms = int((time.time() + ttl_s) * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(f"{self.ns}:member:{member}", body, px=int(ttl_s * 1000))
+        pipe.zadd(self.members_key(), {member: expires_ms})
+        await self._call(pipe.execute)
+
+    async def ping(self) -> None:
+        await self._call(self.client.ping)
+        await self._time_sample()
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.client.aclose(), COMMAND_TIMEOUT_S)
+        except Exception:
+            pass
+
+
+async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The cluster as members last published it: `members` (their summaries) and the shared queues.
+
+    A member whose summary expired (stopped, killed) is left out and
+    forgotten. `queues` has the work streams' depths (`main` waiting,
+    `claimed`, `uncertain`, `graveyard`) when a work store uses the namespace.
+    """
+    now_ms = int(time.time() * 1000)
+    key = f"{namespace}:members"
+    await client.zremrangebyscore(key, "-inf", now_ms)
+    ids = [m.decode() if isinstance(m, bytes) else m for m in await client.zrange(key, 0, -1)]
+    members = []
+    if ids:
+        for raw in await client.mget([f"{namespace}:member:{m}" for m in ids]):
+            if raw is not None:
+                members.append(json.loads(raw))
+    from .redis import queue_depths
+
+    return {"members": members, "queues": await queue_depths(client, namespace)}
+
+
+def format_cluster(view: dict[str, Any]) -> str:
+    """`read_cluster`'s answer as a few lines of text (keys masked: members publish them masked)."""
+    q = view["queues"]
+    lines = [
+        f"queues: {q['main']} waiting, {q['claimed']} claimed, {q['uncertain']} uncertain, "
+        f"{q['graveyard']} in the graveyard; {len(view['members'])} members"
+    ]
+    for m in sorted(view["members"], key=lambda m: str(m.get("member"))):
+        leases = m.get("leases") or {}
+        lines.append(
+            f"  {m.get('member')}: {m.get('phase')}, {m.get('current_tps', 0):g}/s now, "
+            f"sent {m.get('sent')}, ok {m.get('succeeded')}, 429 {m.get('rejected_429')}, "
+            f"queue {m.get('main_depth')}+{m.get('dlq_depth')}, store {m.get('store')}, "
+            f"leases used {leases.get('used', 0)}/{leases.get('granted', 0)}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ratedeck.store.redis_shared redis://host:port/db`: the cluster, once."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ratedeck.store.redis_shared redis://host:port/db", file=sys.stderr)
+        return 2
+
+    async def show() -> str:
+        client = connect(args[0])
+        try:
+            return format_cluster(await read_cluster(client))
+        finally:
+            await client.aclose()
+
+    try:
+        print(asyncio.run(show()))
+    except StoreError as exc:
+        print(f"ratedeck: {safe_url(args[0]) or 'the URL'}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not _is_store_failure(exc):
+            raise
+        print(f"ratedeck: {safe_url(args[0])}: Redis did not answer ({unavailable(exc)})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

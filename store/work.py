@@ -1,0 +1,337 @@
+"""Working a store with an engine, off the engine's hot path.
+
+- `StoreWorkload` is the engine's `Source`: the plain `Workload` (rate,
+  Poisson, `--total`, line shaping), fed by jobs it claims from the store a
+  batch at a time, each request tied to its job.
+- `Journal` is a finish watcher: it notes each ending in memory, and a task
+  of its own writes them to the store in one transaction a tick (or sooner
+  when `FLUSH_AT` are waiting), buried requests with their graveyard line.
+- `StoreRun` puts the two around an engine: `--resume` first, a last
+  journal flush and the give-back of never-sent jobs at the end.
+
+What a kill -9 leaves behind is the store's claimed jobs: in flight, queued
+here, or ended in the last tick's unwritten batch. `--resume` takes them back
+(`WorkStore.recover`): sent again with the same Idempotency-Key when the target
+has one, else reported as uncertain. Nothing is sent twice without that key,
+and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ratedeck.core.secrets import safe_url
+from ratedeck.core.vocab import Arrival, Ending, EventKind
+from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.workload import Workload
+
+from .base import MEMORY, Finished, Job, StoreCounts, StoreError, WorkStore, open_store
+
+if TYPE_CHECKING:
+    from ratedeck.engine.engine import Engine
+    from ratedeck.engine.ports import SourceSink
+    from ratedeck.engine.request import Request
+
+#: Endings waiting for the journal are written at once when this many pile up.
+FLUSH_AT = 500
+#: How often the journal writes what has ended (one transaction each time).
+FLUSH_EVERY_S = 0.1
+#: Most jobs claimed at once; a claim takes at most the main queue's size too, so few
+#: jobs sit claimed but unsent (a kill -9 makes those uncertain).
+CLAIM_MAX = 256
+
+
+def open_for_run(cfg: RunConfig) -> WorkStore | None:
+    """The run's store (None: memory), its settings checked; `ConfigError` naming the problem.
+
+    A store holds its own work: `--workload` goes in with `ratedeck enqueue`, and
+    `[messages]` runs have no store yet. `--resume` needs a store that outlives a
+    process.
+    """
+    shown = safe_url(cfg.store) or cfg.store
+    if cfg.store.strip() == MEMORY:
+        if cfg.resume:
+            raise ConfigError(
+                "command line",
+                "--resume",
+                "needs a durable store: --store sqlite:PATH or redis://host:port/db",
+            )
+        return None
+    if cfg.workload.file:
+        raise ConfigError(
+            "command line",
+            "--workload",
+            f"a store run works the store's jobs; add the file with: ratedeck enqueue --store {shown} FILE",
+        )
+    if cfg.messages is not None:
+        raise ConfigError("config", "messages", "message workloads cannot run from a store (yet)")
+    try:
+        return open_store(cfg.store)
+    except StoreError as exc:
+        raise ConfigError("--store", shown, str(exc)) from None
+
+
+class StoreWorkload(Workload):
+    """A `Workload` whose items are jobs claimed from `store` by `member`.
+
+    `jobs` maps the id of every request made and not yet ended to its job.
+    With `idempotent` (the target sends an Idempotency-Key), a request's key
+    is its job's, the same in every run.
+    """
+
+    def __init__(
+        self,
+        store: WorkStore,
+        member: str,
+        rate: float,
+        *,
+        batch: int,
+        idempotent: bool,
+        poisson: bool = False,
+        total: int | None = None,
+        rng: random.Random | None = None,
+    ):
+        super().__init__(rate, poisson=poisson, total=total, rng=rng)
+        self.store = store
+        self.member = member
+        self.batch = max(1, min(batch, CLAIM_MAX))
+        self.idempotent = idempotent
+        self.jobs: dict[int, Job] = {}
+        self.claimed = 0
+        self._buffer = _JobBuffer()
+        self._claim: asyncio.Future[list[Job]] | None = None
+        self.items = self._buffer
+
+    @classmethod
+    def for_store(cls, cfg: RunConfig, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
+        w = cfg.workload
+        return cls(
+            store,
+            member,
+            cfg.arrival_rate,
+            batch=cfg.engine.queue_max,
+            idempotent=cfg.target.idempotency,
+            poisson=w.arrival == Arrival.POISSON,
+            total=w.total,
+            rng=rng,
+        )
+
+    async def run(self, sink: SourceSink) -> None:
+        await super().run(_TyingSink(sink, self))
+
+    async def refill(self) -> bool:
+        # Shielded: a run stopped while a claim is under way must still learn which
+        # jobs it claimed, to give them back (`unsent_of`).
+        self._claim = asyncio.ensure_future(self.store.claim(self.member, self.batch))
+        jobs = await asyncio.shield(self._claim)
+        self._claim = None
+        self.claimed += len(jobs)
+        self._buffer.extend(jobs)
+        return bool(jobs)
+
+    def tie(self, req: Request) -> None:
+        """`req` was made from the job the buffer handed out last."""
+        job = self._buffer.last
+        assert job is not None
+        self.jobs[req.id] = job
+        if self.idempotent:
+            req.idempotency_key = job.key
+
+    async def unsent_of(self, never_sent: set[int]) -> list[int]:
+        """The jobs claimed and never sent: in a claim the stop cut short, still in the
+        buffer, or made into one of the requests `never_sent` (queued with no attempt)."""
+        ids = [job.id for job in await self._claim] if self._claim is not None else []
+        ids += self._buffer.drain()
+        ids += [self.jobs.pop(rid).id for rid in never_sent if rid in self.jobs]
+        return ids
+
+
+class _JobBuffer(Iterator[dict[str, Any]]):
+    """Claimed jobs, handed to the workload as item dicts one at a time; refilled by `refill`."""
+
+    def __init__(self) -> None:
+        self._jobs: list[Job] = []
+        self._next = 0
+        self.last: Job | None = None
+
+    def extend(self, jobs: list[Job]) -> None:
+        self._jobs = self._jobs[self._next :] + jobs
+        self._next = 0
+
+    def __next__(self) -> dict[str, Any]:
+        if self._next >= len(self._jobs):
+            raise StopIteration
+        self.last = job = self._jobs[self._next]
+        self._next += 1
+        return dict(job.item)  # the workload pops _pool and the shaping fields from it
+
+    def drain(self) -> list[int]:
+        ids = [job.id for job in self._jobs[self._next :]]
+        self._jobs, self._next = [], 0
+        return ids
+
+
+class _TyingSink:
+    """The engine's `SourceSink`, with every submitted request tied to its job first."""
+
+    def __init__(self, sink: SourceSink, source: StoreWorkload):
+        self._sink = sink
+        self._source = source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
+    def submit(self, req: Request) -> None:
+        self._source.tie(req)
+        self._sink.submit(req)
+
+
+class Journal:
+    """Writes every ending of the source's jobs to the store, a batch at a time."""
+
+    def __init__(self, engine: Engine, source: StoreWorkload):
+        self.engine = engine
+        self.source = source
+        self.store = source.store
+        self.waiting: list[Finished] = []
+        self.written = 0
+        self.problem: str | None = None
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+
+    def finished(self, req: Request, ending: Ending) -> None:
+        """The finish watcher: note the ending (no I/O here: this is the engine's path)."""
+        job = self.source.jobs.pop(req.id, None)
+        if job is None:
+            return
+        record = None
+        if ending is Ending.GRAVEYARD:
+            now = self.engine.clock()
+            record = self.engine.graveyard.record(req, now, self.engine.wall_time(now) - now)
+        self.waiting.append(Finished(job.id, ending, req.attempts, record))
+        if len(self.waiting) >= FLUSH_AT:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Write what has ended every `FLUSH_EVERY_S`, or at once when `FLUSH_AT` wait."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="journal")
+
+    async def stop(self) -> None:
+        """Let a write under way finish (never cut one short), then write the rest."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.waiting:
+            return
+        batch, self.waiting = self.waiting, []
+        try:
+            await self.store.finish(self.source.member, batch)
+        except StoreError as exc:
+            self.waiting = batch + self.waiting  # kept: tried again next tick
+            if self.problem is None:
+                self.problem = f"cannot journal endings: {exc}"
+                self.engine.problem(self.problem)
+            return
+        self.written += len(batch)
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What a store run adds to the summary and the report: plain data."""
+
+    url: str
+    counts: StoreCounts
+    recovered: int  # jobs a killed run held, taken back by --resume
+    retried_uncertain: bool  # they were sent again with their Idempotency-Key (else: uncertain)
+    journaled: int  # endings of this run written to the store
+    unjournaled: int  # endings of this run the store did not take (a write problem)
+    problem: str | None = None  # the store failed at the end (counts are then empty)
+
+
+class StoreRun:
+    """An engine's source and journal on `store`, and what happens at its start and end."""
+
+    def __init__(self, cfg: RunConfig, store: WorkStore, rng: random.Random):
+        self.cfg = cfg
+        self.store = store
+        self.member = f"run-{uuid.uuid4().hex[:12]}"
+        self.source = StoreWorkload.for_store(cfg, rng, store, self.member)
+        self.journal: Journal | None = None
+        self.recovered = 0
+        self.left_claimed = 0  # claimed by earlier runs, not taken back (no --resume)
+
+    async def prepare(self) -> None:
+        """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
+        try:
+            if self.cfg.resume:
+                self.recovered = await self.store.recover(self.member, retry=self.cfg.target.idempotency)
+            else:
+                self.left_claimed = (await self.store.counts()).claimed
+        except StoreError as exc:
+            raise ConfigError("--store", self.store.url, str(exc)) from None
+
+    def attach(self, engine: Engine) -> None:
+        """Watch the engine's endings; start the journal's writer on the running loop."""
+        self.journal = Journal(engine, self.source)
+        engine.finish_watchers.append(self.journal.finished)
+        self.journal.start()
+        if self.recovered:
+            what = (
+                "sent again with the same Idempotency-Key"
+                if self.cfg.target.idempotency
+                else "not sent again: reported uncertain"
+            )
+            engine.event(
+                EventKind.INFO, f"resumed: {self.recovered} jobs in flight when the last run stopped, {what}"
+            )
+        elif self.left_claimed:
+            engine.event(
+                EventKind.INFO,
+                f"{self.left_claimed} jobs are claimed by another run (killed? --resume takes them back)",
+            )
+
+    async def finish(self, engine: Engine | None) -> StoreReport:
+        """After the engine stopped: write the last endings, give back jobs never sent, close."""
+        journal = self.journal
+        counts, problem = StoreCounts(), None
+        try:
+            if journal is not None:
+                await journal.stop()
+            if engine is not None:
+                queued = list(engine.queues.main) + list(engine.queues.dlq)
+                await self.store.release(
+                    self.member, await self.source.unsent_of({r.id for r in queued if not r.attempts})
+                )
+            counts = await self.store.counts()
+        except StoreError as exc:
+            problem = str(exc)
+        finally:
+            await self.store.close()
+        return StoreReport(
+            url=self.store.url,
+            counts=counts,
+            recovered=self.recovered,
+            retried_uncertain=self.cfg.target.idempotency,
+            journaled=journal.written if journal is not None else 0,
+            unjournaled=len(journal.waiting) if journal is not None else 0,
+            problem=problem or (journal.problem if journal is not None else None),
+        )

@@ -1,0 +1,259 @@
+"""`SqliteStore` on real files: the `WorkStore` contract, all-or-nothing writes, durability
+across a kill -9, and files that are not ours left untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratedeck.core.vocab import Ending
+from ratedeck.store import Finished, StoreError, open_store
+from ratedeck.store.sqlite import SqliteStore
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_jobs_go_pending_claimed_done_in_order_and_each_claim_is_exclusive(tmp_path):
+    path = tmp_path / "w.db"
+
+    async def scenario() -> None:
+        a, b = SqliteStore.open(str(path)), SqliteStore.open(str(path))  # two processes' worth
+        try:
+            assert await a.enqueue([{"job": i} for i in range(1, 8)]) == 7
+            first = await a.claim("ma", 3)
+            second = await b.claim("mb", 3)
+            assert [j.item["job"] for j in first] == [1, 2, 3]
+            assert [j.item["job"] for j in second] == [4, 5, 6]
+            assert not {j.id for j in first} & {j.id for j in second}
+            assert all(j.attempts == 0 and not j.uncertain for j in first + second)
+            assert len({j.key for j in first + second}) == 6  # a key per job
+            await a.finish("ma", [Finished(first[0].id, Ending.SUCCEEDED, 1)])
+            await a.finish("ma", [Finished(second[0].id, Ending.SUCCEEDED, 1)])  # not ma's: ignored
+            record = {"id": 9, "ending": "graveyard", "params": {"job": 2}}
+            await b.finish("mb", [Finished(second[1].id, Ending.EXPIRED, 2)])
+            await a.finish("ma", [Finished(first[1].id, Ending.GRAVEYARD, 3, record)])
+            c = await b.counts()
+            assert (c.pending, c.claimed, c.uncertain) == (1, 3, 0)
+            assert dict(c.done) == {"succeeded": 1, "graveyard": 1, "expired": 1} and c.total == 7
+            assert await b.graveyard_lines() == [record]
+            assert [j.item["job"] for j in await b.claim("mb", 5)] == [7]
+            assert await b.claim("mb", 5) == []
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario())
+
+
+def test_release_gives_jobs_back_as_they_were(tmp_path):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": 1}, {"job": 2}])
+        jobs = await s.claim("m", 2)
+        await s.release("m", [jobs[1].id])
+        await s.release("other", [jobs[0].id])  # not its claim: ignored
+        c = await s.counts()
+        assert (c.pending, c.claimed) == (1, 1)
+        again = await s.claim("m2", 2)
+        assert [(j.id, j.attempts, j.uncertain, j.key) for j in again] == [
+            (jobs[1].id, 0, False, jobs[1].key)
+        ]
+        await s.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_recover_takes_back_a_dead_member_s_jobs_as_uncertain(tmp_path, retry):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(4)])
+        dead = await s.claim("dead", 2)
+        mine = await s.claim("me", 1)
+        assert await s.recover("me", retry=retry) == 2
+        c = await s.counts()
+        assert c.claimed == 1  # my own claim is not taken back
+        if retry:  # sent again, under the same key, flagged uncertain
+            assert (c.pending, c.uncertain) == (3, 0)
+            again = await s.claim("me", 3)
+            back = {j.id: j for j in again if j.uncertain}
+            assert sorted(back) == [j.id for j in dead]
+            assert all(back[j.id].key == j.key and back[j.id].attempts == 1 for j in dead)
+        else:  # never sent again: reported
+            assert (c.pending, c.uncertain) == (1, 2)
+            assert [j.id for j in await s.claim("me", 5)] == [mine[0].id + 1]
+        await s.close()
+
+    run(scenario())
+
+
+def test_enqueue_is_all_or_nothing(tmp_path):
+    path = tmp_path / "w.db"
+    run(SqliteStore.open(str(path)).close())
+    with sqlite3.connect(path) as con:  # the third insert fails inside the transaction
+        con.execute(
+            "CREATE TRIGGER fail_third BEFORE INSERT ON jobs WHEN (SELECT count(*) FROM jobs) = 2"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+    con.close()
+
+    async def scenario() -> None:
+        s = SqliteStore.open(str(path))
+        with pytest.raises(StoreError, match="disk trouble"):
+            await s.enqueue([{"job": i} for i in range(5)])
+        assert (await s.counts()).total == 0
+        await s.close()
+
+    run(scenario())
+
+
+def test_the_file_is_wal_with_full_sync(tmp_path):
+    s = SqliteStore.open(str(tmp_path / "w.db"))
+    db = s._db
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: every commit fsync'd
+    run(s.close())
+
+
+_KILLED_CHILD = """
+import asyncio, os, signal, sys
+from ratedeck.core.vocab import Ending
+from ratedeck.store import Finished
+from ratedeck.store.sqlite import SqliteStore
+
+async def main():
+    s = SqliteStore.open(sys.argv[1])
+    await s.enqueue([{"job": i} for i in range(10)])
+    jobs = await s.claim("child", 4)
+    await s.finish("child", [
+        Finished(jobs[0].id, Ending.SUCCEEDED, 1),
+        Finished(jobs[1].id, Ending.GRAVEYARD, 5, {"ending": "graveyard", "params": {"job": 1}}),
+    ])
+    print("journaled", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no close, no checkpoint
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_what_finish_returned_from_survives_a_kill_9(tmp_path):
+    path = tmp_path / "w.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_CHILD, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -signal.SIGKILL and "journaled" in proc.stdout, proc.stderr
+
+    async def scenario() -> None:
+        s = SqliteStore.open(str(path))
+        c = await s.counts()
+        assert (c.pending, c.claimed, dict(c.done)) == (6, 2, {"succeeded": 1, "graveyard": 1})
+        assert await s.graveyard_lines() == [{"ending": "graveyard", "params": {"job": 1}}]
+        await s.close()
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- what is refused
+
+
+def test_a_store_of_another_schema_is_refused(tmp_path):
+    path = tmp_path / "w.db"
+    run(SqliteStore.open(str(path)).close())
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE meta SET value = '99' WHERE name = 'schema'")
+    con.close()
+    with pytest.raises(StoreError, match="store schema 99"):
+        SqliteStore.open(str(path))
+
+
+def test_a_damaged_store_is_refused_and_left_as_it_is(tmp_path):
+    path = tmp_path / "w.db"
+
+    async def fill() -> None:
+        s = SqliteStore.open(str(path))
+        await s.enqueue([{"job": i, "pad": "x" * 200} for i in range(200)])
+        await s.close()
+
+    run(fill())
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    data = bytearray(path.read_bytes())
+    data[4096:12288] = bytes(range(256)) * 32  # the header stays, pages after it are garbage
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="left as it is"):
+        SqliteStore.open(str(path))
+    assert path.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize(
+    "url,problem",
+    [
+        ("sqlite:{tmp}/missing/w.db", "no such directory"),
+        ("sqlite:{tmp}", "is a directory"),
+        ("sqlite:", "needs a file path"),
+        ("mysql://x/1", "not a store"),
+    ],
+)
+def test_open_store_says_what_is_wrong(tmp_path, url, problem):
+    with pytest.raises(StoreError, match=problem):
+        open_store(url.format(tmp=tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_a_directory_without_write_permission_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(StoreError, match="cannot create files in"):
+        open_store(f"sqlite:{locked / 'w.db'}")
+
+
+def test_memory_is_no_store_at_all():
+    assert open_store("memory") is None
+
+
+def test_an_empty_file_becomes_a_store(tmp_path):
+    path = tmp_path / "w.db"
+    Path(path).touch()
+    s = SqliteStore.open(str(path))
+    assert run(s.counts()).total == 0
+    run(s.close())
+
+
+def test_a_claim_cut_short_by_the_stop_is_still_given_back(tmp_path):
+    """The run stops while a claim is under way: the jobs it claimed are released, not left
+    claimed (a later --resume would have called them uncertain though never sent)."""
+    from ratedeck.store.work import StoreWorkload
+
+    async def scenario() -> None:
+        store = SqliteStore.open(str(tmp_path / "w.db"))
+        await store.enqueue([{"job": i} for i in range(5)])
+        let_go = asyncio.Event()
+
+        class SlowClaims:
+            async def claim(self, member: str, n: int):
+                await let_go.wait()
+                return await store.claim(member, n)
+
+        source = StoreWorkload(SlowClaims(), "m", 10.0, batch=3, idempotent=False)
+        refill = asyncio.ensure_future(source.refill())
+        await asyncio.sleep(0.01)
+        refill.cancel()  # the engine's stop cancels the source task mid-claim
+        let_go.set()
+        ids = await source.unsent_of(set())
+        assert len(ids) == 3
+        await store.release("m", ids)
+        assert (await store.counts()).pending == 5
+        await store.close()
+
+    run(scenario())
