@@ -125,6 +125,11 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
         raise ShardError("--procs above 1 does not split a workload file; use one process")
     if cfg.results:
         raise ShardError("--procs above 1 does not write --results; use one process")
+    if cfg.store != "memory":
+        raise ShardError(
+            "--procs above 1 does not split a --store run; start one `ratedeck --store URL` per process "
+            "(each is a member of the store)"
+        )
     n = max(1, min(n, len(cfg.keys)))
     if cfg.workload.total is not None:
         n = max(1, min(n, cfg.workload.total))

@@ -399,7 +399,7 @@ def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Any) -> int:
         try:
             procs = len(shard_configs(cfg, procs))
         except ShardError as exc:
-            raise ConfigError("command line", "--procs", str(exc)) from None
+            raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs ")) from None
         if metrics is not None and args.no_ui:
             raise ConfigError("command line", "--procs", "above 1 does not serve --metrics-port headless yet")
     return procs

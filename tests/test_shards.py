@@ -86,6 +86,14 @@ def test_no_more_processes_than_keys_and_runs_that_cannot_be_split_are_refused()
     assert len(shard_configs(_cfg(workload={"total": 2}), 4)) == 2
     with pytest.raises(ShardError, match="--results"):
         shard_configs(_cfg(run={"results": "r.jsonl"}), 2)
+    with pytest.raises(ShardError, match="--store"):
+        shard_configs(_cfg(run={"store": "sqlite:/tmp/jobs.db"}), 2)
+
+
+def test_procs_with_a_store_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--no-ui", "--duration", "1", "--procs", "2", "--store", f"sqlite:{tmp_path}/j.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--procs: above 1 does not split a --store run" in err
 
 
 def test_each_process_writes_its_own_graveyard():
