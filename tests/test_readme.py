@@ -16,7 +16,8 @@ def test_readme_starts_with_the_two_commands():
     assert README.index(blocks[0]) < README.index("## What it is")
     assert install_run.endswith(".venv/bin/ratedeck") and "pip install -e ." in install_run
     assert install_test.endswith(".venv/bin/pytest") and "'.[test]'" in install_test
-    assert "pytest" in (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert "pytest" in ci and "bash .ci/deps" in ci and install_test.startswith("bash .ci/deps && ")
 
 
 @pytest.mark.slow
