@@ -381,6 +381,13 @@ class ClusterMember:
     # -- running
     def start(self) -> None:
         self.shared.bind(self.engine.clock)
+        cfg = self.engine.cfg
+        if cfg.host_policies or cfg.budgets or cfg.key_weighted:
+            # Only each key's own limits are granted by the store (one unit a request).
+            self.engine.problem(
+                "shared store: host limits, [[budgets]] and weights are kept by each member alone, "
+                "not shared; only each key's own limits are"
+            )
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
         self._runner.add_done_callback(self._runner_ended)
 

@@ -48,7 +48,7 @@ class CooldownGate:
         self.reason = reason
 
     def release(self, now: float) -> None:
-        """End a `hold` at `now` (a cooldown closed meanwhile is kept, it is the server's)."""
+        """End a `hold` at `now` (use a gate of its own for a hold: a cooldown in it would end too)."""
         if self._held:
             self._held = False
             self.open_at = now

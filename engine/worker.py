@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from .request import Request
 
 
+#: A lease may be used this much before its time: a timer fires up to the clock's resolution
+#: early, and float sums of times differ in the last bits (a store's grants carry the margin).
+LEASE_EARLY_S = 1e-6
+
+
 class KeyWorker:
     """Sends requests for one key as fast as its limiter allows.
 
@@ -161,7 +166,7 @@ class KeyWorker:
                 blocked = True
             elif (slot_at := self.next_free(now)) > now:
                 blocked, until = True, slot_at
-            elif self.leases is not None and (lease_at := self.leases.next_at(now)) > now:
+            elif self.leases is not None and (lease_at := self.leases.next_at(now)) > now + LEASE_EARLY_S:
                 if lease_at < math.inf:
                     blocked, until = True, lease_at
                 elif not len(queues):

@@ -245,7 +245,8 @@ class RedisShared:
         if status == 0:
             raise StoreUnavailable("a request costs more than the key's limit allows")  # config bug: loud
         self.last_grant_us = tuple(int(t) for t in out[5:])
-        times = tuple(t / 1_000_000 - lo for t in self.last_grant_us)
+        # + 1 us: a worker may take a lease up to LEASE_EARLY_S (1 us) before its time
+        times = tuple(t / 1_000_000 - lo + 1e-6 for t in self.last_grant_us)
         retry_at = None if times else next_us / 1_000_000 - lo - horizon_s
         return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh), epoch=_text(out[4]))
 

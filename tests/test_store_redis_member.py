@@ -1,0 +1,198 @@
+"""The engine's side of a shared store (`engine/cluster.py`) on virtual time, with a store in memory.
+
+`FakeShared` grants every `gap` seconds from its own record, like the Redis
+script does for one policy, and can fail or lose its state on demand: the
+member must send only at granted times, stop without a store, drop leases
+of an old epoch and ask for a hold when it had been sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ratedeck.core.policy import Policy
+from ratedeck.core.vocab import KeyState
+from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
+from ratedeck.engine.config import load_config
+from ratedeck.engine.engine import Engine
+from ratedeck.server.settings import seed_settings
+from ratedeck.server.simulated import SimulatedTransport, run_virtual
+
+
+class FakeShared:
+    """One budget per key name: slots `gap` apart, never more than `horizon` ahead."""
+
+    shown = "fake"
+
+    def __init__(self, gap: float = 0.05):
+        self.gap = gap
+        self.clock = asyncio.get_event_loop_policy  # replaced by bind
+        self.last: dict[str, float] = {}
+        self.granted: dict[str, list[float]] = {}
+        self.holds: list[float] = []
+        self.down = False
+        self.epoch = "e1"
+        self.gates: dict[str, tuple[float, str]] = {}
+        self.calls = 0
+
+    def bind(self, clock):
+        self.clock = clock
+
+    def _check(self):
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable("ConnectionError: refused")
+
+    async def lease(self, budget, policies, count, headroom_s, slack_s, pace_s, spacing, horizon_s, hold_s):
+        self._check()
+        now = self.clock()
+        fresh = budget not in self.last
+        if fresh:
+            self.holds.append(hold_s)
+            self.last[budget] = now + hold_s - self.gap
+        times = []
+        s = max(now, self.last[budget] + self.gap)
+        while len(times) < count and s <= now + horizon_s:
+            times.append(s)
+            s += self.gap
+        if times:
+            self.last[budget] = times[-1]
+            self.granted.setdefault(budget, []).extend(times)
+        # the leases carry a microsecond of margin, as RedisShared's do (LEASE_EARLY_S)
+        leases = tuple(t + 1e-6 for t in times)
+        return Grant(leases, slack_s, None if times else s - horizon_s, fresh, self.epoch)
+
+    async def close_gate(self, gate, until, reason):
+        self._check()
+        self.gates[gate] = (until, reason)
+
+    async def poll(self, gates):
+        self._check()
+        return Poll({g: v for g, v in self.gates.items() if g in gates}, self.epoch)
+
+    async def publish(self, member, summary, ttl_s):
+        self._check()
+
+    async def ping(self):
+        self._check()
+
+    async def close(self):
+        pass
+
+    def lose_state(self):
+        self.last.clear()
+        self.epoch = "e2"
+
+
+def _engine(shared: FakeShared) -> Engine:
+    cfg = load_config(
+        preset="seed",
+        overrides={"engine": {"graveyard_path": ""}, "workload": {"rate": 200.0}, "run": {"seed": 3}},
+    )
+    return Engine(cfg, SimulatedTransport(seed_settings()), shared_state=shared)
+
+
+def _sends_by_key(engine: Engine) -> dict[str, int]:
+    return {w.label: w.sent for w in engine.workers}
+
+
+def test_a_member_sends_only_at_granted_times_and_stops_without_the_store():
+    shared = FakeShared(gap=0.06)  # slower than the keys' own 20/s: the grants bind
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(3.0)
+        sent = _sends_by_key(engine)
+        # each key sent about what was granted, never more (3 s / 0.06 s = 50 per key)
+        for w in engine.workers:
+            granted = shared.granted[engine.cluster.budget_ids[w.label]]
+            assert w.sent <= len(granted) and w.sent >= 40, (w.label, w.sent, len(granted))
+        shared.down = True
+        await asyncio.sleep(0.5)  # held leases may go (they were granted); then nothing
+        assert engine.cluster.down_since is not None
+        held = _sends_by_key(engine)
+        await asyncio.sleep(2.0)
+        assert _sends_by_key(engine) == held
+        snap = engine.snapshot()
+        assert all(k.state is KeyState.COOLING for k in snap.keys)
+        assert [g.reason for g in snap.gates if g.name == "store"] == ["store unreachable"]
+        shared.down = False
+        await asyncio.sleep(0.6)  # a ping (0.25 s) and a grant
+        assert all(
+            after > before
+            for after, before in zip(_sends_by_key(engine).values(), held.values(), strict=True)
+        )
+        await engine.stop()
+        return sent
+
+    run_virtual(main())
+
+
+def test_a_lost_state_drops_old_leases_and_the_first_grant_holds():
+    shared = FakeShared(gap=0.05)
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(2.0)
+        assert shared.holds and max(shared.holds) == 0.0  # a cold start waits for nothing
+        lost_at = engine.clock()
+        before = {b: len(times) for b, times in shared.granted.items()}
+        shared.lose_state()
+        await asyncio.sleep(0.2)  # the next poll sees the new epoch
+        assert all(len(w.leases) == 0 or w.leases.times[0][0] >= lost_at for w in engine.workers)
+        events = [e.text for e in engine.snapshot().events]
+        assert any("started afresh" in t for t in events)
+        await asyncio.sleep(3.0)
+        await engine.stop()
+        # the members had been sending: each budget's first grant after the loss waited
+        # out the window (1 s) + headroom + slack + the epoch's confirmation time
+        later = shared.holds[5:]
+        assert len(later) == 5 and min(later) >= 1.0 + engine.cluster.slack_s + engine.cluster.confirm_s
+        for w in engine.workers:
+            budget = engine.cluster.budget_ids[w.label]
+            after = shared.granted[budget][before[budget] :]  # granted after the loss
+            assert after and after[0] >= lost_at + min(later) - 1e-6
+
+    run_virtual(main())
+
+
+def test_a_shared_gate_closes_ours_and_ours_is_shared():
+    shared = FakeShared()
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(1.0)
+        now = engine.clock()
+        name = engine.cluster.gate_ids["k2"]
+        shared.gates[name] = (now + 2.0, "Retry-After 2s")  # another member's
+        await asyncio.sleep(0.15)
+        assert engine.gates["k2"].open_at >= now + 2.0 - 1e-6
+        k2 = engine.by_label["k2"]
+        before = k2.sent
+        await asyncio.sleep(1.5)
+        assert k2.sent == before  # stopped by another member's Retry-After
+        gate = engine.gates["k3"]
+        gate.close(engine.clock() + 1.0, "Retry-After 1s", engine.clock())
+        engine.cluster.gate_closed(gate, "Retry-After 1s")
+        await asyncio.sleep(0.05)
+        assert engine.cluster.gate_ids["k3"] in shared.gates
+        await engine.stop()
+
+    run_virtual(main())
+
+
+def test_budget_names_are_fingerprints_not_keys():
+    from ratedeck.engine.cluster import budget_name, gate_names
+
+    secret = "sk_live_abcdefghijklmnop"
+    name = budget_name("https://api.example.com/v1/x", secret)
+    assert len(name) == 16 and secret not in name and "abcd" not in name
+    assert name == budget_name("https://api.example.com/v2/other", secret)  # same host: one budget
+    assert name != budget_name("https://other.example.com/v1/x", secret)
+    assert name != budget_name("https://api.example.com/v1/x", secret + "x")
+    names = gate_names("https://api.example.com/v1/x", {"k1": secret})
+    assert names["k1"] == name and names["host"].startswith("host-") and secret not in str(names)
+    assert Policy(1, 1.0)  # (the policy type the lease takes)
