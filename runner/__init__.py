@@ -16,11 +16,16 @@ import sys
 
 
 def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a subprocess
+    """Exit at once: only imports run before `cli.main`, nothing is open or half written.
+
+    Not `SystemExit`: the signal may land inside one of importlib's own
+    callbacks, which print an exception raised there and carry on.
+    """
     try:
         sys.stderr.write("ratedeck: interrupted\n")
         sys.stderr.flush()
     finally:
-        raise SystemExit(130)  # unwinds the imports; at the top it exits without a traceback
+        os._exit(130)
 
 
 def _started_as_the_command() -> bool:
