@@ -15,10 +15,12 @@ import time
 
 import pytest
 from redis_server import free_port, redis_server  # noqa: F401 (a fixture)
+from test_report_schema import validate
 
 from ratedeck.core.vocab import Ending, KeyState
 from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
+from ratedeck.runner.report import build_report
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport
 from ratedeck.store.base import Finished, StoreError
@@ -231,6 +233,8 @@ def test_two_members_each_see_the_other_in_their_snapshot(redis_server):  # noqa
                 assert all(m.phase == "running" and m.store == "ok" for m in view.members)
                 for spec in engine.cfg.keys:
                     assert spec.secret not in repr(view)
+            report = build_report(a.snapshot())  # the report carries it too, and validates
+            assert validate(report) == [] and {m["member"] for m in report["cluster"]["members"]} == ids
         finally:
             await a.stop()
             await b.stop()
