@@ -38,6 +38,7 @@ from ratedeck.engine.snapshot import Snapshot
 from ratedeck.host.protocol import EngineHost
 
 from .history import SPANS, RunHistory
+from .screens.cluster import ClusterScreen
 from .screens.confirm import ConfirmScreen
 from .screens.errors import ErrorsScreen
 from .screens.headroom import HeadroomScreen
@@ -73,7 +74,7 @@ WIDE_HEIGHT = 45
 # and the header, charts and gauges keep the pull rate.
 KEYS_REFRESH_S = 1.0
 # Views, not controls: they still make sense while the engine drains.
-_VIEW_ACTIONS = {"chart_span", "show_errors", "filter_keys", "sort_next", "sort_reverse"}
+_VIEW_ACTIONS = {"chart_span", "show_errors", "show_cluster", "filter_keys", "sort_next", "sort_reverse"}
 # Views of the main screen's keys table and charts: hidden on other screens.
 _MAIN_ONLY = {"chart_span", "filter_keys", "sort_next", "sort_reverse"}
 _ALWAYS_AVAILABLE = {"show_help", "quit", "next_theme", "command_palette"} | _VIEW_ACTIONS
@@ -86,7 +87,15 @@ _THROTTLE_ACTIONS = {"throttle_cycle", "throttle_set"}
 _SECTIONS = (
     (
         "Keys and view",
-        ("filter_keys", "sort_next", "sort_reverse", "show_errors", "chart_span", "next_theme"),
+        (
+            "filter_keys",
+            "sort_next",
+            "sort_reverse",
+            "show_errors",
+            "show_cluster",
+            "chart_span",
+            "next_theme",
+        ),
     ),
     ("Traffic", ("pause_key", "pause_all", "rate_up", "rate_down", "toggle_backpressure")),
     (
@@ -237,6 +246,13 @@ class RatedeckApp(App[Snapshot]):
             tooltip="Errors by status and cause, with the last masked body",
         ),
         Binding(
+            "m",
+            "show_cluster",
+            "Cluster",
+            id="show_cluster",
+            tooltip="Cluster members and the shared queues (--store redis://...)",
+        ),
+        Binding(
             "z", "chart_span", "Span", id="chart_span", tooltip="Chart time span: 1 m → 5 m → the whole run"
         ),
         Binding("o", "sort_next", "Sort", id="sort_next", tooltip="Sort the keys by the next column"),
@@ -317,7 +333,7 @@ class RatedeckApp(App[Snapshot]):
         # repeated +/+, ]/] or space/space presses build on each other.
         self.pending = Pending()
         self.rate_steps = RateSteps(ARRIVAL_FACTOR)
-        self._binding_state: tuple[bool, bool, bool] | None = None
+        self._binding_state: tuple[bool, bool, bool, bool] | None = None
         self._drain_reason = ""
         self.history = RunHistory()
         self.span_index = 0  # into SPANS: the charts' time span
@@ -524,9 +540,9 @@ class RatedeckApp(App[Snapshot]):
         self._show_keys(snap)
         self._event_log.show(snap.events)
         for screen in self.screen_stack[1:]:
-            if isinstance(screen, KeyDetailScreen | ErrorsScreen):
+            if isinstance(screen, KeyDetailScreen | ErrorsScreen | ClusterScreen):
                 screen.snapshot = snap
-        state = (bool(snap.keys), snap.headroom_adaptive, is_message_run(snap))
+        state = (bool(snap.keys), snap.headroom_adaptive, is_message_run(snap), snap.cluster is not None)
         if state != self._binding_state:
             self._binding_state = state
             self.refresh_bindings()
@@ -612,8 +628,10 @@ class RatedeckApp(App[Snapshot]):
             self.screen is not self.screen_stack[0] or isinstance(self.focused, Input)
         ):
             return False  # "/" is a character in a text field or a modal
-        if action == "pause_key" and isinstance(self.screen, ErrorsScreen):
+        if action == "pause_key" and isinstance(self.screen, ErrorsScreen | ClusterScreen):
             return False  # no key under the cursor here (Enter opens one)
+        if action == "show_cluster" and (self.snapshot is None or self.snapshot.cluster is None):
+            return False  # hidden: no shared store, no cluster
         if action in _ALWAYS_AVAILABLE or action not in self._control_actions():
             return True
         if self._draining:
@@ -628,8 +646,11 @@ class RatedeckApp(App[Snapshot]):
         return True
 
     def _on_other_screen(self) -> bool:
-        """True when a full screen (key detail, errors) covers the main one."""
-        return any(isinstance(screen, KeyDetailScreen | ErrorsScreen) for screen in self.screen_stack[1:])
+        """True when a full screen (key detail, errors, cluster) covers the main one."""
+        return any(
+            isinstance(screen, KeyDetailScreen | ErrorsScreen | ClusterScreen)
+            for screen in self.screen_stack[1:]
+        )
 
     def unavailable_reason(self, action: str) -> str | None:
         """Why control `action` cannot run now, or None if it can."""
@@ -646,6 +667,8 @@ class RatedeckApp(App[Snapshot]):
             )
         if action == "pause_key":
             return "No keys to pause yet"
+        if action == "show_cluster":
+            return "The cluster view needs a shared store (--store redis://host:port/db)"
         if action == "headroom_adaptive":
             return "Headroom is already adaptive"
         return "Not available now"
@@ -664,7 +687,9 @@ class RatedeckApp(App[Snapshot]):
         if self.screen is not self.screen_stack[0] or self._draining:
             return
         for binding in self._control_bindings():
-            if binding.action in _THROTTLE_ACTIONS and event.key in self._keys_for(binding):
+            if (
+                binding.action in _THROTTLE_ACTIONS or binding.action == "show_cluster"
+            ) and event.key in self._keys_for(binding):
                 reason = self.unavailable_reason(binding.action)
                 if reason is not None:
                     event.stop()
@@ -802,6 +827,11 @@ class RatedeckApp(App[Snapshot]):
         if isinstance(self.screen, ErrorsScreen):
             return
         self.push_screen(ErrorsScreen(self.snapshot))
+
+    def action_show_cluster(self) -> None:
+        if isinstance(self.screen, ClusterScreen):
+            return
+        self.push_screen(ClusterScreen(self.snapshot))
 
     def action_chart_span(self) -> None:
         self.span_index = (self.span_index + 1) % len(SPANS)

@@ -20,7 +20,9 @@ a key's budget is granted by the store, not by the member's own limiter:
   state), logs one event, drops the leases it holds, asks again every
   `retry_s` and opens the gate when the store answers.
 - **Snapshots.** Each member publishes a small summary of itself every
-  `publish_s` (with an expiry), so a console can show the cluster.
+  `publish_s` (with an expiry), and reads everyone's back (the cluster view,
+  `SharedState.read_cluster`) at most every `read_s` in the same poll loop,
+  off the workers' path; the engine's `Snapshot.cluster` carries the last one.
 
 The engine never awaits the store on a worker's path: fetches run in their
 own tasks and poke the worker when a grant arrives.
@@ -29,6 +31,7 @@ own tasks and poke the worker when a grant arrives.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import os
@@ -42,6 +45,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
+
+from .snapshot import ClusterView
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -108,6 +113,10 @@ class SharedState(Protocol):
     async def poll(self, gates: Sequence[str]) -> Poll: ...
 
     async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None: ...
+
+    async def read_cluster(self) -> ClusterView:
+        """Every live member's last summary and the shared work queues' depths."""
+        ...
 
     async def ping(self) -> None: ...
 
@@ -216,6 +225,7 @@ class ClusterMember:
         poll_s: float = 0.1,
         confirm_s: float = 0.3,
         publish_s: float = 1.0,
+        read_s: float = 1.0,
         retry_s: float = 0.25,
     ):
         self.engine = engine
@@ -230,6 +240,8 @@ class ClusterMember:
         self.confirm_s = confirm_s
         self.epoch: str | None = None
         self.publish_s = publish_s
+        self.read_s = read_s  # the cluster view is read at most this often
+        self.view: ClusterView | None = None  # the last one read (kept while the store is away)
         self.retry_s = retry_s
         self.down_since: float | None = None
         self.outages = 0
@@ -399,7 +411,7 @@ class ClusterMember:
 
     async def _run(self) -> None:
         engine = self.engine
-        next_publish = 0.0
+        next_publish = next_read = 0.0
         gates = list(self.gate_ids.values())
         # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
         # into a timeout (seen with redis-py), and this loop would then outlive the stop.
@@ -422,6 +434,11 @@ class ClusterMember:
                 if now >= next_publish:
                     next_publish = now + self.publish_s
                     await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
+                if now >= next_read:
+                    next_read = now + self.read_s
+                    view = await self.shared.read_cluster()
+                    at = round(engine.clock() - engine.started_at, 1)
+                    self.view = dataclasses.replace(view, read_at_s=at)
             except StoreUnavailable as exc:
                 self._went_down(str(exc))
                 continue

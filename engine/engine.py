@@ -823,4 +823,5 @@ class Engine:
             probe_sent=self.probe.sent if self.probe is not None else 0,
             cpu_s=self.cpu_s(),
             loop_lag_ms=self.loop_lag_ms,
+            cluster=self.cluster.view if self.cluster is not None else None,
         )

@@ -14,6 +14,7 @@ the console and the report read one snapshot made of theirs:
   (still running while any part runs); the headroom, its range and its
   estimates are the worst case (the widest), `headroom_adaptive` only when
   every part is adaptive; the loop lag is the worst;
+- the cluster view (a shared store) is any part's: all read the same store;
 - events are interleaved by time (newest last), each marked with its
   process ("[p2]") when there are several;
 - latency: counts add and means are weighted by count. When every part
@@ -189,4 +190,6 @@ def merge_snapshots(parts: Sequence[Snapshot]) -> Snapshot:
     values["gates"] = _host_gates(parts)
     values["events"] = _events(parts)
     values["messages"] = first.messages  # message runs are not sharded (host/shards.py refuses them)
+    # every part reads the same shared store: any part's view of the cluster will do
+    values["cluster"] = next((s.cluster for s in parts if s.cluster is not None), None)
     return dataclasses.replace(first, **values)

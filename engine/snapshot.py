@@ -149,6 +149,48 @@ class MessageStats:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberRow:
+    """One member of a cluster (`--store redis://...`) as it last published itself.
+
+    `member` is its id (host:pid:random, no secret); `phase` its engine's
+    phase; counts are its own since its start; `main_depth`/`dlq_depth` its
+    local queues; `leases_used`/`leases_granted` the send times the store
+    granted it and how many it used; `store` "ok" or "unreachable".
+    """
+
+    member: str
+    phase: str = ""
+    current_tps: float = 0.0
+    sent: int = 0
+    succeeded: int = 0
+    rejected_429: int = 0
+    main_depth: int = 0
+    dlq_depth: int = 0
+    in_flight: int = 0
+    leases_used: int = 0
+    leases_granted: int = 0
+    store: str = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The cluster as its members published it, read from the shared store at most once a second.
+
+    `members` are the live ones (a summary that expired is left out), sorted by
+    id; `waiting`, `claimed`, `uncertain` and `graveyard` are the shared work
+    queues' depths (0 when no work store uses the namespace); `read_at_s` is
+    when it was read, in seconds since the run's start.
+    """
+
+    members: tuple[MemberRow, ...] = ()
+    waiting: int = 0
+    claimed: int = 0
+    uncertain: int = 0
+    graveyard: int = 0
+    read_at_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the engine knows, at one instant, as scalars and tuples.
 
@@ -222,6 +264,8 @@ class Snapshot:
     cpu_s: float = 0.0  # CPU seconds (user + system) of the engine's process(es) since the start
     loop_lag_ms: float = 0.0  # how late the engine's timers fired, worst in the last few seconds
     procs: int = 1  # engine processes (`--procs`); a merged snapshot sums them
+    # with a shared store (`--store redis://...`): every member and the shared queues, else None
+    cluster: ClusterView | None = None
 
     @property
     def answered(self) -> int:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ratedeck.engine.config import ConfigError, RunConfig
-from ratedeck.engine.snapshot import LatencySummary, Snapshot
+from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
@@ -132,12 +132,29 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
     )
     if facts is not None and facts.store is not None:
         lines += store_lines(facts.store)
+    if snap.cluster is not None:
+        lines.append(cluster_summary_line(snap.cluster))
     for k in snap.keys:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
         )
     return lines
+
+
+def cluster_summary_line(view: ClusterView) -> str:
+    """The cluster last read (a shared store), in one line: members, what they sent, the shared queues."""
+    away = sum(1 for m in view.members if m.store != "ok")
+    members = f"{len(view.members)} member{'' if len(view.members) == 1 else 's'}"
+    if away:
+        members += f" ({away} cut off from the store)"
+    sent = sum(m.sent for m in view.members)
+    ok = sum(m.succeeded for m in view.members)
+    return (
+        f"cluster      {members}: {sent} sent, {ok} ok together; shared queues {view.waiting} waiting,"
+        f" {view.claimed} claimed, {view.uncertain} uncertain, {view.graveyard} graveyard"
+        f" (read at {view.read_at_s:.1f}s)"
+    )
 
 
 def store_lines(store: StoreReport) -> list[str]:

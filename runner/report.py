@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ratedeck.engine.snapshot import LatencySummary, MessageStats, Snapshot
+from ratedeck.engine.snapshot import ClusterView, LatencySummary, MessageStats, Snapshot
 from ratedeck.store.work import StoreReport
 
 SCHEMA_VERSION = 1
@@ -45,7 +45,8 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
 
     With the embedded simulator, `server` holds its own count of the run
     (totals and the independent window audit): the server's view, not ours.
-    With `--store`, `store` holds the store's count of every job (`store_report`).
+    With `--store`, `store` holds the store's count of every job (`store_report`);
+    with a shared one, `cluster` the members and shared queues last read (`cluster_report`).
     """
     r = lambda x, n=2: round(float(x), n)  # noqa: E731
     maybe = lambda x: None if x is None else round(float(x), 1)  # noqa: E731
@@ -160,7 +161,37 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["server"] = {"audit_ok": server_stats["audit_ok"], "totals": server_stats["totals"]}
     if store is not None:
         report["store"] = store_report(store, snap)
+    if snap.cluster is not None:
+        report["cluster"] = cluster_report(snap.cluster)
     return report
+
+
+def cluster_report(view: ClusterView) -> dict:
+    """The cluster as the run last read it (a shared store): every member's row and the shared queues."""
+    return {
+        "members": [
+            {
+                "member": m.member,
+                "phase": m.phase,
+                "current_tps": round(float(m.current_tps), 2),
+                "sent": m.sent,
+                "succeeded": m.succeeded,
+                "rejected_429": m.rejected_429,
+                "main_depth": m.main_depth,
+                "dlq_depth": m.dlq_depth,
+                "in_flight": m.in_flight,
+                "leases_used": m.leases_used,
+                "leases_granted": m.leases_granted,
+                "store": m.store,
+            }
+            for m in view.members
+        ],
+        "waiting": view.waiting,
+        "claimed": view.claimed,
+        "uncertain": view.uncertain,
+        "graveyard": view.graveyard,
+        "read_at_s": round(float(view.read_at_s), 1),
+    }
 
 
 def ended(snap: Snapshot) -> int:

@@ -61,6 +61,7 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
 from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
+from ratedeck.engine.snapshot import ClusterView, MemberRow
 
 from . import redis_scripts
 from .base import StoreError
@@ -288,6 +289,9 @@ class RedisShared:
         pipe.zadd(self.members_key(), {member: expires_ms})
         await self._call(pipe.execute)
 
+    async def read_cluster(self) -> ClusterView:
+        return cluster_view(await self._call(read_cluster, self.client, self.ns))
+
     async def ping(self) -> None:
         await self._call(self.client.ping)
         await self._time_sample()
@@ -313,11 +317,57 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
     members = []
     if ids:
         for raw in await client.mget([f"{namespace}:member:{m}" for m in ids]):
-            if raw is not None:
-                members.append(json.loads(raw))
+            try:
+                summary = json.loads(raw) if raw is not None else None
+            except ValueError:  # not a member's summary: left out, never a failure of the store
+                continue
+            if isinstance(summary, dict):
+                members.append(summary)
     from .redis import queue_depths
 
     return {"members": members, "queues": await queue_depths(client, namespace)}
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def cluster_view(view: dict[str, Any]) -> ClusterView:
+    """`read_cluster`'s answer as the engine's plain `ClusterView` (members sorted by id)."""
+    rows = []
+    for m in view.get("members", ()):
+        leases = m.get("leases") if isinstance(m.get("leases"), dict) else {}
+        try:
+            tps = float(m.get("current_tps") or 0.0)
+        except (TypeError, ValueError):
+            tps = 0.0
+        rows.append(
+            MemberRow(
+                member=str(m.get("member", "?")),
+                phase=str(m.get("phase", "")),
+                current_tps=tps,
+                sent=_int(m.get("sent")),
+                succeeded=_int(m.get("succeeded")),
+                rejected_429=_int(m.get("rejected_429")),
+                main_depth=_int(m.get("main_depth")),
+                dlq_depth=_int(m.get("dlq_depth")),
+                in_flight=_int(m.get("in_flight")),
+                leases_used=_int(leases.get("used")),
+                leases_granted=_int(leases.get("granted")),
+                store=str(m.get("store", "ok")),
+            )
+        )
+    q = view.get("queues") or {}
+    return ClusterView(
+        members=tuple(sorted(rows, key=lambda r: r.member)),
+        waiting=_int(q.get("main")),
+        claimed=_int(q.get("claimed")),
+        uncertain=_int(q.get("uncertain")),
+        graveyard=_int(q.get("graveyard")),
+    )
 
 
 def format_cluster(view: dict[str, Any]) -> str:

@@ -25,11 +25,13 @@ from ratedeck.engine.commands import (
     SetThrottle,
 )
 from ratedeck.engine.snapshot import (
+    ClusterView,
     ErrorRow,
     Event,
     GateRow,
     KeyRow,
     LatencySummary,
+    MemberRow,
     MessageStats,
     Snapshot,
 )
@@ -304,6 +306,52 @@ def message_snapshot() -> Snapshot:
             excess=Excess.QUEUE,
         ),
         events=snap.events + (Event(160.0, "setting", "entry throttle auto"),),
+    )
+
+
+def cluster_view() -> ClusterView:
+    """Three members on one Redis (the first is this one), one of them cut off from it."""
+    return ClusterView(
+        members=(
+            MemberRow(
+                "deck-a:4121:9f3c", "running", 38.0, 21_400, 20_834, 3, 412, 7, 24, 20_950, 21_010, "ok"
+            ),
+            MemberRow(
+                "deck-b:977:01aa", "running", 41.0, 19_870, 19_512, 0, 388, 2, 22, 19_700, 19_790, "ok"
+            ),
+            MemberRow(
+                "deck-c.example.internal:31337:be07",
+                "draining",
+                0.0,
+                8_204,
+                8_001,
+                1,
+                0,
+                0,
+                0,
+                8_150,
+                8_260,
+                "unreachable",
+            ),
+        ),
+        waiting=1_234,
+        claimed=12,
+        uncertain=2,
+        graveyard=3,
+        read_at_s=183.0,
+    )
+
+
+def cluster_snapshot() -> Snapshot:
+    """A member of a `--store redis://...` run: the store's gate among the gates, the cluster view,
+    and enough other lines (client cost, failure causes) that the limiter panel must give some up."""
+    snap = main_snapshot()
+    return dataclasses.replace(
+        snap,
+        gates=(*open_gates(), GateRow("store", 0.0, "", 0, 0)),
+        cpu_s=26.0,
+        failures=(("timed out", 6), ("connection reset", 3)),
+        cluster=cluster_view(),
     )
 
 

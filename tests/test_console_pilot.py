@@ -15,6 +15,7 @@ from console_fixtures import (
     SECRETS,
     FakeHost,
     async_test,
+    cluster_snapshot,
     gates_snapshot,
     main_snapshot,
     make_app,
@@ -23,6 +24,7 @@ from console_fixtures import (
     screen_text,
 )
 
+from ratedeck.console.screens.cluster import ClusterScreen
 from ratedeck.console.screens.headroom import HeadroomScreen, parse_headroom
 from ratedeck.console.screens.help import HelpScreen
 from ratedeck.console.screens.palette import ControlsProvider
@@ -638,3 +640,36 @@ async def test_duration_already_passed_quits_at_once():
         await pilot.pause()
     assert host.stop_calls == 1
     assert app.return_value.phase == "stopped"
+
+
+@async_test
+async def test_m_opens_the_cluster_and_follows_it_only_on_a_run_with_a_shared_store():
+    host = FakeHost()
+    app = make_app(host=host)
+    async with app.run_test(size=SIZE) as pilot:
+        assert "m" not in app.screen.active_bindings  # no shared store: hidden from the footer
+        await pilot.press("m")
+        assert not isinstance(app.screen, ClusterScreen)
+        assert any("shared store" in text for text in notices(app))
+        assert "Cluster" not in screen_text(app)
+    host = FakeHost(cluster_snapshot())
+    app = make_app(host=host)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert re.search(r"Cluster ×3 +1 234 waiting · 12 claimed", screen_text(app))
+        assert "Gates" in screen_text(app)  # not pushed out of the panel by the cluster line
+        await pilot.press("m")
+        assert isinstance(app.screen, ClusterScreen)
+        text = screen_text(app)
+        assert "deck-b:977:01aa" in text and "unreachable" in text and "1 234 waiting" in text
+        view = host.base.cluster
+        gone = dataclasses.replace(view, members=view.members[:2], waiting=17)  # deck-c expired
+        host.base = dataclasses.replace(host.base, cluster=gone)
+        app.pull_snapshot()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "2 members" in text and "deck-c" not in text and "17 waiting" in text
+        for secret in SECRETS.values():
+            assert secret not in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ClusterScreen)

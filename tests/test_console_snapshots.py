@@ -14,6 +14,7 @@ from console_fixtures import (
     SECRETS,
     ReplayHost,
     all_blocked_snapshot,
+    cluster_snapshot,
     cooldown_snapshot,
     demo_live_capacity,
     demo_snapshot,
@@ -159,3 +160,14 @@ def test_main_snapshot_baseline_shows_no_secret(request):
         assert secret not in text
     assert not re.search(r"(?<![A-Za-z0-9#-])[A-Za-z0-9]{32}(?![A-Za-z0-9])", text)
     assert "…Ye5G" in text.replace("&#8230;", "…")  # the masked form is there
+
+
+def test_cluster_line_in_the_limiter(snap_compare):
+    """A `--store redis://...` run: "Cluster 3 members · ..." above the Gates line, which stays in
+    view (the failure causes and client cost give way in the 8 rows at 120x40)."""
+    assert snap_compare(make_app(cluster_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_cluster_screen(snap_compare):
+    """`m`: each member's row (one cut off from the store) under the shared queues."""
+    assert snap_compare(make_app(cluster_snapshot()), terminal_size=FULL, press=["m"], run_before=settle)

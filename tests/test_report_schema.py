@@ -9,6 +9,7 @@ dependency. Other report tests import it (`from test_report_schema import valida
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -17,10 +18,12 @@ import pytest
 
 from ratedeck.engine.config import load_config
 from ratedeck.engine.snapshot import (
+    ClusterView,
     ErrorRow,
     GateRow,
     KeyRow,
     LatencySummary,
+    MemberRow,
     MessageStats,
     Snapshot,
 )
@@ -188,6 +191,71 @@ def test_a_real_run_s_report_with_thresholds_validates(tmp_path):
     assert [t["failed"] for t in data["thresholds"]] == [False, True] and code == 99
     assert data["latency_total_ms"]["count"] == 30 and data["queue_wait_ms"]["count"] == 30
     assert data["latency_total_ms"]["p50"] >= data["latency_ms"]["p50"] > 0
+
+
+def _cluster_snapshot() -> Snapshot:
+    view = ClusterView(
+        members=(
+            MemberRow("host-a:11:ab12", "running", 38.456, 120, 110, 2, 4, 1, 3, 118, 121, "ok"),
+            MemberRow("host-b:22:cd34", "draining", 0.0, 80, 79, 0, 0, 0, 0, 80, 84, "unreachable"),
+        ),
+        waiting=1_234,
+        claimed=12,
+        uncertain=2,
+        graveyard=3,
+        read_at_s=9.04,
+    )
+    return dataclasses.replace(_rich_snapshot(), cluster=view)
+
+
+def test_the_cluster_object_holds_every_member_and_the_shared_queues():
+    assert "cluster" not in build_report(_rich_snapshot())  # no shared store, no object
+    report = build_report(_cluster_snapshot())
+    assert validate(report) == []
+    cluster = report["cluster"]
+    assert [m["member"] for m in cluster["members"]] == ["host-a:11:ab12", "host-b:22:cd34"]
+    assert cluster["members"][0] == {
+        "member": "host-a:11:ab12",
+        "phase": "running",
+        "current_tps": 38.46,
+        "sent": 120,
+        "succeeded": 110,
+        "rejected_429": 2,
+        "main_depth": 4,
+        "dlq_depth": 1,
+        "in_flight": 3,
+        "leases_used": 118,
+        "leases_granted": 121,
+        "store": "ok",
+    }
+    assert cluster["members"][1]["store"] == "unreachable"
+    assert (cluster["waiting"], cluster["claimed"], cluster["uncertain"], cluster["graveyard"]) == (
+        1234,
+        12,
+        2,
+        3,
+    )
+    assert cluster["read_at_s"] == 9.0
+    broken = json.loads(json.dumps(report))
+    del broken["cluster"]["members"][0]["leases_used"]
+    broken["cluster"]["waiting"] = -1
+    assert validate(broken) == [
+        "report.cluster: missing 'read_at_s'"
+        if False
+        else "report.cluster.members[0]: missing 'leases_used'",
+        "report.cluster.waiting: -1 below 0",
+    ]
+
+
+def test_the_summary_has_one_cluster_line():
+    from ratedeck.runner.headless import summary_lines
+
+    assert not [line for line in summary_lines(_rich_snapshot()) if line.startswith("cluster")]
+    lines = [line for line in summary_lines(_cluster_snapshot()) if line.startswith("cluster")]
+    assert lines == [
+        "cluster      2 members (1 cut off from the store): 200 sent, 189 ok together; shared queues"
+        " 1234 waiting, 12 claimed, 2 uncertain, 3 graveyard (read at 9.0s)"
+    ]
 
 
 # ---------------------------------------------------------------- shipped and documented

@@ -13,7 +13,7 @@ from ratedeck.core.vocab import EventKind, Phase, PolicyKind
 from ratedeck.engine.config import load_config
 from ratedeck.engine.merge import merge_latency, merge_snapshots
 from ratedeck.engine.metrics import LatencyHistogram
-from ratedeck.engine.snapshot import Event, GateRow, KeyRow, Snapshot
+from ratedeck.engine.snapshot import ClusterView, Event, GateRow, KeyRow, MemberRow, Snapshot
 from ratedeck.host.shards import ShardError, parse_procs, shard_configs, split_policy
 from ratedeck.runner.cli import main
 
@@ -206,6 +206,13 @@ def test_merged_snapshots_add_up_concatenate_keys_and_still_balance():
 
 
 # ---------------------------------------------------------------- the client's own cost
+
+
+def test_a_merged_snapshot_carries_any_part_s_cluster_view():
+    view = ClusterView(members=(MemberRow("h:1:ab"), MemberRow("h:2:cd")), waiting=5)
+    assert merge_snapshots([Snapshot(), Snapshot()]).cluster is None
+    assert merge_snapshots([Snapshot(), Snapshot(cluster=view)]).cluster == view
+    assert merge_snapshots([Snapshot(cluster=view), Snapshot()]).cluster == view
 
 
 def test_a_late_loop_is_warned_once_per_interval_and_shown_for_a_few_seconds(tmp_path):

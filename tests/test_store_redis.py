@@ -15,10 +15,12 @@ import time
 
 import pytest
 from redis_server import free_port, redis_server  # noqa: F401 (a fixture)
+from test_report_schema import validate
 
 from ratedeck.core.vocab import Ending, KeyState
 from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
+from ratedeck.runner.report import build_report
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport
 from ratedeck.store.base import Finished, StoreError
@@ -204,6 +206,47 @@ def test_two_members_share_the_budget_and_a_gate(redis_server):  # noqa: F811
 
     total, elapsed = asyncio.run(main())
     assert total <= 100 * elapsed + 100  # together never more than the keys allow
+
+
+def test_two_members_each_see_the_other_in_their_snapshot(redis_server):  # noqa: F811
+    async def main():
+        transport = SimulatedTransport(seed_settings())
+        a = member(redis_server.url, transport, "m3")
+        b = member(redis_server.url, transport, "m3")
+        jobs = RedisStore(redis_server.url, namespace="m3")
+        await jobs.enqueue([{"n": i} for i in range(5)])  # the shared queue's depth shows in the view
+        a.start()
+        b.start()
+        assert a.cluster is not None and b.cluster is not None
+        ids = {a.cluster.member, b.cluster.member}
+
+        def both_seen(engine: Engine) -> bool:
+            view = engine.snapshot().cluster
+            return view is not None and {m.member for m in view.members} == ids
+
+        try:
+            await until(lambda: both_seen(a) and both_seen(b), 5)
+            await until(lambda: all(m.sent > 0 for m in a.snapshot().cluster.members), 5)
+            for engine in (a, b):
+                view = engine.snapshot().cluster
+                assert view is not None and view.waiting == 5 and view.claimed == 0
+                assert all(m.phase == "running" and m.store == "ok" for m in view.members)
+                for spec in engine.cfg.keys:
+                    assert spec.secret not in repr(view)
+            report = build_report(a.snapshot())  # the report carries it too, and validates
+            assert validate(report) == [] and {m["member"] for m in report["cluster"]["members"]} == ids
+        finally:
+            await a.stop()
+            await b.stop()
+            await jobs.close()
+        # read from outside (as `python -m ratedeck.store.redis_shared` does): the last summaries
+        shared = RedisShared(redis_server.url, namespace="m3")
+        try:
+            assert {m.member for m in (await shared.read_cluster()).members} == ids
+        finally:
+            await shared.close()
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("outage_s", [1.0, 0.0])

@@ -17,6 +17,7 @@ from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
+from ratedeck.store.redis_shared import cluster_view
 
 
 class FakeShared:
@@ -34,6 +35,8 @@ class FakeShared:
         self.epoch = "e1"
         self.gates: dict[str, tuple[float, str]] = {}
         self.calls = 0
+        self.summaries: dict[str, dict] = {}
+        self.reads = 0
 
     def bind(self, clock):
         self.clock = clock
@@ -72,6 +75,12 @@ class FakeShared:
 
     async def publish(self, member, summary, ttl_s):
         self._check()
+        self.summaries[member] = summary
+
+    async def read_cluster(self):
+        self._check()
+        self.reads += 1
+        return cluster_view({"members": list(self.summaries.values()), "queues": {"main": 7, "claimed": 2}})
 
     async def ping(self):
         self._check()
@@ -196,3 +205,31 @@ def test_budget_names_are_fingerprints_not_keys():
     names = gate_names("https://api.example.com/v1/x", {"k1": secret})
     assert names["k1"] == name and names["host"].startswith("host-") and secret not in str(names)
     assert Policy(1, 1.0)  # (the policy type the lease takes)
+
+
+def test_the_cluster_view_is_read_at_most_once_a_second_and_shown_in_the_snapshot():
+    shared = FakeShared()
+
+    async def main():
+        engine = _engine(shared)
+        assert engine.snapshot().cluster is None  # nothing read yet
+        engine.start()
+        await asyncio.sleep(5.05)
+        reads = shared.reads
+        snap = engine.snapshot()
+        view = snap.cluster
+        assert view is not None
+        assert [m.member for m in view.members] == [engine.cluster.member]
+        me = view.members[0]
+        assert me.sent > 0 and me.phase == "running" and me.store == "ok"
+        assert me.leases_granted >= me.leases_used > 0
+        assert (view.waiting, view.claimed, view.uncertain, view.graveyard) == (7, 2, 0, 0)
+        assert 4.0 <= view.read_at_s <= 5.05
+        shared.down = True
+        await asyncio.sleep(1.5)
+        assert engine.snapshot().cluster == view  # the last view is kept while the store is away
+        await engine.stop()
+        return reads
+
+    reads = run_virtual(main())
+    assert 5 <= reads <= 6  # once a second over 5 s (the first at the start), not at every 0.1 s poll

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual.content import Content
 from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -10,6 +11,7 @@ from ratedeck.engine.engine import LOOP_LAG_WARN_MS
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
+from .cluster import cluster_line
 from .gates import gates_summary
 from .goodput import is_message_run, messages_text
 
@@ -58,7 +60,11 @@ class LimiterPanel(Static):
 
     Below the settings it counts attempts and rejections: the evidence an
     operator needs before moving headroom. A message run adds the entry
-    throttle; a run with cooldown gates adds a one-line gate summary.
+    throttle; a run with cooldown gates adds a one-line gate summary; a run
+    with a shared store adds a one-line cluster summary (members, shared
+    queues) just above the gates. When the lines outnumber the panel's rows,
+    the failure causes and then the client's cost give way, never the
+    cluster or gates line.
 
     With `compact` (80x24) the panel has three lines, so the settings share
     the first, gates (or attempts, with no gates) take the second and the
@@ -79,6 +85,9 @@ class LimiterPanel(Static):
 
     def watch_compact(self) -> None:
         self._render_panel()
+
+    def on_resize(self) -> None:
+        self._render_panel()  # the rows it has decide which lines give way
 
     def _render_panel(self) -> None:
         snap = self.snapshot
@@ -131,8 +140,17 @@ class LimiterPanel(Static):
             lines.append(f"[$text-muted]Client      [/]{cpu}")
         if causes:
             lines.append(f"[$text-muted]Causes      [/]{escape(causes)}")
+        if snap.cluster is not None:
+            width = self.content_region.width - 12 if self.content_region.width > 12 else _VALUE_WIDTH
+            label, value = cluster_line(snap.cluster, width)
+            pad = " " * max(1, 12 - len(Content.from_markup(label).plain))
+            lines.append(f"[$text-muted]{label}{pad}[/]{value}")
         if snap.gates:
             lines.append(f"[$text-muted]Gates       [/]{gates_summary(snap.gates)}")
+        rows = self.content_region.height
+        for label in ("Causes", "Client"):  # what gives way first when the panel is full
+            if 0 < rows < len(lines):
+                lines = [line for line in lines if not line.startswith(f"[$text-muted]{label} ")]
         self._show("\n".join(lines))
 
     def _show(self, text: str) -> None:
