@@ -203,6 +203,7 @@ def test_a_damaged_store_is_refused_and_left_as_it_is(tmp_path):
         ("sqlite:{tmp}", "is a directory"),
         ("sqlite:", "needs a file path"),
         ("mysql://x/1", "not a store"),
+        ("sqlite:/proc/w.db", "cannot open"),  # no file can be made there, not even by root
     ],
 )
 def test_open_store_says_what_is_wrong(tmp_path, url, problem):
