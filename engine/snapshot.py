@@ -258,7 +258,7 @@ class Snapshot:
     network_spread_ms: float | None = None  # the network's alone, where known (hints or a probe)
     server_time_ms: float | None = None  # mean server time the answers' hints report, where used
     rejection_budget: int = 0  # engine.rejection_budget: 429s the run may spend probing
-    rejections_spent: int = 0  # rate-limit rejections the run spent (never above the budget by design)
+    rejections_spent: int = 0  # rate-limit rejections the run took, any cause (probing stops at the budget)
     probe_sent: int = 0  # probes sent to target.probe_url (their cost)
     # the client's own cost: is ratedeck the bottleneck?
     cpu_s: float = 0.0  # CPU seconds (user + system) of the engine's process(es) since the start
