@@ -133,7 +133,7 @@ def test_binance_spends_weights_from_the_ip_budget_and_is_never_refused_or_banne
                 "binance",
                 stub.url,
                 tmp_path,
-                12.0,
+                15.0,
                 keys={"secrets": [f"{key} {secret}"]},
                 budgets=[
                     {"name": "weight", "scope": "host", "unit": "weight", "limits": ["60/5s fixed"]},
@@ -148,11 +148,13 @@ def test_binance_spends_weights_from_the_ip_budget_and_is_never_refused_or_banne
     counts = stub.ledger.counts()
     assert stub.ledger.refused() == [], counts  # no 429, no 418, no bad signature
     # Weight windows turn at the clock's multiples of 5 s: the windows wholly inside the
-    # run were used to 85% on average (90-100% on a quiet box; the edges are partial
-    # windows, and on a loaded box a window's first sends can slip past its start).
-    first = (int(start // 5) + 1) * 5
+    # run, after the first, were used to 85% on average (90-100% on a quiet box; the edges
+    # are partial windows, and the first whole one is still the start: a wide initial
+    # headroom, and sends near its start charged to the window before as well, left it at
+    # 67% twice in CI when the run began just before a boundary).
+    first = (int(start // 5) + 2) * 5
     whole = [(w, w + 5) for w in range(first, int(end // 5) * 5, 5)]
-    assert whole, "the run must cover one whole window"
+    assert whole, "the run must cover a whole window after the first"
     weight = next(b for b in snap.budgets if b.name == "weight")
     assert (weight.owner, weight.limit, weight.weighted) == ("host", 60, True)
     used = [stub.ledger.units(bucket="weight", start=lo, end=hi) for lo, hi in whole]
