@@ -140,7 +140,9 @@ def test_keys_sorted_and_filtered(snap_compare):
         pilot.app.clear_notifications()
         await settle(pilot)
 
-    assert snap_compare(make_app(many_keys_snapshot(500)), terminal_size=FULL, run_before=type_then_drop_toasts)
+    assert snap_compare(
+        make_app(many_keys_snapshot(500)), terminal_size=FULL, run_before=type_then_drop_toasts
+    )
 
 
 def test_help_80x24_scrolled_to_the_end(snap_compare):
