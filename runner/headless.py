@@ -52,6 +52,8 @@ from ratedeck.runner.thresholds import Threshold, evaluate
 from ratedeck.store.work import StoreReport
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ratedeck.runner.prometheus import LoopSource, MetricsServer
 
 EXIT_OK = 0
@@ -468,6 +470,53 @@ def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     )
 
 
+async def _watch(
+    cfg: RunConfig,
+    interval_s: float,
+    out: TextIO,
+    signals: StopSignals,
+    waiters: list[asyncio.Future],
+    facts: Callable[[], RunFacts],
+    snapshot: Callable[[], Snapshot],
+    done: Callable[[], bool],
+) -> None:
+    """A headless run while it runs: metrics every `interval_s` until the duration ends,
+    Ctrl-C asks for a drain, `done()` (the work is over) or the target stays silent.
+
+    Wakes for the next print, the deadline, a tick, a drain or any of `waiters`
+    (which it cancels at the end, with its own)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + cfg.duration_s if cfg.duration_s else None
+    next_print = started + interval_s
+    waiters = [asyncio.ensure_future(signals.drain.wait()), *waiters]
+    try:
+        while not signals.drain.is_set() and not done():
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                break
+            wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
+            await asyncio.wait(waiters, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
+            now = loop.time()
+            seen = facts()
+            if target_silent(seen, now - started):
+                _say(
+                    f"ratedeck: no answer from the target in {now - started:.0f} s"
+                    f" ({_counts(seen.no_answer)}); stopping",
+                    out,
+                )
+                break
+            if now >= next_print and not signals.drain.is_set() and not done():
+                _say("\n".join(metrics_block(snapshot())), out)
+                while next_print <= now:
+                    next_print += interval_s
+        if signals.drain.is_set():
+            _say("ratedeck: stopping: no new requests, letting in-flight ones finish…", out)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
 async def _run_sharded(
     cfg: RunConfig,
     procs: int,
@@ -497,37 +546,16 @@ async def _run_sharded(
         f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )
-    started = loop.time()
-    deadline = started + cfg.duration_s if cfg.duration_s else None
-    next_print = started + interval_s
-    drain = asyncio.ensure_future(signals.drain.wait())
-    try:
-        while not signals.drain.is_set():
-            now = loop.time()
-            if deadline is not None and now >= deadline:
-                break
-            wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
-            await asyncio.wait({drain}, timeout=max(0.0, wake - now))
-            now = loop.time()
-            snap = host.snapshot()
-            if _workload_done(cfg, snap):
-                break
-            facts = host.facts
-            if target_silent(facts, now - started):
-                _say(
-                    f"ratedeck: no answer from the target in {now - started:.0f} s"
-                    f" ({_counts(facts.no_answer)}); stopping",
-                    out,
-                )
-                break
-            if now >= next_print and not signals.drain.is_set():
-                _say("\n".join(metrics_block(snap)), out)
-                while next_print <= now:
-                    next_print += interval_s
-        if signals.drain.is_set():
-            _say("ratedeck: stopping: no new requests, letting in-flight ones finish…", out)
-    finally:
-        drain.cancel()
+    await _watch(
+        cfg,
+        interval_s,
+        out,
+        signals,
+        waiters=[],
+        facts=lambda: host.facts,
+        snapshot=host.snapshot,
+        done=lambda: _workload_done(cfg, host.snapshot()),
+    )
     stopping = loop.run_in_executor(None, host.stop_blocking)
     cut = asyncio.ensure_future(signals.now.wait())
     await asyncio.wait({stopping, cut}, return_when=asyncio.FIRST_COMPLETED)
@@ -562,7 +590,6 @@ async def _run(
     exporter: MetricsServer | None = None,
     metrics: Metrics | None = None,
 ) -> int:
-    loop = asyncio.get_running_loop()
     session = Session(cfg)
     try:
         engine = await session.start()
@@ -582,35 +609,16 @@ async def _run(
     )
     if exporter is not None:
         _say(f"ratedeck: metrics at {exporter.url}", out)
-    started = loop.time()
-    deadline = started + cfg.duration_s if cfg.duration_s else None
-    next_print = started + interval_s
-    waiters = [asyncio.ensure_future(signals.drain.wait()), asyncio.ensure_future(engine.finished.wait())]
-    try:
-        while not signals.drain.is_set() and not engine.finished.is_set():
-            now = loop.time()
-            if deadline is not None and now >= deadline:
-                break
-            wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
-            await asyncio.wait(waiters, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
-            now = loop.time()
-            facts = session.facts()
-            if target_silent(facts, now - started):
-                _say(
-                    f"ratedeck: no answer from the target in {now - started:.0f} s"
-                    f" ({_counts(facts.no_answer)}); stopping",
-                    out,
-                )
-                break
-            if now >= next_print and not signals.drain.is_set() and not engine.finished.is_set():
-                _say("\n".join(metrics_block(engine.snapshot())), out)
-                while next_print <= now:
-                    next_print += interval_s
-        if signals.drain.is_set():
-            _say("ratedeck: stopping: no new requests, letting in-flight ones finish…", out)
-    finally:
-        for w in waiters:
-            w.cancel()
+    await _watch(
+        cfg,
+        interval_s,
+        out,
+        signals,
+        waiters=[asyncio.ensure_future(engine.finished.wait())],
+        facts=session.facts,
+        snapshot=engine.snapshot,
+        done=engine.finished.is_set,
+    )
     snap, at_once = await stop_session(session, signals, out)
     if source is not None:
         from .prometheus import engine_scrape
