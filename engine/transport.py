@@ -10,7 +10,6 @@ from collections import Counter, deque
 from typing import Any, Protocol
 from urllib.parse import quote
 
-import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -20,6 +19,7 @@ from ratedeck.core.version import version
 from .api_rules import PathRule, PathTable, first_match
 from .config import KeySpec, RunConfig, TargetConfig
 from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
+from .http1 import HttpClient, HttpError
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
 from .signing import SigningError, SignInput, encode, signer_for
@@ -58,7 +58,7 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """aiohttp, one keep-alive session, the key in a parameter or a header.
+    """Our lean HTTP/1.1 client (`http1.py`), keep-alive, the key in a parameter or a header.
 
     Hostile targets in mind:
     - error texts are built from the exception type, never from its message
@@ -96,7 +96,7 @@ class HttpTransport:
         self._base = str(parsed.with_query(None).with_fragment(None))
         self._base_query = parsed.raw_query_string
         self._base_parts = (parsed.scheme, parsed.raw_authority, parsed.raw_path)
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
         self._max_connections = max_connections
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
         self._origin_url = str(parsed.origin()) if parsed.is_absolute() else self._base
@@ -124,19 +124,12 @@ class HttpTransport:
             "consecutive_no_answer": self.consecutive_no_answer,
         }
 
-    def _open(self) -> aiohttp.ClientSession:
-        # Lean per request (issue 15): no cookie jar to filter, no auto headers to skip (ours
-        # carry a User-Agent), and no aiohttp timer per request: `AttemptDeadlines` times
-        # every attempt out with one timer for all.
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=False
-        )
-        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
-        )
+    def _open(self) -> HttpClient:
+        # Lean per request (issue 15): a client that does only what the traffic needs, and
+        # no timer per request: `AttemptDeadlines` times every attempt out with one for all.
+        self._client = HttpClient(self._max_connections)
         self._deadlines = AttemptDeadlines(self.target.timeout_s)
-        return self._session
+        return self._client
 
     def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
         t = self.target
@@ -182,7 +175,11 @@ class HttpTransport:
         headers = self._headers_by_key.get(key.label)
         if headers is None:
             t = self.target
-            headers = {"User-Agent": t.user_agent or USER_AGENT, **t.headers}
+            headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
+            for name, value in t.headers.items():  # the config's own, whatever their case
+                for ours in [n for n in headers if n.lower() == name.lower()]:
+                    del headers[ours]
+                headers[name] = value
             if t.key_header:
                 fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
                 headers[t.key_header] = fmt.replace("{key}", key.secret)
@@ -266,7 +263,7 @@ class HttpTransport:
         return method, url, encode(fields), {**headers, "Content-Type": _FORM}
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
-        session = self._session or self._open()
+        client = self._client or self._open()
         t = self.target
         self._mask.add(key.secret)
         if key.api_secret:
@@ -286,21 +283,18 @@ class HttpTransport:
         watch = deadlines.watch()
         try:
             while True:
-                async with session.request(
-                    method, url, data=data, headers=headers, allow_redirects=False
-                ) as resp:
-                    status = resp.status
-                    location = resp.headers.get("Location") if 300 <= status < 400 else None
-                    if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
-                        nxt = self._same_origin(url, location)
-                        if nxt is not None:
-                            hops += 1
-                            url = nxt
-                            if status == 303 or (status in (301, 302) and method == "POST"):
-                                method, data = "GET", None
-                            continue
-                    raw = await resp.read() if status < 300 else await _read_some(resp, ERROR_BODY_BYTES)
-                    resp_headers = resp.headers
+                answer = await client.request(method, url, headers, data, ERROR_BODY_BYTES)
+                status = answer.status
+                location = answer.headers.get("Location") if 300 <= status < 400 else None
+                if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
+                    nxt = self._same_origin(url, location)
+                    if nxt is not None:
+                        hops += 1
+                        url = nxt
+                        if status == 303 or (status in (301, 302) and method == "POST"):
+                            method, data = "GET", None
+                        continue
+                raw, resp_headers = answer.body, answer.headers
                 break
         except asyncio.CancelledError:
             if not watch.fired:
@@ -378,9 +372,9 @@ class HttpTransport:
         return Outcome(kind, latency_s=time.monotonic() - start, error=description)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
 
 def _hinted(outcome: Outcome, headers) -> Outcome:
@@ -485,19 +479,6 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-async def _read_some(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """Up to `limit` bytes of a body (an error page may be huge; its head says enough)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await resp.content.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 def _printable(text: str) -> str:
     """One line of printable characters: no newlines, escapes or terminal control codes."""
     return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
@@ -505,17 +486,8 @@ def _printable(text: str) -> str:
 
 def _describe(exc: BaseException) -> str:
     """A short cause for an attempt with no answer, from the exception's type only."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        os_error = exc.os_error
-        if isinstance(os_error, ConnectionRefusedError):
-            return "connection refused"
-        return f"cannot connect ({type(os_error).__name__})"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "closed without an answer"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "incomplete body"
+    if isinstance(exc, HttpError):
+        return exc.what
     if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
         return "connection reset"
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return "malformed HTTP answer"
     return type(exc).__name__
