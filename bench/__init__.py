@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--loop",
         choices=LOOP_NAMES,
-        default="asyncio",
-        help="event loop for the asyncio clients (default asyncio, as ratedeck runs)",
+        default="uvloop",
+        help="event loop for every asyncio client, ratedeck and peers alike (default uvloop, as ratedeck runs)",
     )
     p.add_argument("--seed", metavar="N", default="1", help="seed for latency draws and arrivals")
     p.add_argument("--no-chart", action="store_true", help="print the table without bar charts")
