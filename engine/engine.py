@@ -73,6 +73,11 @@ def engine_clock(loop: asyncio.AbstractEventLoop):
     return time.monotonic
 
 
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    """ "uvloop" or "asyncio": the loop's family, as the report names it."""
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
 #: Timers firing this late (ms) mean the loop cannot keep up: the client is the bottleneck.
 LOOP_LAG_WARN_MS = 10.0
 #: At most one loop-lag warning in the event log per this many seconds.
@@ -822,6 +827,7 @@ class Engine:
             rejections_spent=h.rejections_spent,
             probe_sent=self.probe.sent if self.probe is not None else 0,
             cpu_s=self.cpu_s(),
+            loop=loop_name(self.loop) if self.loop is not None else "",
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
         )

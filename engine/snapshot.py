@@ -264,6 +264,7 @@ class Snapshot:
     cpu_s: float = 0.0  # CPU seconds (user + system) of the engine's process(es) since the start
     loop_lag_ms: float = 0.0  # how late the engine's timers fired, worst in the last few seconds
     procs: int = 1  # engine processes (`--procs`); a merged snapshot sums them
+    loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
 

@@ -103,6 +103,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
     cpu = snap.cpu_us_per_request
     if cpu is not None:
         procs = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
+        if snap.loop:
+            procs += f" on {snap.loop}"
         lines.append(
             f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {procs})"
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"

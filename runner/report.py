@@ -154,6 +154,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         "cpu_s": r(snap.cpu_s, 3),
         "cpu_us_per_request": r(cpu_us, 1) if cpu_us is not None else None,
         "loop_lag_ms": r(snap.loop_lag_ms, 1),
+        "loop": snap.loop or None,
     }
     if snap.messages is not None:
         report["messages"] = messages_report(snap.messages)

@@ -1,5 +1,6 @@
 """The `ratedeck` command as a user meets it: bad input, headless runs, Ctrl-C/SIGTERM, secrets."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -119,6 +120,9 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     assert validate(data) == []  # the report schema (runner/report.schema.json)
     req = data["requests"]
     assert data["balance_ok"] and req["succeeded"] > 100 and req["rejected_429"] == 0
+    # The engine runs on uvloop where it is installed (a dependency off Windows), and says so.
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    assert data["client"]["loop"] == loop and f"1 process on {loop}" in proc.stdout
     assert req["generated"] == (
         req["succeeded"]
         + req["expired"]
