@@ -24,6 +24,8 @@ connection: the answer may still come, and must not be read as another's.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 import zlib
 from collections import deque
@@ -34,6 +36,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+DNS_TTL_S = 300.0  # a host's addresses are looked up again after this long
 IDLE_S = 4.0  # reuse a connection idle at most this long (nginx closes at 75 s, Node at 5 s)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -226,6 +229,8 @@ class HttpClient:
         self._open = 0  # connections open or being opened
         self._room: deque[asyncio.Future[None]] = deque()  # requests waiting for a connection
         self._ssl: ssl.SSLContext | None = None
+        self._dns: dict[tuple[str, int], tuple[float, list[str]]] = {}  # (host, port) -> (until, addresses)
+        self._dns_pending: dict[tuple[str, int], asyncio.Task[list[str]]] = {}
         self._closed = False
         self.connections_made = 0
 
@@ -296,9 +301,7 @@ class HttpClient:
                 self._ssl = ssl.create_default_context()
             tls = self._ssl
         try:
-            _, conn = await loop.create_connection(
-                lambda: _Connection(origin), host, port, ssl=tls, server_hostname=host if tls else None
-            )
+            conn = await self._open_to(origin, tls, loop)
         except BaseException as exc:
             self._dropped()
             if isinstance(exc, OSError | ssl.SSLError):
@@ -306,6 +309,47 @@ class HttpClient:
             raise
         self.connections_made += 1
         return conn
+
+    async def _open_to(
+        self, origin: tuple[str, str, int], tls: ssl.SSLContext | None, loop: asyncio.AbstractEventLoop
+    ) -> _Connection:
+        """A new connection to the first of the origin's addresses that accepts one."""
+        _, host, port = origin
+        error: OSError | None = None
+        for address in await self._addresses(host, port, loop):
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(origin), address, port, ssl=tls, server_hostname=host if tls else None
+                )
+                return conn
+            except OSError as exc:
+                error = exc
+        raise error or OSError(f"no address for {host}")
+
+    async def _addresses(self, host: str, port: int, loop: asyncio.AbstractEventLoop) -> list[str]:
+        """The host's addresses, looked up once per `DNS_TTL_S` (a run opens hundreds of
+        connections at its start: one lookup serves them all)."""
+        try:
+            ipaddress.ip_address(host)
+            return [host]
+        except ValueError:
+            pass
+        cached = self._dns.get((host, port))
+        if cached is not None and cached[0] > loop.time():
+            return cached[1]
+        pending = self._dns_pending.get((host, port))
+        if pending is None:
+            pending = self._dns_pending[(host, port)] = loop.create_task(self._look_up(host, port, loop))
+        return await asyncio.shield(pending)
+
+    async def _look_up(self, host: str, port: int, loop: asyncio.AbstractEventLoop) -> list[str]:
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            self._dns[(host, port)] = (loop.time() + DNS_TTL_S, addresses)
+            return addresses
+        finally:
+            del self._dns_pending[(host, port)]
 
     def _give_back(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         if conn.reusable and not conn.closed and not self._closed:

