@@ -15,9 +15,12 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratedeck.core.loops import LOOP_NAMES
+
+if TYPE_CHECKING:
+    from .spec import RunSpec
 
 from .scenarios import DEFAULT_SCENARIOS, DEFAULT_STRATEGIES, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
 
@@ -25,6 +28,7 @@ EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
 QUICK_DURATION_S = 2.0
 MICRO_S = 3.0  # each throughput and scaling run
+MICRO_IN_FLIGHT = 8  # per key, in the throughput runs
 SCALE_KEYS = (5, 50, 500)
 SCALE_QUEUE = (1_000, 10_000, 100_000, 1_000_000)
 SCALE_TOTAL_TPS = 1000  # keys share this rate in the key-scaling runs
@@ -256,32 +260,46 @@ def run_micro(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict
     return micro, scaling
 
 
+def throughput_spec(
+    job: str, url: str, keys: Sequence[str], seconds: float, args: argparse.Namespace, **extra: Any
+) -> RunSpec:
+    """One throughput micro run: a limit that never binds, MICRO_IN_FLIGHT per key."""
+    from .spec import RunSpec
+
+    # The offered rate is the config's ceiling: far above what one process sends.
+    return RunSpec(
+        job, url, list(keys), 1_000_000, 1.0, False, 1_000_000.0, seconds,
+        in_flight=MICRO_IN_FLIGHT, loop=args.loop, seed=args.seed, extra=extra,
+    )  # fmt: skip
+
+
+def queue_spec(
+    url: str, keys: Sequence[str], depth: int, seconds: float, args: argparse.Namespace
+) -> RunSpec:
+    """One queue-scaling run: `depth` requests queued at once (as fast as the config
+    allows), drained at SCALE_QUEUE_DRAIN_TPS."""
+    from .spec import RunSpec
+
+    per_key = SCALE_QUEUE_DRAIN_TPS // len(keys)
+    extra = {"depth": depth, "workload": {"total": depth, "rate": 1e6}}
+    return RunSpec(
+        "scale-queue", url, list(keys), per_key, 1.0, False, float(SCALE_QUEUE_DRAIN_TPS), seconds,
+        loop=args.loop, seed=args.seed, extra=extra,
+    )  # fmt: skip
+
+
 def throughput_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any]]:
     """Engine vs a bare aiohttp loop, same concurrency, alternating, best of two each."""
     from ratedeck.server.settings import generated_keys
 
     from .procs import Simulator, run_child
-    from .spec import RunSpec
 
-    keys, in_flight = generated_keys(5), 8
+    keys = generated_keys(5)
     best: dict[str, dict[str, Any]] = {}
     with Simulator((*UNLIMITED, "--keys", str(len(keys))), seed=args.seed) as sim:
 
         def spec(job: str, **extra: Any) -> RunSpec:
-            return RunSpec(
-                job,
-                sim.url,
-                keys,
-                1_000_000,
-                1.0,
-                False,
-                5_000_000.0,
-                seconds,
-                in_flight=in_flight,
-                loop=args.loop,
-                seed=args.seed,
-                extra=extra,
-            )
+            return throughput_spec(job, sim.url, keys, seconds, args, **extra)
 
         for _ in range(2):
             for job in ("bare-aiohttp", "engine-max"):
@@ -297,7 +315,7 @@ def throughput_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, 
     cpu_over = (
         100.0 * (eng["cpu_us_per_req"] / bare["cpu_us_per_req"] - 1.0) if bare["cpu_us_per_req"] else 0.0
     )
-    c = len(keys) * in_flight
+    c = len(keys) * MICRO_IN_FLIGHT
     return [
         {"name": f"engine_max_tps_c{c}", "value": round(eng["ok_per_s"], 1), "unit": "req/s"},
         {"name": f"bare_aiohttp_max_tps_c{c}", "value": round(bare["ok_per_s"], 1), "unit": "req/s"},
@@ -365,22 +383,6 @@ def scaling_runs(args: argparse.Namespace, seconds: float) -> list[dict[str, Any
             "--no-ratelimit-headers",
         )
         with Simulator(serve, seed=args.seed) as sim:
-            extra = {"depth": depth, "workload": {"total": depth, "rate": 1e9}}
-            r = run_child(
-                RunSpec(
-                    "scale-queue",
-                    sim.url,
-                    keys,
-                    per_key,
-                    1.0,
-                    False,
-                    float(SCALE_QUEUE_DRAIN_TPS),
-                    seconds,
-                    loop=args.loop,
-                    seed=args.seed,
-                    extra=extra,
-                ),
-                timeout_s=seconds + 120.0,
-            )
+            r = run_child(queue_spec(sim.url, keys, depth, seconds, args), timeout_s=seconds + 120.0)
         rows.append({"axis": "queue", "at": depth, **r})
     return rows

@@ -191,9 +191,9 @@ async def _measure(duration_s: float, succeeded: Callable[[], int]) -> dict[str,
     }
 
 
-def _engine_session(spec: RunSpec, **engine: Any):
+def engine_config(spec: RunSpec, **engine: Any):
+    """The engine's config for a micro run (`spec.extra["workload"]` adds to the workload)."""
     from ratedeck.engine.config import load_config
-    from ratedeck.host.session import Session
 
     from .engine_run import engine_overrides
 
@@ -201,7 +201,13 @@ def _engine_session(spec: RunSpec, **engine: Any):
     workload = spec.extra.get("workload")
     if workload:
         overrides["workload"] = {**overrides["workload"], **workload}
-    return Session(load_config(preset="seed", overrides=overrides))
+    return load_config(preset="seed", overrides=overrides)
+
+
+def _engine_session(spec: RunSpec, **engine: Any):
+    from ratedeck.host.session import Session
+
+    return Session(engine_config(spec, **engine))
 
 
 async def engine_max(spec: RunSpec) -> dict[str, Any]:

@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import aiohttp
+from yarl import URL
+
+from .http1 import HttpClient
 
 #: Failed probes in a row (no answer, or not 2xx) after which the probe gives up.
 MAX_FAILURES = 20
@@ -36,8 +38,9 @@ class Probe:
     """Polls `url` at `rate_hz`, one at a time, and reports each 2xx round trip.
 
     `get` replaces the HTTP request (the simulator's `probe()` on virtual
-    time); without it the probe opens its own aiohttp session with one
-    connection, apart from the traffic's pool.
+    time); without it the probe has its own `HttpClient` with one
+    connection, apart from the traffic's pool (the same client as the
+    traffic's, so both round trips carry the same client costs).
     """
 
     def __init__(self, url: str, rate_hz: float, get: GetFn | None = None, timeout_s: float = 1.0):
@@ -49,7 +52,7 @@ class Probe:
         self.failed = 0
         self.stopped: str | None = None  # why the probe gave up, if it did
         self._get = get if get is not None else self._http_get
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
 
     async def run(
         self,
@@ -93,18 +96,13 @@ class Probe:
                 return
 
     async def _http_get(self) -> int:
-        session = self._session
-        if session is None:
-            connector = aiohttp.TCPConnector(limit=1, limit_per_host=1)
-            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-            session = self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
-            )
-        async with session.get(self.url, allow_redirects=False) as resp:
-            await resp.content.read(4096)
-            return resp.status
+        if self._client is None:
+            self._client = HttpClient(1)
+        request = self._client.request("GET", URL(self.url), {}, error_limit=4096)
+        answer = await asyncio.wait_for(request, self.timeout_s)
+        return answer.status
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -170,3 +170,21 @@ def test_quick_run_writes_the_report_with_stable_names(tmp_path, capsys):
     for m in data["micro"]:
         assert set(m) == {"name", "value", "unit"}
         assert re.fullmatch(r"[a-z0-9_]+", m["name"])
+
+
+@pytest.mark.parametrize("job", ["bare-aiohttp", "engine-max"])
+def test_every_micro_run_s_engine_config_loads(job):
+    """`--micro full` once died on its own offered rate (above the config's ceiling):
+    the configs its engine runs build are loaded here, as the child loads them."""
+    from ratedeck.bench import SCALE_QUEUE, queue_spec, throughput_spec
+    from ratedeck.bench.micro import engine_config
+    from ratedeck.server.settings import generated_keys
+
+    args = parse_args(["--micro", "full"])
+    keys = generated_keys(5)
+    cfg = engine_config(throughput_spec(job, "http://127.0.0.1:9/api/request", keys, 3.0, args))
+    assert cfg.workload.rate == 1_000_000.0 and len(cfg.keys) == 5
+    for depth in SCALE_QUEUE:
+        spec = queue_spec("http://127.0.0.1:9/api/request", keys, depth, 3.0, args)
+        cfg = engine_config(spec, backpressure=False, ttl_s=3600.0, queue_max=1)
+        assert cfg.workload.total == depth

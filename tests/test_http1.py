@@ -73,6 +73,8 @@ class App:
             await self.release.wait()
             self.open_now -= 1
             return web.Response(text="held")
+        if what == "status429":
+            return web.Response(status=429, text="slow down")
         if what == "hang":
             await asyncio.sleep(30)
         return web.Response(status=404)
@@ -342,3 +344,36 @@ async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_addre
     assert [a.body for a in answers] == [b"held"] * 5 and client.connections_made == 5
     assert lookups == ["localhost"]
     assert all(seen[3]["Host"] == f"localhost:{port}" for seen in app.seen)
+
+
+@run_async
+async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
+    from ratedeck.engine.probe import Probe
+
+    app = App()
+    runner, base = await start_app(app)
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    enough = asyncio.Event()
+    problems: list[str] = []
+
+    def observe(rtt_s: float, now: float) -> None:
+        samples.append(rtt_s)
+        if len(samples) == 3:
+            enough.set()
+
+    probe = Probe(f"{base}/ok", 200.0, timeout_s=2.0)
+    try:
+        task = asyncio.create_task(probe.run(loop.time, observe, problems.append))
+        await enough.wait()
+        task.cancel()
+        limited = Probe(f"{base}/status429", 200.0, timeout_s=2.0)
+        await limited.run(loop.time, observe, problems.append)  # ends by itself at the 429
+        await limited.close()
+    finally:
+        await probe.close()
+        await runner.cleanup()
+    assert len(samples) >= 3 and all(0 < s < 2.0 for s in samples)
+    assert probe.answered >= 3 and probe.failed == 0
+    assert limited.sent == 1 and problems and "429" in problems[0]
+    assert all(seen[3].get("User-Agent") is None for seen in app.seen)  # nothing but the GET
