@@ -2,6 +2,7 @@
 an aiohttp app for well-formed HTTP, a raw TCP server for what breaks it."""
 
 import asyncio
+import contextlib
 import functools
 import gzip
 import os
@@ -80,6 +81,19 @@ class App:
         return web.Response(status=404)
 
 
+@contextlib.asynccontextmanager
+async def served(max_connections: int, **kwargs):
+    """An `App` on loopback and a client for it: (app, base URL, client); both closed after."""
+    app = App()
+    runner, base = await start_app(app)
+    client = HttpClient(max_connections, **kwargs)
+    try:
+        yield app, base, client
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
 async def start_app(app: App):
     web_app = web.Application()
     web_app.router.add_route("*", "/{what}", app.handle)
@@ -108,10 +122,7 @@ async def raw_server(answer: bytes, close: bool = True):
 
 @run_async
 async def test_keep_alive_one_connection_for_sequential_requests_and_the_request_as_sent():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(4)
-    try:
+    async with served(4) as (app, base, client):
         for i in range(5):
             answer = await client.request(
                 "GET", URL(f"{base}/ok?n={i}&k=a%2Fb", encoded=True), {"X-Key": "k1"}
@@ -120,9 +131,6 @@ async def test_keep_alive_one_connection_for_sequential_requests_and_the_request
             assert answer.headers["content-type"].startswith("application/json")
         post = await client.request("POST", URL(f"{base}/ok"), {"User-Agent": "t"}, {"a": "1 2", "b": "x&y"})
         assert post.status == 200
-    finally:
-        await client.close()
-        await runner.cleanup()
     assert client.connections_made == 1
     assert len({peer for peer, *_ in app.seen}) == 1
     assert [path for _, _, path, _, _ in app.seen[:5]] == [f"/ok?n={i}&k=a%2Fb" for i in range(5)]
@@ -136,10 +144,7 @@ async def test_keep_alive_one_connection_for_sequential_requests_and_the_request
 
 @run_async
 async def test_bodies_chunked_compressed_empty_and_a_closing_server():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(4)
-    try:
+    async with served(4) as (app, base, client):
         assert (await client.request("GET", URL(f"{base}/chunked"), {})).body == b"one,two,three"
         assert (await client.request("GET", URL(f"{base}/gzip"), {})).body == b"packed" * 100
         assert (await client.request("GET", URL(f"{base}/deflate"), {})).body == b"squeezed"
@@ -151,51 +156,33 @@ async def test_bodies_chunked_compressed_empty_and_a_closing_server():
         assert (await client.request("GET", URL(f"{base}/close"), {})).body == b"bye"
         assert (await client.request("GET", URL(f"{base}/ok"), {})).status == 200
         assert client.connections_made == made + 1  # "Connection: close" was honoured
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 @run_async
 async def test_an_error_body_is_read_only_up_to_the_limit_a_success_body_whole():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(4)
-    try:
+    async with served(4) as (app, base, client):
         big = await client.request("GET", URL(f"{base}/big200"), {}, error_limit=1000)
         assert len(big.body) == 300_000
         err = await client.request("GET", URL(f"{base}/big500"), {}, error_limit=1000)
         assert err.status == 500 and err.body == b"e" * 1000
         assert (await client.request("GET", URL(f"{base}/ok"), {})).status == 200  # a new connection
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 @run_async
 async def test_never_more_connections_than_allowed_and_every_request_answered():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(3)
-    try:
+    async with served(3) as (app, base, client):
         tasks = [asyncio.create_task(client.request("GET", URL(f"{base}/hold"), {})) for _ in range(10)]
         while app.open_now < 3:  # the first three reach the server; the rest wait for a connection
             await asyncio.sleep(0.01)
         app.release.set()
         answers = await asyncio.gather(*tasks)
-    finally:
-        await client.close()
-        await runner.cleanup()
     assert [a.body for a in answers] == [b"held"] * 10
     assert app.most_open == 3 and client.connections_made == 3
 
 
 @run_async
 async def test_a_cancelled_request_closes_its_connection_so_no_late_answer_is_misread():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(1)
-    try:
+    async with served(1) as (app, base, client):
         hang = asyncio.create_task(client.request("GET", URL(f"{base}/hang"), {}))
         while not app.seen:
             await asyncio.sleep(0.01)
@@ -205,22 +192,13 @@ async def test_a_cancelled_request_closes_its_connection_so_no_late_answer_is_mi
         answer = await client.request("GET", URL(f"{base}/ok"), {})  # the one place is free again
         assert answer.body == b'{"ok": true}'
         assert client.connections_made == 2
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 @run_async
 async def test_an_idle_connection_past_its_time_is_not_reused():
-    app = App()
-    runner, base = await start_app(app)
-    client = HttpClient(2, idle_s=0.0)
-    try:
+    async with served(2, idle_s=0.0) as (app, base, client):
         await client.request("GET", URL(f"{base}/ok"), {})
         await client.request("GET", URL(f"{base}/ok"), {})
-    finally:
-        await client.close()
-        await runner.cleanup()
     assert client.connections_made == 2
 
 
