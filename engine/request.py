@@ -25,12 +25,70 @@ class Shape:
     budgets: tuple[str, ...] = ()  # named budgets it also spends from
 
 
+class _Sent:
+    """What a request holds once sent or ended; none of it while it waits in a queue."""
+
+    __slots__ = ("first_sent_at", "last_sent_at", "last_status", "last_error", "result", "ending")
+
+    def __init__(self) -> None:
+        self.first_sent_at: float | None = None
+        self.last_sent_at: float | None = None  # the latest attempt's slot stamp
+        self.last_status: int | None = None
+        self.last_error: str | None = None
+        self.result: Any = None  # the last Outcome (what a library caller gets)
+        self.ending: Ending | None = None  # set once, when it reaches its final place
+
+
+class _Extra:
+    """What only some requests carry: a pool, a shape, a library caller's hooks, a key."""
+
+    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key")
+
+    def __init__(self) -> None:
+        self.cancelled = False  # the caller gave up: never send it again (ends as shed)
+        self.call: CallFn | None = None
+        self.on_done: DoneCallback | None = None
+        self.pool: str | None = None  # the connection pool this request needs, if pools are configured
+        self.shape: Shape | None = None  # method, path, body, weight, budgets when not the target's own
+        self.idempotency_key: str | None = None  # made once per logical request, kept across retries
+
+
+class _Side:
+    """A request attribute kept in a side object (`_Sent` or `_Extra`), made when the
+    attribute is first set to something other than its default. A queued request
+    holds neither: about 80 bytes less for each of a million queued requests."""
+
+    __slots__ = ("holder", "kind", "default", "name")
+
+    def __init__(self, holder: str, kind: type, default: Any = None):
+        self.holder, self.kind, self.default, self.name = holder, kind, default, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        side = getattr(obj, self.holder)
+        return self.default if side is None else getattr(side, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        side = getattr(obj, self.holder)
+        if side is None:
+            if value is self.default:
+                return
+            side = self.kind()
+            setattr(obj, self.holder, side)
+        setattr(side, self.name, value)
+
+
 class Request:
     """One request, from generation to its single final place.
 
     Times are engine clock seconds. `attempts` counts sends; `eligible_at`
     holds a retry back until its backoff has passed. `params` are what the
     target receives; `call` is a library caller's function, never sent.
+    Attributes most queued requests never set live in side objects (`_Side`).
     """
 
     __slots__ = (
@@ -39,21 +97,24 @@ class Request:
         "deadline",
         "attempts",
         "eligible_at",
-        "last_status",
-        "last_error",
         "params",
-        "call",
-        "on_done",
-        "pool",
-        "result",
-        "cancelled",
-        "ending",
         "intended_at",
-        "first_sent_at",
-        "last_sent_at",
-        "shape",
-        "idempotency_key",
+        "_sent",
+        "_extra",
     )
+
+    first_sent_at = _Side("_sent", _Sent)
+    last_sent_at = _Side("_sent", _Sent)
+    last_status = _Side("_sent", _Sent)
+    last_error = _Side("_sent", _Sent)
+    result = _Side("_sent", _Sent)
+    ending = _Side("_sent", _Sent)
+    cancelled = _Side("_extra", _Extra, False)
+    call = _Side("_extra", _Extra)
+    on_done = _Side("_extra", _Extra)
+    pool = _Side("_extra", _Extra)
+    shape = _Side("_extra", _Extra)
+    idempotency_key = _Side("_extra", _Extra)
 
     def __init__(
         self,
@@ -71,22 +132,18 @@ class Request:
         self.deadline = deadline
         self.attempts = 0
         self.eligible_at = created_at
-        self.last_status: int | None = None
-        self.last_error: str | None = None
         self.params = params
-        self.call = call
-        self.on_done = on_done
-        self.pool = pool  # the connection pool this request needs, if pools are configured
-        self.result: Any = None  # the last Outcome (what a library caller gets)
-        self.cancelled = False  # the caller gave up: never send it again (ends as shed)
-        self.ending: Ending | None = None  # set once, when it reaches its final place
         # When it should have arrived (a fixed arrival rate's schedule, a message's
         # arrival), so latency counts time a stalled source held it back.
         self.intended_at = created_at if intended_at is None else intended_at
-        self.first_sent_at: float | None = None
-        self.last_sent_at: float | None = None  # the latest attempt's slot stamp
-        self.shape: Shape | None = None  # method, path, body, weight, budgets when not the target's own
-        self.idempotency_key: str | None = None  # made once per logical request, kept across retries
+        self._sent: _Sent | None = None
+        self._extra: _Extra | None = None
+        if call is not None:
+            self.call = call
+        if on_done is not None:
+            self.on_done = on_done
+        if pool is not None:
+            self.pool = pool
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

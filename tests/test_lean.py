@@ -140,3 +140,29 @@ async def test_a_full_queue_wakes_its_source_once_an_eighth_of_it_is_free_and_ne
     await asyncio.sleep(0)
     small.pop_ready(0.0)
     await asyncio.wait_for(waiting, 5)
+
+
+def test_a_queued_request_costs_under_250_bytes_and_holds_no_side_objects():
+    """The issue's memory target: a million queued requests must not cost more than
+    about 250 bytes each (the request, its id and times, and its queue slot)."""
+    import collections
+    import tracemalloc
+
+    n = 20_000
+    queue: collections.deque = collections.deque()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(n):
+        now = 1000.0 + i * 0.001
+        queue.append(Request(i + 10_000, now, now + 30.0, None, intended_at=now - 0.0005))
+    per_request = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    assert per_request < 250, per_request
+    req = queue[0]
+    assert req._sent is None and req._extra is None  # nothing but the slots while queued
+    req.cancelled = False
+    req.last_status = None
+    assert req._sent is None and req._extra is None  # setting a default makes nothing
+    req.last_status, req.pool = 429, "bulk"
+    assert (req.last_status, req.pool, req.last_error, req.cancelled) == (429, "bulk", None, False)
+    assert req._sent is not None and req._extra is not None
