@@ -276,7 +276,10 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path, delay):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert proc.returncode in (0, 130), (proc.returncode, err)
+    # -SIGINT: the signal came while the interpreter itself was still booting, before
+    # Python handles SIGINT at all (seen once at 0.05 s on a loaded machine): killed
+    # by the signal's default action, silently, which is also no traceback.
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
     assert "Unclosed" not in err
 
 
