@@ -255,7 +255,8 @@ def load_config(
 ) -> RunConfig:
     """Build a `RunConfig` from a preset, a TOML file and flag overrides.
 
-    With nothing given, the "seed" preset is used, so the first run works
+    With no target named (by a flag or the file) and no preset, the "seed"
+    preset is the base, so the first run, and a first small config file, work
     against the embedded simulator. The seed preset's demo keys are never sent
     to a target the user named unless the user chose that preset: a target
     with no keys is a `ConfigError` ("no API keys given").
@@ -269,10 +270,13 @@ def load_config(
     else:
         file_data.pop("preset", None)
     named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
-    # With nothing named, the seed preset drives the embedded simulator; a target
-    # the user names with no preset gets the neutral defaults instead (no nonce,
-    # no request id, the key as a Bearer token), never the seed server's ways.
-    implicit = preset is None and path is None and not named_target
+    file_target = file_data.get("target")
+    file_names_target = isinstance(file_target, dict) and bool(file_target.get("url"))
+    # With no target named (by a flag or the file), the seed preset drives the
+    # embedded simulator, under whatever the file sets; a target the user names
+    # with no preset gets the neutral defaults instead (no nonce, no request id,
+    # the key as a Bearer token), never the seed server's ways.
+    implicit = preset is None and not named_target and not file_names_target
     if implicit:
         preset = "seed"
     if preset is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ratedeck.core import paths
-from ratedeck.engine.config import SEED_KEYS
+from ratedeck.engine.config import SEED_KEYS, ConfigError
 from ratedeck.runner.cli import build_parser, load_run_config, main
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
@@ -122,3 +122,17 @@ def test_config_path_and_show(xdg, tmp_path, monkeypatch):
     assert data["keys"]["secrets"] == ["env:MY_TEST_KEYS"] and "env-key-aaaa-0001" not in proc.stdout
     assert run("config", "show", "--in-flight", "0").returncode == 2
     assert run("config", "nope").returncode == 2
+
+
+def test_a_small_config_file_without_a_target_runs_on_the_embedded_simulator(tmp_path, xdg):
+    """A first config file that only sets a rate works as running with no file does:
+    the seed preset fills in the rest. One that names a target still needs keys."""
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text("[workload]\nrate = 50\n")
+    cfg, source = _cfg("--config", str(tiny))
+    assert source == str(tiny) and cfg.workload.rate == 50 and cfg.target.url is None
+    assert [k.secret for k in cfg.keys] == list(SEED_KEYS) and cfg.target.nonce_param == "nonce"
+    named = tmp_path / "named.toml"
+    named.write_text('[target]\nurl = "https://api.example.com/v1"\n')
+    with pytest.raises(ConfigError, match="no API keys given"):
+        _cfg("--config", str(named))
