@@ -18,8 +18,9 @@ engine on this client now costs less than a bare aiohttp loop
 
 No proxies, cookies, redirects or retries: the transport decides about
 redirects, and a request is sent once. A connection idle for `idle_s` (below
-common server keep-alive timeouts) is closed rather than reused, so a server
-that dropped it does not cost an attempt. Cancelling a request closes its
+common server keep-alive timeouts), or for less than the `Keep-Alive: timeout=N`
+its server announced, is closed rather than reused, so a server that dropped
+it does not cost an attempt. Cancelling a request closes its
 connection: the answer may still come, and must not be read as another's.
 """
 
@@ -93,6 +94,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
+        self.idle_limit: float | None = None  # from the server's Keep-Alive header, if it sent one
         self._waiter: asyncio.Future[Answer] | None = None
         self._headers: list[tuple[str, str]] = []
         self._body: list[bytes] = []
@@ -198,6 +200,8 @@ class _Connection(asyncio.Protocol):
                 self.close()
                 return
         self.reusable = reuse and not self.closed
+        if self.reusable and (keep_alive := headers.get("Keep-Alive")) is not None:
+            self.idle_limit = _keep_alive_timeout(keep_alive)
         if not self.reusable:
             self.close()
         waiter.set_result(Answer(self._status, headers, body))
@@ -207,6 +211,19 @@ class _Connection(asyncio.Protocol):
         self.close()
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
+
+
+def _keep_alive_timeout(value: str) -> float | None:
+    """How long the server keeps an idle connection, from `Keep-Alive: timeout=5, max=100`,
+    less a second for the trip; None when it does not say."""
+    for part in value.split(","):
+        name, _, number = part.strip().partition("=")
+        if name.strip().lower() == "timeout":
+            try:
+                return max(0.0, float(number) - 1.0)
+            except ValueError:
+                return None
+    return None
 
 
 def _decode(encoding: str, body: bytes) -> bytes:
@@ -275,7 +292,8 @@ class HttpClient:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()  # the most recently used: the likeliest to be alive
-            if not conn.closed and now - conn.idle_since < self.idle_s:
+            limit = self.idle_s if conn.idle_limit is None else min(self.idle_s, conn.idle_limit)
+            if not conn.closed and now - conn.idle_since < limit:
                 return conn
             conn.close()
             self._dropped()

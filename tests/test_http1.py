@@ -74,6 +74,8 @@ class App:
             await self.release.wait()
             self.open_now -= 1
             return web.Response(text="held")
+        if what == "shortlived":  # a server that keeps idle connections 1 s and says so
+            return web.Response(text="ok", headers={"Keep-Alive": "timeout=1, max=100"})
         if what == "status429":
             return web.Response(status=429, text="slow down")
         if what == "hang":
@@ -200,6 +202,32 @@ async def test_an_idle_connection_past_its_time_is_not_reused():
         await client.request("GET", URL(f"{base}/ok"), {})
         await client.request("GET", URL(f"{base}/ok"), {})
     assert client.connections_made == 2
+
+
+@run_async
+async def test_a_server_s_keep_alive_timeout_is_heeded():
+    async with served(2) as (app, base, client):
+        await client.request("GET", URL(f"{base}/shortlived"), {})
+        await client.request("GET", URL(f"{base}/ok"), {})  # idle under 0 s: not reused either
+        await client.request("GET", URL(f"{base}/ok"), {})  # ok answers say nothing: reused
+    assert client.connections_made == 2
+    assert len({peer for peer, *_ in app.seen}) == 2
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("timeout=5, max=100", 4.0),
+        ("max=3,timeout=2", 1.0),
+        ("timeout=0", 0.0),
+        ("timeout=x", None),
+        ("max=9", None),
+    ],
+)
+def test_keep_alive_header_values(value, seconds):
+    from ratedeck.engine.http1 import _keep_alive_timeout
+
+    assert _keep_alive_timeout(value) == seconds
 
 
 @pytest.mark.parametrize(
