@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
 import json
 import time
@@ -176,13 +177,15 @@ class HttpTransport:
         if headers is None:
             t = self.target
             headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
-            for name, value in t.headers.items():  # the config's own, whatever their case
-                for ours in [n for n in headers if n.lower() == name.lower()]:
-                    del headers[ours]
-                headers[name] = value
-            if t.key_header:
+            url = self._post_url
+            if url.user is not None:  # credentials in the URL: HTTP Basic, as browsers and curl do
+                pair = f"{url.user}:{url.password or ''}".encode()
+                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+            for name, value in t.headers.items():  # the config's own headers
+                _put(headers, name, value)
+            if t.key_header:  # and the key's, over any of the same name
                 fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
-                headers[t.key_header] = fmt.replace("{key}", key.secret)
+                _put(headers, t.key_header, fmt.replace("{key}", key.secret))
             self._headers_by_key[key.label] = headers
         return headers
 
@@ -375,6 +378,13 @@ class HttpTransport:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def _put(headers: dict[str, str], name: str, value: str) -> None:
+    """Set header `name`, replacing one of the same name in any case."""
+    for ours in [n for n in headers if n.lower() == name.lower()]:
+        del headers[ours]
+    headers[name] = value
 
 
 def _hinted(outcome: Outcome, headers) -> Outcome:

@@ -383,3 +383,28 @@ async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
     assert probe.answered >= 3 and probe.failed == 0
     assert limited.sent == 1 and problems and "429" in problems[0]
     assert all(seen[3].get("User-Agent") is None for seen in app.seen)  # nothing but the GET
+
+
+@run_async
+async def test_url_credentials_go_as_http_basic_and_a_key_header_wins_over_them():
+    import base64 as b64
+
+    from ratedeck.engine.config import KeySpec, TargetConfig
+    from ratedeck.engine.request import Request
+    from ratedeck.engine.transport import HttpTransport
+
+    async with served(2) as (app, base, _client):
+        url = base.replace("http://", "http://ops%20user:s3cret-pw@") + "/ok"
+        key = KeySpec(label="k1", secret="key-000000000001", policies=())
+        plain = HttpTransport(TargetConfig(url=url, key_param="api_key", key_header=""), url, 2)
+        keyed = HttpTransport(TargetConfig(url=url, key_param="", key_header="authorization"), url, 2)
+        try:
+            assert (await plain.send(key, Request(1, 0.0, 10.0), None)).status == 200
+            assert (await keyed.send(key, Request(2, 0.0, 10.0), None)).status == 200
+        finally:
+            await plain.close()
+            await keyed.close()
+    basic = "Basic " + b64.b64encode(b"ops user:s3cret-pw").decode()
+    assert app.seen[0][3]["Authorization"] == basic and "s3cret" not in app.seen[0][2]
+    assert app.seen[1][3]["Authorization"] == "Bearer key-000000000001"
+    assert list(app.seen[1][3]).count("Authorization") == 1
