@@ -281,6 +281,13 @@ class Snapshot:
         answered = self.answered
         return self.cpu_s * 1e6 / answered if answered and self.cpu_s > 0 else None
 
+    @property
+    def cpu_cores(self) -> float | None:
+        """Cores the engine kept busy on average since the start (1.0: one whole core;
+        several processes add up); None before any time has passed. Near 1.0 per
+        process, the client is the bottleneck whatever its CPU per request."""
+        return self.cpu_s / self.elapsed_s if self.elapsed_s > 0 and self.cpu_s > 0 else None
+
     def balance(self) -> int:
         """generated minus every place a request can be; 0 when nothing is lost."""
         return self.generated - (

@@ -105,6 +105,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
         procs = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
         if snap.loop:
             procs += f" on {snap.loop}"
+        if (cores := snap.cpu_cores) is not None:
+            procs += f", {cores * 100:.0f}% of a core"
         lines.append(
             f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {procs})"
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"

@@ -153,6 +153,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         "procs": snap.procs,
         "cpu_s": r(snap.cpu_s, 3),
         "cpu_us_per_request": r(cpu_us, 1) if cpu_us is not None else None,
+        "cpu_cores": r(snap.cpu_cores, 3) if snap.cpu_cores is not None else None,
         "loop_lag_ms": r(snap.loop_lag_ms, 1),
         "loop": snap.loop or None,
     }

@@ -296,8 +296,9 @@ def test_the_console_limiter_panel_names_the_client_s_cpu_per_request_and_a_late
     from ratedeck.console.widgets.limiter import client_text
 
     assert client_text(Snapshot()) == ""  # nothing answered yet: nothing to say
-    snap = Snapshot(sent=1000, in_flight=0, cpu_s=0.25, procs=2, loop_lag_ms=3.0)
-    assert "250 µs" in client_text(snap) and "2 procs" in client_text(snap)
+    snap = Snapshot(sent=1000, in_flight=0, cpu_s=0.25, procs=2, loop_lag_ms=3.0, elapsed_s=2.0)
+    assert "250 µs" in client_text(snap)
+    assert "2×6% core" in client_text(snap)  # 0.25 s of CPU in 2 s, over 2 processes
     assert "late" not in client_text(snap)
     assert "loop 40 ms late" in client_text(Snapshot(sent=10, cpu_s=0.01, loop_lag_ms=40.0))
 

@@ -29,15 +29,20 @@ def throttle_text(snap: Snapshot, excess: bool = True) -> str:
 
 
 def client_text(snap: Snapshot) -> str:
-    """Markup for the client's own cost: CPU per answered request, processes, loop lag
+    """Markup for the client's own cost: CPU per answered request, how busy its cores are
+    (per process), loop lag
     (warned when the loop runs late: then the client, not the server, is the bottleneck)."""
     cpu = snap.cpu_us_per_request
     if cpu is None:
         return ""
-    procs = f" · {snap.procs} procs" if snap.procs > 1 else ""
+    cores = snap.cpu_cores
+    busy = ""
+    if cores is not None:  # a core per process: "2×45% core" is 2 processes, each 45% busy
+        share = f"{cores * 100 / snap.procs:.0f}% core"
+        busy = f" · {snap.procs}×{share}" if snap.procs > 1 else f" · {share}"
     lag = snap.loop_lag_ms
     late = f" · [$text-warning]loop {lag:.0f} ms late[/]" if lag > LOOP_LAG_WARN_MS else ""
-    return f"[b]{cpu:.0f} µs[/]/req CPU{procs}{late}"
+    return f"[b]{cpu:.0f} µs[/]/req CPU{busy}{late}"
 
 
 #: What fits after a limiter panel label at 120 columns.
