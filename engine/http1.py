@@ -241,7 +241,7 @@ def _decode(encoding: str, body: bytes) -> bytes:
 class HttpClient:
     """Keep-alive HTTP/1.1 connections for one run; see the module's docstring."""
 
-    def __init__(self, max_connections: int, idle_s: float = IDLE_S, user_agent: str | None = None):
+    def __init__(self, max_connections: int, idle_s: float = IDLE_S):
         self.max_connections = max(1, max_connections)
         self.idle_s = idle_s
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
