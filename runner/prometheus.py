@@ -279,6 +279,20 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
     phase = GaugeMetricFamily("ratedeck_phase", "1 for the run's current phase.", labels=["phase"])
     phase.add_metric([str(snap.phase)], 1.0)
     out.append(phase)
+    # the client's own cost: is ratedeck the bottleneck? (rate(cpu)/processes near 1: yes)
+    out.append(
+        _counter(
+            "ratedeck_client_cpu_seconds",
+            "CPU seconds of the engine's processes since the start.",
+            snap.cpu_s,
+        )
+    )
+    gauge("ratedeck_client_processes", "Engine processes (--procs).", snap.procs)
+    gauge(
+        "ratedeck_loop_lag_seconds",
+        "How late the engine's timers fired, worst of the last seconds.",
+        _seconds(snap.loop_lag_ms),
+    )
 
     # latency: histograms in seconds, and the engine's own quantiles
     quantiles = GaugeMetricFamily(

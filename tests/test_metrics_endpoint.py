@@ -134,6 +134,10 @@ def test_a_scrape_during_a_run_parses_and_the_end_equals_the_report(tmp_path):
         end, "ratedeck_latency_quantile_seconds", stage="arrival_done", quantile="1"
     ) == pytest.approx(data["latency_total_ms"]["max"] / 1000, abs=1e-4)
     assert _value(end, "ratedeck_phase", phase="stopped") == 1
+    assert _value(end, "ratedeck_client_cpu_seconds_total") == pytest.approx(
+        data["client"]["cpu_s"], abs=1e-3
+    )
+    assert _value(end, "ratedeck_client_processes") == data["client"]["procs"] == 1
     everything = "".join(seen) + out + err + end_text
     assert not any(k in everything for k in SEED_KEYS)
 
