@@ -208,6 +208,7 @@ class Engine:
         self.stopping = False
         self.phase = Phase.STARTING
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_name = ""  # "uvloop" or "asyncio", once started
         self.clock = time.monotonic  # replaced by the loop's clock in start()
         self.started_at = 0.0
         self.ended_at: float | None = None
@@ -245,6 +246,7 @@ class Engine:
     def start(self) -> None:
         """Start workers, the source and the ticker on the running loop."""
         self.loop = asyncio.get_running_loop()
+        self.loop_name = loop_name(self.loop)
         self.clock = engine_clock(self.loop)
         self.started_at = self.clock()
         self._cpu0 = time.process_time()
@@ -827,7 +829,7 @@ class Engine:
             rejections_spent=h.rejections_spent,
             probe_sent=self.probe.sent if self.probe is not None else 0,
             cpu_s=self.cpu_s(),
-            loop=loop_name(self.loop) if self.loop is not None else "",
+            loop=self.loop_name,
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
         )

@@ -166,6 +166,8 @@ class _Connection(asyncio.Protocol):
             self._finish(reuse=False)
 
     def on_body(self, body: bytes) -> None:
+        if self._waiter is None:  # finished at the limit: the rest of this read is not kept
+            return
         limit = self._limit
         if limit is not None and self._status >= 300 and self._size + len(body) >= limit:
             self._body.append(body[: limit - self._size])

@@ -42,8 +42,6 @@ class Response:
         self.status, self.headers, self.body = status, headers, body
 
     def json(self):
-        import json
-
         return json.loads(self.body)
 
     def __repr__(self) -> str:
@@ -148,7 +146,7 @@ class HttpTransport:
     def _get_url(self, fields: list[tuple[str, str]]) -> URL:
         parts = [self._base_query, "&".join(f"{k}={quote(v, safe='')}" for k, v in fields), self._static]
         query = "&".join(p for p in parts if p)
-        # Pre-encoded: skips aiohttp's URL building, a measurable cost at 5,000/s.
+        # Pre-encoded: skips yarl's quoting, a measurable cost at 5,000/s.
         return URL(f"{self._base}?{query}" if query else self._base, encoded=True)
 
     def _same_origin(self, current: URL, location: str) -> URL | None:

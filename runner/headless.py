@@ -102,13 +102,13 @@ def metrics_block(snap: Snapshot) -> list[str]:
     ]
     cpu = snap.cpu_us_per_request
     if cpu is not None:
-        procs = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
+        where = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
         if snap.loop:
-            procs += f" on {snap.loop}"
+            where += f" on {snap.loop}"
         if (cores := snap.cpu_cores) is not None:
-            procs += f", {cores * 100:.0f}% of a core"
+            where += f", {cores * 100:.0f}% of a core"
         lines.append(
-            f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {procs})"
+            f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {where})"
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
         )
     return lines

@@ -9,7 +9,7 @@ import sys
 import tomllib
 
 import pytest
-from test_report_schema import validate
+from test_report_schema import accounted, validate
 
 from ratedeck.engine.config import SEED_KEYS, load_config
 from ratedeck.runner.cli import main
@@ -123,14 +123,7 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     # The engine runs on uvloop where it is installed (a dependency off Windows), and says so.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     assert data["client"]["loop"] == loop and f"1 process on {loop}" in proc.stdout
-    assert req["generated"] == (
-        req["succeeded"]
-        + req["expired"]
-        + req["graveyard"]
-        + req["shed"]
-        + req["queued_at_end"]
-        + req["in_flight_at_end"]
-    )
+    assert req["generated"] == accounted(req)
     for name in (
         "duration_s",
         "capacity_tps",

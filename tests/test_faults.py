@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from fault_server import STATUSES, FaultServer, key_forms
+from test_report_schema import accounted
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 KEYS = ("sk-LIVE/fault+key=0123456789abcdef", "sk-TEST/other+key=fedcba9876543210")
@@ -210,14 +211,7 @@ def test_fault(scenario: Scenario, runs, server):
     req = data["requests"]
     assert data["balance_ok"], data
     assert req["generated"] == scenario.total, data
-    assert req["generated"] == (
-        req["succeeded"]
-        + req["expired"]
-        + req["graveyard"]
-        + req["shed"]
-        + req["queued_at_end"]
-        + req["in_flight_at_end"]
-    )
+    assert req["generated"] == accounted(req)
     if result.graveyard.exists():
         lines = result.graveyard.read_text().splitlines()
         assert len(lines) == req["graveyard"] and all(json.loads(line) for line in lines)

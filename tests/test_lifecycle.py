@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from fault_server import FaultServer
+from test_report_schema import accounted
 
 from ratedeck.engine.config import load_config
 from ratedeck.engine.queues import Graveyard
@@ -49,14 +50,7 @@ def _balanced(report: Path) -> dict:
     data = json.loads(report.read_text())
     req = data["requests"]
     assert data["balance_ok"], data
-    assert req["generated"] == (
-        req["succeeded"]
-        + req["expired"]
-        + req["graveyard"]
-        + req["shed"]
-        + req["queued_at_end"]
-        + req["in_flight_at_end"]
-    )
+    assert req["generated"] == accounted(req)
     return data
 
 

@@ -48,6 +48,12 @@ def _is(value, kind: str) -> bool:
     return isinstance(value, _TYPES[kind])
 
 
+def accounted(req: dict) -> int:
+    """Every place a report's requests can be at the end, added up: `generated` must equal it."""
+    places = ("succeeded", "expired", "graveyard", "shed", "queued_at_end", "in_flight_at_end")
+    return sum(req[place] for place in places)
+
+
 def validate(instance, node: dict | None = None, path: str = "report") -> list[str]:
     """Every way `instance` breaks the schema (`node`, default the report's), one line each."""
     node = schema() if node is None else node
