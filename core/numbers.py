@@ -64,6 +64,14 @@ def show(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def readable(x: float) -> str:
+    """A measured number for people: at most two decimals (2.73, 120, 12,000), three significant
+    figures below 1 (0.139)."""
+    if x != 0 and abs(x) < 1:
+        return f"{x:.3g}"
+    return f"{x:,.2f}".rstrip("0").rstrip(".")
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() and abs(x) >= 10_000 else f"{x:g}"
 

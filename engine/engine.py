@@ -24,6 +24,7 @@ import uuid
 from collections import deque
 
 from ratedeck.core.errors import RatedeckError
+from ratedeck.core.numbers import readable
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
@@ -264,7 +265,8 @@ class Engine:
         if self.probe is not None:
             probing = self.probe.run(self.clock, self.headroom.observe_network, self.problem)
             self._tasks.append(self.loop.create_task(probing, name="probe"))
-        self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {self.cfg.capacity_tps:g}/s")
+        capacity = readable(self.cfg.capacity_tps)
+        self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {capacity}/s")
 
     async def run(self, duration_s: float | None = None) -> Snapshot:
         """Start, run until `duration_s` passes or the workload is done, then stop."""
@@ -743,7 +745,7 @@ class Engine:
                 if not rate >= 0 or rate == float("inf"):
                     raise ValueError(f"arrival rate must be a finite number, 0 or more, got {rate}")
                 self.source.set_rate(rate)
-                self.event(EventKind.SETTING, f"arrival rate {rate:g}/s")
+                self.event(EventKind.SETTING, f"arrival rate {readable(rate)}/s")
             case SetThrottle(mode_or_rate=value):
                 self.source.set_throttle(value)
                 self.event(EventKind.SETTING, f"entry throttle {value}")

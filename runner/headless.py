@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from ratedeck.core.numbers import readable
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
@@ -85,7 +86,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
     lines = [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
-        f"  ({snap.pct_capacity:.1f}% of {snap.capacity_tps:g}/s capacity)",
+        f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)",
         f"requests     generated {snap.generated}  succeeded {snap.succeeded}  expired {snap.expired}"
         f"  graveyard {snap.graveyard}  shed {snap.shed}",
         f"attempts     sent {snap.sent}  rejected 429 {snap.rejected_429}  rejected other {snap.rejected_other}"
@@ -96,7 +97,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             {_latency('arrival->done', snap.latency_total)}",
         f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
-        f"  arrival {snap.arrival_rate:g}/s",
+        f"  arrival {readable(snap.arrival_rate)}/s",
         f"             from {snap.headroom_from()}"
         + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]

@@ -229,3 +229,18 @@ def test_errors_are_grouped_by_status_and_cause_with_the_last_text_per_key(tmp_p
     failing = [k for k in snap.keys if k.errors]
     assert failing and all(k.last_error.startswith("timeout") for k in failing)
     assert snap.balance() == 0
+
+
+def test_events_print_rates_with_at_most_two_decimals():
+    engine, _ = seed_engine(keys={"limits": ["41/75s"]})  # 5 keys of 41/75s: 2.7333.../s in all
+
+    async def main():
+        engine.start()
+        engine.apply(SetArrivalRate(100 / 11))  # what [ makes of 10/s
+        snap = engine.snapshot()
+        await engine.stop()
+        return snap
+
+    texts = [e.text for e in run_virtual(main()).events]
+    assert any(t.endswith("capacity 2.73/s") for t in texts), texts
+    assert "arrival rate 9.09/s" in texts, texts
