@@ -9,6 +9,7 @@ masks it before anything is cut short, so no prefix survives a cut.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Iterable
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
@@ -21,6 +22,15 @@ def mask_secret(secret: str) -> str:
     if len(secret) <= 8:
         return MASK
     return "…" + secret[-4:]
+
+
+def fingerprint(secret: str) -> str:
+    """Six hex digits of SHA-256 of the secret ("3f9a1c"), to tell keys apart and find one in a
+    list (`printf %s KEY | sha256sum`); "" for a short secret (8 characters or fewer), whose
+    few possible values a fingerprint would let anyone try."""
+    if len(secret) <= 8:
+        return ""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()[:6]
 
 
 def _b64_cores(raw: bytes) -> set[str]:

@@ -40,6 +40,8 @@ class KeyRow:
     server_reset_in_s: float | None = None  # seconds until the server's window turns
     learned_limit: str | None = None  # a limit learned from rejections, below the one given ("20/1s")
     told_limit: str = ""  # the limits the key was given ("25/1s"; several joined by ", ")
+    fingerprint: str = ""  # six hex digits of SHA-256 of the secret (core.secrets.fingerprint); "" if short
+    latency: LatencySummary = field(default_factory=lambda: LatencySummary())  # this key's successes
 
 
 @dataclass(frozen=True, slots=True)

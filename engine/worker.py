@@ -9,13 +9,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import Policy
-from ratedeck.core.secrets import mask_secret
+from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
 from .config import KeySpec
 from .delays import advertised_policies
 from .gate import CooldownGate
 from .limiter import Stamp, WindowLimiter
+from .metrics import KeyLatency
 from .outcome import Outcome
 from .settle import Tally
 from .snapshot import KeyRow
@@ -63,6 +64,7 @@ class KeyWorker:
         self.spec = spec
         self.label = spec.label
         self.masked = mask_secret(spec.secret)
+        self.fingerprint = fingerprint(spec.secret)
         self.told = ", ".join(str(p) for p in spec.policies)  # the limits given, as the user wrote them
         self.limiter = limiter  # this key's own budget
         self.limiters = (limiter, *shared)  # every budget a send spends (key, host)
@@ -80,6 +82,7 @@ class KeyWorker:
         self.in_flight = 0
         self.sent = self.succeeded = self.rejected_429 = 0
         self.last_latency_ms: float | None = None
+        self.latency = KeyLatency()  # this key's successes, send -> answer
         self.errors = 0
         self.last_status: int | None = None
         self.last_error = ""
@@ -272,8 +275,10 @@ class KeyWorker:
         """An attempt of this key came back (or failed to)."""
         self.in_flight -= 1
         if outcome.status is not None:
-            self.last_latency_ms = outcome.latency_s * 1000.0
+            ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
+            if outcome.kind is OutcomeKind.OK:  # a success (settle.decide), as the run's histogram counts
+                self.latency.add(ms)
         if outcome.kind is not OutcomeKind.OK:
             self.errors += 1
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
@@ -377,4 +382,6 @@ class KeyWorker:
             round(max(0.0, self.server_reset_at - now), 1) if self.server_reset_at is not None else None,
             str(self._learned) if self._learned is not None else None,
             self.told,
+            self.fingerprint,
+            self.latency.summary(now),
         )

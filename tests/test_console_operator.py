@@ -277,13 +277,13 @@ async def test_enter_opens_key_detail_n_p_step_and_space_pauses_that_key():
 
 
 @async_test
-async def test_key_detail_says_unknown_for_what_the_engine_does_not_report():
-    app = make_app(main_snapshot())
+async def test_key_detail_says_what_is_not_known_yet():
+    app = make_app(main_snapshot())  # rows with no fingerprint (a short secret), no success timed
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("down", "down", "down", "enter")  # k4: got the 429s
         text = screen_text(app)
-        assert "fingerprint unknown" in text and "Server says  unknown" in text
-        assert "This key     unknown" in text
+        assert "no fingerprint (short secret)" in text and "Server says  unknown" in text
+        assert "This key     no successes yet" in text and "not reported" not in text
         assert "429 rate limited ×3" in text and '{"error":"rate limit exceeded","key":"…Ye5G"' in text
         assert "k4 got 429 with Retry-After 5s" in text  # its gate history from the events
 

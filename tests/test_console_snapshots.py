@@ -114,10 +114,11 @@ def test_key_detail(snap_compare):
     assert snap_compare(make_app(reported_snapshot()), terminal_size=FULL, press=["enter"], run_before=settle)
 
 
-def test_key_detail_80x24_unknowns(snap_compare):
-    """k4 without the proposed fields: "unknown" where the engine reports nothing."""
+def test_key_detail_80x24(snap_compare):
+    """k4 at 80x24: its fingerprint, its own latency and last errors; "unknown" only for the
+    server's count, which its answers never carried."""
     assert snap_compare(
-        make_app(main_snapshot()),
+        make_app(reported_snapshot()),
         terminal_size=COMPACT,
         press=["down", "down", "down", "enter"],
         run_before=settle,

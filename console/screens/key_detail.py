@@ -4,11 +4,10 @@ Opened with Enter on a key; n / p step to the next / previous key in the
 table's order (sort and filter included); Esc or q goes back. The app hands
 every new snapshot to the screen while it is open.
 
-Some of what an operator wants here is only known if the engine reports it
-per key; each such field is read with `getattr`, and shown as "unknown" until
-the engine has it: `fingerprint`, `server_remaining`, `server_limit`,
-`server_reset_in_s`, `latency` (a `LatencySummary`) and `recent_errors`
-(`ErrorRow`s, newest last).
+Everything here comes from the key's `KeyRow`: its fingerprint, the server's
+own count when its answers carry one ("unknown" until then), the key's own
+latency percentiles and, where an engine reports them, `recent_errors`
+(`ErrorRow`s, newest last; read with `getattr`).
 """
 
 from __future__ import annotations
@@ -24,13 +23,13 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ratedeck.engine.snapshot import ErrorRow, KeyRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import ErrorRow, KeyRow, Snapshot
 
 from ..widgets import numbers
 from ..widgets.errors import KIND_STYLE, by_count, cause_text, one_line, status_text
 from ..widgets.event_log import event_line
 from ..widgets.gauge import Gauge
-from ..widgets.keys_table import fingerprint, state_text
+from ..widgets.keys_table import state_text
 
 MAX_EVENTS = 40
 MAX_ERRORS = 8
@@ -47,8 +46,8 @@ def unknown(why: str) -> str:
 
 
 def head_text(row: KeyRow) -> str:
-    fp = fingerprint(row)
-    fp_part = f"fingerprint [b]{escape(fp)}[/]" if fp else f"fingerprint {unknown('not reported')}"
+    fp = row.fingerprint
+    fp_part = f"fingerprint [b]{escape(fp)}[/]" if fp else "[$text-muted]no fingerprint (short secret)[/]"
     style = _STATE_STYLE.get(str(row.state), "$text-error")
     note = (
         " [$text-error]· refused by the server for good; it is not used[/]" if row.state == "blocked" else ""
@@ -58,17 +57,15 @@ def head_text(row: KeyRow) -> str:
 
 def limit_text(row: KeyRow) -> str:
     """The limit the key was given, and one learned from the server's rejections."""
-    told = escape(getattr(row, "told_limit", "") or "") or unknown("not reported")
-    learned = getattr(row, "learned_limit", None)
+    told = escape(row.told_limit) or "[$text-muted]none given[/]"
+    learned = row.learned_limit
     if learned:
         return f"told {told}, [b $text-warning]learned {escape(learned)}[/] [$text-muted](from rejections)[/]"
     return f"[b]{told}[/]"
 
 
 def window_text(row: KeyRow) -> str:
-    remaining = getattr(row, "server_remaining", None)
-    limit = getattr(row, "server_limit", None)
-    reset = getattr(row, "server_reset_in_s", None)
+    remaining, limit, reset = row.server_remaining, row.server_limit, row.server_reset_in_s
     if remaining is None:
         server = unknown("server sent none")
     else:
@@ -91,16 +88,19 @@ def window_text(row: KeyRow) -> str:
 
 
 def latency_text(row: KeyRow, snap: Snapshot) -> str:
-    summary: LatencySummary | None = getattr(row, "latency", None)
+    """The last answer, this key's own percentiles (p50 and p99 first: they fit at 80 columns)
+    and every key's together, send -> answer."""
+    summary = row.latency
     lines = [f"[$text-muted]Last        [/] [b]{numbers.millis(row.last_latency_ms)}[/]"]
-    if summary is not None and summary.count:
-        lines.append(
+    if summary.count:
+        lines += [
             f"[$text-muted]This key    [/] p50 [b]{numbers.millis(summary.p50)}[/]"
-            f"  p90 {numbers.millis(summary.p90)}  p99 [b]{numbers.millis(summary.p99)}[/]"
-            f"  max {numbers.millis(summary.max)}  [$text-muted]({numbers.count(summary.count)} answers)[/]"
-        )
+            f"  p99 [b]{numbers.millis(summary.p99)}[/]",
+            f"             p90 {numbers.millis(summary.p90)}  max {numbers.millis(summary.max)}",
+            f"             [$text-muted]{numbers.count(summary.count)} successes[/]",
+        ]
     else:
-        lines.append(f"[$text-muted]This key    [/] {unknown('not reported per key')}")
+        lines.append("[$text-muted]This key     no successes yet[/]")
     lines.append(
         f"[$text-muted]All keys    [/] p50 {numbers.millis(snap.latency.p50)}  p99 {numbers.millis(snap.latency.p99)}"
     )

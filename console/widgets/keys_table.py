@@ -35,11 +35,6 @@ def natural(label: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label))
 
 
-def fingerprint(row: KeyRow) -> str:
-    """The key's short fingerprint when the engine reports one (`KeyRow.fingerprint`), else ""."""
-    return str(getattr(row, "fingerprint", "") or "")
-
-
 def state_text(row: KeyRow) -> str:
     """The words of the state cell: "cooling 3.2s" shows the seconds left."""
     if row.state == "cooling":
@@ -51,7 +46,7 @@ def state_text(row: KeyRow) -> str:
 
 def key_text(row: KeyRow) -> str:
     """Label, masked secret and fingerprint when known; the only parts of a key ever shown."""
-    fp = fingerprint(row)
+    fp = row.fingerprint
     return f"{row.label} {row.masked} {fp}" if fp else f"{row.label} {row.masked}"
 
 
@@ -95,7 +90,7 @@ def matches(row: KeyRow, terms: list[str]) -> bool:
         return True
     status = "" if row.last_status is None else str(row.last_status)
     haystack = " ".join(
-        (row.label, row.masked, fingerprint(row), str(row.state), status, row.last_error)
+        (row.label, row.masked, row.fingerprint, str(row.state), status, row.last_error)
     ).lower()
     return all(term in haystack for term in terms)
 
