@@ -27,13 +27,13 @@ import json
 import random
 from collections import deque
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ratedeck.core.throttle import parse_throttle
 from ratedeck.core.vocab import Excess, MessagePattern
 
 from .config import RunConfig
+from .jsonl import JsonLines
 from .request import Request
 from .snapshot import MessageStats
 from .waker import Waker
@@ -128,7 +128,8 @@ class MessageWorkload:
         self.backlog: deque[Message] = deque()
         self.in_progress: dict[int, Message] = {}
         self._sample_acc = 0.0
-        self._shed_lines: list[str] = []
+        self._shed_lines: list[str] = []  # written once a second (or when the source ends)
+        self._shed_out = JsonLines(self.shed_path, "shed messages to") if self.shed_path else None
         self._sink: SourceSink | None = None
         self._waker = Waker()
         self._next_id = 0
@@ -254,6 +255,8 @@ class MessageWorkload:
         finally:
             self.exhausted = not sink.stopping
             self._flush_shed(sink)
+            if self._shed_out is not None:
+                self._shed_out.close()
         sink.source_done()
 
     def _room(self, sink: SourceSink) -> bool:
@@ -369,15 +372,11 @@ class MessageWorkload:
             )
 
     def _flush_shed(self, sink: SourceSink) -> None:
-        if not self.shed_path or not self._shed_lines:
+        out = self._shed_out
+        if out is None or not self._shed_lines:
             return
-        try:
-            with Path(self.shed_path).open("a", encoding="utf-8") as fh:
-                fh.write("\n".join(self._shed_lines) + "\n")
-        except OSError as exc:
-            problem = f"cannot write shed messages to {self.shed_path}: {exc.strerror or exc}"
-            sink.problem(problem)
-            return
+        if not out.write_lines(self._shed_lines) and out.problem:
+            sink.problem(out.problem)  # later lines are counted, not written
         self._shed_lines.clear()
 
     # ------------------------------------------------------------ engine hooks

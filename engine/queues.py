@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from .jsonl import JsonLines
 from .request import Request
 
 _POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
@@ -182,32 +181,27 @@ class Graveyard:
     (the host sets the engine's), masks every key in the texts and parameters.
     """
 
-    __slots__ = ("path", "count", "written", "problem", "redact", "_fh")
+    __slots__ = ("path", "count", "redact", "_out")
 
     def __init__(self, path: str | None) -> None:
         self.path = path or None
         self.count = 0
-        self.written = 0
-        self.problem: str | None = None
         self.redact: Callable[[str], str] | None = None
-        self._fh: TextIO | None = None
+        self._out = JsonLines(self.path, "graveyard") if self.path is not None else None
+
+    @property
+    def written(self) -> int:
+        """Lines that reached the file."""
+        return self._out.written if self._out is not None else 0
+
+    @property
+    def problem(self) -> str | None:
+        return self._out.problem if self._out is not None else None
 
     def add(self, req: Request, now: float, wall_offset: float) -> None:
         self.count += 1
-        if self.path is None or self.problem is not None:
-            return
-        record = self.record(req, now, wall_offset)
-        try:
-            line = json.dumps(record, default=str)
-            if self._fh is None:
-                self._fh = Path(self.path).open("a", encoding="utf-8", buffering=1)
-            self._fh.write(line + "\n")
-            self._fh.flush()
-        except (OSError, ValueError) as exc:
-            self.problem = f"cannot write graveyard {self.path}: {getattr(exc, 'strerror', None) or exc}"
-            self.close()
-            return
-        self.written += 1
+        if self._out is not None and self._out.problem is None:
+            self._out.write(self.record(req, now, wall_offset))
 
     def record(self, req: Request, now: float, wall_offset: float) -> dict[str, object]:
         """The line `add` writes for `req` (a durable store journals the same line)."""
@@ -243,9 +237,5 @@ class Graveyard:
         return self.problem
 
     def close(self) -> None:
-        fh, self._fh = self._fh, None
-        if fh is not None:
-            try:
-                fh.close()
-            except OSError as exc:
-                self.problem = self.problem or f"cannot write graveyard {self.path}: {exc.strerror or exc}"
+        if self._out is not None:
+            self._out.close()
