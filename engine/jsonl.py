@@ -31,8 +31,12 @@ class JsonLines:
             self._open()
 
     def _open(self) -> TextIO | None:
+        path = Path(self.path)
         try:
-            self._fh = Path(self.path).open(self._mode, encoding="utf-8", buffering=1)
+            if self._mode == "w":
+                self._fh = path.open("w", encoding="utf-8", buffering=1)
+            else:
+                self._fh = path.open("a", encoding="utf-8", buffering=1)
         except (OSError, ValueError) as exc:
             self._fail(exc)
         self._mode = "a"  # opened again after close(): never emptied twice
