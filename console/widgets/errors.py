@@ -7,12 +7,12 @@ and the last answer's body or error text, secrets already masked by the engine.
 from __future__ import annotations
 
 from textual.markup import escape
-from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import ErrorRow, Snapshot
 
 from . import numbers
+from .panel import SnapshotPanel
 
 KIND_STYLE = {
     "rate_limited": "$text-warning",
@@ -68,31 +68,18 @@ def errors_summary(errors: tuple[ErrorRow, ...]) -> str:
     return f"{numbers.count(total)} failed attempts · {kinds}"
 
 
-class ErrorsPanel(Static):
+class ErrorsPanel(SnapshotPanel, Static):
     """Failed attempts by status and cause, most frequent first, with the last masked body.
 
     Shown beside the keys on wide terminals; `e` opens the full errors screen.
     """
 
-    _subtitle: str | None = None  # the border subtitle last set
-
-    _text = ""  # what is shown, so an unchanged refresh repaints nothing
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
-
-    def on_mount(self) -> None:
-        self.border_title = "Errors"
+    BORDER_TITLE = "Errors"
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None:
             return
         rows = by_count(snap.errors)
         text = "\n".join(error_line(snap, row) for row in rows) or "[$text-success]no failed attempts[/]"
-        if text != self._text:
-            self._text = text
-            self.update(text, layout=False)  # a fixed-size panel: no relayout
-        subtitle = f"{errors_summary(snap.errors)} · e: details"
-        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
-            self._subtitle = subtitle
-            self.border_subtitle = subtitle
+        self.show_text(text)  # a fixed-size panel: no relayout
+        self.show_subtitle(f"{errors_summary(snap.errors)} · e: details")

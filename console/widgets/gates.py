@@ -9,10 +9,11 @@ it is drawn in the error colour wherever it appears.
 from __future__ import annotations
 
 from textual.markup import escape
-from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import GateRow, Snapshot
+
+from .panel import SnapshotPanel
 
 # Detail lines before the panel says "+N more"; keeps the keys table in view.
 MAX_GATE_LINES = 5
@@ -82,22 +83,14 @@ def gate_line(gate: GateRow, name_width: int) -> str:
     return f"[{style}]{state}[/]  {closures} [{style}]{raised:<16}[/] {reason}"
 
 
-class GatesPanel(Static):
+class GatesPanel(SnapshotPanel, Static):
     """One line per gate that is closed or has closed before, closed ones first.
 
     Gates that never closed are named on one line at the end. The border
     subtitle repeats the count of closed gates and of escalations.
     """
 
-    _subtitle: str | None = None  # the border subtitle last set
-
-    _text = ""  # what is shown, so an unchanged refresh repaints nothing
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
-
-    def on_mount(self) -> None:
-        self.border_title = "Gates"
+    BORDER_TITLE = "Gates"
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None:
@@ -116,15 +109,11 @@ class GatesPanel(Static):
         if quiet:
             lines.append(f"[$text-muted]never closed: {escape(' '.join(quiet))}[/]")
         text = "\n".join(lines) or "[$text-muted]no gates[/]"
-        if text != self._text:
-            # its height follows its lines: relayout only when their number changes
-            self.update(text, layout=text.count("\n") != self._text.count("\n"))
-            self._text = text
+        # its height follows its lines: relayout only when their number changes
+        self.show_text(text, layout=text.count("\n") != self._text.count("\n"))
         closed = len(closed_gates(gates))
         raised = escalations(gates)
         subtitle = f"{closed} closed of {len(gates)}" + (
             f" · [b $text-error]▲ {plural(raised, 'escalation')}[/]" if raised else " · 0 escalations"
         )
-        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
-            self._subtitle = subtitle
-            self.border_subtitle = subtitle
+        self.show_subtitle(subtitle)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
 from .chart import Chart, ChartSpec
+from .panel import SnapshotPanel
 
 GOODPUT_STYLE = "$secondary"
 
@@ -36,24 +36,17 @@ def messages_text(snap: Snapshot) -> str:
     )
 
 
-class GoodputPanel(Vertical):
+class GoodputPanel(SnapshotPanel, Vertical):
     """Goodput (messages completed per second) as bars from zero, with the most the
     live capacity allows (live capacity / calls per message) drawn across."""
 
-    _subtitle: str | None = None  # the border subtitle last set
-
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
+    BORDER_TITLE = "Goodput msg/s"
 
     def compose(self) -> ComposeResult:
         yield Static(id="goodput-stats", classes="panel-stats")
         yield Chart(id="goodput-chart")
 
     span = ""  # the charts' span, as the throughput panel says it
-
-    def on_mount(self) -> None:
-        self.border_title = "Goodput msg/s"
 
     def show_chart(self, spec: ChartSpec | None, span: str) -> None:
         self.span = span
@@ -66,15 +59,12 @@ class GoodputPanel(Vertical):
             return
         m = snap.messages
         wasted = f"[$text-warning]{numbers.count(m.calls_wasted)}[/]" if m.calls_wasted else "0"
-        self.query_one("#goodput-stats", Static).update(
+        self.show_text(
             f"[$text-muted]now[/] [b]{numbers.rate(m.current_goodput)} msg/s[/]"
             f"  [$text-muted]avg[/] [b]{numbers.rate(m.goodput_tps)} msg/s[/]\n"
             f"{messages_text(snap)}\n"
             f"[$text-muted]calls wasted[/] {wasted}"
             f" [$text-muted]· {m.calls_per_message} calls per msg[/]",
-            layout=False,  # three lines, fixed in the stylesheet
+            self.query_one("#goodput-stats", Static),  # three lines, fixed in the stylesheet
         )
-        subtitle = f"[$accent]─[/] capacity/{m.calls_per_message} · {m.pattern} · {self.span}"
-        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
-            self._subtitle = subtitle
-            self.border_subtitle = subtitle
+        self.show_subtitle(f"[$accent]─[/] capacity/{m.calls_per_message} · {m.pattern} · {self.span}")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
 from .chart import Chart, ChartSpec
+from .panel import SnapshotPanel
 
 P50_STYLE = "$primary"
 P99_STYLE = "$warning"
@@ -35,34 +35,22 @@ def latency_text(snap: Snapshot) -> str:
     return "\n".join(lines)
 
 
-class LatencyPanel(Vertical):
+class LatencyPanel(SnapshotPanel, Vertical):
     """p50 and p99 lines per second on a log10 scale of whole decades (a fixed
     scale: small wobbles stay small), with the run's percentiles above."""
 
-    _subtitle: str | None = None  # the border subtitle last set
-
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
+    BORDER_TITLE = "Latency send→answer"
 
     def compose(self) -> ComposeResult:
         yield Static(id="latency-stats", classes="panel-stats")
         yield Chart(id="latency-chart")
 
     def on_mount(self) -> None:
-        self.border_title = "Latency send→answer"
         self._stats = self.query_one("#latency-stats", Static)
         self._chart = self.query_one("#latency-chart", Chart)
-        self._text = ""
 
     def show(self, snap: Snapshot, spec: ChartSpec | None, span: str) -> None:
         self.snapshot = snap
-        text = latency_text(snap)
-        if text != self._text:
-            self._text = text
-            self._stats.update(text, layout=False)  # two lines, fixed in the stylesheet
+        self.show_text(latency_text(snap), self._stats)  # two lines, fixed in the stylesheet
         self._chart.spec = spec
-        subtitle = f"[{P50_STYLE}]⠒[/] p50 [{P99_STYLE}]⠒[/] p99 · log · {span}"
-        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
-            self._subtitle = subtitle
-            self.border_subtitle = subtitle
+        self.show_subtitle(f"[{P50_STYLE}]⠒[/] p50 [{P99_STYLE}]⠒[/] p99 · log · {span}")

@@ -14,6 +14,7 @@ from . import numbers
 from .cluster import cluster_line
 from .gates import gates_summary
 from .goodput import is_message_run, messages_text
+from .panel import SnapshotPanel
 
 
 def throttle_text(snap: Snapshot, excess: bool = True) -> str:
@@ -60,7 +61,7 @@ def basis_lines(snap: Snapshot) -> list[str]:
     ]
 
 
-class LimiterPanel(Static):
+class LimiterPanel(SnapshotPanel, Static):
     """Headroom (value, adaptive/fixed, range seen), backpressure, arrival rate.
 
     Below the settings it counts attempts and rejections: the evidence an
@@ -76,14 +77,8 @@ class LimiterPanel(Static):
     third is the throttle and goodput for a message run, rejections otherwise.
     """
 
-    _text = ""  # what is shown, so an unchanged refresh repaints nothing
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
+    BORDER_TITLE = "Limiter"
     compact: reactive[bool] = reactive(False, init=False)
-
-    def on_mount(self) -> None:
-        self.border_title = "Limiter"
 
     def watch_snapshot(self) -> None:
         self._render_panel()
@@ -129,7 +124,7 @@ class LimiterPanel(Static):
                 )
             else:
                 lines.append(f"[$text-muted]Rejected[/] {rejected}")
-            self._show("\n".join(lines))
+            self.show_text("\n".join(lines))  # a fixed-size panel: no relayout
             return
         causes = " · ".join(f"{cause} {count}" for cause, count in snap.failures)
         lines = [
@@ -156,9 +151,4 @@ class LimiterPanel(Static):
         for label in ("Causes", "Client"):  # what gives way first when the panel is full
             if 0 < rows < len(lines):
                 lines = [line for line in lines if not line.startswith(f"[$text-muted]{label} ")]
-        self._show("\n".join(lines))
-
-    def _show(self, text: str) -> None:
-        if text != self._text:
-            self._text = text
-            self.update(text, layout=False)  # a fixed-size panel: no relayout
+        self.show_text("\n".join(lines))

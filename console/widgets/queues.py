@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.reactive import reactive
 from textual.widgets import Static
 
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
 from .gauge import Gauge
+from .panel import SnapshotPanel
 
 
 def main_queue_level(depth: int, maximum: int, backpressure: bool) -> str:
@@ -28,13 +28,10 @@ def main_queue_level(depth: int, maximum: int, backpressure: bool) -> str:
     return "error" if depth >= 2 * threshold else "warning" if depth > threshold else "ok"
 
 
-class QueuesPanel(Vertical):
+class QueuesPanel(SnapshotPanel, Vertical):
     """Gauges for the main queue, DLQ, graveyard and expired requests."""
 
-    _note = ""  # what is shown, so an unchanged refresh repaints nothing
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
+    BORDER_TITLE = "Queues"
 
     def compose(self) -> ComposeResult:
         yield Gauge("Main", id="gauge-main")
@@ -42,9 +39,6 @@ class QueuesPanel(Vertical):
         yield Gauge("Graveyard", id="gauge-graveyard")
         yield Gauge("Expired", id="gauge-expired")
         yield Static(id="queues-note", classes="panel-note")
-
-    def on_mount(self) -> None:
-        self.border_title = "Queues"
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None:
@@ -91,6 +85,4 @@ class QueuesPanel(Vertical):
             f"main peak {numbers.count(snap.main_peak)} · avg {snap.main_avg:.0f}"
             f" · DLQ avg {snap.dlq_avg:.1f}[/]"
         )
-        if note != self._note:
-            self._note = note
-            self.query_one("#queues-note", Static).update(note, layout=False)  # two lines, fixed
+        self.show_text(note, self.query_one("#queues-note", Static))  # two lines, fixed

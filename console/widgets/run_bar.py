@@ -17,6 +17,7 @@ from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
 from .gates import closed_gates
+from .panel import SnapshotPanel
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def header_text(snap: Snapshot, draining: bool = False, drain_reason: str = "") 
     return "  ".join(parts)
 
 
-class RunBar(Static):
+class RunBar(SnapshotPanel, Static):
     """One line: state (running / paused / waiting / all blocked / draining) with
     the reason, then 429s and failures first so 80 columns keep them.
 
@@ -124,15 +125,8 @@ class RunBar(Static):
     }
     """
 
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
     draining: reactive[bool] = reactive(False, init=False)
     drain_reason: reactive[str] = reactive("", init=False)
-
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(id=id, classes=classes)
-        self._text = ""
 
     def watch_snapshot(self) -> None:
         self._render_line()
@@ -150,6 +144,4 @@ class RunBar(Static):
             if snap is None
             else header_text(snap, self.draining, self.drain_reason)
         )
-        if text != self._text:
-            self._text = text
-            self.update(text, layout=False)  # one line, always
+        self.show_text(text)  # one line, always

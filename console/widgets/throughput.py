@@ -11,6 +11,7 @@ from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
 from .chart import Chart, ChartSpec
+from .panel import SnapshotPanel
 
 BAR_STYLE = "$success"
 LIVE_STYLE = "$accent"
@@ -54,15 +55,11 @@ def throughput_text(snap: Snapshot, compact: bool = False) -> str:
     )
 
 
-class ThroughputPanel(Vertical):
+class ThroughputPanel(SnapshotPanel, Vertical):
     """Successes per second as bars from zero, with the live capacity line (─)
     and every key's capacity (┄) drawn across; the y-axis is in requests/s."""
 
-    _subtitle: str | None = None  # the border subtitle last set
-
-    snapshot: reactive[Snapshot | None] = reactive(
-        None, init=False, repaint=False
-    )  # watchers repaint what changed
+    BORDER_TITLE = "Throughput /s"
     compact: reactive[bool] = reactive(False, init=False)
 
     def compose(self) -> ComposeResult:
@@ -70,23 +67,15 @@ class ThroughputPanel(Vertical):
         yield Chart(id="tps-chart")
 
     def on_mount(self) -> None:
-        self.border_title = "Throughput /s"
         self._stats = self.query_one("#tps-stats", Static)
         self._chart = self.query_one("#tps-chart", Chart)
-        self._text = ""
 
     def show(self, snap: Snapshot, spec: ChartSpec | None, span: str) -> None:
         """New data: the snapshot's figures and the chart over the chosen span."""
         self.snapshot = snap
-        text = throughput_text(snap, self.compact)
-        if text != self._text:
-            self._text = text
-            self._stats.update(text, layout=False)  # fixed height in the stylesheet
+        self.show_text(throughput_text(snap, self.compact), self._stats)  # fixed height in the stylesheet
         self._chart.spec = spec
-        subtitle = f"[{LIVE_STYLE}]─[/] live [$text-muted]┄[/] all keys · {span}"
-        if subtitle != self._subtitle:  # the getter gives markup back, not what was set
-            self._subtitle = subtitle
-            self.border_subtitle = subtitle
+        self.show_subtitle(f"[{LIVE_STYLE}]─[/] live [$text-muted]┄[/] all keys · {span}")
 
     def watch_compact(self) -> None:
         if self.snapshot is not None:
