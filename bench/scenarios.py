@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ratedeck.server.settings import SEED_KEYS, generated_keys
 
@@ -77,156 +78,145 @@ NEEDS_HEALTH = frozenset({"ratedeck+probe"})
 
 _PEERS = ("original", "improved-async", "aiolimiter", "ratedeck")
 # A server that says nothing but yes or no: no Retry-After, no RateLimit headers.
-_PLAIN = ("--mode", "standard", "--keys", "5", "--limit", "20/1s", "--no-nonce")
 _QUIET = ("--no-ratelimit-headers", "--no-retry-after")
-_NOISY_KEYS = generated_keys(5)
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario(
-            "seed",
-            "the seed's server: 5 keys x 20/1s, 0..50 ms each way, nonce, block after 10",
-            ("--mode", "seed"),
-            SEED_KEYS,
-            20,
-            1.0,
-            True,
-            strategies=DEFAULT_STRATEGIES,
-        ),
-        Scenario(
-            "seed+jitter",
-            "seed mode with 0..100 ms each way (twice the seed's jitter)",
-            ("--mode", "seed", "--latency", "0:100"),
-            SEED_KEYS,
-            20,
-            1.0,
-            True,
-            strategies=DEFAULT_STRATEGIES,
-        ),
-        Scenario(
-            "many-keys",
-            f"standard mode: {MANY_KEYS} keys x 20/1s, 0..5 ms each way, no nonce",
-            (
-                "--mode",
-                "standard",
-                "--keys",
-                str(MANY_KEYS),
-                "--limit",
-                "20/1s",
-                "--latency",
-                "0:5",
-                "--no-nonce",
-            ),
-            generated_keys(MANY_KEYS),
-            20,
-            1.0,
-            False,
-            strategies=DEFAULT_STRATEGIES,
-        ),
-        # The noisy servers (issue 12): server time next to network jitter.
-        Scenario(
-            "noisy",
-            "5 keys x 20/1s, 5..45 ms each way, 20..80 ms processing, no hints of any kind; /health",
-            (*_PLAIN, "--latency", "5:45", "--processing", "20:80", *_QUIET, "--health"),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            health=True,
-            strategies=(*_PEERS, "ratedeck+probe", "ratedeck+budget"),
-        ),
-        Scenario(
-            "noisy+timing",
-            "noisy, and every answer says its server time (Server-Timing: app;dur=X)",
-            (*_PLAIN, "--latency", "5:45", "--processing", "20:80", *_QUIET, "--server-timing"),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            strategies=_PEERS,
-        ),
-        Scenario(
-            "noisy-wide",
-            "noisy with 5..95 ms each way (no hints; budget 0 must stay at 0 rejections)",
-            (*_PLAIN, "--latency", "5:95", "--processing", "20:80", *_QUIET, "--health"),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            health=True,
-            strategies=(*_PEERS, "ratedeck+probe"),
-        ),
-        Scenario(
-            "steady+timing",
-            "a steady network (100..104 ms each way), 20..80 ms processing, Server-Timing",
-            (*_PLAIN, "--latency", "100:104", "--processing", "20:80", *_QUIET, "--server-timing"),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            strategies=_PEERS,
-        ),
-        # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
-        Scenario(
-            "many-keys-heavy",
-            f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
-            (
-                "--mode",
-                "standard",
-                "--keys",
-                str(MANY_KEYS),
-                "--limit",
-                "100/1s",
-                "--latency",
-                "5:45",
-                "--processing",
-                "20:80",
-                "--no-nonce",
-                *_QUIET,
-            ),
-            generated_keys(MANY_KEYS),
-            100,
-            1.0,
-            False,
-            strategies=("improved-async", "aiolimiter", "ratedeck", "ratedeck+procs2"),
-            # 100/s per key at round trips of 60..170 ms and more: 8 in flight would cap a key
-            # near 60/s, below its limit, for every client alike.
-            in_flight=16,
-        ),
-        Scenario(
-            "told-wrong",
-            "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, "
-            "escalating cooldowns; 0..50 ms each way, no RateLimit headers",
-            (
-                *_PLAIN,
-                "--latency",
-                "0:50",
-                "--no-ratelimit-headers",
-                "--retry-after",
-                "--escalation",
-            ),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            told_limit=25,
-            strategies=_PEERS,
-        ),
-        Scenario(
-            "told-wrong+remaining",
-            "clients told 30/1s per key, the server allows 20/1s and says its remaining count "
-            "(X-RateLimit-*) on every answer; 429 + Retry-After, escalating cooldowns; 0..50 ms each way",
-            (*_PLAIN, "--latency", "0:50", "--retry-after", "--escalation"),
-            _NOISY_KEYS,
-            20,
-            1.0,
-            False,
-            told_limit=30,
-            strategies=_PEERS,
-        ),
+
+class Row(NamedTuple):
+    """One scenario as data; `scenario()` turns it into the simulator's options and the clients' keys.
+
+    `seed`: the seed's server (`--mode seed`: its 5 keys, 20/1s, nonce, block after 10);
+    otherwise standard mode with `keys` generated keys of `limit`/1s each and no nonce.
+    `latency` and `processing` are "low:high" ms (None: the mode's own); `flags` are
+    further `ratedeck serve` options (`--health` serves the probe's target).
+    """
+
+    name: str
+    summary: str
+    strategies: tuple[str, ...] = _PEERS
+    latency: str | None = None
+    processing: str | None = None
+    flags: tuple[str, ...] = ()
+    keys: int = 5
+    limit: int = 20
+    seed: bool = False
+    told_limit: int | None = None
+    in_flight: int = 8
+
+
+def scenario(row: Row) -> Scenario:
+    """The scenario a table row describes."""
+    timing: tuple[str, ...] = ()
+    if row.latency:
+        timing += ("--latency", row.latency)
+    if row.processing:
+        timing += ("--processing", row.processing)
+    if row.seed:
+        serve_args: tuple[str, ...] = ("--mode", "seed", *timing)
+        keys = SEED_KEYS
+    else:
+        size = ("--keys", str(row.keys), "--limit", f"{row.limit}/1s")
+        serve_args = ("--mode", "standard", *size, *timing, "--no-nonce", *row.flags)
+        keys = generated_keys(row.keys)
+    return Scenario(
+        row.name,
+        row.summary,
+        serve_args,
+        keys,
+        row.limit,
+        1.0,
+        nonce=row.seed,
+        told_limit=row.told_limit,
+        health="--health" in row.flags,
+        strategies=row.strategies,
+        in_flight=row.in_flight,
     )
-}
+
+
+TABLE: tuple[Row, ...] = (
+    Row(
+        "seed",
+        "the seed's server: 5 keys x 20/1s, 0..50 ms each way, nonce, block after 10",
+        DEFAULT_STRATEGIES,
+        seed=True,
+    ),
+    Row(
+        "seed+jitter",
+        "seed mode with 0..100 ms each way (twice the seed's jitter)",
+        DEFAULT_STRATEGIES,
+        latency="0:100",
+        seed=True,
+    ),
+    Row(
+        "many-keys",
+        f"standard mode: {MANY_KEYS} keys x 20/1s, 0..5 ms each way, no nonce",
+        DEFAULT_STRATEGIES,
+        latency="0:5",
+        keys=MANY_KEYS,
+    ),
+    # The noisy servers (issue 12): server time next to network jitter.
+    Row(
+        "noisy",
+        "5 keys x 20/1s, 5..45 ms each way, 20..80 ms processing, no hints of any kind; /health",
+        (*_PEERS, "ratedeck+probe", "ratedeck+budget"),
+        latency="5:45",
+        processing="20:80",
+        flags=(*_QUIET, "--health"),
+    ),
+    Row(
+        "noisy+timing",
+        "noisy, and every answer says its server time (Server-Timing: app;dur=X)",
+        latency="5:45",
+        processing="20:80",
+        flags=(*_QUIET, "--server-timing"),
+    ),
+    Row(
+        "noisy-wide",
+        "noisy with 5..95 ms each way (no hints; budget 0 must stay at 0 rejections)",
+        (*_PEERS, "ratedeck+probe"),
+        latency="5:95",
+        processing="20:80",
+        flags=(*_QUIET, "--health"),
+    ),
+    Row(
+        "steady+timing",
+        "a steady network (100..104 ms each way), 20..80 ms processing, Server-Timing",
+        latency="100:104",
+        processing="20:80",
+        flags=(*_QUIET, "--server-timing"),
+    ),
+    # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
+    Row(
+        "many-keys-heavy",
+        f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
+        ("improved-async", "aiolimiter", "ratedeck", "ratedeck+procs2"),
+        latency="5:45",
+        processing="20:80",
+        flags=_QUIET,
+        keys=MANY_KEYS,
+        limit=100,
+        # 100/s per key at round trips of 60..170 ms and more: 8 in flight would cap a key
+        # near 60/s, below its limit, for every client alike.
+        in_flight=16,
+    ),
+    Row(
+        "told-wrong",
+        "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, "
+        "escalating cooldowns; 0..50 ms each way, no RateLimit headers",
+        latency="0:50",
+        flags=("--no-ratelimit-headers", "--retry-after", "--escalation"),
+        told_limit=25,
+    ),
+    Row(
+        "told-wrong+remaining",
+        "clients told 30/1s per key, the server allows 20/1s and says its remaining count "
+        "(X-RateLimit-*) on every answer; 429 + Retry-After, escalating cooldowns; 0..50 ms each way",
+        latency="0:50",
+        flags=("--retry-after", "--escalation"),
+        told_limit=30,
+    ),
+)
+
+SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in TABLE}
 
 #: Names that stand for several scenarios in `--scenarios`.
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -82,6 +82,24 @@ def test_scenarios_and_strategies_are_the_issue_s():
     assert "many-keys-heavy" not in DEFAULT_SCENARIOS  # too heavy for the default run
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_each_scenario_row_starts_the_simulator_the_clients_are_told_of(name):
+    """The table's one builder: the server's keys, limit, nonce and /health are the scenario's."""
+    import argparse
+
+    from ratedeck.core.policy import Policy
+    from ratedeck.server.serve import add_serve_arguments, settings_from_args
+
+    scenario = SCENARIOS[name]
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    server = settings_from_args(parser.parse_args(list(scenario.serve_args)))
+    assert tuple(server.keys) == scenario.keys
+    assert server.policies == (Policy(scenario.limit, scenario.window_s),)
+    assert server.nonce == scenario.nonce and server.health == scenario.health
+    assert set(scenario.strategies) <= set(STRATEGIES)
+
+
 def test_run_spec_round_trips_through_json():
     spec = RunSpec(
         "ratedeck",
