@@ -2,12 +2,32 @@
 
 Both are told the time (milliseconds) at every call, so tests drive them on a
 fake clock and the bench clients pass the wall clock. They are baselines to
-measure against, not ratedeck's limiter (that is `ratedeck.engine.limiter`).
+measure against, but what they share with ratedeck is ratedeck's: the ring of
+the last `limit` sends is the engine's sliding window (`WindowLimiter`, burst
+pacing), and the improved client's latency buffer is that limiter's headroom.
+Only the seed's own rules stay here: the original's fixed interval, and the
+improved one's buffer, average latency x 1.1 clamped to 30..50 ms (where
+ratedeck measures the spread instead: engine/headroom.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+
+from ratedeck.core.policy import Policy
+from ratedeck.engine.limiter import WindowLimiter
+
+#: The seed's checks are strict (a send exactly a window after the oldest is refused); the
+#: engine's slot frees at that instant. A nanosecond more keeps the seed's rule.
+STRICT_S = 1e-9
+
+
+def _ring(limit: int, window_ms: float, headroom_s: Callable[[], float]) -> WindowLimiter:
+    """At most `limit` sends in any window of `window_ms` (plus the headroom), as the seed's ring."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    return WindowLimiter((Policy(limit, window_ms / 1000.0),), headroom_s, "burst")
 
 
 class FixedIntervalRing:
@@ -15,7 +35,7 @@ class FixedIntervalRing:
 
     A send is allowed only when more than `min_interval_ms` passed since the
     previous send and more than `window_ms` passed since the send `limit`
-    sends ago (a circular buffer of `limit` send times). The original polls
+    sends ago (at most `limit` sends in any window). The original polls
     `ready()` with 1 ms sleeps; it never computes when it will be ready.
 
     Attributes:
@@ -24,28 +44,25 @@ class FixedIntervalRing:
         min_interval_ms: the fixed gap between consecutive sends.
     """
 
-    __slots__ = ("limit", "window_ms", "min_interval_ms", "_times", "_index", "_last")
+    __slots__ = ("limit", "window_ms", "min_interval_ms", "_window", "_last")
 
     def __init__(self, limit: int = 20, window_ms: float = 1000.0, min_interval_ms: float = 50.0):
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._window = _ring(limit, window_ms, lambda: STRICT_S)
         self.limit = limit
         self.window_ms = window_ms
         self.min_interval_ms = min_interval_ms
-        self._times = [float("-inf")] * limit
-        self._index = 0
         self._last = float("-inf")
 
     def ready(self, now_ms: float) -> bool:
         """True if a send at `now_ms` passes both checks (both are strict)."""
         if now_ms - self._last <= self.min_interval_ms:
             return False
-        return now_ms - self._times[self._index] > self.window_ms
+        now = now_ms / 1000.0
+        return self._window.next_free(now) <= now
 
     def take(self, now_ms: float) -> None:
         """Record a send at `now_ms` in the ring and as the last send."""
-        self._times[self._index] = now_ms
-        self._index = (self._index + 1) % self.limit
+        self._window.record(now_ms / 1000.0)
         self._last = now_ms
 
 
@@ -53,10 +70,11 @@ class AdaptiveRing:
     """The seed's improved client limiter: a ring with a latency-based buffer.
 
     No fixed interval. A send waits until the ring's oldest send is more than
-    `window_ms + buffer_ms` old. The buffer follows the average of the last
-    100 observed latencies times 1.1, clamped to `min_buffer_ms..max_buffer_ms`
-    (30..50 ms in the seed). `wait_ms()` says how long to sleep, and the
-    caller re-checks after sleeping.
+    `window_ms + buffer_ms` old: the engine's sliding window with the buffer
+    as its headroom. The buffer follows the average of the last 100 observed
+    latencies times 1.1, clamped to `min_buffer_ms..max_buffer_ms` (30..50 ms
+    in the seed). `wait_ms()` says how long to sleep, and the caller
+    re-checks after sleeping.
     """
 
     __slots__ = (
@@ -65,8 +83,7 @@ class AdaptiveRing:
         "buffer_ms",
         "min_buffer_ms",
         "max_buffer_ms",
-        "_times",
-        "_index",
+        "_window",
         "_latencies",
     )
 
@@ -80,29 +97,25 @@ class AdaptiveRing:
         max_buffer_ms: float = 50.0,
         samples: int = 100,
     ):
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._window = _ring(limit, window_ms, self._headroom_s)
         self.limit = limit
         self.window_ms = window_ms
         self.buffer_ms = initial_buffer_ms
         self.min_buffer_ms = min_buffer_ms
         self.max_buffer_ms = max_buffer_ms
-        self._times = [float("-inf")] * limit
-        self._index = 0
         self._latencies: deque[float] = deque(maxlen=samples)
+
+    def _headroom_s(self) -> float:
+        return self.buffer_ms / 1000.0 + STRICT_S
 
     def wait_ms(self, now_ms: float) -> float:
         """Milliseconds to wait before a send at `now_ms` is allowed (0 if allowed)."""
-        elapsed = now_ms - self._times[self._index]
-        headroom = self.window_ms + self.buffer_ms
-        if elapsed > headroom:
-            return 0.0
-        return max(headroom - elapsed, 0.001)  # the check is strict: at equality, still wait
+        now = now_ms / 1000.0
+        return max(0.0, self._window.next_free(now) - now) * 1000.0
 
     def take(self, now_ms: float) -> None:
         """Record a send at `now_ms`."""
-        self._times[self._index] = now_ms
-        self._index = (self._index + 1) % self.limit
+        self._window.record(now_ms / 1000.0)
 
     def record_latency(self, latency_ms: float) -> None:
         """Feed one observed latency; the buffer becomes avg x 1.1 within the bounds."""
