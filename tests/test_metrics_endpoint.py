@@ -295,7 +295,7 @@ def test_a_console_run_serves_metrics_from_the_parent(tmp_path, monkeypatch):
     snapshots it receives. The Textual app is replaced by a stand-in that scrapes and quits."""
     import ratedeck.console.app as console_app
     from ratedeck.engine.config import load_config
-    from ratedeck.runner.cli import run_console
+    from ratedeck.runner.commands.run import run_console
     from ratedeck.runner.headless import Metrics
 
     with socket.socket() as s:

@@ -370,7 +370,7 @@ def test_config_show_never_prints_a_store_password():
     import dataclasses
 
     from ratedeck.engine.config import load_config
-    from ratedeck.runner.cli import shown_config
+    from ratedeck.runner.commands.config import shown_config
 
     cfg = dataclasses.replace(load_config(), store="redis://:hunter2@127.0.0.1:6379/0")
     text = shown_config(cfg, None)
