@@ -50,10 +50,15 @@ def load_report(path: Path) -> dict[str, Any]:
     return data
 
 
+def command(report: dict[str, Any]) -> str:
+    """The command that made a report, as typed (`--duration 4`, recorded as `4.0`)."""
+    return re.sub(r"(--duration )(\d+)\.0\b", r"\1\2", report["command"])
+
+
 def _made_by(report: dict[str, Any]) -> str:
     machine = report.get("machine", {})
     return (
-        f"Made by `{report['command']}` (loop {report.get('loop', '?')}; "
+        f"Made by `{command(report)}` (loop {report.get('loop', '?')}; "
         f"{machine.get('cpus', '?')} CPUs, Python {machine.get('python', '?')})."
     )
 
@@ -91,7 +96,9 @@ def render_share(report: dict[str, Any]) -> str:
         row = [f"{s['name']}: {s['summary']}", *(cells.get(name, "") for name in strategies)]
         lines.append("| " + " | ".join(row) + " |")
     marked = any(
-        r.get("share") is None and r.get("share_all") is not None for s in report["scenarios"] for r in s["rows"]
+        r.get("share") is None and r.get("share_all") is not None
+        for s in report["scenarios"]
+        for r in s["rows"]
     )
     note = (
         "\n\n\\* the share over the whole run (the server's `share_all`): a key's first 5 s are"
