@@ -75,15 +75,14 @@ def render_text(report: dict[str, Any]) -> str:
 
 
 def _share_cell(row: dict[str, Any]) -> str:
-    share, marked = row.get("share"), ""
-    if share is None and row.get("share_all") is not None:
-        share, marked = row["share_all"], "*"
-    head = f"{row['ok_per_s']:.1f} ok/s" if share is None else f"{share:.3f}{marked}"
+    share = row.get("share")
+    head = f"{share:.3f}" if share is not None else f"{row['pct_capacity']:.1f}%*"
     return f"{head}, {row['rejected_429']} 429s"
 
 
 def render_share(report: dict[str, Any]) -> str:
-    """One markdown row per scenario, one column per strategy: share of the limit, then 429s."""
+    """One markdown row per scenario, one column per strategy: the share of the limit the
+    server saw (or, without one, successes as a percentage of capacity), then 429s."""
     strategies: list[str] = []
     for s in report["scenarios"]:
         strategies += [r["strategy"] for r in s["rows"] if r["strategy"] not in strategies]
@@ -95,14 +94,10 @@ def render_share(report: dict[str, Any]) -> str:
         cells = {r["strategy"]: _share_cell(r) for r in s["rows"]}
         row = [f"{s['name']}: {s['summary']}", *(cells.get(name, "") for name in strategies)]
         lines.append("| " + " | ".join(row) + " |")
-    marked = any(
-        r.get("share") is None and r.get("share_all") is not None
-        for s in report["scenarios"]
-        for r in s["rows"]
-    )
+    marked = any(r.get("share") is None for s in report["scenarios"] for r in s["rows"])
     note = (
-        "\n\n\\* the share over the whole run (the server's `share_all`): a key's first 5 s are"
-        " left out of the sustained share, and these runs were shorter."
+        "\n\n\\* no sustained share (the server leaves each key's first 5 s out, and the run was"
+        " shorter or the client never reached the limit): successes as a percentage of capacity."
         if marked
         else ""
     )
