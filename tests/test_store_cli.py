@@ -315,14 +315,14 @@ def test_a_workload_file_with_a_store_says_to_enqueue_it(tmp_path, capsys):
     assert "ratedeck enqueue --store sqlite:" in err
 
 
-def test_the_readme_durable_run_commands_parse_as_written(tmp_path, monkeypatch):
+def test_the_docs_durable_run_commands_parse_as_written(tmp_path, monkeypatch):
     import re
     import shlex
 
     from ratedeck.runner.cli import build_parser
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Durable runs") :]
+    page = (Path(__file__).parent.parent / "docs" / "durability.md").read_text()
+    section = page[page.index("# Durable runs") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line.split("#")[0].rstrip(" &")) for line in block.splitlines()]
     runs = [c[1:] for c in commands if c[:1] == ["ratedeck"] and c[1] != "enqueue"]

@@ -299,7 +299,7 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
     assert resumed_s < 2.5  # about 1.7 s: a ping, then the longest window and the leases' horizon
 
 
-def test_the_readme_member_commands_load_as_written():
+def test_the_docs_member_commands_load_as_written():
     """The "Many processes" commands parse, and name the same Redis as the enqueue line."""
     import re
     import shlex
@@ -307,8 +307,8 @@ def test_the_readme_member_commands_load_as_written():
 
     from ratedeck.runner.cli import build_parser, overrides_from_args
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Many processes") :]
+    page = (Path(__file__).parent.parent / "docs" / "many-processes.md").read_text()
+    section = page[page.index("# Many processes") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     members = [line.rstrip(" &") for line in block.splitlines() if line.startswith("ratedeck --no-ui")]
     assert len(members) == 2 and "redis-server" in block and "ratedeck enqueue --store redis://" in block
