@@ -80,7 +80,10 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
 
     from ratedeck.bench import parse_args as bench_args
     from ratedeck.engine.config import PRESETS, load_config
-    from ratedeck.runner.cli import build_parser, enqueue_parser, load_run_config
+    from ratedeck.runner.cli import build_parser
+    from ratedeck.runner.commands.enqueue import build_parser as enqueue_parser
+    from ratedeck.runner.commands.replay import build_parser as replay_parser
+    from ratedeck.runner.commands.run import load_run_config
     from ratedeck.runner.replay import parse_endings
     from ratedeck.runner.sweep import build_parser as sweep_parser
     from ratedeck.runner.sweep import check_args as sweep_check
@@ -98,12 +101,7 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
         return settings_from_args(p.parse_args(argv))
 
     def replay(argv: list[str]) -> object:
-        p = build_parser("ratedeck replay")  # as runner/cli.py's _replay builds it
-        p.add_argument("file")
-        which = p.add_mutually_exclusive_group()
-        which.add_argument("--all", action="store_true")
-        which.add_argument("--only")
-        args = p.parse_args(argv)
+        args = replay_parser().parse_args(argv)
         if args.only:
             parse_endings(args.only)
         return load_run_config(args)
