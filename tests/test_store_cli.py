@@ -343,7 +343,7 @@ def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch)
     """The console runs the engine in a child process (ProcessHost): the store goes with it."""
     import dataclasses
 
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
     from ratedeck.host.process_host import ProcessHost
 
     monkeypatch.chdir(tmp_path)
@@ -369,7 +369,7 @@ def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch)
 def test_config_show_never_prints_a_store_password():
     import dataclasses
 
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
     from ratedeck.runner.cli import shown_config
 
     cfg = dataclasses.replace(load_config(), store="redis://:hunter2@127.0.0.1:6379/0")
