@@ -35,7 +35,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "strings": ("list of strings", {"type": ["array", "string"], "items": {"type": "string"}}),
     "limits": ('list of limits like "20/1s"', {"type": ["array", "string"], "items": {"type": "string"}}),
     "rules": ("array of tables", {"type": "array", "items": {"type": "object"}}),
-    "budgets": ("array of tables", {"type": "array", "items": {"type": "object"}}),
+    "budgets": ("array of tables", {"type": ["array", "object"], "items": {"type": "object"}}),
     "paths": ("table of tables", {"type": "object", "additionalProperties": {"type": "object"}}),
     "pools": ("table of integers", {"type": "object", "additionalProperties": {"type": "integer"}}),
     "server": ("table (the simulator's)", {"type": "object"}),

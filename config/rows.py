@@ -434,7 +434,12 @@ ROWS: tuple[Row, ...] = (
         p.path_or_off,
         'JSONL file for requests that used up their attempts; "": none',
         "engine",
-        _flag("--graveyard", "FILE", keep_empty=True),
+        _flag(
+            "--graveyard",
+            "FILE",
+            help="JSONL file for requests that used up their attempts",
+            keep_empty=True,
+        ),
         optional=True,
     ),
     Row(
@@ -469,7 +474,7 @@ ROWS: tuple[Row, ...] = (
         p.path,
         "JSONL file of requests (one object of parameters per line) instead of generating",
         "engine",
-        _flag("--workload", "FILE"),
+        _flag("--workload", "FILE", help="JSONL file of requests (one object of parameters per line)"),
         optional=True,
     ),
     Row(
@@ -637,7 +642,12 @@ ROWS: tuple[Row, ...] = (
         "with a durable store: take back the jobs a killed run held (uncertain ones are sent again"
         " only with an Idempotency-Key)",
         "store",
-        _flag("--resume", switch=True),
+        _flag(
+            "--resume",
+            help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
+            " only with an Idempotency-Key)",
+            switch=True,
+        ),
         save="never",
     ),
     # ---------------------------------------------------------------- [console]
