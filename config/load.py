@@ -232,7 +232,7 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     if workload.file is not None and not _is_file(workload.file):
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
     keys_table = data.get("keys", {})
-    keys = parsers.keys(keys_table, source)
+    keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default)
     key_sources = keys_table.get("secrets", [])
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)

@@ -221,7 +221,7 @@ def keymap(value: Any) -> dict[str, str]:
 KEYS_TABLE = ("secrets", "limits", "limits_by_key", "host_limits", "unit")
 
 
-def keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
+def keys(table: dict[str, Any], source: str, default_limits: tuple[str, ...]) -> tuple[KeySpec, ...]:
     """The [keys] table as keys, each secret resolved (literal, env:VAR or @FILE)."""
     for k in table:
         if k not in KEYS_TABLE:
@@ -251,7 +251,7 @@ def keys(table: dict[str, Any], source: str) -> tuple[KeySpec, ...]:
     secrets = [key for key, _ in pairs]
     if len(set(secrets)) != len(secrets):
         raise ConfigError(source, "keys.secrets", "the same key is listed twice")
-    default = policies(table.get("limits", ["20/1s"]), source, "keys.limits")
+    default = policies(table.get("limits", list(default_limits)), source, "keys.limits")
     by_key = table.get("limits_by_key", {})
     if not isinstance(by_key, dict):
         raise ConfigError(source, "keys.limits_by_key", 'must be a table like k2 = ["10/1s"]')

@@ -81,6 +81,7 @@ class Row:
     save: str = "set"  # "set": written unless None; "changed": unless the default; "never"
     dump: Callable[[Any], Any] | None = None  # the value as TOML (None from it: left out)
     choices: tuple[str, ...] = ()  # a choice's values, for the reference and schema
+    fallback: Any = NO_DEFAULT  # the default of a setting with no field of its own
 
     @property
     def section(self) -> str:
@@ -106,7 +107,7 @@ class Row:
                         return f.default
                     if f.default_factory is not dataclasses.MISSING:
                         return f.default_factory()
-        return NO_DEFAULT
+        return self.fallback
 
 
 def _choice(enum: Any) -> dict[str, Any]:
@@ -325,6 +326,7 @@ ROWS: tuple[Row, ...] = (
             help="per-key limit like 20/1s; repeat for several (all must hold)",
             repeat=True,
         ),
+        fallback=("20/1s",),
     ),
     Row("keys.limits_by_key", "table", None, 'one key\'s own limits, like k2 = ["10/1s"]', "engine"),
     Row("keys.host_limits", "limits", None, "limits shared by all keys (one budget for the host)", "engine"),
@@ -335,6 +337,7 @@ ROWS: tuple[Row, ...] = (
         '"weight": a key\'s own limits count request weight ([paths]) instead of requests',
         "engine",
         choices=("requests", "weight"),
+        fallback="requests",
     ),
     # ---------------------------------------------------------------- [engine]
     Row(
