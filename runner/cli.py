@@ -653,6 +653,7 @@ def enqueue_parser() -> argparse.ArgumentParser:
 
 
 def _enqueue(argv: list[str]) -> int:
+    from ratedeck.config import load_config
     from ratedeck.engine.workload import read_jsonl
     from ratedeck.store.work import open_for_run
 
