@@ -33,7 +33,7 @@ from ratedeck.engine.settings import (
 from . import parsers as p
 from .settings import ConsoleSettings, RunnerSettings
 
-#: Marks a flag that takes no value (a switch) as one that does.
+#: `Flag.switch` of a flag that takes a value (any other `switch`: a flag with none that sets it).
 NO_SWITCH = object()
 #: The default of a row that has no field (a table the layer reads whole).
 NO_DEFAULT = object()
@@ -71,6 +71,8 @@ class Flag:
 
 @dataclass(frozen=True)
 class Row:
+    """One setting: where it sits in the file, how it is checked, shown, given as a flag and saved."""
+
     path: str  # "engine.in_flight_per_key"; a top-level name ("pools") for a whole table
     kind: str  # a name in docs.KINDS: its type in the reference and the JSON schema
     parse: Callable[[Any], Any] | None  # None: the section's own parser reads it (`[keys]`)
