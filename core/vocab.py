@@ -75,6 +75,12 @@ class CooldownScope(StrEnum):
     PER_REQUEST = "per-request"  # only the rejected request (the pre-actor design, for comparison)
 
 
+class HeadroomMode(StrEnum):
+    """Where the headroom comes from when it is not a fixed number of milliseconds."""
+
+    ADAPTIVE = "adaptive"  # learned from the answers (engine/headroom.py)
+
+
 class Arrival(StrEnum):
     """How generated requests are spaced."""
 

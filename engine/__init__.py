@@ -1,6 +1,7 @@
 """ratedeck's engine: rate-limited sending as a library.
 
-    from ratedeck.engine import RateDeck, load_config
+    from ratedeck.engine import RateDeck
+    from ratedeck.config import load_config  # the settings: ratedeck.config
 
 Everything a program needs is exported here; the submodules are the
 engine's own parts and may change.
@@ -17,10 +18,10 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .config import ConfigError, KeySpec, RunConfig, load_config
 from .engine import Engine, UnknownKey
 from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
 from .outcome import Outcome
+from .settings import ConfigError, EngineSettings, KeySpec
 from .snapshot import Snapshot
 from .transport import HttpTransport, Response, Transport
 
@@ -42,7 +43,7 @@ __all__ = [
     "Response",
     "ResumeAll",
     "ResumeKey",
-    "RunConfig",
+    "EngineSettings",
     "SetArrivalRate",
     "SetBackpressure",
     "SetHeadroom",
@@ -50,5 +51,4 @@ __all__ = [
     "Snapshot",
     "Transport",
     "UnknownKey",
-    "load_config",
 ]

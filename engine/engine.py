@@ -42,7 +42,6 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .config import RunConfig
 from .delays import Quota
 from .gate import CooldownGate
 from .headroom import HeadroomController
@@ -53,6 +52,7 @@ from .ports import Source
 from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
+from .settings import EngineSettings, HoldsEngineSettings, engine_settings
 from .settle import Scope, SettleRules, Tally, Verdict, decide
 from .snapshot import BudgetRow, Event, GateRow, Snapshot
 from .transport import Transport
@@ -98,14 +98,14 @@ class Engine:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: EngineSettings | HoldsEngineSettings,
         transport: Transport,
         *,
         source: Source | None = None,
         rng: random.Random | None = None,
         shared_state: SharedState | None = None,
     ):
-        self.cfg = cfg
+        self.cfg = cfg = engine_settings(cfg)
         self.transport = transport
         self.rng = rng or random.Random(cfg.seed)
         e = cfg.engine
@@ -190,7 +190,7 @@ class Engine:
                 w.gates = (*w.gates, self.store_gate)
                 w.leases = LeasedSlots()
                 w.want_leases = self.cluster.want
-        self.cooldown_scope = CooldownScope(e.cooldown)
+        self.cooldown_scope = CooldownScope.SHARED  # the bench's per-request mode: bench/ (issue 21)
         self.settle_rules = SettleRules(
             max_attempts=e.max_attempts,
             backoff_base_s=e.backoff_base_ms / 1000.0,

@@ -18,11 +18,11 @@ from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
 
 from .api_rules import PathRule, PathTable, first_match
-from .config import KeySpec, RunConfig, TargetConfig
 from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
 from .http1 import HttpClient, HttpError
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .request import Request
+from .settings import EngineSettings, KeySpec, TargetConfig
 from .signing import SigningError, SignInput, encode, signer_for
 
 USER_AGENT = f"ratedeck/{version()}"
@@ -475,7 +475,7 @@ def _delay_of(
         return None
 
 
-def http_transport(cfg: RunConfig, url: str) -> HttpTransport:
+def http_transport(cfg: EngineSettings, url: str) -> HttpTransport:
     """The HTTP transport for a run: enough connections for every key's in-flight
     requests, every key's secrets masked, the config's path rules."""
     secrets = [k.secret for k in cfg.keys] + [k.api_secret for k in cfg.keys if k.api_secret]

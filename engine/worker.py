@@ -12,11 +12,11 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
-from .config import KeySpec
 from .delays import advertised_policies
 from .gate import CooldownGate
 from .limiter import Stamp, WindowLimiter
 from .outcome import Outcome
+from .settings import KeySpec
 from .settle import Tally
 from .snapshot import KeyRow
 from .waker import Waker

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from ratedeck.core.vocab import Arrival
 
-from .config import ConfigError, RunConfig
 from .request import Shape
+from .settings import ConfigError, EngineSettings
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class Workload:
         self._waker = Waker()
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random) -> Workload:
+    def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
         w = cfg.workload
         items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
         return cls(

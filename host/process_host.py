@@ -17,8 +17,9 @@ import signal
 import threading
 from concurrent.futures import Future
 
+from ratedeck.config import RunConfig
 from ratedeck.engine.commands import Command
-from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.settings import ConfigError
 from ratedeck.engine.snapshot import Snapshot
 
 from .session import RunFacts

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ratedeck.config import RunConfig, to_toml_dict
 from ratedeck.core.secrets import Redactor, safe_url
-from ratedeck.core.vocab import Ending
+from ratedeck.core.vocab import Ending, HeadroomMode
 from ratedeck.engine.commands import Command
-from ratedeck.engine.config import ConfigError, KeySpec, RunConfig, to_toml_dict
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.outcome import Outcome
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request
+from ratedeck.engine.settings import ConfigError, KeySpec
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.transport import Transport, http_transport
 from ratedeck.store.work import StoreReport, StoreRun, open_for_run
@@ -111,7 +112,7 @@ class Session:
                     self.server = await start_server(embedded_server_settings(cfg))
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
-                self._transport = http_transport(cfg, url)
+                self._transport = http_transport(cfg.engine_settings, url)
             tracking = None
             if cfg.results:
                 self._transport = tracking = KeyTracking(self._transport)
@@ -121,9 +122,11 @@ class Session:
                 await self.store_run.prepare()
                 # A store many processes share (Redis) also shares the keys' budgets and gates.
                 shared = store.shared() if hasattr(store, "shared") else None
-                self.engine = Engine(cfg, self._transport, source=self.store_run.source, shared_state=shared)
+                self.engine = Engine(
+                    cfg.engine_settings, self._transport, source=self.store_run.source, shared_state=shared
+                )
             else:
-                self.engine = Engine(cfg, self._transport)
+                self.engine = Engine(cfg.engine_settings, self._transport)
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
@@ -208,10 +211,10 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     eng = dataclasses.replace(
         cfg.engine,
         backpressure=engine.backpressure,
-        headroom="adaptive" if h.adaptive else round(h.value_ms, 1),
+        headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
     wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
-    return dataclasses.replace(cfg, engine=eng, workload=wl)
+    return cfg.replace(engine=eng, workload=wl)
 
 
 # ---------------------------------------------------------------- results file

@@ -38,11 +38,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ratedeck.config import RunConfig, to_toml_dict
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
-from ratedeck.engine.config import RunConfig
 from ratedeck.engine.merge import merge_snapshots
 from ratedeck.engine.snapshot import Snapshot
 
@@ -159,8 +159,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             rejection_budget=cfg.engine.rejection_budget // n,
             graveyard_path=_numbered(cfg.engine.graveyard_path, i),
         )
-        shard = dataclasses.replace(
-            cfg,
+        shard = cfg.replace(
             keys=keys,
             host_policies=host_policies,
             budgets=budgets,
@@ -176,7 +175,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
 
 
 def _with_url(cfg: RunConfig, url: str) -> RunConfig:
-    return dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, url=url))
+    return cfg.replace(target=dataclasses.replace(cfg.target, url=url))
 
 
 def merge_facts(parts: Sequence[RunFacts]) -> RunFacts:
@@ -366,8 +365,6 @@ class ShardedHost:
             host.send(command)
 
     def effective_config(self) -> dict:
-        from ratedeck.engine.config import to_toml_dict
-
         first = self.hosts[0].effective_config()
         whole = to_toml_dict(self.cfg)
         first["keys"] = whole.get("keys", first.get("keys"))

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report

@@ -21,10 +21,10 @@ import random
 import selectors
 from collections.abc import Callable
 
-from ratedeck.engine.config import KeySpec
 from ratedeck.engine.delays import answer_hints, response_delay
 from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
 from ratedeck.engine.request import Request
+from ratedeck.engine.settings import KeySpec
 
 from .rules import SPENT, RateRules, server_timing
 from .settings import ServerSettings

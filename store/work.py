@@ -23,11 +23,11 @@ import random
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
-from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.settings import ConfigError, EngineConfig, MessagesConfig, TargetConfig, WorkloadConfig
 from ratedeck.engine.workload import Workload
 
 from .base import MEMORY, Finished, Job, StoreCounts, StoreError, WorkStore, open_store
@@ -46,7 +46,32 @@ FLUSH_EVERY_S = 0.1
 CLAIM_MAX = 256
 
 
-def open_for_run(cfg: RunConfig) -> WorkStore | None:
+class RunSettings(Protocol):
+    """What a store run reads of a run's settings (the config layer's `RunConfig` has it all)."""
+
+    @property
+    def store(self) -> str: ...  # memory, sqlite:PATH or redis://host:port/db
+
+    @property
+    def resume(self) -> bool: ...  # take back the jobs a killed run held
+
+    @property
+    def target(self) -> TargetConfig: ...
+
+    @property
+    def engine(self) -> EngineConfig: ...
+
+    @property
+    def workload(self) -> WorkloadConfig: ...
+
+    @property
+    def messages(self) -> MessagesConfig | None: ...
+
+    @property
+    def arrival_rate(self) -> float: ...
+
+
+def open_for_run(cfg: RunSettings) -> WorkStore | None:
     """The run's store (None: memory), its settings checked; `ConfigError` naming the problem.
 
     A store holds its own work: `--workload` goes in with `ratedeck enqueue`, and
@@ -108,7 +133,7 @@ class StoreWorkload(Workload):
         self.items = self._buffer
 
     @classmethod
-    def for_store(cls, cfg: RunConfig, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
+    def for_store(cls, cfg: RunSettings, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
         w = cfg.workload
         return cls(
             store,
@@ -270,7 +295,7 @@ class StoreReport:
 class StoreRun:
     """An engine's source and journal on `store`, and what happens at its start and end."""
 
-    def __init__(self, cfg: RunConfig, store: WorkStore, rng: random.Random):
+    def __init__(self, cfg: RunSettings, store: WorkStore, rng: random.Random):
         self.cfg = cfg
         self.store = store
         self.member = f"run-{uuid.uuid4().hex[:12]}"

@@ -79,7 +79,7 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
     import argparse
 
     from ratedeck.bench import parse_args as bench_args
-    from ratedeck.engine.config import PRESETS, load_config
+    from ratedeck.config import PRESETS, load_config
     from ratedeck.runner.cli import build_parser
     from ratedeck.runner.commands.enqueue import build_parser as enqueue_parser
     from ratedeck.runner.commands.replay import build_parser as replay_parser

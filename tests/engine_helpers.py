@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import ServerSettings, seed_settings
 from ratedeck.server.simulated import SimulatedTransport

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "engine", "server", "store", "host", "runner", "bench", "console")
+LAYERS = ("core", "engine", "server", "store", "config", "host", "runner", "bench", "console")
 BIN = Path(sys.executable).parent
 
 
@@ -29,7 +29,8 @@ def _tool(name: str) -> str:
 def test_the_library_api_loads_no_ui_package():
     code = (
         "import sys, ratedeck.engine\n"
-        "from ratedeck.engine import RateDeck, load_config\n"
+        "from ratedeck.engine import RateDeck\n"
+        "from ratedeck.config import load_config\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'plotext', 'rich'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

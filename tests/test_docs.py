@@ -87,7 +87,7 @@ def test_a_wrong_command_on_a_page_fails(sandbox):
 
 def test_config_reference_loads(sandbox):
     """The example config in docs/configuration.md loads as written."""
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
 
     section = page("configuration.md")
     block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)

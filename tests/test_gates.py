@@ -7,9 +7,9 @@ from email.utils import formatdate
 import pytest
 from engine_helpers import seed_engine
 
+from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.engine import outcome as oc
-from ratedeck.engine.config import load_config
 from ratedeck.engine.delays import (
     advertised_policies,
     json_field_hook,
@@ -274,7 +274,7 @@ def test_a_pool_caps_concurrent_calls_and_other_pools_keep_going(tmp_path):
 
 
 def test_an_unknown_pool_in_the_workload_file_is_a_clear_error(tmp_path):
-    from ratedeck.engine.config import ConfigError
+    from ratedeck.config import ConfigError
 
     path = tmp_path / "work.jsonl"
     path.write_text('{"_pool": "nope"}\n')

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from ratedeck.config import ConfigError, load_config
 from ratedeck.engine.commands import PauseKey, SetHeadroom
-from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.host.process_host import ProcessHost
 
 

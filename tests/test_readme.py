@@ -56,7 +56,7 @@ def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
     """Each preset's README command parses and loads (keys from the environment or a file)."""
     import shlex
 
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
     from ratedeck.runner.cli import build_parser, overrides_from_args
 
     section = README[README.index("## Real APIs: presets") :]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.snapshot import (
     ClusterView,
     ErrorRow,

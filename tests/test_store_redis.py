@@ -17,8 +17,8 @@ import pytest
 from redis_server import free_port, redis_server  # noqa: F401 (a fixture)
 from test_report_schema import validate
 
+from ratedeck.config import load_config
 from ratedeck.core.vocab import Ending, KeyState
-from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.runner.report import build_report
 from ratedeck.server.settings import seed_settings

@@ -7,7 +7,7 @@ import sys
 
 from ratedeck.bench import build_parser as bench_parser
 from ratedeck.bench import main as bench_main
-from ratedeck.engine.config import ConfigError
+from ratedeck.config import ConfigError
 
 from ..headless import check_output_path
 from .common import durations_as_seconds, option_value

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from ratedeck.core.numbers import parse_duration
-from ratedeck.engine.config import ConfigError
+from ratedeck.config import ConfigError
 
 T = TypeVar("T")
 

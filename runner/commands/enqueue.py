@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from ratedeck.engine.config import ConfigError, load_config
+from ratedeck.config import ConfigError, load_config
 from ratedeck.engine.workload import read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run

@@ -7,7 +7,7 @@ import sys
 
 import tomli_w
 
-from ratedeck.engine.config import PRESET_DESCRIPTIONS, PRESETS
+from ratedeck.config import PRESET_DESCRIPTIONS, PRESETS
 
 from .common import parse_args
 

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from ratedeck.engine.config import ConfigError
+from ratedeck.config import ConfigError
 
 from ..cli import build_parser as run_parser
 from ..replay import DEFAULT_ENDINGS, ReplayError, parse_endings, read_requests, workload_file
