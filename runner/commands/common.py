@@ -7,8 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from ratedeck.core.numbers import parse_duration
 from ratedeck.config import ConfigError
+from ratedeck.core.numbers import parse_duration
 
 T = TypeVar("T")
 

@@ -6,10 +6,10 @@ import sys
 
 import tomli_w
 
+from ratedeck.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.core.paths import user_config_path, user_themes_dir
 from ratedeck.core.secrets import Redactor, mask_secret, safe_url
 from ratedeck.core.version import version
-from ratedeck.config import ConfigError, RunConfig, to_toml_dict
 
 from ..cli import build_parser as run_parser
 from .common import fail, parse_args

@@ -17,10 +17,10 @@ from typing import Any
 
 import tomli_w
 
+from ratedeck.config import ConfigError, RunConfig, load_config, read_toml, to_toml_dict
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
-from ratedeck.config import ConfigError, RunConfig, load_config, read_toml, to_toml_dict
 from ratedeck.host.process_host import ProcessHost
 from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_configs
 from ratedeck.store.work import open_for_run
