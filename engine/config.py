@@ -127,7 +127,6 @@ class EngineConfig:
     ttl_s: float = 1.0
     drain_timeout_s: float = 2.0
     graveyard_path: str | None = "ratedeck-graveyard.jsonl"  # "" or None writes none
-    cooldown: str = "shared"  # "shared": a delay pauses every sender of the budget; "per-request": only the rejected request waits (the pre-actor design, for comparison)
     learn_policy: bool = True  # adopt tighter limits the server advertises (RateLimit-Policy)
 
 
@@ -571,7 +570,6 @@ _RULES: dict[str, Any] = {
     "engine.ttl_s": _seconds(),
     "engine.drain_timeout_s": _seconds(_MAX_TIMEOUT_S, allow_zero=True),
     "engine.graveyard_path": _path_or_off,
-    "engine.cooldown": _choice("shared", "per-request"),
     "workload.rate": lambda v: parse_rate(v, allow_zero=True),
     "workload.arrival": _choice("constant", "poisson"),
     "workload.file": _path,

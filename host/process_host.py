@@ -21,7 +21,7 @@ from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import Snapshot
 
-from .session import RunFacts
+from .protocol import RunFacts
 
 _SNAPSHOT, _CONFIG, _FINAL, _FAILED = "snapshot", "config", "final", "failed"
 #: How often the child publishes a snapshot. The console pulls every 0.25 s; publishing
@@ -209,7 +209,7 @@ async def _child(cfg: RunConfig, conn, publish_s: float, shard: bool = False) ->
 
     def publish() -> bool:
         try:
-            conn.send((_SNAPSHOT, (session.snapshot(), session.facts())))
+            conn.send((_SNAPSHOT, (session.snapshot(), session.facts)))
         except (OSError, BrokenPipeError):
             return False
         return True
@@ -245,6 +245,6 @@ async def _child(cfg: RunConfig, conn, publish_s: float, shard: bool = False) ->
     with contextlib.suppress(OSError, ValueError):
         loop.remove_reader(conn.fileno())
     try:
-        conn.send((_FINAL, (final, session.server_stats, session.facts())))
+        conn.send((_FINAL, (final, session.server_stats, session.facts)))
     except (OSError, BrokenPipeError):
         pass

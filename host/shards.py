@@ -47,7 +47,7 @@ from ratedeck.engine.merge import merge_snapshots
 from ratedeck.engine.snapshot import Snapshot
 
 from .process_host import ProcessHost
-from .session import RunFacts
+from .protocol import RunFacts
 
 #: A shard publishes its snapshot this often: the console pulls every 0.25 s, and a shard's
 #: snapshot carries whole histograms (see engine/merge.py), so not more often.
