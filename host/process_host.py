@@ -17,6 +17,7 @@ import signal
 import threading
 from concurrent.futures import Future
 
+from ratedeck.core.vocab import Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import Snapshot
@@ -38,7 +39,7 @@ class ProcessHost:
         self.publish_s = publish_s
         self.server_stats: dict | None = None
         self.aborted = False  # stopped at once (`abort`), not drained
-        self._latest = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps)
+        self._latest = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps)
         self._facts = RunFacts()
         self._final: Snapshot | None = None
         self._started: Future = Future()
@@ -132,7 +133,7 @@ class ProcessHost:
             except Exception:
                 return self.abort()
         self._reap()
-        return self._final
+        return self._final if self._final is not None else self._latest
 
     def abort(self) -> Snapshot:
         """Stop at once: the child cuts its drain short and reports what is left as queued or

@@ -16,10 +16,10 @@ import dataclasses
 import json
 import random
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ratedeck.core.secrets import Redactor, safe_url
-from ratedeck.core.vocab import Ending
+from ratedeck.core.secrets import safe_url
+from ratedeck.core.vocab import Ending, EventKind, Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.engine.engine import Engine
@@ -33,6 +33,9 @@ from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 
 from .protocol import RunFacts
+
+if TYPE_CHECKING:
+    from ratedeck.server.app import RunningServer
 
 __all__ = ["ResultsFile", "RunFacts", "Session", "current_config", "embedded_server_settings"]
 
@@ -72,7 +75,7 @@ class Session:
     def __init__(self, cfg: RunConfig, transport: Transport | None = None):
         self.cfg = cfg
         self._transport = transport
-        self.server = None  # the embedded simulator, when there is no target
+        self.server: RunningServer | None = None  # the embedded simulator, when there is no target
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
@@ -120,7 +123,7 @@ class Session:
             await self._close()  # nothing left open behind a failed (or interrupted) start
             raise
         where = "embedded simulator" if self.server else "target"
-        self.engine.event("info", f"{where}: {self.shown_target}")
+        self.engine.event(EventKind.INFO, f"{where}: {self.shown_target}")
         return self.engine
 
     @property
@@ -147,17 +150,23 @@ class Session:
 
     def snapshot(self) -> Snapshot:
         if self.engine is None:
-            return Snapshot(phase="starting", capacity_tps=self.cfg.capacity_tps)
+            return Snapshot(phase=Phase.STARTING, capacity_tps=self.cfg.capacity_tps)
         return self.engine.snapshot()
 
+    def _started(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("the session has not started")
+        return self.engine
+
     def send(self, command: Command) -> None:
+        engine = self._started()
         try:
-            self.engine.apply(command)
+            engine.apply(command)
         except (ValueError, TypeError) as exc:
-            self.engine.event("error", str(exc))
+            engine.event(EventKind.ERROR, str(exc))
 
     def effective_config(self) -> dict:
-        return to_toml_dict(current_config(self.cfg, self.engine))
+        return to_toml_dict(current_config(self.cfg, self._started()))
 
     async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
         """Drain (bounded by `drain_timeout_s`, default the config's) and close everything.
@@ -166,7 +175,7 @@ class Session:
         `drain_timeout_s=0` to stop at once; what is still queued or in flight
         is then reported as such.
         """
-        snap = await self.engine.stop(drain_timeout_s)
+        snap = await self._started().stop(drain_timeout_s)
         await self._close()
         return snap
 
@@ -259,7 +268,7 @@ class ResultsFile:
         self.path = path
         self.engine = engine
         self.body = body
-        self.redact: Redactor = engine.redact
+        self.redact = engine.redact
         self.written = 0
         self.problem: str | None = None
         self._fh: TextIO | None = None

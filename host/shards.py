@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
-from ratedeck.core.vocab import PolicyKind
+from ratedeck.core.vocab import Phase, PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
 from ratedeck.engine.config import RunConfig
 from ratedeck.engine.merge import merge_snapshots
@@ -308,7 +308,7 @@ class ShardedHost:
         self._order = {k.label: i for i, k in enumerate(cfg.keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
-        self._merged = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps, procs=procs)
+        self._merged = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps, procs=procs)
         self._lock = threading.Lock()
 
     @property
