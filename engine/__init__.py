@@ -22,7 +22,7 @@ from .engine import Engine, UnknownKey
 from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
 from .outcome import Outcome
 from .snapshot import Snapshot
-from .transport import HttpTransport, Response, Transport
+from .transport import HttpTransport, Response, Transport, TransportBase
 
 __all__ = [
     "CallError",
@@ -49,6 +49,7 @@ __all__ = [
     "SetThrottle",
     "Snapshot",
     "Transport",
+    "TransportBase",
     "UnknownKey",
     "load_config",
 ]
