@@ -9,7 +9,7 @@ retry. The path sees the engine only through the ports (`ports.py`): it
 enters the engine once per request, at the end.
 
 The hot path: everything a request touches is an attribute of this object
-or bound once at construction (`_send`, `_finish`, `_cool`); no closure or
+or bound once (`_send`, `_finish`, `_cool`); no closure or
 object is made per request beyond the attempt's task.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ratedeck.core.secrets import Redactor
@@ -26,6 +26,7 @@ from ratedeck.core.vocab import Ending, EventKind
 
 from . import outcome as oc
 from .budgets import Budgets
+from .config import KeySpec
 from .delays import Quota
 from .gate import CooldownGate
 from .headroom import HeadroomController
@@ -88,7 +89,7 @@ class RequestPath:
         *,
         learn_policy: bool,
     ) -> None:
-        self._send = transport.send
+        self.transport = transport
         self.queues = queues
         self.metrics = metrics
         self.headroom = headroom
@@ -114,6 +115,7 @@ class RequestPath:
         self.started_at = 0.0
         self.wall_offset = 0.0
         self._create_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        self._send: Callable[[KeySpec, Request, int | None], Awaitable[oc.Outcome]]  # bound in start()
 
     def start(
         self,
@@ -123,6 +125,7 @@ class RequestPath:
         wall_offset: float,
     ) -> None:
         self._create_task = loop.create_task
+        self._send = self.transport.send
         self.clock, self.started_at, self.wall_offset = clock, started_at, wall_offset
 
     @property
