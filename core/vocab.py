@@ -68,13 +68,6 @@ class Pacing(StrEnum):
     BURST = "burst"  # send as soon as the window has room
 
 
-class CooldownScope(StrEnum):
-    """Who waits when a server asks for a delay."""
-
-    SHARED = "shared"  # every sender of the budget (the gate)
-    PER_REQUEST = "per-request"  # only the rejected request (the pre-actor design, for comparison)
-
-
 class HeadroomMode(StrEnum):
     """Where the headroom comes from when it is not a fixed number of milliseconds."""
 

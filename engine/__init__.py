@@ -23,7 +23,7 @@ from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, Rat
 from .outcome import Outcome
 from .settings import ConfigError, EngineSettings, KeySpec
 from .snapshot import Snapshot
-from .transport import HttpTransport, Response, Transport
+from .transport import HttpTransport, Response, Transport, TransportBase
 
 __all__ = [
     "CallError",
@@ -50,5 +50,6 @@ __all__ = [
     "SetThrottle",
     "Snapshot",
     "Transport",
+    "TransportBase",
     "UnknownKey",
 ]

@@ -32,7 +32,7 @@ from .engine import Engine
 from .request import CallFn, Request
 from .settings import ConfigError, EngineSettings, HoldsEngineSettings, KeySpec, engine_settings
 from .snapshot import Snapshot
-from .transport import Transport, http_transport
+from .transport import Transport, TransportBase, http_transport
 
 
 class CallError(RatedeckError):
@@ -63,7 +63,7 @@ class CallShed(CallError):
     """The engine refused the call (shed by an entry throttle)."""
 
 
-class FunctionTransport:
+class FunctionTransport(TransportBase):
     """Runs your own coroutine function per call, with the key's secret.
 
     `delay_error(exc)` says whether an exception is a rate limit: seconds to

@@ -23,8 +23,8 @@ from .waker import Waker
 
 if TYPE_CHECKING:
     from .budgets import Budgets
-    from .cluster import LeasedSlots
     from .delays import Quota
+    from .leases import LeasedSlots
     from .ports import WorkerHost
     from .request import Request
 
@@ -48,7 +48,7 @@ class KeyWorker:
 
     def __init__(
         self,
-        host: WorkerHost,
+        host: WorkerHost[KeyWorker],
         spec: KeySpec,
         limiter: WindowLimiter,
         gates: tuple[CooldownGate, ...],
@@ -92,7 +92,8 @@ class KeyWorker:
         self._learned: Policy | None = None  # a limit learned from rejections
         self._nonce = 0
         self._waker = Waker()
-        # A budget shared through a store (engine/cluster.py): sends only at the times it granted.
+        # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
+        # the times it granted.
         self.leases: LeasedSlots | None = None
         self.want_leases: Callable[[KeyWorker, float], None] | None = None
 

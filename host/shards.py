@@ -41,13 +41,13 @@ from pathlib import Path
 from ratedeck.config import RunConfig, to_toml_dict
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
-from ratedeck.core.vocab import PolicyKind
+from ratedeck.core.vocab import Phase, PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
 from ratedeck.engine.merge import merge_snapshots
 from ratedeck.engine.snapshot import Snapshot
 
 from .process_host import ProcessHost
-from .session import RunFacts
+from .protocol import RunFacts
 
 #: A shard publishes its snapshot this often: the console pulls every 0.25 s, and a shard's
 #: snapshot carries whole histograms (see engine/merge.py), so not more often.
@@ -307,7 +307,7 @@ class ShardedHost:
         self._order = {k.label: i for i, k in enumerate(cfg.keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
-        self._merged = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps, procs=procs)
+        self._merged = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps, procs=procs)
         self._lock = threading.Lock()
 
     @property

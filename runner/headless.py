@@ -619,7 +619,7 @@ async def _run(
         out,
         signals,
         waiters=[asyncio.ensure_future(engine.finished.wait())],
-        facts=session.facts,
+        facts=lambda: session.facts,
         snapshot=engine.snapshot,
         done=engine.finished.is_set,
     )
@@ -630,7 +630,7 @@ async def _run(
         source.finish(engine_scrape(engine))
     code = conclude(
         snap,
-        session.facts(),
+        session.facts,
         cfg,
         out=out,
         server_stats=session.server_stats,

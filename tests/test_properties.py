@@ -97,7 +97,6 @@ GOOD = {
     "headroom_min_ms": [0, 1],
     "headroom_max_ms": [500, "1s"],
     "pacing": ["even", "burst"],
-    "cooldown": ["shared", "per-request"],
     "graveyard_path": ["", "g.jsonl"],
     "ttl_s": [1, "5m", 0.25],
     "drain_timeout_s": [0, "2s"],

@@ -185,7 +185,7 @@ def test_a_real_run_s_report_with_thresholds_validates(tmp_path):
     snap, session = asyncio.run(run())
     code = conclude(
         snap,
-        session.facts(),
+        session.facts,
         cfg,
         out=io.StringIO(),
         server_stats=session.server_stats,

@@ -125,7 +125,7 @@ def test_without_an_idempotency_key_a_dead_members_jobs_become_uncertain(redis_s
 
 
 def test_bad_and_unreachable_urls_are_one_line():
-    from ratedeck.store.base import open_store
+    from ratedeck.store.open import open_store
 
     for url in ("redis://127.0.0.1:99999/0", "redis://127.0.0.1:6379/x", "redis://:6379/0"):
         with pytest.raises(StoreError) as err:

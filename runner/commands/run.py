@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import tomli_w
 
@@ -22,6 +21,7 @@ from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
 from ratedeck.host.process_host import ProcessHost
+from ratedeck.host.protocol import SpawnedHost
 from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_configs
 from ratedeck.store.work import open_for_run
 
@@ -228,9 +228,7 @@ def run_console(
         for problem in problems:
             fail(problem)
         return EXIT_USAGE
-    # TODO(ports): EngineHost once host/protocol.py declares start, abort, stop_blocking, facts,
-    # server_stats and aborted
-    host: Any = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg)
+    host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg)
     exporter = None
     if metrics is not None:
         # prometheus_client loads only with --metrics-port
