@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.host.session import Session
 from ratedeck.host.shards import ShardedHost

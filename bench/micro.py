@@ -193,7 +193,7 @@ async def _measure(duration_s: float, succeeded: Callable[[], int]) -> dict[str,
 
 def engine_config(spec: RunSpec, **engine: Any):
     """The engine's config for a micro run (`spec.extra["workload"]` adds to the workload)."""
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
 
     from .engine_run import engine_overrides
 

@@ -328,6 +328,8 @@ class RatedeckApp(App[Snapshot]):
         self._signals: list[int] = []
         self._snapshot_failed = False
         self._keymap_in_force: dict[str, str] = {}  # binding id -> keys, as given to set_keymap
+        # The widgets that follow the compact layout, held once mounted (a Resize may come first).
+        self._compact_widgets: tuple[KeysTable, LimiterPanel, ThroughputPanel] | None = None
         self._exiting = False
         # Values sent but maybe not yet visible in a snapshot, so that fast
         # repeated +/+, ]/] or space/space presses build on each other.
@@ -397,6 +399,7 @@ class RatedeckApp(App[Snapshot]):
             self.query_one(ErrorsPanel),
         )
         self._keys_table = self.query_one(KeysTable)
+        self._compact_widgets = (self._keys_table, self._limiter, self._throughput)
         self._filter = self.query_one(FilterInput)
         self._filter_bar = self.query_one("#filter-bar")
         self._filter_bar.display = False
@@ -456,14 +459,10 @@ class RatedeckApp(App[Snapshot]):
         # The first Resize arrives before on_mount has found the table, which
         # then applies the layout itself. (Not `query`: while a modal is open
         # it searches the modal, and the table would miss the resize.)
-        table: KeysTable | None = getattr(self, "_keys_table", None)
-        if table is not None:
+        if self._compact_widgets is not None:
+            table, limiter, throughput = self._compact_widgets
             table.compact = compact
-        limiter: LimiterPanel | None = getattr(self, "_limiter", None)
-        if limiter is not None:
             limiter.compact = compact
-        throughput: ThroughputPanel | None = getattr(self, "_throughput", None)
-        if throughput is not None:
             throughput.compact = compact
 
     def _apply_theme_choice(self) -> None:
@@ -1009,19 +1008,15 @@ class RatedeckApp(App[Snapshot]):
 
     def _stop_at_once(self) -> None:
         """Cut the drain short: what is left is reported as queued or in flight."""
-        abort = getattr(self.host, "abort", None)
-        if abort is None:  # a host that can only drain
-            self.notify("Still draining…", timeout=2)
-            return
         if self._stopping_at_once:
             return
         self._stopping_at_once = True
         self.notify("stopping at once…", timeout=30)
-        self.run_worker(self._abort(abort), name="abort", group="abort")
+        self.run_worker(self._abort(), name="abort", group="abort")
 
-    async def _abort(self, abort) -> None:
+    async def _abort(self) -> None:
         try:
-            final = await asyncio.get_running_loop().run_in_executor(None, abort)
+            final = await asyncio.get_running_loop().run_in_executor(None, self.host.abort)
         except Exception as error:
             self.exit(self.snapshot, return_code=1, message=f"ratedeck: stopping the engine failed: {error}")
             return

@@ -68,11 +68,10 @@ class Pacing(StrEnum):
     BURST = "burst"  # send as soon as the window has room
 
 
-class CooldownScope(StrEnum):
-    """Who waits when a server asks for a delay."""
+class HeadroomMode(StrEnum):
+    """Where the headroom comes from when it is not a fixed number of milliseconds."""
 
-    SHARED = "shared"  # every sender of the budget (the gate)
-    PER_REQUEST = "per-request"  # only the rejected request (the pre-actor design, for comparison)
+    ADAPTIVE = "adaptive"  # learned from the answers (engine/headroom.py)
 
 
 class Arrival(StrEnum):

@@ -1,6 +1,7 @@
 """ratedeck's engine: rate-limited sending as a library.
 
-    from ratedeck.engine import RateDeck, load_config
+    from ratedeck.engine import RateDeck
+    from ratedeck.config import load_config  # the settings: ratedeck.config
 
 Everything a program needs is exported here; the submodules are the
 engine's own parts and may change.
@@ -17,12 +18,12 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .config import ConfigError, KeySpec, RunConfig, load_config
 from .engine import Engine, UnknownKey
 from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
 from .outcome import Outcome
+from .settings import ConfigError, EngineSettings, KeySpec
 from .snapshot import Snapshot
-from .transport import HttpTransport, Response, Transport
+from .transport import HttpTransport, Response, Transport, TransportBase
 
 __all__ = [
     "CallError",
@@ -42,13 +43,13 @@ __all__ = [
     "Response",
     "ResumeAll",
     "ResumeKey",
-    "RunConfig",
+    "EngineSettings",
     "SetArrivalRate",
     "SetBackpressure",
     "SetHeadroom",
     "SetThrottle",
     "Snapshot",
     "Transport",
+    "TransportBase",
     "UnknownKey",
-    "load_config",
 ]

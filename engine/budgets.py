@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from ratedeck.core.policy import Policy
 
 from .api_rules import BudgetSpec, PathTable
-from .config import RunConfig
 from .limiter import WindowLimiter
 from .request import Request
+from .settings import EngineSettings
 
 MakeLimiter = Callable[[tuple[Policy, ...]], WindowLimiter]
 
@@ -38,7 +38,7 @@ _PLAIN = Route(1, ())
 class Budgets:
     """The run's named budgets: host-scope limiters (shared) and the key-scope specs (one limiter per key)."""
 
-    def __init__(self, cfg: RunConfig, make_limiter: MakeLimiter):
+    def __init__(self, cfg: EngineSettings, make_limiter: MakeLimiter):
         self.specs = {b.name: b for b in cfg.budgets}
         self.host = {b.name: make_limiter(b.policies) for b in cfg.budgets if b.scope == "host"}
         self.key_specs = tuple(b for b in cfg.budgets if b.scope == "key")

@@ -37,130 +37,27 @@ import math
 import os
 import secrets
 import socket
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from ratedeck.core.errors import RatedeckError
-from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
 
+from .gate import CooldownGate
+from .leases import LeasedSlots
+from .ports import ClusterHost, Grant, Poll, SharedState, StoreUnavailable
 from .snapshot import ClusterView
+from .worker import KeyWorker
 
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .gate import CooldownGate
-    from .worker import KeyWorker
-
-
-class StoreUnavailable(RatedeckError):
-    """The shared store did not answer (down, unreachable, too slow); the text is one line."""
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """Send times the store reserved for this member, in its loop clock, earliest first.
-
-    Each may be used from its time until `usable_s` after it (the slack the
-    store reserved beyond it). `retry_at` (loop clock), when nothing was
-    granted, is when the budget may have room again. `fresh` says the store
-    had no record of the budget (first use, or its state was lost).
-    """
-
-    times: tuple[float, ...]
-    usable_s: float
-    retry_at: float | None = None
-    fresh: bool = False
-    epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
-
-
-@dataclass(frozen=True, slots=True)
-class Poll:
-    """What a member reads each poll: the shared gates closed now (loop time, reason) and the epoch."""
-
-    gates: dict[str, tuple[float, str]]
-    epoch: str | None
-
-
-class SharedState(Protocol):
-    """What members share through a store. Every method raises `StoreUnavailable` when it cannot answer."""
-
-    shown: str  # the store as it may be printed (no password)
-    calls: int  # round trips made so far
-
-    def bind(self, clock: Any) -> None:
-        """The engine's clock (loop time): grants and gates are told in it."""
-
-    async def lease(
-        self,
-        budget: str,
-        policies: Sequence[Policy],
-        count: int,
-        headroom_s: float,
-        slack_s: float,
-        pace_s: float,
-        spacing: float,
-        horizon_s: float,
-        hold_s: float,
-    ) -> Grant:
-        """Up to `count` send times of `budget` (all `policies` together) at least `slack_s`
-        usable each; none further ahead than `horizon_s`. `hold_s`: see `ClusterMember._hold_s`."""
-        ...
-
-    async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
-
-    async def poll(self, gates: Sequence[str]) -> Poll: ...
-
-    async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None: ...
-
-    async def read_cluster(self) -> ClusterView:
-        """Every live member's last summary and the shared work queues' depths."""
-        ...
-
-    async def ping(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-class LeasedSlots:
-    """The send times one key holds from the store: `next_at(now)` the earliest usable, `take` one."""
-
-    __slots__ = ("times", "fetching", "retry_at", "valid_until", "granted", "used", "dropped")
-
-    def __init__(self) -> None:
-        self.times: deque[tuple[float, float]] = deque()  # (from, until), loop clock
-        self.fetching = False
-        self.valid_until = math.inf  # none is used after this: the store's epoch was not confirmed since
-        self.retry_at = 0.0  # no fetch before this (the store said the budget is full until then)
-        self.granted = self.used = self.dropped = 0
-
-    def add(self, grant: Grant) -> None:
-        for t in grant.times:
-            self.times.append((t, t + grant.usable_s))
-        self.granted += len(grant.times)
-
-    def next_at(self, now: float) -> float:
-        """The earliest lease still usable at `now` or later (inf: none held); stale ones are dropped."""
-        times = self.times
-        if now > self.valid_until:
-            self.clear()
-            return math.inf
-        while times and times[0][1] < now:
-            times.popleft()
-            self.dropped += 1
-        return times[0][0] if times else math.inf
-
-    def take(self) -> None:
-        self.times.popleft()
-        self.used += 1
-
-    def clear(self) -> None:
-        self.dropped += len(self.times)
-        self.times.clear()
-
-    def __len__(self) -> int:
-        return len(self.times)
+__all__ = [
+    "ClusterMember",
+    "Grant",
+    "LeasedSlots",
+    "Poll",
+    "SharedState",
+    "StoreUnavailable",
+    "budget_name",
+    "gate_names",
+    "member_id",
+]
 
 
 def _target_host(url: str | None) -> str:
@@ -213,11 +110,12 @@ class ClusterMember:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: ClusterHost[KeyWorker],
         shared: SharedState,
         budget_ids: dict[str, str],
         gate_ids: dict[str, str],
         *,
+        unshared_limits: bool = False,
         member: str | None = None,
         lease_ahead_s: float = 0.25,
         horizon_s: float = 1.0,
@@ -229,6 +127,7 @@ class ClusterMember:
         retry_s: float = 0.25,
     ):
         self.engine = engine
+        self.unshared_limits = unshared_limits  # host limits, [[budgets]] or weights: each member's own
         self.shared = shared
         self.budget_ids = budget_ids  # key label -> budget name in the store (a fingerprint)
         self.gate_ids = gate_ids  # gate name -> its name in the store
@@ -393,8 +292,7 @@ class ClusterMember:
     # -- running
     def start(self) -> None:
         self.shared.bind(self.engine.clock)
-        cfg = self.engine.cfg
-        if cfg.host_policies or cfg.budgets or cfg.key_weighted:
+        if self.unshared_limits:
             # Only each key's own limits are granted by the store (one unit a request).
             self.engine.problem(
                 "shared store: host limits, [[budgets]] and weights are kept by each member alone, "

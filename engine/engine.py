@@ -8,30 +8,29 @@ pushes commands.
 
 A request's path, one direction: a `Source` submits it (`SourceSink`) ->
 `WorkQueues` -> a `KeyWorker` takes it when its limiter has a slot and
-`launch`es it -> the `Transport` answers -> `settle.decide` says what the
-answer means -> `_apply` counts it, pauses whom it must, and ends or
-retries the request.
+`launch`es it into the `RequestPath` (`path.py`) -> the `Transport` answers
+-> `settle.decide` says what the answer means -> the path counts it, pauses
+whom it must, and retries the request or hands its end back here
+(`Engine.finish`), which tells the request's caller and the finish watchers.
+Everything the engine talks to plugs in through a protocol of `ports.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import random
 import time
 import uuid
-from collections import deque
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import readable
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
-from ratedeck.core.vocab import CooldownScope, Ending, EventKind, Pacing, Phase
+from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
 
-from . import outcome as oc
 from .budgets import Budgets
-from .cluster import ClusterMember, LeasedSlots, SharedState, budget_name, gate_names
+from .cluster import ClusterMember, budget_name, gate_names
 from .commands import (
     Command,
     PauseAll,
@@ -43,19 +42,21 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .config import RunConfig
-from .delays import Quota
+from .events import EventLog
 from .gate import CooldownGate
 from .headroom import HeadroomController
-from .limiter import Stamp, WindowLimiter
+from .leases import LeasedSlots
+from .limiter import WindowLimiter
 from .metrics import Metrics
 from .multicall import source_from_config
-from .ports import Source
+from .path import RequestPath, SharedGates
+from .ports import Cooldown, FinishWatcher, SharedState, Source
 from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
-from .settle import Scope, SettleRules, Tally, Verdict, decide
-from .snapshot import BudgetRow, Event, GateRow, Snapshot
+from .settings import EngineSettings, HoldsEngineSettings, engine_settings
+from .settle import SettleRules
+from .snapshot import BudgetRow, GateRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
 
@@ -95,18 +96,22 @@ class Engine:
 
     Use `start()` on a running loop (or `await run()`), steer it with
     `apply(command)`, read it with `snapshot()`, end it with `await stop()`.
+
+    `cooldown` is how a server's delay is honoured (`ports.Cooldown`): by
+    default it closes the budget's gate for every sender (`path.SharedGates`).
     """
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: EngineSettings | HoldsEngineSettings,
         transport: Transport,
         *,
         source: Source | None = None,
         rng: random.Random | None = None,
         shared_state: SharedState | None = None,
+        cooldown: Cooldown | None = None,
     ):
-        self.cfg = cfg
+        self.cfg = cfg = engine_settings(cfg)
         self.transport = transport
         self.rng = rng or random.Random(cfg.seed)
         e = cfg.engine
@@ -124,7 +129,7 @@ class Engine:
             self.probe = Probe(
                 cfg.target.probe_url,
                 cfg.target.probe_rate,
-                get=getattr(transport, "probe", None),
+                get=transport.prober(),
                 timeout_s=cfg.target.timeout_s,
             )
         self.queues = WorkQueues()
@@ -186,26 +191,50 @@ class Engine:
                 shared_state,
                 {w.label: budget_name(cfg.target.url, w.spec.secret) for w in self.workers},
                 gate_names(cfg.target.url, {w.label: w.spec.secret for w in self.workers}),
+                unshared_limits=bool(cfg.host_policies or cfg.budgets or cfg.key_weighted),
             )
             for w in self.workers:
                 w.gates = (*w.gates, self.store_gate)
                 w.leases = LeasedSlots()
                 w.want_leases = self.cluster.want
-        self.cooldown_scope = CooldownScope(e.cooldown)
-        self.settle_rules = SettleRules(
+        self.log = EventLog()
+        self.events = self.log.rows
+        self.event = self.log.event
+        settle_rules = SettleRules(
             max_attempts=e.max_attempts,
             backoff_base_s=e.backoff_base_ms / 1000.0,
             backoff_cap_s=e.backoff_cap_ms / 1000.0,
             host_gate=bool(cfg.host_policies),
             host_limit_match=cfg.target.host_limit_match,
         )
-        self.pool_capacity = dict(cfg.pools)
-        self.pool_in_use = dict.fromkeys(cfg.pools, 0)
-        self.pool_ok = self._pool_has_room if cfg.pools else None
-        self.pool_ok_req = (lambda req: self._pool_has_room(req.pool)) if cfg.pools else None
+        weighted = [b.name for b in cfg.budgets if b.weighted and b.scope == "host"]
+        # The request path: launch, send, settle, apply; it hands each end back to `finish`.
+        self.path = RequestPath(
+            transport,
+            self.queues,
+            self.metrics,
+            self.headroom,
+            self.graveyard,
+            self.budgets,
+            self.budgets.host.get(weighted[0]) if weighted else None,
+            self.host_gate,
+            settle_rules,
+            self.rng,
+            cfg.pools,
+            self,
+            self.log,
+            cooldown if cooldown is not None else SharedGates(self.log, self.cluster),
+            self.redact,
+            learn_policy=e.learn_policy,
+        )
+        # What a key worker calls (`ports.WorkerHost`): the path's own, bound once.
+        self.launch = self.path.launch
+        self.expire = self.path.expire
+        self.shed = self.path.shed
+        self.pool_ok = self.path.pool_ok
+        self.pool_ok_req = self.path.pool_ok_req
+        self.pool_capacity = self.path.pool_capacity
         self.by_label = {w.label: w for w in self.workers}
-        self.in_flight = 0
-        self.events: deque[Event] = deque(maxlen=200)
         self.stopping = False
         self.phase = Phase.STARTING
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -215,7 +244,6 @@ class Engine:
         self.ended_at: float | None = None
         self._wall_offset = 0.0
         self._tasks: list[asyncio.Task] = []
-        self._sends: dict[int, asyncio.Task] = {}  # attempts in flight, by request id
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
         # The client's own cost (Snapshot.cpu_s, loop_lag_ms): process CPU since the start,
@@ -231,17 +259,37 @@ class Engine:
         self.mergeable = False  # one of several processes: snapshots carry whole histograms
         self.problems: list[str] = []
         # Called with (request, ending) for every request that ends (a results
-        # file, metrics): after the request's own on_done.
+        # file, a store's journal): after the request's own on_done.
         self.finish_watchers: list[DoneCallback] = []
 
     @property
     def retry_errors(self) -> bool:
         """Whether errors other than rate limits are retried (a library caller wants them at once)."""
-        return self.settle_rules.retry_errors
+        return self.path.retry_errors
 
     @retry_errors.setter
     def retry_errors(self, on: bool) -> None:
-        self.settle_rules = dataclasses.replace(self.settle_rules, retry_errors=on)
+        self.path.retry_errors = on
+
+    @property
+    def settle_rules(self) -> SettleRules:
+        return self.path.settle_rules
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts in flight now."""
+        return self.path.in_flight
+
+    def watch(self, watcher: FinishWatcher) -> None:
+        """Tell `watcher` of every request that ends (`ports.FinishWatcher`)."""
+        self.finish_watchers.append(watcher.finished)
+
+    def queued(self) -> list[Request]:
+        """Requests still queued: the main queue first, then the retry queue by due time."""
+        return [*self.queues.main, *sorted(self.queues.dlq)]
+
+    def in_flight_requests(self) -> list[Request]:
+        return self.path.in_flight_requests()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -253,6 +301,8 @@ class Engine:
         self._cpu0 = time.process_time()
         self._lag_window_end = self.started_at + _LAG_WINDOW_S
         self._wall_offset = time.time() - self.started_at
+        self.log.start(self.clock, self.started_at)
+        self.path.start(self.loop, self.clock, self.started_at, self._wall_offset)
         for lim in self.all_limiters():
             lim.align(self._wall_offset, self.started_at)  # fixed windows turn at the clock's minutes
         self.finished = asyncio.Event()
@@ -305,8 +355,8 @@ class Engine:
         if self.probe is not None:
             await self.probe.close()
         timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        if self._sends:
-            _done, pending = await asyncio.wait(set(self._sends.values()), timeout=timeout)
+        if self.path.sends:
+            _done, pending = await asyncio.wait(set(self.path.sends.values()), timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
@@ -319,200 +369,6 @@ class Engine:
         self._flush_graveyard()
         self.event(EventKind.INFO, "stopped")
         return self.snapshot()
-
-    # ------------------------------------------------------------ sending
-    def launch(
-        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...] = ()
-    ) -> None:
-        """Send one attempt in its own task (so a key keeps several in flight)."""
-        req.attempts += 1
-        self.in_flight += 1
-        self.metrics.sent += 1
-        sent_at = req.last_sent_at = stamps[0].t if stamps else self.clock()
-        if req.first_sent_at is None:
-            req.first_sent_at = sent_at
-            self.metrics.queue_wait.add((sent_at - req.created_at) * 1000.0)
-        if req.pool is not None and self.pool_ok is not None:
-            self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        loop = self.loop
-        assert loop is not None, "launch() before start()"
-        # The attempt takes itself out of `_sends` when it ends (no done callback: one
-        # loop turn less per request). A request has one attempt in flight at a time.
-        self._sends[req.id] = loop.create_task(self._attempt(worker, req, nonce, stamps))
-
-    async def _attempt(
-        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...]
-    ) -> None:
-        try:
-            result = await self.transport.send(worker.spec, req, nonce)
-        except asyncio.CancelledError:
-            self._sends.pop(req.id, None)
-            raise  # stopped while in flight: the request stays counted as in flight
-        except Exception as exc:  # a transport bug must not lose the request
-            result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
-        self._sends.pop(req.id, None)
-        result.key = worker.label
-        worker.answered(result)
-        self.in_flight -= 1
-        if req.pool is not None and self.pool_ok is not None:
-            self.pool_in_use[req.pool] -= 1
-            self.queues.pass_on()  # a request waiting for this pool may go now
-        now = self.clock()
-        try:
-            if result.status is not None and stamps:
-                # Timed from the slot's stamp, not from the socket write: the task
-                # may start late on a busy loop, and the server sees that delay too.
-                held = now - stamps[0].t
-                # The server's own time (a hint, judged there) and remaining count.
-                server_s = result.server_time_s
-                # A 429 counts against the rejection budget here, whatever _apply makes of it.
-                rejected = result.kind is oc.RATE_LIMITED
-                self.headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
-                # The answer bounds how late the server stamped this request: its
-                # slot frees by that, not by the worst case (see headroom.py).
-                self.headroom.assign(stamps, held, now, server_s)
-            self._settle(worker, req, result, now)
-        except Exception as exc:
-            # Whatever went wrong in handling the answer, the request is
-            # accounted for: it ends in the graveyard with the error named.
-            self._settle_failed(req, exc, now)
-        worker.wake_if_sooner(now)
-
-    def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Decide what the answer means (`settle.decide`, pure) and apply it here."""
-        req.last_status = result.status
-        req.result = result
-        if result.policy_header is not None and self.cfg.engine.learn_policy:
-            for policy in worker.adopt_advertised(result.policy_header):
-                self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
-        if result.quotas:
-            self._sync_quotas(worker, req, result, now)
-        verdict = decide(result, req, self.settle_rules, now)
-        self._apply(verdict, worker, req, result, now)
-
-    def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Take the server's own counts: a budget it names, a weight budget, else the key's own.
-
-        What this key spent after the answered request was sent is added, since
-        the server cannot have counted it yet (`spent_since`).
-        """
-        sent_at = req.last_sent_at if req.last_sent_at is not None else now
-        for quota in result.quotas:
-            limiter = self._limiter_for_quota(worker, quota)
-            if limiter is None:
-                continue
-            reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
-            limiter.sync(
-                now,
-                used=quota.used,
-                remaining=quota.remaining,
-                limit=quota.limit,
-                reset_at=reset_at,
-                window_s=quota.window_s,
-                sent_since=limiter.spent_since(sent_at),
-                sent_at=sent_at,
-            )
-            worker.note_quota(quota, reset_at)
-
-    def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
-        name = quota.name
-        if name is not None:
-            if name in worker.key_budgets:
-                return worker.key_budgets[name]
-            if name in self.budgets.host:
-                return self.budgets.host[name]
-        if quota.weight:
-            return next(
-                (self.budgets.host[b.name] for b in self.cfg.budgets if b.weighted and b.scope == "host"),
-                None,
-            )
-        if name in (None, "core", "default") or not self.budgets.specs:
-            return worker.limiter
-        return None
-
-    def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Apply one verdict: count, pause, block, then end or retry the request."""
-        m = self.metrics
-        widen = v.widen_headroom
-        worker.tally(v.tally, req.last_sent_at)
-        if v.tally is Tally.SUCCEEDED:
-            m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-        elif v.tally is Tally.REJECTED_429:
-            m.rejected_429 += 1
-            # A 429 while the headroom deliberately narrows (a rejection budget, remaining
-            # counts) is about timing, not the limit: learn nothing from it.
-            if self.cfg.engine.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
-                learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
-                if learned is not None or worker.learned_limit is not None:
-                    widen = False  # the limit was wrong, not the timing: the headroom stays
-                if learned is not None:
-                    self.event(
-                        EventKind.SETTING,
-                        f"{worker.label}: told {worker.told}, learned {learned} from rejections",
-                    )
-        elif v.tally is Tally.REJECTED_OTHER:
-            m.rejected_other += 1
-        else:
-            m.fail(v.cause or str(result.kind))
-        if v.tally is not Tally.SUCCEEDED:
-            req.last_error = result.error or str(result.kind)
-            cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
-            m.errors.add(
-                result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
-            )
-        if widen:
-            self.headroom.observe_rejection(now)
-        if v.cooldown is not None:
-            host_gate = self.host_gate if v.cooldown.scope is Scope.HOST else None
-            gate = host_gate if host_gate is not None else worker.gates[0]
-            self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
-        if v.block_key and worker.block():
-            self.event(
-                EventKind.ERROR, f"{worker.label} {worker.masked} blocked by the server ({result.status})"
-            )
-        if v.ending is Ending.SUCCEEDED:
-            self._finish(req, Ending.SUCCEEDED)
-        elif v.ending is Ending.GRAVEYARD:
-            self._bury(req, now)
-        elif v.ending is Ending.EXPIRED:
-            self.expire(req)
-        else:
-            delay = self.rng.uniform(0, v.backoff_cap_s) if v.backoff_cap_s > 0 else 0.0
-            req.eligible_at = max(req.eligible_at, now + delay)
-            self.metrics.retried += 1
-            self.queues.retry(req)
-
-    def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
-        problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
-        self.event(EventKind.ERROR, self.redact(problem, 300))
-        if req.ending is not None:
-            return
-        if req in self.queues.dlq:  # queued for a retry before the error: it is still accounted
-            return
-        self.metrics.fail(f"internal:{type(exc).__name__}")
-        req.last_error = f"internal error: {type(exc).__name__}"
-        self._bury(req, now)
-
-    def _cool(self, gate: CooldownGate, req: Request, now: float, delay: float, reason: str) -> None:
-        """Honour a server's delay: close the budget's gate for every sender (shared),
-        or, in the pre-actor design kept for comparison, hold back only this request."""
-        if self.cooldown_scope is CooldownScope.SHARED:
-            escalations = gate.escalations
-            if gate.close(now + delay, reason, now):
-                self.event(EventKind.COOLDOWN, f"{gate.name} cooling down {delay:.1f}s: {reason}")
-                if self.cluster is not None:
-                    self.cluster.gate_closed(gate, reason)  # every member stops, not only this one
-                if gate.escalations > escalations:
-                    self.event(
-                        EventKind.ERROR, f"{gate.name}: the server escalated its penalty to {delay:.1f}s"
-                    )
-        else:
-            req.eligible_at = now + delay * 1.1  # "slightly more than the error said"
-
-    def _pool_has_room(self, pool: str | None) -> bool:
-        if pool is None:
-            return True
-        return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
 
     def _budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
         rows = []
@@ -563,25 +419,9 @@ class Engine:
         later = [t for t in later if t > now]
         return min(later) if later else None
 
-    def _bury(self, req: Request, now: float) -> None:
-        self.metrics.graveyard += 1
-        self.graveyard.add(req, now, self._wall_offset)
-        if self.metrics.graveyard <= 20 or self.metrics.graveyard % 100 == 0:
-            self.event(
-                EventKind.GRAVEYARD,
-                f"request {req.id} buried after {req.attempts} attempts ({req.last_error})",
-            )
-        self._finish(req, Ending.GRAVEYARD)
-
-    def expire(self, req: Request) -> None:
-        self.metrics.expired += 1
-        self._finish(req, Ending.EXPIRED)
-
-    def shed(self, req: Request) -> None:
-        self.metrics.shed += 1
-        self._finish(req, Ending.SHED)
-
-    def _finish(self, req: Request, ending: Ending) -> None:
+    # ------------------------------------------------------------ the end of a request's path (Endings)
+    def finish(self, req: Request, ending: Ending) -> None:
+        """`req` reached its final place: tell its caller, then every finish watcher."""
         req.ending = ending
         if req.on_done is not None:
             req.on_done(req, ending)
@@ -637,7 +477,7 @@ class Engine:
     def _check_finished(self) -> None:
         if (
             self.source.exhausted
-            and not self.in_flight
+            and not self.path.in_flight
             and not len(self.queues)
             and self.finished is not None
         ):
@@ -763,10 +603,6 @@ class Engine:
     def _poke_all(self) -> None:
         for w in self.workers:
             w.poke()
-
-    def event(self, kind: EventKind, text: str) -> None:
-        at = (self.clock() - self.started_at) if self.loop is not None else 0.0
-        self.events.append(Event(round(at, 1), EventKind(kind), text))
 
     # ------------------------------------------------------------ reading
     def snapshot(self) -> Snapshot:

@@ -1,7 +1,7 @@
 """ratedeck as a library: submit a call, await its result, never mind the limits.
 
-    from ratedeck.engine.config import load_config
-    from ratedeck.engine.library import RateDeck
+    from ratedeck.config import load_config
+    from ratedeck.engine import RateDeck
 
     cfg = load_config(overrides={"target": {"url": "https://api.example.com/v1/x"},
                                  "keys": {"secrets": ["env:MY_KEYS"], "limits": ["10/1s"]}})
@@ -28,11 +28,11 @@ from ratedeck.core.errors import RatedeckError
 from ratedeck.core.vocab import Ending
 
 from . import outcome as oc
-from .config import ConfigError, KeySpec, RunConfig, load_config
 from .engine import Engine
 from .request import CallFn, Request
+from .settings import ConfigError, EngineSettings, HoldsEngineSettings, KeySpec, engine_settings
 from .snapshot import Snapshot
-from .transport import Transport, http_transport
+from .transport import Transport, TransportBase, http_transport
 
 
 class CallError(RatedeckError):
@@ -63,7 +63,7 @@ class CallShed(CallError):
     """The engine refused the call (shed by an entry throttle)."""
 
 
-class FunctionTransport:
+class FunctionTransport(TransportBase):
     """Runs your own coroutine function per call, with the key's secret.
 
     `delay_error(exc)` says whether an exception is a rate limit: seconds to
@@ -112,17 +112,17 @@ class RateDeck:
 
     def __init__(
         self,
-        cfg: RunConfig | None = None,
+        cfg: EngineSettings | HoldsEngineSettings,
         *,
         transport: Transport | None = None,
         delay_error: Callable[[BaseException], float | None] | None = None,
     ):
-        cfg = cfg or load_config()
+        base = engine_settings(cfg)  # the engine's part of a `ratedeck.config.RunConfig`, say
         # No generated traffic, and no graveyard file: failed calls reach their callers.
         cfg = dataclasses.replace(
-            cfg,
-            workload=dataclasses.replace(cfg.workload, rate=0.0, file=None),
-            engine=dataclasses.replace(cfg.engine, graveyard_path=None),
+            base,
+            workload=dataclasses.replace(base.workload, rate=0.0, file=None),
+            engine=dataclasses.replace(base.engine, graveyard_path=None),
             messages=None,
         )
         if transport is None and delay_error is not None:

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from ratedeck.core.throttle import parse_throttle
 from ratedeck.core.vocab import Excess, MessagePattern
 
-from .config import RunConfig
 from .jsonl import JsonLines
 from .request import Request
+from .settings import EngineSettings
 from .snapshot import MessageStats
 from .waker import Waker
 from .workload import Workload, read_jsonl
@@ -135,7 +135,7 @@ class MessageWorkload:
         self._next_id = 0
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random) -> MessageWorkload:
+    def from_config(cls, cfg: EngineSettings, rng: random.Random) -> MessageWorkload:
         m, w = cfg.messages, cfg.workload
         if m is None:
             raise ValueError("a message workload needs a [messages] section")
@@ -409,7 +409,7 @@ class MessageWorkload:
         )
 
 
-def source_from_config(cfg: RunConfig, rng: random.Random) -> Source:
+def source_from_config(cfg: EngineSettings, rng: random.Random) -> Source:
     """The engine's work source: messages when `[messages]` is configured, else plain requests."""
     if cfg.messages is not None:
         return MessageWorkload.from_config(cfg, rng)

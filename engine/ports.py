@@ -1,35 +1,93 @@
-"""The narrow interfaces between the engine and its parts.
+"""The engine's ports: every narrow interface between the engine's core and what plugs into it.
 
-A key worker and a work source each see the engine only through the
-protocol here, never through `Engine` itself, so the request path reads in
-one direction: source -> queues -> worker -> engine (send, settle).
+Each collaborator sees the engine (or a part of it) only through a protocol
+here, declaring every method it uses, never through `Engine` itself:
+
+- a work source: `Source` (what the engine calls) and `SourceSink` (what it may call);
+- a key worker: `WorkerHost` (the request path: launch, expire, shed);
+- the request path's ends: `Endings` (the engine receives a request's end),
+  `EventSink`, `GateWatcher` (a cluster member told of a gate the path closed),
+  `Cooldown` (how a server's delay is honoured);
+- watchers of finished requests (a results file, a store's journal): `FinishWatcher`,
+  registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`);
+- a shared store: `SharedState` (with `Grant`, `Poll`, `StoreUnavailable`), and
+  the member's side of the engine (`ClusterHost`).
+
+This module imports no implementation: only `ratedeck.core` and the engine's
+plain data types (`request`, `snapshot`, `gate`). import-linter holds it
+(pyproject.toml), so the engine's modules can all import it and no import
+circle runs through it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-from ratedeck.core.vocab import EventKind
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.policy import Policy
+from ratedeck.core.vocab import Ending, EventKind, Phase
 
+from .gate import CooldownGate
 from .request import CallFn, Request
+from .snapshot import ClusterView, MessageStats
 
-if TYPE_CHECKING:
-    from .limiter import Stamp
-    from .queues import WorkQueues
-    from .snapshot import MessageStats
-    from .worker import KeyWorker
+#: A key worker, as the request path knows it (the path's own implementation picks the type).
+W_contra = TypeVar("W_contra", contravariant=True)
+W_co = TypeVar("W_co", covariant=True)
+
+#: A transport's own way to time the probe endpoint: the answer's status.
+ProbeGet = Callable[[], Awaitable[int]]
+
+
+# ---------------------------------------------------------------- queues, as their users see them
+
+
+class SourceQueues(Protocol):
+    """What a source reads of the engine's queues: their depth, and a wait for room."""
+
+    @property
+    def main(self) -> Sized: ...
+
+    def __len__(self) -> int: ...
+
+    async def wait_space(self, limit: int) -> None: ...
+
+
+class WorkerQueues(Protocol):
+    """What a key worker does with the engine's queues: take the next ready request."""
+
+    def __len__(self) -> int: ...
+
+    def pop_ready(self, now: float, ok: Callable[[Request], bool] | None = None) -> Request | None: ...
+
+    def pass_on(self) -> None: ...
+
+    def add_getter(self, fut: asyncio.Future[None]) -> None: ...
+
+
+class SendStamp(Protocol):
+    """A slot's grant (`limiter.Stamp`): its send time, and the headroom it needs once answered."""
+
+    t: float
+    extra: float | None
+
+
+# ---------------------------------------------------------------- sources
 
 
 class SourceSink(Protocol):
     """What a work source may do with the engine: make, submit and refuse requests."""
 
     loop: asyncio.AbstractEventLoop | None
-    queues: WorkQueues
     backpressure: bool
     queue_max: int
     stopping: bool
+
+    @property
+    def queues(self) -> SourceQueues: ...
 
     def clock(self) -> float: ...
 
@@ -88,20 +146,260 @@ class Source(Protocol):
         """The source's part of a snapshot (None for plain requests)."""
 
 
-class WorkerHost(Protocol):
-    """What a key worker needs from the engine."""
+# ---------------------------------------------------------------- the request path
+
+
+class WorkerHost(Protocol[W_contra]):
+    """What a key worker needs: the queues, the clock, and the request path to launch into."""
 
     loop: asyncio.AbstractEventLoop | None
-    queues: WorkQueues
     stopping: bool
-    pool_ok: Callable[[str | None], bool] | None
-    pool_ok_req: Callable[[Request], bool] | None
+
+    @property
+    def queues(self) -> WorkerQueues: ...
+
+    @property
+    def pool_ok(self) -> Callable[[str | None], bool] | None: ...
+
+    @property
+    def pool_ok_req(self) -> Callable[[Request], bool] | None: ...
 
     def clock(self) -> float: ...
 
-    def launch(self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[Stamp, ...]) -> None:
+    def launch(
+        self, worker: W_contra, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]
+    ) -> None:
         """Send one attempt of `req` (the worker has counted it)."""
 
     def expire(self, req: Request) -> None: ...
 
     def shed(self, req: Request) -> None: ...
+
+
+class Endings(Protocol):
+    """Where the request path hands a request that reached its final place: the engine."""
+
+    def finish(self, req: Request, ending: Ending) -> None:
+        """`req` ended (`ending` is its one final place): tell its caller and the watchers."""
+
+
+class EventSink(Protocol):
+    def event(self, kind: EventKind, text: str) -> None: ...
+
+
+class GateWatcher(Protocol):
+    """Told when a server's delay closed a gate (a cluster member shares it with the others)."""
+
+    def gate_closed(self, gate: CooldownGate, reason: str) -> None: ...
+
+
+class Cooldown(Protocol):
+    """How the request path honours a server's delay (Retry-After and the like).
+
+    The engine's own (`path.SharedGates`) closes the budget's gate for every
+    sender; the bench supplies the pre-actor design it compares against
+    (`ratedeck.bench.cooldown`).
+    """
+
+    def cool(self, gate: CooldownGate, req: Request, now: float, delay_s: float, reason: str) -> None: ...
+
+
+# ---------------------------------------------------------------- watchers of finished requests
+
+
+class FinishWatcher(Protocol):
+    """Told of every request that ends, after the request's own `on_done` (no I/O: this is the hot path)."""
+
+    def finished(self, req: Request, ending: Ending) -> None: ...
+
+
+class Watched(Protocol):
+    """An engine a finish watcher registers with."""
+
+    def watch(self, watcher: FinishWatcher) -> None: ...
+
+    def event(self, kind: EventKind, text: str) -> None: ...
+
+
+class GraveRecords(Protocol):
+    def record(self, req: Request, now: float, wall_offset: float) -> dict[str, object]:
+        """`req`'s graveyard line (keys masked)."""
+        ...
+
+
+class JournalHost(Protocol):
+    """What a store's journal reads of the engine."""
+
+    @property
+    def graveyard(self) -> GraveRecords: ...
+
+    def clock(self) -> float: ...
+
+    def wall_time(self, t: float) -> float: ...
+
+    def problem(self, text: str) -> None: ...
+
+
+class StoreRunHost(JournalHost, Watched, Protocol):
+    """What a store run does with the engine: watch it, and read what is left queued at the end."""
+
+    def queued(self) -> list[Request]:
+        """Requests still queued (main queue first, then the retry queue by due time)."""
+        ...
+
+
+class ResultsHost(Watched, Protocol):
+    """What a results file reads of the engine."""
+
+    def redact(self, text: str, limit: int | None = None) -> str: ...
+
+    def clock(self) -> float: ...
+
+    def wall_time(self, t: float) -> float: ...
+
+    def queued(self) -> list[Request]: ...
+
+    def in_flight_requests(self) -> list[Request]:
+        """Requests with an attempt in flight now."""
+        ...
+
+
+# ---------------------------------------------------------------- a shared store
+
+
+class StoreUnavailable(RatedeckError):
+    """The shared store did not answer (down, unreachable, too slow); the text is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Send times the store reserved for this member, in its loop clock, earliest first.
+
+    Each may be used from its time until `usable_s` after it (the slack the
+    store reserved beyond it). `retry_at` (loop clock), when nothing was
+    granted, is when the budget may have room again. `fresh` says the store
+    had no record of the budget (first use, or its state was lost).
+    """
+
+    times: tuple[float, ...]
+    usable_s: float
+    retry_at: float | None = None
+    fresh: bool = False
+    epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """What a member reads each poll: the shared gates closed now (loop time, reason) and the epoch."""
+
+    gates: dict[str, tuple[float, str]]
+    epoch: str | None
+
+
+class SharedState(Protocol):
+    """What members share through a store. Every method raises `StoreUnavailable` when it cannot answer."""
+
+    shown: str  # the store as it may be printed (no password)
+    calls: int  # round trips made so far
+
+    def bind(self, clock: Callable[[], float]) -> None:
+        """The engine's clock (loop time): grants and gates are told in it."""
+
+    async def lease(
+        self,
+        budget: str,
+        policies: Sequence[Policy],
+        count: int,
+        headroom_s: float,
+        slack_s: float,
+        pace_s: float,
+        spacing: float,
+        horizon_s: float,
+        hold_s: float,
+    ) -> Grant:
+        """Up to `count` send times of `budget` (all `policies` together) at least `slack_s`
+        usable each; none further ahead than `horizon_s`. `hold_s`: see `ClusterMember._hold_s`."""
+        ...
+
+    async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
+
+    async def poll(self, gates: Sequence[str]) -> Poll: ...
+
+    async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None: ...
+
+    async def read_cluster(self) -> ClusterView:
+        """Every live member's last summary and the shared work queues' depths."""
+        ...
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Pace(Protocol):
+    """The headroom as a cluster member reads it."""
+
+    def seconds(self) -> float: ...
+
+    def pace_seconds(self) -> float: ...
+
+
+class RunCounts(Protocol):
+    @property
+    def sent(self) -> int: ...
+
+    @property
+    def succeeded(self) -> int: ...
+
+    @property
+    def rejected_429(self) -> int: ...
+
+    @property
+    def tps_series(self) -> Sequence[float]: ...
+
+
+class Depths(Protocol):
+    @property
+    def main(self) -> Sized: ...
+
+    @property
+    def dlq(self) -> Sized: ...
+
+
+class ClusterHost(Protocol[W_co]):
+    """What a cluster member (`cluster.ClusterMember`) reads and steers of the engine."""
+
+    loop: asyncio.AbstractEventLoop | None
+    started_at: float
+
+    @property
+    def headroom(self) -> Pace: ...
+
+    @property
+    def workers(self) -> Sequence[W_co]: ...
+
+    @property
+    def gates(self) -> Mapping[str, CooldownGate]: ...
+
+    @property
+    def store_gate(self) -> CooldownGate: ...
+
+    @property
+    def metrics(self) -> RunCounts: ...
+
+    @property
+    def queues(self) -> Depths: ...
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def clock(self) -> float: ...
+
+    def redact(self, text: str, limit: int | None = None) -> str: ...
+
+    def event(self, kind: EventKind, text: str) -> None: ...
+
+    def problem(self, text: str) -> None: ...

@@ -28,7 +28,7 @@ class Shape:
 class _Sent:
     """What a request holds once sent or ended; none of it while it waits in a queue."""
 
-    __slots__ = ("first_sent_at", "last_sent_at", "last_status", "last_error", "result", "ending")
+    __slots__ = ("first_sent_at", "last_sent_at", "last_status", "last_error", "result", "ending", "key")
 
     def __init__(self) -> None:
         self.first_sent_at: float | None = None
@@ -37,6 +37,7 @@ class _Sent:
         self.last_error: str | None = None
         self.result: Any = None  # the last Outcome (what a library caller gets)
         self.ending: Ending | None = None  # set once, when it reaches its final place
+        self.key: str | None = None  # the label of the key of its latest attempt
 
 
 class _Extra:
@@ -109,6 +110,7 @@ class Request:
     last_error = _Side("_sent", _Sent)
     result = _Side("_sent", _Sent)
     ending = _Side("_sent", _Sent)
+    key = _Side("_sent", _Sent)
     cancelled = _Side("_extra", _Extra, False)
     call = _Side("_extra", _Extra)
     on_done = _Side("_extra", _Extra)

@@ -1,7 +1,7 @@
 """What happens to a request after one attempt: one pure decision.
 
 `decide(outcome, request, rules, now)` looks at nothing else and changes
-nothing; the engine applies the `Verdict` in one place (`Engine._apply`).
+nothing; the engine applies the `Verdict` in one place (`path.RequestPath._apply`).
 Every branch of "what does this answer mean for this request" lives here,
 so it can be read, and tested, as a table.
 """

@@ -18,11 +18,12 @@ from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
 
 from .api_rules import PathRule, PathTable, first_match
-from .config import KeySpec, RunConfig, TargetConfig
 from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
 from .http1 import HttpClient, HttpError
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
+from .ports import ProbeGet
 from .request import Request
+from .settings import EngineSettings, KeySpec, TargetConfig
 from .signing import SigningError, SignInput, encode, signer_for
 
 USER_AGENT = f"ratedeck/{version()}"
@@ -49,14 +50,37 @@ class Response:
 
 
 class Transport(Protocol):
-    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble."""
+    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble.
+
+    `stats()` and `prober()` are the optional parts, present in every transport:
+    subclass `TransportBase` for their defaults (no counts, the engine's own probe).
+    """
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome: ...
 
     async def close(self) -> None: ...
 
+    def stats(self) -> dict[str, Any]:
+        """What came back, counted, for the run's summary: plain data, safe to print ({}: not counted)."""
+        ...
 
-class HttpTransport:
+    def prober(self) -> ProbeGet | None:
+        """The transport's own way to time `target.probe_url` (a simulated network); None: the
+        engine's probe sends a plain GET (engine/probe.py)."""
+        ...
+
+
+class TransportBase:
+    """The defaults of a `Transport`'s optional parts: nothing counted, no probe of its own."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def prober(self) -> ProbeGet | None:
+        return None
+
+
+class HttpTransport(TransportBase):
     """Our lean HTTP/1.1 client (`http1.py`), keep-alive, the key in a parameter or a header.
 
     Hostile targets in mind:
@@ -113,7 +137,7 @@ class HttpTransport:
         self.redirects: Counter[str] = Counter()  # 3xx answers not followed, by status and place
         self.consecutive_no_answer = 0
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """What came back, for the run's summary: plain data, safe to print."""
         return {
             "answers": self.answers,
@@ -475,7 +499,7 @@ def _delay_of(
         return None
 
 
-def http_transport(cfg: RunConfig, url: str) -> HttpTransport:
+def http_transport(cfg: EngineSettings, url: str) -> HttpTransport:
     """The HTTP transport for a run: enough connections for every key's in-flight
     requests, every key's secrets masked, the config's path rules."""
     secrets = [k.secret for k in cfg.keys] + [k.api_secret for k in cfg.keys if k.api_secret]

@@ -12,20 +12,20 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
-from .config import KeySpec
 from .delays import advertised_policies
 from .gate import CooldownGate
 from .limiter import Stamp, WindowLimiter
 from .metrics import KeyLatency
 from .outcome import Outcome
+from .settings import KeySpec
 from .settle import Tally
 from .snapshot import KeyRow
 from .waker import Waker
 
 if TYPE_CHECKING:
     from .budgets import Budgets
-    from .cluster import LeasedSlots
     from .delays import Quota
+    from .leases import LeasedSlots
     from .ports import WorkerHost
     from .request import Request
 
@@ -49,7 +49,7 @@ class KeyWorker:
 
     def __init__(
         self,
-        host: WorkerHost,
+        host: WorkerHost[KeyWorker],
         spec: KeySpec,
         limiter: WindowLimiter,
         gates: tuple[CooldownGate, ...],
@@ -95,7 +95,8 @@ class KeyWorker:
         self._learned: Policy | None = None  # a limit learned from rejections
         self._nonce = 0
         self._waker = Waker()
-        # A budget shared through a store (engine/cluster.py): sends only at the times it granted.
+        # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
+        # the times it granted.
         self.leases: LeasedSlots | None = None
         self.want_leases: Callable[[KeyWorker, float], None] | None = None
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from ratedeck.core.vocab import Arrival
 
-from .config import ConfigError, RunConfig
-from .request import Shape
+from .request import Request, Shape
+from .settings import ConfigError, EngineSettings
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class Workload:
         self._waker = Waker()
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rng: random.Random) -> Workload:
+    def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
         w = cfg.workload
         items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
         return cls(
@@ -60,6 +60,9 @@ class Workload:
 
     def set_throttle(self, value: str | float) -> None:
         raise ValueError("the entry throttle needs a message workload ([messages] in the config)")
+
+    def made(self, req: Request) -> None:
+        """`req` was just made from the next item, before it is submitted (a store ties it to its job)."""
 
     def poke(self) -> None:
         self._waker.poke()
@@ -114,6 +117,7 @@ class Workload:
                 intended, scheduled_rate = now, self.rate
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
+            self.made(req)
             sink.submit(req)
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate

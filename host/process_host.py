@@ -17,11 +17,13 @@ import signal
 import threading
 from concurrent.futures import Future
 
+from ratedeck.config import RunConfig
+from ratedeck.core.vocab import Phase
 from ratedeck.engine.commands import Command
-from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.settings import ConfigError
 from ratedeck.engine.snapshot import Snapshot
 
-from .session import RunFacts
+from .protocol import RunFacts
 
 _SNAPSHOT, _CONFIG, _FINAL, _FAILED = "snapshot", "config", "final", "failed"
 #: How often the child publishes a snapshot. The console pulls every 0.25 s; publishing
@@ -38,7 +40,7 @@ class ProcessHost:
         self.publish_s = publish_s
         self.server_stats: dict | None = None
         self.aborted = False  # stopped at once (`abort`), not drained
-        self._latest = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps)
+        self._latest = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps)
         self._facts = RunFacts()
         self._final: Snapshot | None = None
         self._started: Future = Future()
@@ -132,7 +134,7 @@ class ProcessHost:
             except Exception:
                 return self.abort()
         self._reap()
-        return self._final
+        return self._final if self._final is not None else self._latest
 
     def abort(self) -> Snapshot:
         """Stop at once: the child cuts its drain short and reports what is left as queued or
@@ -209,7 +211,7 @@ async def _child(cfg: RunConfig, conn, publish_s: float, shard: bool = False) ->
 
     def publish() -> bool:
         try:
-            conn.send((_SNAPSHOT, (session.snapshot(), session.facts())))
+            conn.send((_SNAPSHOT, (session.snapshot(), session.facts)))
         except (OSError, BrokenPipeError):
             return False
         return True
@@ -245,6 +247,6 @@ async def _child(cfg: RunConfig, conn, publish_s: float, shard: bool = False) ->
     with contextlib.suppress(OSError, ValueError):
         loop.remove_reader(conn.fileno())
     try:
-        conn.send((_FINAL, (final, session.server_stats, session.facts())))
+        conn.send((_FINAL, (final, session.server_stats, session.facts)))
     except (OSError, BrokenPipeError):
         pass

@@ -11,24 +11,33 @@ Where the engine's loop runs:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ratedeck.core.secrets import Redactor, safe_url
-from ratedeck.core.vocab import Ending
+from ratedeck.config import ConfigError, RunConfig, to_toml_dict
+from ratedeck.core.secrets import safe_url
+from ratedeck.core.vocab import Ending, EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
-from ratedeck.engine.config import ConfigError, KeySpec, RunConfig, to_toml_dict
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.outcome import Outcome
+from ratedeck.engine.ports import ResultsHost
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Snapshot
-from ratedeck.engine.transport import Transport, http_transport
-from ratedeck.store.work import StoreReport, StoreRun, open_for_run
+from ratedeck.engine.transport import Response, Transport, http_transport
+from ratedeck.store.base import StoreReport
+from ratedeck.store.work import StoreRun, open_for_run
+
+from .protocol import RunFacts
+
+if TYPE_CHECKING:
+    from ratedeck.server.app import RunningServer
+
+__all__ = ["ResultsFile", "RunFacts", "Session", "current_config", "embedded_server_settings"]
 
 #: A response body in a results line is cut to this many characters (after masking keys).
 RESULTS_BODY_CHARS = 64 * 1024
@@ -56,43 +65,24 @@ def embedded_server_settings(cfg: RunConfig):
         raise ConfigError("config", "server", str(exc)) from None
 
 
-@dataclass(frozen=True)
-class RunFacts:
-    """What a run's summary needs besides the snapshot: plain data, safe to print.
-
-    It crosses the console's process pipe, so it holds only numbers and
-    already-masked texts. `answers` is None when the transport does not count
-    answers (a transport of the caller's own).
-    """
-
-    answers: int | None = None
-    statuses: tuple[tuple[int, int], ...] = ()  # status -> answers
-    no_answer: tuple[tuple[str, int], ...] = ()  # cause -> attempts ("connection refused", 57)
-    redirects: tuple[tuple[str, int], ...] = ()  # 3xx not followed, by status and place
-    consecutive_no_answer: int = 0
-    graveyard_path: str | None = None
-    graveyard_written: int = 0
-    graveyard_problem: str | None = None
-    problems: tuple[str, ...] = ()
-    results_path: str | None = None
-    results_written: int = 0
-    results_problem: str | None = None
-    store: StoreReport | None = None  # --store: the store's counts at the end, what this run journaled
-
-
 class Session:
-    """One run on the current loop: opens the target, builds and starts the engine."""
+    """One run on the current loop: opens the target, builds and starts the engine.
+
+    An `EngineHost` (host/protocol.py): `stop_blocking` and `abort` are for another
+    thread than the loop's (on the loop itself, `await stop()`).
+    """
 
     def __init__(self, cfg: RunConfig, transport: Transport | None = None):
         self.cfg = cfg
         self._transport = transport
-        self.server = None  # the embedded simulator, when there is no target
+        self.server: RunningServer | None = None  # the embedded simulator, when there is no target
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
         self.target_url: str | None = cfg.target.url
         self.results: ResultsFile | None = None  # --results: one line per finished request
         self.store_run: StoreRun | None = None  # --store: the engine's work comes from a store
         self.store_report: StoreReport | None = None  # kept at stop
+        self.aborted = False  # stopped at once (`abort`), not drained
         self._closed = False
 
     @property
@@ -111,37 +101,38 @@ class Session:
                     self.server = await start_server(embedded_server_settings(cfg))
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
-                self._transport = http_transport(cfg, url)
-            tracking = None
-            if cfg.results:
-                self._transport = tracking = KeyTracking(self._transport)
+                self._transport = http_transport(cfg.engine_settings, url)
             store = open_for_run(cfg)
             if store is not None:
                 self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
                 await self.store_run.prepare()
                 # A store many processes share (Redis) also shares the keys' budgets and gates.
-                shared = store.shared() if hasattr(store, "shared") else None
-                self.engine = Engine(cfg, self._transport, source=self.store_run.source, shared_state=shared)
+                self.engine = Engine(
+                    cfg.engine_settings,
+                    self._transport,
+                    source=self.store_run.source,
+                    shared_state=store.shared(),
+                )
             else:
-                self.engine = Engine(cfg, self._transport)
+                self.engine = Engine(cfg.engine_settings, self._transport)
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
-            if tracking is not None and cfg.results:
-                self.results = ResultsFile(cfg.results, self.engine, tracking, body=cfg.results_body)
-                self.engine.finish_watchers.append(self.results.finished)
+            if cfg.results:
+                self.results = ResultsFile(cfg.results, self.engine, body=cfg.results_body)
+                self.engine.watch(self.results)
             self.engine.start()
         except BaseException:
             await self._close()  # nothing left open behind a failed (or interrupted) start
             raise
         where = "embedded simulator" if self.server else "target"
-        self.engine.event("info", f"{where}: {self.shown_target}")
+        self.engine.event(EventKind.INFO, f"{where}: {self.shown_target}")
         return self.engine
 
+    @property
     def facts(self) -> RunFacts:
         """Counts from the transport and the graveyard, for the summary and the exit code."""
-        stats = getattr(self._transport, "stats", None)
-        t = stats() if callable(stats) else {}
+        t = self._transport.stats() if self._transport is not None else {}
         engine = self.engine
         graveyard = engine.graveyard if engine is not None else None
         return RunFacts(
@@ -161,16 +152,24 @@ class Session:
         )
 
     def snapshot(self) -> Snapshot:
+        if self.engine is None:
+            return Snapshot(phase=Phase.STARTING, capacity_tps=self.cfg.capacity_tps)
         return self.engine.snapshot()
 
+    def _started(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("the session has not started")
+        return self.engine
+
     def send(self, command: Command) -> None:
+        engine = self._started()
         try:
-            self.engine.apply(command)
+            engine.apply(command)
         except (ValueError, TypeError) as exc:
-            self.engine.event("error", str(exc))
+            engine.event(EventKind.ERROR, str(exc))
 
     def effective_config(self) -> dict:
-        return to_toml_dict(current_config(self.cfg, self.engine))
+        return to_toml_dict(current_config(self.cfg, self._started()))
 
     async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
         """Drain (bounded by `drain_timeout_s`, default the config's) and close everything.
@@ -179,9 +178,42 @@ class Session:
         `drain_timeout_s=0` to stop at once; what is still queued or in flight
         is then reported as such.
         """
-        snap = await self.engine.stop(drain_timeout_s)
+        snap = await self._started().stop(drain_timeout_s)
         await self._close()
         return snap
+
+    def stop_blocking(self, timeout_s: float = 30.0) -> Snapshot:
+        """From another thread: drain on the engine's loop and wait (at most `timeout_s`, then `abort`)."""
+        loop = self._other_loop()
+        if loop is None:
+            return self.snapshot()
+        done = asyncio.run_coroutine_threadsafe(self.stop(), loop)
+        try:
+            return done.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            done.cancel()
+            return self.abort()
+
+    def abort(self) -> Snapshot:
+        """From another thread: stop at once; what is left is reported as queued or in flight."""
+        self.aborted = True
+        loop = self._other_loop()
+        if loop is None:
+            return self.snapshot()
+        return asyncio.run_coroutine_threadsafe(self.stop(drain_timeout_s=0), loop).result()
+
+    def _other_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The engine's loop (None: not started), refused when called on that loop itself."""
+        loop = self.engine.loop if self.engine is not None else None
+        if loop is None or loop.is_closed():
+            return None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("on the engine's own loop: await stop() instead")
+        return loop
 
     async def _close(self) -> None:
         if self._closed:
@@ -208,46 +240,13 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     eng = dataclasses.replace(
         cfg.engine,
         backpressure=engine.backpressure,
-        headroom="adaptive" if h.adaptive else round(h.value_ms, 1),
+        headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
     wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
-    return dataclasses.replace(cfg, engine=eng, workload=wl)
+    return cfg.replace(engine=eng, workload=wl)
 
 
 # ---------------------------------------------------------------- results file
-
-
-class KeyTracking:
-    """A transport that remembers which key sent each request and what is in flight.
-
-    Only in a run with a results file: a line names the key of the request's
-    last attempt, and the requests still in flight at the end are written too.
-    Everything else is the wrapped transport's.
-    """
-
-    def __init__(self, inner: Transport):
-        self.inner = inner
-        self.key_of: dict[int, str] = {}  # request id -> label of the key of its last attempt
-        self.sending: dict[int, Request] = {}  # attempts in flight, by request id
-
-    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
-        self.key_of[req.id] = key.label
-        self.sending[req.id] = req
-        try:
-            result = await self.inner.send(key, req, nonce)
-        except asyncio.CancelledError:  # stopped while in flight: it stays in flight
-            raise
-        except BaseException:
-            self.sending.pop(req.id, None)
-            raise
-        self.sending.pop(req.id, None)
-        return result
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:  # stats() and whatever else the transport offers
-        return getattr(self.inner, name)
 
 
 class ResultsFile:
@@ -268,12 +267,11 @@ class ResultsFile:
     `--results-body` the answer's body.
     """
 
-    def __init__(self, path: str, engine: Engine, tracking: KeyTracking, body: bool = False):
+    def __init__(self, path: str, engine: ResultsHost, body: bool = False):
         self.path = path
         self.engine = engine
-        self.tracking = tracking
         self.body = body
-        self.redact: Redactor = engine.redact
+        self.redact = engine.redact
         self.written = 0
         self.problem: str | None = None
         self._fh: TextIO | None = None
@@ -288,15 +286,14 @@ class ResultsFile:
     def left_over(self) -> None:
         """After the engine stopped: what is still queued or in flight, one line each."""
         now = self.engine.clock()
-        queues = self.engine.queues
-        for req in [*queues.main, *sorted(queues.dlq)]:
+        for req in self.engine.queued():
             self._write(req, "queued", now)
-        for req in list(self.tracking.sending.values()):
+        for req in self.engine.in_flight_requests():
             if req.ending is None:
                 self._write(req, "in_flight", now)
 
     def _write(self, req: Request, ending: str, now: float) -> None:
-        key = getattr(req.result, "key", None) or self.tracking.key_of.pop(req.id, None)
+        key = req.key  # the key of its latest attempt (None: never sent)
         fh = self._fh
         if fh is None or self.problem is not None:
             return
@@ -332,7 +329,8 @@ class ResultsFile:
         self.written += 1
 
     def _body(self, result: Any) -> str | None:
-        raw = getattr(getattr(result, "response", None), "body", None)
+        response = result.response if isinstance(result, Outcome) else None
+        raw: Any = response.body if isinstance(response, Response) else None
         if isinstance(raw, bytes | bytearray):
             raw = bytes(raw).decode("utf-8", "replace")
         if not isinstance(raw, str):

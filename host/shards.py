@@ -38,16 +38,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ratedeck.config import RunConfig, to_toml_dict
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
-from ratedeck.core.vocab import PolicyKind
+from ratedeck.core.vocab import Phase, PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
-from ratedeck.engine.config import RunConfig
 from ratedeck.engine.merge import merge_snapshots
 from ratedeck.engine.snapshot import Snapshot
 
 from .process_host import ProcessHost
-from .session import RunFacts
+from .protocol import RunFacts
 
 #: A shard publishes its snapshot this often: the console pulls every 0.25 s, and a shard's
 #: snapshot carries whole histograms (see engine/merge.py), so not more often.
@@ -159,8 +159,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             rejection_budget=cfg.engine.rejection_budget // n,
             graveyard_path=_numbered(cfg.engine.graveyard_path, i),
         )
-        shard = dataclasses.replace(
-            cfg,
+        shard = cfg.replace(
             keys=keys,
             host_policies=host_policies,
             budgets=budgets,
@@ -176,7 +175,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
 
 
 def _with_url(cfg: RunConfig, url: str) -> RunConfig:
-    return dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, url=url))
+    return cfg.replace(target=dataclasses.replace(cfg.target, url=url))
 
 
 def merge_facts(parts: Sequence[RunFacts]) -> RunFacts:
@@ -308,7 +307,7 @@ class ShardedHost:
         self._order = {k.label: i for i, k in enumerate(cfg.keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
-        self._merged = Snapshot(phase="starting", capacity_tps=cfg.capacity_tps, procs=procs)
+        self._merged = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps, procs=procs)
         self._lock = threading.Lock()
 
     @property
@@ -366,8 +365,6 @@ class ShardedHost:
             host.send(command)
 
     def effective_config(self) -> dict:
-        from ratedeck.engine.config import to_toml_dict
-
         first = self.hosts[0].effective_config()
         whole = to_toml_dict(self.cfg)
         first["keys"] = whole.get("keys", first.get("keys"))

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from ratedeck.config import ConfigError, RunConfig
 from ratedeck.core.numbers import readable
-from ratedeck.engine.config import ConfigError, RunConfig
 from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
@@ -620,7 +620,7 @@ async def _run(
         out,
         signals,
         waiters=[asyncio.ensure_future(engine.finished.wait())],
-        facts=session.facts,
+        facts=lambda: session.facts,
         snapshot=engine.snapshot,
         done=engine.finished.is_set,
     )
@@ -631,7 +631,7 @@ async def _run(
         source.finish(engine_scrape(engine))
     code = conclude(
         snap,
-        session.facts(),
+        session.facts,
         cfg,
         out=out,
         server_stats=session.server_stats,

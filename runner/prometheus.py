@@ -7,8 +7,8 @@ the console the engine runs in a child process and the scrape reads the
 latest snapshot the console already receives from it.
 
 Names follow Prometheus conventions (base units, `_total` counters, labels
-that are key ids like `k1`, never secrets); see the README's "Prometheus"
-section for the list. At the end of a run the counters equal the report's.
+that are key ids like `k1`, never secrets); see docs/prometheus.md
+for the list. At the end of a run the counters equal the report's.
 """
 
 from __future__ import annotations

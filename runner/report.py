@@ -1,8 +1,8 @@
 """The run report: a JSON document with stable names other tools can read.
 
 Its shape is `report.schema.json` beside this file (JSON Schema, shipped
-with the package: `schema()`); every field is described in the README's
-"Report fields". `SCHEMA_VERSION` changes when a field changes meaning or
+with the package: `schema()`); every field is described in
+docs/report.md. `SCHEMA_VERSION` changes when a field changes meaning or
 goes away; new fields may appear without a change.
 """
 

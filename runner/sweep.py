@@ -25,9 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratedeck.config import ConfigError, load_config
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import PolicyError, format_policy, parse_policy
-from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.snapshot import Snapshot
 
@@ -232,7 +232,7 @@ def run_point(args: argparse.Namespace, rate: float, throttle: str) -> Point:
     else:
         from ratedeck.server.simulated import SimulatedTransport, run_virtual
 
-        engine = Engine(cfg, SimulatedTransport(settings, seed=args.seed))
+        engine = Engine(cfg.engine_settings, SimulatedTransport(settings, seed=args.seed))
         snap = run_virtual(engine.run(args.duration))
     assert snap.messages is not None
     return Point(

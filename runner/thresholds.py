@@ -133,7 +133,7 @@ def resolve(name: str) -> str:
         return name
     known = sorted(set(leaves) | set(short))
     near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(near)}?" if near else "; see the README's report fields"
+    hint = f"; did you mean {', '.join(near)}?" if near else "; see docs/report.md"
     raise ThresholdError(f"unknown field {name!r}{hint}")
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
+import re
 import secrets
 import signal
+import socket
 import sys
 import tomllib
 from collections.abc import Callable
@@ -132,13 +135,14 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         port = _option("--port", _parse_port, args.port)
+        host = _option("--host", _parse_host, args.host)
     except ValueError as exc:
         print(f"ratedeck serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
             reset_token = secrets.token_urlsafe(16) if getattr(args, "allow_reset", False) else None
-            return runner.run(_serve_forever(settings, args.host, port, reset_token))
+            return runner.run(_serve_forever(settings, host, port, reset_token))
     except KeyboardInterrupt:
         return 0  # a second Ctrl-C during shutdown: still quiet
 
@@ -146,6 +150,10 @@ def run_serve(args: argparse.Namespace) -> int:
 async def _serve_forever(
     settings: ServerSettings, host: str, port: int, reset_token: str | None = None
 ) -> int:
+    problem = await _lookup_problem(host, port)
+    if problem is not None:
+        print(f"ratedeck serve: error: --host: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         server = await start_server(settings, host, port, reset_token=reset_token)
     except OSError as exc:
@@ -238,6 +246,45 @@ def _parse_count(text: str) -> int:
 
 def _parse_fraction(text: str) -> float:
     return fraction(text, allow_zero=True)
+
+
+#: How long a --host name may take to resolve before the command gives up on it.
+LOOKUP_TIMEOUT_S = 3.0
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+
+
+def _parse_host(text: str) -> str:
+    """An IP address or a host name; a dotted number that is no address (999.1.1.1) is refused here,
+    before a resolver could spend its whole timeout on it."""
+    text = str(text).strip()
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(text) or text.replace(".", "").isdigit():
+        raise ValueError(f"not an IP address or a host name: {text!r}")
+    return text
+
+
+async def _lookup_problem(host: str, port: int) -> str | None:
+    """Why `host` cannot be listened on (no address, or no answer within LOOKUP_TIMEOUT_S), else None."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), LOOKUP_TIMEOUT_S
+        )
+    except TimeoutError:
+        return f"{host!r} did not resolve within {LOOKUP_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return f"cannot resolve {host!r}: {exc.strerror or exc}"
+    return None if infos else f"{host!r} resolves to no address"
 
 
 def _parse_port(text: str) -> int:

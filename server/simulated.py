@@ -21,16 +21,18 @@ import random
 import selectors
 from collections.abc import Callable
 
-from ratedeck.engine.config import KeySpec
 from ratedeck.engine.delays import answer_hints, response_delay
 from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
+from ratedeck.engine.ports import ProbeGet
 from ratedeck.engine.request import Request
+from ratedeck.engine.settings import KeySpec
+from ratedeck.engine.transport import TransportBase
 
 from .rules import SPENT, RateRules, server_timing
 from .settings import ServerSettings
 
 
-class SimulatedTransport:
+class SimulatedTransport(TransportBase):
     """A `Transport` that plays `RateRules` on the running loop's clock.
 
     Tests use the extras: `extra_in_ms` / `extra_out_ms` add uniform random
@@ -98,6 +100,9 @@ class SimulatedTransport:
             server_time_s=server_s,
             remaining=remaining,
         )
+
+    def prober(self) -> ProbeGet | None:
+        return self.probe
 
     async def probe(self) -> int:
         """`GET /health`: the network's delays each way, no key, no limit; returns the status."""

@@ -4,6 +4,7 @@
 for `memory` (the default: no store on the engine's path at all).
 """
 
-from .base import Finished, Job, StoreCounts, StoreError, WorkStore, open_store
+from .base import Finished, Job, StoreCounts, StoreError, WorkStore
+from .open import open_store
 
 __all__ = ["Finished", "Job", "StoreCounts", "StoreError", "WorkStore", "open_store"]

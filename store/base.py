@@ -21,7 +21,8 @@ await its server; a local store may simply do the work.
 
 Implementations: `memory` (no store at all: the engine's own queues, the
 default), `sqlite:PATH` (`sqlite.py`, durable on one machine), `redis://...`
-(`redis.py`, shared by many processes). `open_store(url)` picks one.
+(`redis.py`, shared by many processes). `open_store(url)` (`open.py`) picks
+one; this module holds only the interface and its plain data.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.vocab import Ending
+from ratedeck.engine.ports import SharedState
 
 
 class StoreError(RatedeckError, ValueError):
@@ -135,26 +137,20 @@ class WorkStore(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
-
-MEMORY = "memory"
-
-
-def open_store(url: str) -> WorkStore | None:
-    """The store `url` names: None for `memory` (the engine's own queues), else a `WorkStore`.
-
-    `sqlite:PATH` (created if missing; its directory must exist and be
-    writable), `redis://host:port/db`. Raises `StoreError` with one line
-    naming the problem.
-    """
-    text = url.strip()
-    if text == MEMORY:
+    def shared(self) -> SharedState | None:
+        """What members share besides work (key budgets, gates, snapshots), if the store is
+        shared by many processes (Redis); None for a store one process works alone."""
         return None
-    if text.startswith("sqlite:"):
-        from .sqlite import SqliteStore
 
-        return SqliteStore.open(text.removeprefix("sqlite:"))
-    if text.startswith(("redis://", "rediss://", "unix://")):
-        from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
 
-        return RedisStore.open(text)
-    raise StoreError("not a store; use memory, sqlite:PATH or redis://host:port/db")
+@dataclass(frozen=True)
+class StoreReport:
+    """What a store run adds to the summary and the report: plain data."""
+
+    url: str
+    counts: StoreCounts
+    recovered: int  # jobs a killed run held, taken back by --resume
+    retried_uncertain: bool  # they were sent again with their Idempotency-Key (else: uncertain)
+    journaled: int  # endings of this run written to the store
+    unjournaled: int  # endings of this run the store did not take (a write problem)
+    problem: str | None = None  # the store failed at the end (counts are then empty)

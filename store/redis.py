@@ -36,20 +36,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ratedeck.core.secrets import safe_url
-from ratedeck.engine.cluster import StoreUnavailable
+from ratedeck.engine.ports import StoreUnavailable
 
 from .base import Finished, Job, StoreCounts, StoreError, WorkStore
 from .redis_shared import (
     COMMAND_TIMEOUT_S,
+    GROUP,
     NAMESPACE,
     RedisShared,
     cancel_lost,
     check_url,
     connect,
+    queue_depths,
     unavailable,
 )
 
-GROUP = "ratedeck"
 #: An entry pending this long without a refresh belongs to a dead member.
 CLAIM_TIMEOUT_S = 30.0
 #: While Redis is unreachable a claim asks again this often, for at most `CLAIM_PATIENCE_S`.
@@ -59,28 +60,6 @@ CLAIM_PATIENCE_S = 30.0
 
 def _text(x: Any) -> str:
     return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-
-
-async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
-    """The work streams' depths: `main` (waiting to be claimed), `claimed`, `uncertain`, `graveyard`."""
-    w = f"{namespace}:w:"
-    pipe = client.pipeline(transaction=False)
-    pipe.xlen(w + "main")
-    pipe.xlen(w + "uncertain")
-    pipe.xlen(w + "graveyard")
-    main, uncertain, graveyard = await pipe.execute()
-    claimed = 0
-    if main:
-        try:
-            claimed = int((await client.xpending(w + "main", GROUP))["pending"])
-        except Exception:  # no group yet
-            claimed = 0
-    return {
-        "main": int(main) - claimed,
-        "claimed": claimed,
-        "uncertain": int(uncertain),
-        "graveyard": int(graveyard),
-    }
 
 
 class RedisStore(WorkStore):

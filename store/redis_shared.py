@@ -1,6 +1,6 @@
 """Budgets, cooldown gates and member snapshots shared by many processes through Redis.
 
-`RedisShared` is the engine's `SharedState` (`ratedeck.engine.cluster`) on a
+`RedisShared` is the engine's `SharedState` (`ratedeck.engine.ports`) on a
 Redis server. Every member that uses a key at a host asks Redis, not its own
 limiter, for the times it may send.
 
@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
+from ratedeck.engine.ports import Grant, Poll, StoreUnavailable
 from ratedeck.engine.snapshot import ClusterView, MemberRow
 
 from . import redis_scripts
@@ -68,6 +68,8 @@ from .base import StoreError
 
 #: Redis keys start with this (a namespace keeps several clusters apart on one server).
 NAMESPACE = "ratedeck"
+#: The consumer group every member claims work in.
+GROUP = "ratedeck"
 #: How long a command may take before the store counts as unreachable.
 COMMAND_TIMEOUT_S = 1.0
 
@@ -323,9 +325,29 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
                 continue
             if isinstance(summary, dict):
                 members.append(summary)
-    from .redis import queue_depths
-
     return {"members": members, "queues": await queue_depths(client, namespace)}
+
+
+async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
+    """The work streams' depths: `main` (waiting to be claimed), `claimed`, `uncertain`, `graveyard`."""
+    w = f"{namespace}:w:"
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(w + "main")
+    pipe.xlen(w + "uncertain")
+    pipe.xlen(w + "graveyard")
+    main, uncertain, graveyard = await pipe.execute()
+    claimed = 0
+    if main:
+        try:
+            claimed = int((await client.xpending(w + "main", GROUP))["pending"])
+        except Exception:  # no group yet
+            claimed = 0
+    return {
+        "main": int(main) - claimed,
+        "claimed": claimed,
+        "uncertain": int(uncertain),
+        "graveyard": int(graveyard),
+    }
 
 
 def _int(value: Any) -> int:

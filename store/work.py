@@ -22,20 +22,21 @@ import asyncio
 import random
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
-from ratedeck.engine.config import ConfigError, RunConfig
+from ratedeck.engine.settings import ConfigError, EngineConfig, MessagesConfig, TargetConfig, WorkloadConfig
 from ratedeck.engine.workload import Workload
 
-from .base import MEMORY, Finished, Job, StoreCounts, StoreError, WorkStore, open_store
+from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
+from .open import MEMORY, open_store
 
 if TYPE_CHECKING:
-    from ratedeck.engine.engine import Engine
-    from ratedeck.engine.ports import SourceSink
+    from ratedeck.engine.ports import JournalHost, StoreRunHost
     from ratedeck.engine.request import Request
+
+__all__ = ["Journal", "StoreReport", "StoreRun", "StoreWorkload", "open_for_run"]
 
 #: Endings waiting for the journal are written at once when this many pile up.
 FLUSH_AT = 500
@@ -46,7 +47,32 @@ FLUSH_EVERY_S = 0.1
 CLAIM_MAX = 256
 
 
-def open_for_run(cfg: RunConfig) -> WorkStore | None:
+class RunSettings(Protocol):
+    """What a store run reads of a run's settings (the config layer's `RunConfig` has it all)."""
+
+    @property
+    def store(self) -> str: ...  # memory, sqlite:PATH or redis://host:port/db
+
+    @property
+    def resume(self) -> bool: ...  # take back the jobs a killed run held
+
+    @property
+    def target(self) -> TargetConfig: ...
+
+    @property
+    def engine(self) -> EngineConfig: ...
+
+    @property
+    def workload(self) -> WorkloadConfig: ...
+
+    @property
+    def messages(self) -> MessagesConfig | None: ...
+
+    @property
+    def arrival_rate(self) -> float: ...
+
+
+def open_for_run(cfg: RunSettings) -> WorkStore | None:
     """The run's store (None: memory), its settings checked; `ConfigError` naming the problem.
 
     A store holds its own work: `--workload` goes in with `ratedeck enqueue`, and
@@ -108,7 +134,7 @@ class StoreWorkload(Workload):
         self.items = self._buffer
 
     @classmethod
-    def for_store(cls, cfg: RunConfig, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
+    def for_store(cls, cfg: RunSettings, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
         w = cfg.workload
         return cls(
             store,
@@ -121,9 +147,6 @@ class StoreWorkload(Workload):
             rng=rng,
         )
 
-    async def run(self, sink: SourceSink) -> None:
-        await super().run(_TyingSink(sink, self))
-
     async def refill(self) -> bool:
         # Shielded: a run stopped while a claim is under way must still learn which
         # jobs it claimed, to give them back (`unsent_of`).
@@ -134,8 +157,8 @@ class StoreWorkload(Workload):
         self._buffer.extend(jobs)
         return bool(jobs)
 
-    def tie(self, req: Request) -> None:
-        """`req` was made from the job the buffer handed out last."""
+    def made(self, req: Request) -> None:
+        """`req` was made from the job the buffer handed out last: tie it to that job."""
         job = self._buffer.last
         assert job is not None
         self.jobs[req.id] = job
@@ -176,25 +199,10 @@ class _JobBuffer(Iterator[dict[str, Any]]):
         return ids
 
 
-class _TyingSink:
-    """The engine's `SourceSink`, with every submitted request tied to its job first."""
-
-    def __init__(self, sink: SourceSink, source: StoreWorkload):
-        self._sink = sink
-        self._source = source
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sink, name)
-
-    def submit(self, req: Request) -> None:
-        self._source.tie(req)
-        self._sink.submit(req)
-
-
 class Journal:
     """Writes every ending of the source's jobs to the store, a batch at a time."""
 
-    def __init__(self, engine: Engine, source: StoreWorkload):
+    def __init__(self, engine: JournalHost, source: StoreWorkload):
         self.engine = engine
         self.source = source
         self.store = source.store
@@ -254,23 +262,10 @@ class Journal:
         self.written += len(batch)
 
 
-@dataclass(frozen=True)
-class StoreReport:
-    """What a store run adds to the summary and the report: plain data."""
-
-    url: str
-    counts: StoreCounts
-    recovered: int  # jobs a killed run held, taken back by --resume
-    retried_uncertain: bool  # they were sent again with their Idempotency-Key (else: uncertain)
-    journaled: int  # endings of this run written to the store
-    unjournaled: int  # endings of this run the store did not take (a write problem)
-    problem: str | None = None  # the store failed at the end (counts are then empty)
-
-
 class StoreRun:
     """An engine's source and journal on `store`, and what happens at its start and end."""
 
-    def __init__(self, cfg: RunConfig, store: WorkStore, rng: random.Random):
+    def __init__(self, cfg: RunSettings, store: WorkStore, rng: random.Random):
         self.cfg = cfg
         self.store = store
         self.member = f"run-{uuid.uuid4().hex[:12]}"
@@ -289,10 +284,10 @@ class StoreRun:
         except StoreError as exc:
             raise ConfigError("--store", self.store.url, str(exc)) from None
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: StoreRunHost) -> None:
         """Watch the engine's endings; start the journal's writer on the running loop."""
         self.journal = Journal(engine, self.source)
-        engine.finish_watchers.append(self.journal.finished)
+        engine.watch(self.journal)
         self.journal.start()
         if self.recovered:
             what = (
@@ -309,7 +304,7 @@ class StoreRun:
                 f"{self.left_claimed} jobs are claimed by another run (killed? --resume takes them back)",
             )
 
-    async def finish(self, engine: Engine | None) -> StoreReport:
+    async def finish(self, engine: StoreRunHost | None) -> StoreReport:
         """After the engine stopped: write the last endings, give back jobs never sent, close."""
         journal = self.journal
         counts, problem = StoreCounts(), None
@@ -317,7 +312,7 @@ class StoreRun:
             if journal is not None:
                 await journal.stop()
             if engine is not None:
-                queued = list(engine.queues.main) + list(engine.queues.dlq)
+                queued = engine.queued()
                 await self.store.release(
                     self.member, await self.source.unsent_of({r.id for r in queued if not r.attempts})
                 )

@@ -35,6 +35,7 @@ from ratedeck.engine.snapshot import (
     MessageStats,
     Snapshot,
 )
+from ratedeck.host.protocol import RunFacts
 
 # 32-character secrets: tests assert none of these ever reaches the screen.
 SECRETS = {
@@ -682,6 +683,21 @@ class FakeHost:
 
     async def stop(self) -> Snapshot:
         self.stop_calls += 1
+        self.stopped = True
+        return self.snapshot()
+
+    # The rest of an `EngineHost`: a fake has nothing to cut short and no counts beyond its snapshot.
+    server_stats: dict | None = None
+    aborted = False
+    facts = RunFacts()
+
+    def stop_blocking(self, timeout_s: float = 30.0) -> Snapshot:
+        self.stop_calls += 1
+        self.stopped = True
+        return self.snapshot()
+
+    def abort(self) -> Snapshot:
+        self.aborted = True
         self.stopped = True
         return self.snapshot()
 

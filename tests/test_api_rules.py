@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ratedeck.config import build_config, load_config, to_toml_dict
 from ratedeck.core.vocab import OutcomeKind
 from ratedeck.engine.api_rules import PathTable, first_match, parse_outcome_rules, parse_paths
-from ratedeck.engine.config import build_config, load_config, to_toml_dict
 from ratedeck.engine.signing import SignInput, encode, sign_binance, sign_kraken
 
 GITHUB_RULES = parse_outcome_rules(
@@ -134,7 +134,7 @@ def test_a_config_with_budgets_paths_rules_and_signing_saves_and_loads_back_the_
     ],
 )
 def test_bad_target_settings_are_named(target, problem):
-    from ratedeck.engine.config import ConfigError
+    from ratedeck.config import ConfigError
 
     with pytest.raises(ConfigError, match=problem):
         build_config({"target": {"url": "http://127.0.0.1:9/x", **target}, "keys": {"secrets": ["K1"]}})

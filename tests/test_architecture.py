@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "engine", "server", "store", "host", "runner", "bench", "console")
+LAYERS = ("core", "engine", "server", "store", "config", "host", "runner", "bench", "console")
 BIN = Path(sys.executable).parent
 
 
@@ -29,7 +29,8 @@ def _tool(name: str) -> str:
 def test_the_library_api_loads_no_ui_package():
     code = (
         "import sys, ratedeck.engine\n"
-        "from ratedeck.engine import RateDeck, load_config\n"
+        "from ratedeck.engine import RateDeck\n"
+        "from ratedeck.config import load_config\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'plotext', 'rich'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -106,3 +107,32 @@ def test_the_engine_type_checks():
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
+    """From its launch a request's path runs in engine/path.py (and what it calls) and enters
+    engine/engine.py only to hand the request's end back (`Engine.finish`): calls into
+    engine.py made from the request path's modules are counted while a run sends."""
+    from engine_helpers import seed_engine
+
+    from ratedeck.server.simulated import run_virtual
+
+    engine, _ = seed_engine(workload={"total": 60}, engine={"graveyard_path": ""})
+    path_files = {str(REPO / "engine" / name) for name in ("path.py", "worker.py", "settle.py")}
+    engine_file = str(REPO / "engine" / "engine.py")
+    entries: dict[str, int] = {}
+
+    def profile(frame, event, _arg):
+        if event != "call" or frame.f_code.co_filename != engine_file:
+            return
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_filename in path_files:
+            entries[frame.f_code.co_name] = entries.get(frame.f_code.co_name, 0) + 1
+
+    sys.setprofile(profile)
+    try:
+        snap = run_virtual(engine.run(30))
+    finally:
+        sys.setprofile(None)
+    assert snap.succeeded == 60 and snap.sent >= 60
+    assert entries == {"finish": 60}, entries

@@ -8,7 +8,7 @@ from ratedeck.bench.engine_run import BUDGET, snapshot_summary, variant_override
 from ratedeck.bench.output import ScenarioResult, make_row, scenario_table
 from ratedeck.bench.scenarios import DEFAULT_SCENARIOS, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
 from ratedeck.bench.spec import RunSpec
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.server.serve import add_serve_arguments, settings_from_args
 

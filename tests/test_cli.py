@@ -11,7 +11,8 @@ import tomllib
 import pytest
 from test_report_schema import accounted, validate
 
-from ratedeck.engine.config import SEED_KEYS, load_config
+from ratedeck.config import load_config
+from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.runner.cli import main
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ratedeck.config import ConfigError
 from ratedeck.core import paths
-from ratedeck.engine.config import SEED_KEYS, ConfigError
-from ratedeck.runner.cli import build_parser, load_run_config, main
+from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.runner.cli import build_parser, main
+from ratedeck.runner.commands.run import load_run_config
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 from test_report_schema import validate
 
-from ratedeck.runner.cli import COMMANDS, main
+from ratedeck.runner.cli import main
+from ratedeck.runner.commands import COMMANDS
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 
@@ -74,7 +75,8 @@ def test_a_bad_duration_is_one_line_exit_2_everywhere(capsys, argv, needle):
 def test_durations_take_units_everywhere(capsys):
     import argparse
 
-    from ratedeck.runner.cli import _durations_as_seconds, build_parser, overrides_from_args
+    from ratedeck.runner.cli import build_parser, overrides_from_args
+    from ratedeck.runner.commands.common import durations_as_seconds as _durations_as_seconds
     from ratedeck.runner.sweep import build_parser as sweep_parser
 
     args = build_parser().parse_args(["--duration", "2m", "--ttl", "500ms", "--interval", "1.5s"])

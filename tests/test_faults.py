@@ -263,7 +263,8 @@ def test_library_errors_never_carry_a_key(server):
     """`RateDeck.call` against an echoing target: the error and the response text are clean."""
     import asyncio
 
-    from ratedeck.engine import CallFailed, RateDeck, load_config
+    from ratedeck.config import load_config
+    from ratedeck.engine import CallFailed, RateDeck
 
     cfg = load_config(
         overrides={

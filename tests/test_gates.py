@@ -7,9 +7,10 @@ from email.utils import formatdate
 import pytest
 from engine_helpers import seed_engine
 
+from ratedeck.bench.cooldown import PerRequestCooldown
+from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.engine import outcome as oc
-from ratedeck.engine.config import load_config
 from ratedeck.engine.delays import (
     advertised_policies,
     json_field_hook,
@@ -20,6 +21,7 @@ from ratedeck.engine.delays import (
 )
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.transport import TransportBase
 from ratedeck.server.settings import ServerSettings
 from ratedeck.server.simulated import run_virtual
 
@@ -65,7 +67,7 @@ def test_gate_keeps_the_longest_delay():
 # ---------------------------------------------------------------- gate semantics on the engine
 
 
-class ScriptedTransport:
+class ScriptedTransport(TransportBase):
     """Answers per a script: (key secret, virtual time) -> (kind, retry_after). Logs sends."""
 
     def __init__(self, script, rtt=0.05):
@@ -177,7 +179,7 @@ def test_stopping_while_the_gate_is_closed_sends_nothing_and_loses_nothing():
 # ---------------------------------------------------------------- escalation, by the server's stats
 
 
-def escalation_run(**engine):
+def escalation_run(engine_kw=None, **engine):
     server = ServerSettings(
         mode="standard",
         keys=("key-000", "key-001", "key-002"),
@@ -193,6 +195,7 @@ def escalation_run(**engine):
         keys={"secrets": list(server.keys), "limits": ["20/1s"]},
         target={"nonce_param": ""},
         engine={"ttl_s": 60.0, "max_attempts": 20, **engine},
+        engine_kw=engine_kw,
     )
     snap = run_virtual(eng.run(120))
     return snap, transport.rules.stats()["totals"]
@@ -202,14 +205,14 @@ def test_escalation_mode_ratedeck_never_provokes_a_cooldown_and_the_pre_actor_de
     snap, totals = escalation_run()  # defaults: shared gates, adopt advertised limits
     assert totals["requests_during_cooldown"] == 0 and totals["escalations"] == 0
     assert snap.rejected_429 == 0 and snap.throughput_tps > 25  # 3 keys x 10/s real capacity
-    naive, naive_totals = escalation_run(cooldown="per-request", learn_policy=False)
+    naive, naive_totals = escalation_run({"cooldown": PerRequestCooldown()}, learn_policy=False)
     assert naive_totals["escalations"] > 0 and naive_totals["requests_during_cooldown"] > 0
     assert naive.throughput_tps < snap.throughput_tps
 
 
 def test_shared_gates_alone_beat_per_request_retries_when_no_policy_is_advertised():
     shared, shared_totals = escalation_run(learn_policy=False)
-    naive, naive_totals = escalation_run(cooldown="per-request", learn_policy=False)
+    naive, naive_totals = escalation_run({"cooldown": PerRequestCooldown()}, learn_policy=False)
     assert shared_totals["escalations"] < naive_totals["escalations"]
     assert shared.throughput_tps > naive.throughput_tps
 
@@ -274,7 +277,7 @@ def test_a_pool_caps_concurrent_calls_and_other_pools_keep_going(tmp_path):
 
 
 def test_an_unknown_pool_in_the_workload_file_is_a_clear_error(tmp_path):
-    from ratedeck.engine.config import ConfigError
+    from ratedeck.config import ConfigError
 
     path = tmp_path / "work.jsonl"
     path.write_text('{"_pool": "nope"}\n')

@@ -389,8 +389,8 @@ async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
 async def test_url_credentials_go_as_http_basic_and_a_key_header_wins_over_them():
     import base64 as b64
 
-    from ratedeck.engine.config import KeySpec, TargetConfig
     from ratedeck.engine.request import Request
+    from ratedeck.engine.settings import KeySpec, TargetConfig
     from ratedeck.engine.transport import HttpTransport
 
     async with served(2) as (app, base, _client):

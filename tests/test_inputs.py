@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from ratedeck.config import load_config, to_toml_dict
 from ratedeck.console.themes import load_themes
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.core.secrets import redact, safe_url
-from ratedeck.engine.config import SEED_KEYS, load_config, to_toml_dict
+from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.engine.delays import (
     MAX_DELAY_S,
     advertised_policies,

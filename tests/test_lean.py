@@ -6,10 +6,10 @@ import functools
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from ratedeck.engine.config import KeySpec, TargetConfig
 from ratedeck.engine.delays import has_hints
 from ratedeck.engine.queues import WorkQueues
 from ratedeck.engine.request import Request
+from ratedeck.engine.settings import KeySpec, TargetConfig
 from ratedeck.engine.transport import AttemptDeadlines, HttpTransport
 
 

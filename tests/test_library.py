@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.library import CallFailed, RateDeck, RateLimited
 from ratedeck.server.app import start_server
 from ratedeck.server.settings import seed_settings

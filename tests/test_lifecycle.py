@@ -28,7 +28,7 @@ import pytest
 from fault_server import FaultServer
 from test_report_schema import accounted
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Snapshot

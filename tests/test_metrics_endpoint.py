@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_report_schema import validate
 
-from ratedeck.engine.config import SEED_KEYS
+from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.engine.metrics import BUCKET_EDGES_MS
 from ratedeck.engine.snapshot import ErrorRow, GateRow, KeyRow, LatencySummary, Snapshot
 from ratedeck.runner.prometheus import Scrape, families, serve_metrics
@@ -227,7 +227,7 @@ def test_a_scrape_costs_under_2_percent_of_a_second():
     """Scraping every second, 50 keys: the engine's snapshot with the histograms' buckets (on
     the engine's loop) and the render (on the scraping thread, holding the GIL) take under
     20 ms of CPU together, 2% of each second. CPU time, so a busy machine does not count."""
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
     from ratedeck.engine.engine import Engine
     from ratedeck.runner.prometheus import engine_scrape
 
@@ -294,8 +294,8 @@ def test_a_console_run_serves_metrics_from_the_parent(tmp_path, monkeypatch):
     """`run_console` with the engine in its child process: the parent serves /metrics from the
     snapshots it receives. The Textual app is replaced by a stand-in that scrapes and quits."""
     import ratedeck.console.app as console_app
-    from ratedeck.engine.config import load_config
-    from ratedeck.runner.cli import run_console
+    from ratedeck.config import load_config
+    from ratedeck.runner.commands.run import run_console
     from ratedeck.runner.headless import Metrics
 
     with socket.socket() as s:

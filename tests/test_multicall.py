@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from ratedeck.config import ConfigError, load_config
 from ratedeck.engine.commands import PauseKey, ResumeKey, SetThrottle
-from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import ServerSettings, generated_keys
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
@@ -241,7 +241,7 @@ def test_bad_messages_settings_name_the_key(table, key):
 
 
 def test_messages_section_selects_the_message_workload():
-    from ratedeck.engine.config import build_config, to_toml_dict
+    from ratedeck.config import build_config, to_toml_dict
     from ratedeck.engine.multicall import MessageWorkload
 
     # No arrival rate given: messages arrive at the keys' capacity divided by the calls each needs.

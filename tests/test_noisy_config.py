@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratedeck.engine.config import ConfigError, load_config
+from ratedeck.config import ConfigError, load_config
 from ratedeck.runner.cli import main
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.headroom import HeadroomController, RemainingJudge
 from ratedeck.engine.probe import MAX_FAILURES, Probe

@@ -18,7 +18,7 @@ from stubs.github import start_github
 from stubs.kraken import start_kraken
 from stubs.stripe import start_stripe
 
-from ratedeck.engine.config import load_config
+from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.transport import http_transport
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from ratedeck.config import ConfigError, load_config
 from ratedeck.engine.commands import PauseKey, SetHeadroom
-from ratedeck.engine.config import ConfigError, load_config
 from ratedeck.host.process_host import ProcessHost
 
 
@@ -46,3 +46,49 @@ def test_a_start_failure_in_the_child_is_raised_in_the_parent():
     host = ProcessHost(cfg)
     with pytest.raises(ConfigError, match="server"):
         host.start()
+
+
+def _session_on_a_thread(cfg, transport):
+    """A `Session` started on a loop of its own thread (as a front end sees a host); its loop."""
+    import asyncio
+    import threading
+
+    from ratedeck.host.session import Session
+
+    session = Session(cfg, transport)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(session.start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    return session, loop, thread
+
+
+@pytest.mark.parametrize("how", ["stop_blocking", "abort"])
+def test_an_in_process_session_stops_from_another_thread_as_every_host_does(how):
+    """`Session` has the whole `EngineHost` face: `stop_blocking` drains and `abort` stops
+    at once from a thread other than the engine's loop; both return the final snapshot."""
+    from ratedeck.server.settings import seed_settings
+    from ratedeck.server.simulated import SimulatedTransport
+
+    cfg = load_config(overrides={"engine": {"graveyard_path": ""}})
+    session, loop, thread = _session_on_a_thread(cfg, SimulatedTransport(seed_settings()))
+    try:
+        wait_for(session, lambda s: s.succeeded > 5)
+        final = session.abort() if how == "abort" else session.stop_blocking()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+    assert final.phase == "stopped" and final.balance() == 0 and final.succeeded > 5
+    assert session.aborted is (how == "abort")
+    assert session.facts.answers is None  # the simulated transport counts no answers
+    with pytest.raises(RuntimeError, match="not started"):
+        type(session)(cfg).send(PauseKey("k1"))

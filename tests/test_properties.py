@@ -18,6 +18,8 @@ import tomli_w
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from ratedeck.config import ConfigError as ConfigErr
+from ratedeck.config import build_config, load_config, to_toml_dict
 from ratedeck.core.numbers import (
     MAX_DURATION_S,
     MAX_RATE,
@@ -29,16 +31,6 @@ from ratedeck.core.numbers import (
 )
 from ratedeck.core.policy import MAX_LIMIT, MAX_WINDOW_S, MIN_WINDOW_S, Policy, PolicyError, parse_policy
 from ratedeck.core.secrets import MASK, redact
-from ratedeck.engine.config import ConfigError as ConfigErr
-from ratedeck.engine.config import (
-    EngineConfig,
-    MessagesConfig,
-    TargetConfig,
-    WorkloadConfig,
-    build_config,
-    load_config,
-    to_toml_dict,
-)
 from ratedeck.engine.delays import (
     MAX_DELAY_S,
     advertised_policies,
@@ -48,6 +40,7 @@ from ratedeck.engine.delays import (
     response_delay,
     x_ratelimit_delay,
 )
+from ratedeck.engine.settings import EngineConfig, MessagesConfig, TargetConfig, WorkloadConfig
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -104,7 +97,6 @@ GOOD = {
     "headroom_min_ms": [0, 1],
     "headroom_max_ms": [500, "1s"],
     "pacing": ["even", "burst"],
-    "cooldown": ["shared", "per-request"],
     "graveyard_path": ["", "g.jsonl"],
     "ttl_s": [1, "5m", 0.25],
     "drain_timeout_s": [0, "2s"],

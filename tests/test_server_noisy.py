@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from ratedeck.core.policy import Policy
-from ratedeck.engine.config import KeySpec
 from ratedeck.engine.request import Request
+from ratedeck.engine.settings import KeySpec
 from ratedeck.server.app import start_server
 from ratedeck.server.rules import SHARE_WARMUP_S, RateRules
 from ratedeck.server.serve import add_serve_arguments, run_serve, settings_from_args

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
 import subprocess
@@ -80,6 +81,9 @@ def test_keys_as_a_list_and_as_a_seed_subset():
         (["--mode", "fast"], "--mode"),
         (["--port", "70000"], "--port"),
         (["--seed", "x"], "--seed"),
+        (["--host", "999.1.1.1"], "--host"),
+        (["--host", "not a host"], "--host"),
+        (["--host", "bad_host!"], "--host"),
     ],
 )
 def test_bad_values_give_one_message_and_exit_2(argv, flag, capsys):
@@ -89,6 +93,22 @@ def test_bad_values_give_one_message_and_exit_2(argv, flag, capsys):
     assert len(lines) == 1
     assert lines[0].startswith(f"ratedeck serve: error: {flag}")
     assert captured.out == ""
+
+
+def test_a_host_name_that_does_not_resolve_is_refused_quickly(monkeypatch, capsys):
+    """A name the resolver cannot answer for ends in LOOKUP_TIMEOUT_S with one line and exit 2
+    (the resolver is made to hang: no name lookup leaves this machine in a test)."""
+    import ratedeck.server.serve as serve
+
+    async def hang(*_args, **_kwargs):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(serve, "LOOKUP_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", hang, raising=False)
+    monkeypatch.setattr(serve, "loop_factory", lambda _name: asyncio.new_event_loop)
+    assert run_serve(parse("--host", "nowhere.invalid", "--port", "0")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ratedeck serve: error: --host: 'nowhere.invalid' did not resolve within 0.05 s"]
 
 
 @pytest.mark.slow

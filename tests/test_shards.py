@@ -9,9 +9,9 @@ import sys
 import pytest
 from test_report_schema import accounted
 
+from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Phase, PolicyKind
-from ratedeck.engine.config import load_config
 from ratedeck.engine.merge import merge_latency, merge_snapshots
 from ratedeck.engine.metrics import LatencyHistogram
 from ratedeck.engine.snapshot import ClusterView, Event, GateRow, KeyRow, MemberRow, Snapshot

@@ -315,14 +315,14 @@ def test_a_workload_file_with_a_store_says_to_enqueue_it(tmp_path, capsys):
     assert "ratedeck enqueue --store sqlite:" in err
 
 
-def test_the_readme_durable_run_commands_parse_as_written(tmp_path, monkeypatch):
+def test_the_docs_durable_run_commands_parse_as_written(tmp_path, monkeypatch):
     import re
     import shlex
 
     from ratedeck.runner.cli import build_parser
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Durable runs") :]
+    page = (Path(__file__).parent.parent / "docs" / "durability.md").read_text()
+    section = page[page.index("# Durable runs") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line.split("#")[0].rstrip(" &")) for line in block.splitlines()]
     runs = [c[1:] for c in commands if c[:1] == ["ratedeck"] and c[1] != "enqueue"]
@@ -341,15 +341,14 @@ def test_the_readme_durable_run_commands_parse_as_written(tmp_path, monkeypatch)
 @pytest.mark.slow
 def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch):
     """The console runs the engine in a child process (ProcessHost): the store goes with it."""
-    import dataclasses
 
-    from ratedeck.engine.config import load_config
+    from ratedeck.config import load_config
     from ratedeck.host.process_host import ProcessHost
 
     monkeypatch.chdir(tmp_path)
     db = tmp_path / "work.db"
     _enqueue(tmp_path, db, n=40)
-    host = ProcessHost(dataclasses.replace(load_config(), store=f"sqlite:{db}"))
+    host = ProcessHost(load_config().replace(store=f"sqlite:{db}"))
     host.start()
     try:
         deadline = time.monotonic() + 30
@@ -367,11 +366,10 @@ def test_the_console_s_engine_process_works_the_store_too(tmp_path, monkeypatch)
 
 
 def test_config_show_never_prints_a_store_password():
-    import dataclasses
 
-    from ratedeck.engine.config import load_config
-    from ratedeck.runner.cli import shown_config
+    from ratedeck.config import load_config
+    from ratedeck.runner.commands.config import shown_config
 
-    cfg = dataclasses.replace(load_config(), store="redis://:hunter2@127.0.0.1:6379/0")
+    cfg = load_config().replace(store="redis://:hunter2@127.0.0.1:6379/0")
     text = shown_config(cfg, None)
     assert 'store = "redis://127.0.0.1:6379/0"' in text and "hunter2" not in text

@@ -17,8 +17,8 @@ import pytest
 from redis_server import free_port, redis_server  # noqa: F401 (a fixture)
 from test_report_schema import validate
 
+from ratedeck.config import load_config
 from ratedeck.core.vocab import Ending, KeyState
-from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.runner.report import build_report
 from ratedeck.server.settings import seed_settings
@@ -125,7 +125,7 @@ def test_without_an_idempotency_key_a_dead_members_jobs_become_uncertain(redis_s
 
 
 def test_bad_and_unreachable_urls_are_one_line():
-    from ratedeck.store.base import open_store
+    from ratedeck.store.open import open_store
 
     for url in ("redis://127.0.0.1:99999/0", "redis://127.0.0.1:6379/x", "redis://:6379/0"):
         with pytest.raises(StoreError) as err:
@@ -299,7 +299,7 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
     assert resumed_s < 2.5  # about 1.7 s: a ping, then the longest window and the leases' horizon
 
 
-def test_the_readme_member_commands_load_as_written():
+def test_the_docs_member_commands_load_as_written():
     """The "Many processes" commands parse, and name the same Redis as the enqueue line."""
     import re
     import shlex
@@ -307,8 +307,8 @@ def test_the_readme_member_commands_load_as_written():
 
     from ratedeck.runner.cli import build_parser, overrides_from_args
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Many processes") :]
+    page = (Path(__file__).parent.parent / "docs" / "many-processes.md").read_text()
+    section = page[page.index("# Many processes") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     members = [line.rstrip(" &") for line in block.splitlines() if line.startswith("ratedeck --no-ui")]
     assert len(members) == 2 and "redis-server" in block and "ratedeck enqueue --store redis://" in block

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
+from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import KeyState
 from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
-from ratedeck.engine.config import load_config
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual

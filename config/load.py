@@ -1,0 +1,335 @@
+"""Loading: presets, the TOML file and flag overrides merged, then checked row by row.
+
+Precedence, lowest first: built-in defaults, `--preset`, the `--config` file,
+command-line flags. Every problem is raised as a `ConfigError` that names the
+source, the key and the value, so the CLI can print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ratedeck.core.numbers import SettingError, check_simulator_numbers, show
+from ratedeck.core.policy import Policy
+from ratedeck.core.secrets import safe_url
+from ratedeck.engine.api_rules import parse_budgets, parse_paths
+from ratedeck.engine.settings import (
+    ConfigError,
+    EngineConfig,
+    EngineSettings,
+    KeySpec,
+    MessagesConfig,
+    TargetConfig,
+    WorkloadConfig,
+)
+
+from . import parsers
+from .rows import BY_PATH, ROWS, section_rows
+from .settings import ConsoleSettings, RunConfig, RunnerSettings
+
+# ---------------------------------------------------------------- presets
+
+#: The presets: one TOML file each, a `description` line and config tables; "seed" first.
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every preset by name, and a line saying what each is (the files ship with the package)."""
+    presets: dict[str, dict[str, Any]] = {}
+    descriptions: dict[str, str] = {}
+    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != "seed", f.stem))
+    for file in files:
+        with file.open("rb") as fh:
+            data = tomllib.load(fh)
+        descriptions[file.stem] = str(data.pop("description", ""))
+        presets[file.stem] = data
+    return presets, descriptions
+
+
+PRESETS, PRESET_DESCRIPTIONS = _load_presets()
+
+
+# ---------------------------------------------------------------- loading
+def load_config(
+    path: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
+    """Build a `RunConfig` from a preset, a TOML file and flag overrides.
+
+    With no target named (by a flag or the file) and no preset, the "seed"
+    preset is the base, so the first run, and a first small config file, work
+    against the embedded simulator. The seed preset's demo keys are never sent
+    to a target the user named unless the user chose that preset: a target
+    with no keys is a `ConfigError` ("no API keys given").
+    """
+    data: dict[str, Any] = {}
+    file_data = read_toml(path) if path is not None else {}
+    if preset is None:
+        preset = file_data.pop("preset", None)
+        if preset is not None and not isinstance(preset, str):
+            raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {show(preset)}')
+    else:
+        file_data.pop("preset", None)
+    named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
+    file_target = file_data.get("target")
+    file_names_target = isinstance(file_target, dict) and bool(file_target.get("url"))
+    # With no target named (by a flag or the file), the seed preset drives the
+    # embedded simulator, under whatever the file sets; a target the user names
+    # with no preset gets the neutral defaults instead (no nonce, no request id,
+    # the key as a Bearer token), never the seed server's ways.
+    implicit = preset is None and not named_target and not file_names_target
+    if implicit:
+        preset = "seed"
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ConfigError(
+                "--preset", "preset", f"unknown preset {show(preset)}; known: {', '.join(PRESETS)}"
+            )
+        _merge(data, PRESETS[preset])
+    source = "command line"
+    if path is not None:
+        source = str(path)
+        _merge(data, file_data)
+    if overrides:
+        if not isinstance(overrides, dict):
+            raise ConfigError("command line", "overrides", f"must be a table, got {show(overrides)}")
+        _merge(data, overrides)
+    if named_target and not (data.get("keys") or {}).get("secrets"):
+        raise ConfigError(
+            "command line",
+            "--keys",
+            f"no API keys given for {safe_url(data['target']['url'])}; pass --keys "
+            "(the seed demo keys are only for the embedded simulator or --preset seed)",
+        )
+    cfg = build_config(data, source)
+    return cfg.replace(preset=preset)
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML file, turning every failure into a `ConfigError`."""
+    try:
+        p = Path(path)
+        shown = str(p)
+    except (TypeError, ValueError):
+        raise ConfigError(show(path), "file", "is not a file name") from None
+    try:
+        if p.is_dir():
+            raise ConfigError(shown, "file", "is a directory, not a TOML file")
+        if p.exists() and not p.is_file():
+            raise ConfigError(shown, "file", "is not a regular file")
+        if p.exists() and p.stat().st_size > _MAX_FILE_BYTES:
+            raise ConfigError(
+                shown, "file", f"is larger than {_MAX_FILE_BYTES // 1_000_000} MB; not a config"
+            )
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except ConfigError:
+        raise
+    except FileNotFoundError:
+        raise ConfigError(shown, "file", "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(shown, "file", "is a directory, not a TOML file") from None
+    except PermissionError:
+        raise ConfigError(shown, "file", "permission denied") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(shown, "file", f"not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(shown, "file", "not valid UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(shown, "file", f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise ConfigError(shown, "file", f"cannot read: {exc}") from None
+
+
+_MAX_FILE_BYTES = 10_000_000
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    """Deep-merge `new` into `into`, copying so the sources (presets) never change."""
+    for k, v in new.items():
+        if isinstance(v, dict):
+            if not isinstance(into.get(k), dict):
+                into[k] = {}
+            _merge(into[k], v)
+        elif isinstance(v, list):
+            into[k] = list(v)
+        else:
+            into[k] = v
+
+
+#: The config file's top-level names: every row's section (or the row, for a whole table).
+_SECTIONS = {row.section or row.path for row in ROWS}
+
+
+def parse_setting(key: str, value: Any) -> Any:
+    """One setting ("engine.ttl_s", "run.duration_s", ...) checked as the config file checks it.
+
+    For flags that set one config value: the same parser, range and message.
+    Raises ValueError with the problem; the caller names the flag. An empty
+    string switches an optional [run] or [console] setting off.
+    """
+    row = BY_PATH.get(key)
+    if row is None or row.parse is None:
+        raise KeyError(key)
+    if row.section in ("run", "console"):
+        return row.read(value)
+    return row.parse(value)
+
+
+def _table(data: dict[str, Any], section: str, source: str) -> dict[str, Any]:
+    """A section's values checked by its rows; an unknown name is a `ConfigError` listing the known."""
+    rows = section_rows(section)
+    out = {}
+    for name, value in data.get(section, {}).items():
+        row = rows.get(name)
+        where = f"{section}.{name}"
+        if row is None:
+            listed = ", ".join(rows)
+            problem = f"unknown setting; expected {listed}" if section in ("run", "console") else None
+            raise ConfigError(source, where, problem or f"unknown setting; known: {listed}")
+        try:
+            out[name] = row.read(value)
+        except ValueError as exc:
+            raise ConfigError(source, where, str(exc)) from None
+    return out
+
+
+def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a plain dict (as read from TOML) into a `RunConfig`.
+
+    Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(source, "config", f"must be a table, got {show(data)}")
+    for name in data:
+        if name not in _SECTIONS:
+            raise ConfigError(
+                source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
+            )
+        if name in ("preset", "budgets"):  # [[budgets]] is a list of tables
+            continue
+        if not isinstance(data[name], dict):
+            raise ConfigError(source, name, "must be a table, like [" + name + "]")
+    target = TargetConfig(**_table(data, "target", source))
+    if not target.key_header and not target.key_param:
+        raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
+    _check_probe(target, source)
+    if target.url and target.key_header and target.key_header.lower() == "authorization":
+        creds = urlsplit(target.url)
+        if creds.username or creds.password:
+            raise ConfigError(
+                source,
+                "target.url",
+                "carries user:password and the key goes in the Authorization header; "
+                "use one (--key-header/--key-param to send the key elsewhere)",
+            )
+    engine = EngineConfig(**_table(data, "engine", source))
+    _check_engine(engine, source)
+    workload = WorkloadConfig(**_table(data, "workload", source))
+    if workload.file is not None and not _is_file(workload.file):
+        raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
+    keys_table = data.get("keys", {})
+    keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default)
+    key_sources = keys_table.get("secrets", [])
+    key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
+    run = _table(data, "run", source)
+    console = _table(data, "console", source)
+    server = data.get("server", {})
+    try:
+        check_simulator_numbers(server)
+    except SettingError as exc:
+        raise ConfigError(source, f"server.{exc.name}", exc.problem) from None
+    host_policies: tuple[Policy, ...] = ()
+    if "host_limits" in keys_table and keys_table["host_limits"] != []:
+        host_policies = parsers.policies(keys_table["host_limits"], source, "keys.host_limits")
+    pools = parsers.pools(data.get("pools", {}), source)
+    try:
+        budgets = parse_budgets(data.get("budgets", []))
+    except ValueError as exc:
+        raise ConfigError(source, "budgets", str(exc)) from None
+    try:
+        paths = parse_paths(data.get("paths", {}), {b.name for b in budgets})
+    except ValueError as exc:
+        raise ConfigError(source, "paths", str(exc)) from None
+    _check_signing(target, keys, source)
+    messages = None
+    if "messages" in data:
+        messages = MessagesConfig(**_table(data, "messages", source))
+    seed = run.pop("seed", None)
+    return RunConfig(
+        engine_settings=EngineSettings(
+            target=target,
+            keys=keys,
+            engine=engine,
+            workload=workload,
+            messages=messages,
+            budgets=budgets,
+            paths=paths,
+            pools=pools,
+            host_policies=host_policies,
+            key_weighted=keys_table.get("unit") == "weight",
+            seed=seed,
+        ),
+        runner=RunnerSettings(key_sources=key_sources, **run),
+        console=ConsoleSettings(**console),
+        server=dict(server),
+    )
+
+
+def _check_signing(target: TargetConfig, keys: tuple[KeySpec, ...], source: str) -> None:
+    """A signing recipe needs a secret with every key ("KEY SECRET" lines)."""
+    if target.signing is None:
+        return
+    missing = [k.label for k in keys if not k.api_secret]
+    if missing:
+        raise ConfigError(
+            source,
+            "keys.secrets",
+            f'signing {target.signing!r} needs a secret with every key (write "KEY SECRET"); '
+            f"{', '.join(missing[:5])} {'has' if len(missing) == 1 else 'have'} none",
+        )
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _check_probe(t: TargetConfig, source: str) -> None:
+    """A probe never goes to the rate-limited path: it would spend the budget it measures for."""
+    if t.probe_url is None or t.url is None:
+        return
+    probe, target = urlsplit(t.probe_url), urlsplit(t.url)
+    same = (probe.scheme, probe.hostname, probe.port, probe.path.rstrip("/")) == (
+        target.scheme,
+        target.hostname,
+        target.port,
+        target.path.rstrip("/"),
+    )
+    if same:
+        raise ConfigError(
+            source,
+            "target.probe_url",
+            "is the rate-limited target itself; give a cheap endpoint that costs nothing, like /health",
+        )
+
+
+def _check_engine(e: EngineConfig, source: str) -> None:
+    if not e.headroom_min_ms <= e.headroom_initial_ms <= e.headroom_max_ms:
+        raise ConfigError(
+            source,
+            "engine.headroom_initial_ms",
+            "need headroom_min_ms <= headroom_initial_ms <= headroom_max_ms, got "
+            f"{e.headroom_min_ms:g}, {e.headroom_initial_ms:g} and {e.headroom_max_ms:g}",
+        )
+    if e.backoff_cap_ms < e.backoff_base_ms:
+        raise ConfigError(
+            source,
+            "engine.backoff_cap_ms",
+            f"need backoff_base_ms <= backoff_cap_ms, got {e.backoff_base_ms:g} and {e.backoff_cap_ms:g}",
+        )

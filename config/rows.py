@@ -1,0 +1,696 @@
+"""The settings schema: one row per setting, the only place a setting is declared.
+
+A row holds the setting's path in the config file ("engine.in_flight_per_key"),
+its kind (what the reference and the JSON schema call its type), the parser that
+checks a value (core/numbers and `parsers`), the help line, the layer that
+reads it and its command-line flag, if any. Its default is the field's default
+in the settings object that layer receives (`FIELDS`), so it is written once.
+
+From the rows come the run command's flags (`flags.py`), TOML loading and
+saving (`load.py`, `save.py`), `ratedeck config show` and the generated
+reference and JSON schema (`docs.py`). Adding a setting is one row here, plus
+the field in its layer's settings object and the code that reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_rate
+from ratedeck.core.vocab import Arrival, Excess, MessagePattern, Pacing
+from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
+from ratedeck.engine.settings import (
+    EngineConfig,
+    EngineSettings,
+    MessagesConfig,
+    TargetConfig,
+    WorkloadConfig,
+)
+
+from . import parsers as p
+from .settings import ConsoleSettings, RunnerSettings
+
+#: `Flag.switch` of a flag that takes a value (any other `switch`: a flag with none that sets it).
+NO_SWITCH = object()
+#: The default of a row that has no field (a table the layer reads whole).
+NO_DEFAULT = object()
+
+
+def _split_keys(text: str) -> list[str]:
+    """`--keys k1,k2` as a list; `@FILE` and `env:VAR` stay one entry, resolved later."""
+    return [text] if text.startswith(("@", "env:")) else [k for k in text.split(",") if k.strip()]
+
+
+def _header_lines(lines: list[str]) -> dict[str, str]:
+    return dict(p.header_line(line) for line in lines)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a setting is given on the run command's line."""
+
+    name: str  # "--in-flight"
+    metavar: str | None = None
+    help: str | None = None  # the --help line when it differs from the row's
+    check: bool = False  # parse the value at once, so a bad one names the flag
+    switch: Any = NO_SWITCH  # a flag without a value that sets the setting to this
+    repeat: bool = False  # may be given several times; the values make a list
+    choices: tuple[str, ...] | None = None
+    convert: Callable[[Any], Any] | None = None  # the flag's text as the setting's value
+    keep_empty: bool = False  # "" is a value (else "" leaves the setting alone)
+    group: str | None = None  # flags of one group exclude each other
+    also: tuple[tuple[str, Any], ...] = ()  # other settings the flag sets with it
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One setting: where it sits in the file, how it is checked, shown, given as a flag and saved."""
+
+    path: str  # "engine.in_flight_per_key"; a top-level name ("pools") for a whole table
+    kind: str  # a name in docs.KINDS: its type in the reference and the JSON schema
+    parse: Callable[[Any], Any] | None  # None: the section's own parser reads it (`[keys]`)
+    help: str
+    layer: str  # the layer that reads it: engine, runner, console, store or server
+    flag: Flag | None = None
+    optional: bool = False  # "" switches it off (None)
+    save: str = "set"  # "set": written unless None; "changed": unless the default; "never"
+    dump: Callable[[Any], Any] | None = None  # the value as TOML (None from it: left out)
+    choices: tuple[str, ...] = ()  # a choice's values, for the reference and schema
+    fallback: Any = NO_DEFAULT  # the default of a setting with no field of its own
+
+    @property
+    def section(self) -> str:
+        return self.path.partition(".")[0] if "." in self.path else ""
+
+    @property
+    def key(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    def read(self, value: Any) -> Any:
+        """A config file's value checked; ValueError naming the problem."""
+        if self.optional and value == "":
+            return None
+        assert self.parse is not None, self.path
+        return self.parse(value)
+
+    @property
+    def default(self) -> Any:
+        for cls in FIELDS.get(self.section, ()):
+            for f in dataclasses.fields(cls):
+                if f.name == self.key:
+                    if f.default is not dataclasses.MISSING:
+                        return f.default
+                    if f.default_factory is not dataclasses.MISSING:
+                        return f.default_factory()
+        return self.fallback
+
+
+def _choice(enum: Any) -> dict[str, Any]:
+    return {"parse": p.choice(enum), "kind": "choice", "choices": tuple(str(o) for o in enum)}
+
+
+def _flag(name: str, metavar: str | None = None, **kw: Any) -> Flag:
+    return Flag(name, metavar, **kw)
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "preset",
+        "string",
+        p.nonempty,
+        "built-in settings to start from (`ratedeck presets`); --preset wins",
+        "runner",
+    ),
+    # ---------------------------------------------------------------- [target]
+    Row(
+        "target.url",
+        "url",
+        p.url,
+        "endpoint to call; unset: the embedded simulator",
+        "engine",
+        _flag("--target", "URL", help="endpoint to call (default: the embedded simulator)"),
+        optional=True,
+    ),
+    Row(
+        "target.method",
+        "choice",
+        p.method,
+        "HTTP method",
+        "engine",
+        _flag("--method", choices=("GET", "POST"), help="HTTP method (default GET)"),
+        choices=("GET", "POST"),
+    ),
+    Row(
+        "target.key_param",
+        "string",
+        p.nonempty,
+        "query/form parameter carrying the key",
+        "engine",
+        _flag(
+            "--key-param",
+            "NAME",
+            help="send the key in this query/form parameter",
+            group="key",
+            also=(("target.key_header", ""),),
+        ),
+        optional=True,
+    ),
+    Row(
+        "target.key_header",
+        "string",
+        p.header_name,
+        "header carrying the key; wins over key_param when set",
+        "engine",
+        _flag(
+            "--key-header",
+            "NAME",
+            help="send the key in this header",
+            group="key",
+            also=(("target.key_param", ""),),
+        ),
+        optional=True,
+    ),
+    Row(
+        "target.key_format",
+        "string",
+        p.key_format,
+        'how the key is written in its header, like "Bearer {key}"; "": Bearer in Authorization, else as is',
+        "engine",
+        _flag(
+            "--key-format",
+            "TEXT",
+            help='how the key is written in its header, like "Bearer {key}" (default: Bearer in Authorization)',
+        ),
+    ),
+    Row(
+        "target.nonce_param",
+        "string",
+        p.nonempty,
+        "parameter for a strictly increasing nonce, for targets that check one",
+        "engine",
+        _flag(
+            "--nonce-param",
+            "NAME",
+            help="parameter for a strictly increasing nonce; 'none' for targets without one",
+            convert=lambda v: "" if v.lower() == "none" else v,
+        ),
+        optional=True,
+    ),
+    Row("target.id_param", "string", p.nonempty, "parameter for a request id", "engine", optional=True),
+    Row("target.params", "table", p.params, "parameters sent with every request", "engine"),
+    Row(
+        "target.headers",
+        "table",
+        p.headers,
+        "headers sent with every request",
+        "engine",
+        _flag(
+            "--header",
+            '"NAME: VALUE"',
+            help="a header to send with every request; repeat for several",
+            repeat=True,
+            convert=_header_lines,
+        ),
+    ),
+    Row("target.user_agent", "string", p.text, 'the User-Agent header; "": ratedeck/<version>', "engine"),
+    Row(
+        "target.signing",
+        "string",
+        p.signing,
+        'sign requests: "binance", "kraken" or a hook "module:function" (engine/signing.py)',
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.idempotency",
+        "boolean",
+        p.boolean,
+        "an Idempotency-Key per logical request on POST, kept across retries",
+        "engine",
+    ),
+    Row(
+        "target.rules",
+        "rules",
+        parse_outcome_rules,
+        "what answers mean beyond their status: [[target.rules]] tables (engine/api_rules.py)",
+        "engine",
+        dump=lambda rules: rules_to_toml(rules) if rules else None,
+    ),
+    Row(
+        "target.timeout_s",
+        "duration",
+        p.seconds(p.MAX_TIMEOUT_S),
+        "seconds to wait for an answer",
+        "engine",
+        _flag(
+            "--timeout",
+            "S",
+            help="seconds to wait for an answer (default 10s; 1s with --preset seed)",
+            keep_empty=True,
+        ),
+    ),
+    Row(
+        "target.delay_field",
+        "string",
+        p.nonempty,
+        'JSON path in error bodies holding a retry delay ("error.retryDelay")',
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.host_limit_match",
+        "string",
+        p.nonempty,
+        "a 429 whose body says this closes the host-wide gate",
+        "engine",
+    ),
+    Row(
+        "target.follow_redirects",
+        "boolean",
+        p.boolean,
+        "follow 3xx to the same origin only; never sends the key elsewhere",
+        "engine",
+    ),
+    Row(
+        "target.probe_url",
+        "url",
+        p.url,
+        "a cheap, unlimited endpoint of the target's host (time, health) polled to measure the network alone; no key is sent",
+        "engine",
+        _flag(
+            "--probe-url",
+            "URL",
+            help="a cheap endpoint of the target's host (time, health) polled to measure the network alone",
+            check=True,
+        ),
+        optional=True,
+    ),
+    Row(
+        "target.probe_rate",
+        "rate",
+        lambda v: parse_rate(v, allow_zero=False, high=p.MAX_PROBE_RATE),
+        "probes per second, on their own connection",
+        "engine",
+        _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
+    ),
+    # ---------------------------------------------------------------- [keys]
+    Row(
+        "keys.secrets",
+        "strings",
+        None,
+        "API keys: literal, env:VAR (comma-separated keys) or @FILE (one per line); "
+        '"KEY SECRET" for APIs that sign',
+        "engine",
+        _flag(
+            "--keys",
+            "KEYS",
+            help="API keys: k1,k2,...  or @FILE (one per line) or env:VAR",
+            convert=_split_keys,
+            keep_empty=True,
+        ),
+    ),
+    Row(
+        "keys.limits",
+        "limits",
+        None,
+        'every key\'s limits, all of which must hold, like ["20/1s", "600/1m"]',
+        "engine",
+        _flag(
+            "--limit",
+            "N/W",
+            help="per-key limit like 20/1s; repeat for several (all must hold)",
+            repeat=True,
+        ),
+        fallback=("20/1s",),
+    ),
+    Row("keys.limits_by_key", "table", None, 'one key\'s own limits, like k2 = ["10/1s"]', "engine"),
+    Row("keys.host_limits", "limits", None, "limits shared by all keys (one budget for the host)", "engine"),
+    Row(
+        "keys.unit",
+        "choice",
+        None,
+        '"weight": a key\'s own limits count request weight ([paths]) instead of requests',
+        "engine",
+        choices=("requests", "weight"),
+        fallback="requests",
+    ),
+    # ---------------------------------------------------------------- [engine]
+    Row(
+        "engine.in_flight_per_key",
+        "integer",
+        p.count(1, p.MAX_IN_FLIGHT),
+        "requests in flight per key",
+        "engine",
+        _flag("--in-flight", "N", check=True),
+    ),
+    Row(
+        "engine.headroom",
+        "headroom",
+        p.headroom,
+        '"adaptive" (learned from the answers) or fixed milliseconds',
+        "engine",
+        _flag("--headroom", "MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)", check=True),
+    ),
+    Row(
+        "engine.headroom_initial_ms",
+        "milliseconds",
+        p.ms(p.MAX_HEADROOM_MS),
+        "adaptive headroom to start from",
+        "engine",
+    ),
+    Row(
+        "engine.headroom_min_ms",
+        "milliseconds",
+        p.ms(p.MAX_HEADROOM_MS),
+        "the least adaptive headroom (timers have about 1 ms grain)",
+        "engine",
+    ),
+    Row(
+        "engine.headroom_max_ms",
+        "milliseconds",
+        p.ms(p.MAX_HEADROOM_MS),
+        "the most adaptive headroom",
+        "engine",
+    ),
+    Row(
+        "engine.rejection_budget",
+        "integer",
+        p.count(0, MAX_COUNT),
+        "429s the run may spend narrowing its headroom (0: never probe; keep 0 where a server bans)",
+        "engine",
+        _flag(
+            "--rejection-budget",
+            "N",
+            help="429s the run may spend narrowing its headroom (default 0: never probe; keep 0 where a server bans)",
+            check=True,
+        ),
+    ),
+    Row(
+        help='"even": spread sends across the window; "burst": send as soon as the window has room',
+        layer="engine",
+        path="engine.pacing",
+        **_choice(Pacing),
+    ),
+    Row(
+        "engine.max_attempts",
+        "integer",
+        p.count(1, p.MAX_ATTEMPTS),
+        "tries per request, the first included",
+        "engine",
+    ),
+    Row(
+        "engine.backoff_base_ms", "milliseconds", p.ms(MAX_MS), "first retry backoff after an error", "engine"
+    ),
+    Row("engine.backoff_cap_ms", "milliseconds", p.ms(MAX_MS), "the longest retry backoff", "engine"),
+    Row("engine.queue_max", "integer", p.count(1, p.MAX_QUEUE), "the main queue's size", "engine"),
+    Row(
+        "engine.backpressure",
+        "boolean",
+        p.boolean,
+        "the generator waits while the main queue is full (false: it grows and TTLs expire)",
+        "engine",
+        _flag("--no-backpressure", help="let the main queue grow (TTLs expire)", switch=False),
+    ),
+    Row(
+        "engine.ttl_s",
+        "duration",
+        p.seconds(),
+        "request time-to-live",
+        "engine",
+        _flag("--ttl", "S", help="request time-to-live: seconds, or 500ms, 30s, 5m", check=True),
+    ),
+    Row(
+        "engine.drain_timeout_s",
+        "duration",
+        p.seconds(p.MAX_TIMEOUT_S, allow_zero=True),
+        "how long the end waits for requests in flight",
+        "engine",
+    ),
+    Row(
+        "engine.graveyard_path",
+        "path",
+        p.path_or_off,
+        'JSONL file for requests that used up their attempts; "": none',
+        "engine",
+        _flag(
+            "--graveyard",
+            "FILE",
+            help="JSONL file for requests that used up their attempts",
+            keep_empty=True,
+        ),
+        optional=True,
+    ),
+    Row(
+        "engine.learn_policy",
+        "boolean",
+        p.boolean,
+        "adopt tighter limits the server advertises (RateLimit-Policy)",
+        "engine",
+    ),
+    # ---------------------------------------------------------------- [workload]
+    Row(
+        "workload.rate",
+        "rate",
+        lambda v: parse_rate(v, allow_zero=True),
+        "arrival rate: requests/s, or N/W like 20/1s; unset: the keys' capacity",
+        "engine",
+        _flag(
+            "--rate", "R", help="arrival rate: requests/s, or N/W like 20/1s (default: capacity)", check=True
+        ),
+        optional=True,
+    ),
+    Row(
+        help='"constant": evenly spaced arrivals; "poisson": Poisson arrivals',
+        layer="engine",
+        path="workload.arrival",
+        flag=_flag("--poisson", help="Poisson arrivals instead of evenly spaced", switch="poisson"),
+        **_choice(Arrival),
+    ),
+    Row(
+        "workload.file",
+        "path",
+        p.path,
+        "JSONL file of requests (one object of parameters per line) instead of generating",
+        "engine",
+        _flag("--workload", "FILE", help="JSONL file of requests (one object of parameters per line)"),
+        optional=True,
+    ),
+    Row(
+        "workload.total",
+        "integer",
+        p.count(0, MAX_COUNT),
+        "stop generating after this many requests",
+        "engine",
+        _flag("--total", "N", help="stop generating after N requests", check=True),
+        optional=True,
+    ),
+    # ---------------------------------------------------------------- [messages]
+    Row(
+        "messages.calls",
+        "integer",
+        p.count(1, p.MAX_CALLS),
+        "calls a message needs; it completes only when all succeed",
+        "engine",
+    ),
+    Row(
+        help='"parallel": all calls at once; "sequential": each after the previous one succeeded',
+        layer="engine",
+        path="messages.pattern",
+        **_choice(MessagePattern),
+    ),
+    Row(
+        "messages.throttle",
+        "throttle",
+        p.throttle,
+        '"off", "auto" (live capacity / calls) or messages per second',
+        "engine",
+    ),
+    Row(
+        help='what the throttle does with the rest: "queue", "shed" or "sample"',
+        layer="engine",
+        path="messages.excess",
+        **_choice(Excess),
+    ),
+    Row(
+        "messages.sample_fraction",
+        "fraction",
+        fraction,
+        'with excess = "sample": the fraction of arrivals processed',
+        "engine",
+    ),
+    Row("messages.shed_path", "path", p.path, "one JSON line per shed message", "engine", optional=True),
+    Row(
+        "messages.backlog_max",
+        "integer",
+        p.count(1, p.MAX_QUEUE),
+        "messages queued at the entry before the source waits",
+        "engine",
+    ),
+    # ---------------------------------------------------------------- tables
+    Row(
+        "budgets",
+        "budgets",
+        None,
+        "[[budgets]]: named limits beyond each key's own (engine/api_rules.py)",
+        "engine",
+    ),
+    Row(
+        "paths",
+        "paths",
+        None,
+        "[paths]: weight, budgets and signing per request path (engine/api_rules.py)",
+        "engine",
+    ),
+    Row("pools", "pools", None, "[pools] name = connections: connection pools a request can name", "engine"),
+    Row("server", "server", None, "the embedded simulator's settings (`ratedeck serve --help`)", "server"),
+    # ---------------------------------------------------------------- [run]
+    Row(
+        "run.duration_s",
+        "duration",
+        p.seconds(),
+        "stop after this long: seconds, or 30s, 5m, 1h",
+        "runner",
+        _flag("--duration", "S", check=True),
+        optional=True,
+        save="changed",
+    ),
+    Row(
+        "run.report",
+        "path",
+        p.path,
+        "write the JSON report here at the end; '-' writes it to stdout (other output goes to stderr)",
+        "runner",
+        _flag("--report", "FILE"),
+        optional=True,
+        save="changed",
+    ),
+    Row(
+        "run.plot",
+        "boolean",
+        p.boolean,
+        "print TPS and latency charts at the end (headless)",
+        "runner",
+        _flag("--plot", switch=True),
+    ),
+    Row(
+        "run.seed",
+        "integer",
+        p.count(None, None),
+        "random seed for jitter and arrivals",
+        "engine",
+        _flag("--seed", "N", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.fail_on",
+        "strings",
+        p.strings('threshold expressions like "rejected_429>0"'),
+        "exit 99 when an expression holds over the report, like rejected_429>0, latency_ms.p99>500, "
+        "throughput_tps<90 (operators > >= < <= == !=)",
+        "runner",
+        _flag(
+            "--fail-on",
+            "EXPR",
+            help="exit 99 when EXPR holds over the report, like rejected_429>0, latency_ms.p99>500, "
+            "throughput_tps<90 (repeatable; operators > >= < <= == !=)",
+            repeat=True,
+        ),
+        save="changed",
+        dump=list,
+    ),
+    Row(
+        "run.results",
+        "path",
+        p.path,
+        "JSONL file: one line per request (ending, key, status, timings, params), flushed as they end",
+        "runner",
+        _flag("--results", "FILE"),
+        optional=True,
+        save="changed",
+    ),
+    Row(
+        "run.results_body",
+        "boolean",
+        p.boolean,
+        "with the response body in each results line",
+        "runner",
+        _flag("--results-body", switch=True),
+        save="changed",
+    ),
+    Row(
+        "run.store",
+        "string",
+        p.path,
+        "where the work lives: memory, sqlite:PATH (durable), redis://host:port/db (shared); "
+        "fill it with 'ratedeck enqueue'",
+        "store",
+        _flag(
+            "--store",
+            "URL",
+            help="where the work lives: memory (default), sqlite:PATH (durable), redis://host:port/db (shared);"
+            " fill it with 'ratedeck enqueue'",
+            keep_empty=True,
+        ),
+        save="changed",
+    ),
+    Row(
+        "run.resume",
+        "boolean",
+        p.boolean,
+        "with a durable store: take back the jobs a killed run held (uncertain ones are sent again"
+        " only with an Idempotency-Key)",
+        "store",
+        _flag(
+            "--resume",
+            help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
+            " only with an Idempotency-Key)",
+            switch=True,
+        ),
+        save="never",
+    ),
+    # ---------------------------------------------------------------- [console]
+    Row(
+        "console.theme",
+        "string",
+        p.nonempty,
+        "console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast, or a user theme)",
+        "console",
+        _flag(
+            "--theme", "NAME", help="console theme (ratedeck-dark, ratedeck-light, ratedeck-high-contrast)"
+        ),
+        optional=True,
+        save="changed",
+    ),
+    Row(
+        "console.keymap",
+        "table",
+        p.keymap,
+        'keys for the console\'s actions: action = "key"',
+        "console",
+        save="changed",
+    ),
+)
+
+#: The settings object each section's values land in (the rows' defaults are its fields').
+FIELDS: dict[str, tuple[type, ...]] = {
+    "target": (TargetConfig,),
+    "engine": (EngineConfig,),
+    "workload": (WorkloadConfig,),
+    "messages": (MessagesConfig,),
+    "console": (ConsoleSettings,),
+    "run": (RunnerSettings, EngineSettings),  # [run] seed is the engine's
+}
+
+BY_PATH: dict[str, Row] = {row.path: row for row in ROWS}
+
+
+def section_rows(section: str) -> dict[str, Row]:
+    """A section's rows by key, in the order they are declared."""
+    return {row.key: row for row in ROWS if row.section == section}

@@ -1,0 +1,339 @@
+"""A request's path from its launch to its verdict: send, settle, apply.
+
+A key worker launches an attempt (`RequestPath.launch`), the `Transport`
+answers in the attempt's own task, `settle.decide` (pure) says what the
+answer means, and `_apply` counts it, closes the gates it must (through the
+`Cooldown`), blocks a key the server refused, and ends the request (buried,
+expired, succeeded: handed to the engine's `Endings.finish`) or queues its
+retry. The path sees the engine only through the ports (`ports.py`): it
+enters the engine once per request, at the end.
+
+The hot path: everything a request touches is an attribute of this object
+or bound once (`_send`, `_finish`, `_cool`); no closure or
+object is made per request beyond the attempt's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from ratedeck.core.secrets import Redactor
+from ratedeck.core.vocab import Ending, EventKind
+
+from . import outcome as oc
+from .budgets import Budgets
+from .delays import Quota
+from .gate import CooldownGate
+from .headroom import HeadroomController
+from .limiter import WindowLimiter
+from .metrics import Metrics
+from .ports import Cooldown, Endings, EventSink, GateWatcher, SendStamp
+from .queues import Graveyard, WorkQueues
+from .request import Request
+from .settings import KeySpec
+from .settle import Scope, SettleRules, Tally, Verdict, decide
+from .transport import Transport
+from .worker import KeyWorker
+
+
+class SharedGates:
+    """The engine's cooldown: a server's delay closes the budget's gate for every sender,
+    and a cluster member (`watcher`) shares it with the other processes."""
+
+    __slots__ = ("event", "watcher")
+
+    def __init__(self, events: EventSink, watcher: GateWatcher | None = None) -> None:
+        self.event = events.event
+        self.watcher = watcher
+
+    def cool(self, gate: CooldownGate, req: Request, now: float, delay_s: float, reason: str) -> None:
+        escalations = gate.escalations
+        if gate.close(now + delay_s, reason, now):
+            self.event(EventKind.COOLDOWN, f"{gate.name} cooling down {delay_s:.1f}s: {reason}")
+            if self.watcher is not None:
+                self.watcher.gate_closed(gate, reason)  # every member stops, not only this one
+            if gate.escalations > escalations:
+                self.event(
+                    EventKind.ERROR, f"{gate.name}: the server escalated its penalty to {delay_s:.1f}s"
+                )
+
+
+class RequestPath:
+    """Attempts in flight and the verdicts on their answers, for one engine.
+
+    `start(loop, clock, started_at, wall_offset)` binds it to the running loop.
+    `in_flight` counts attempts in flight; `sends` holds their tasks.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        queues: WorkQueues,
+        metrics: Metrics,
+        headroom: HeadroomController,
+        graveyard: Graveyard,
+        budgets: Budgets,
+        weighted_host: WindowLimiter | None,
+        host_gate: CooldownGate,
+        settle_rules: SettleRules,
+        rng: random.Random,
+        pools: dict[str, int],
+        ends: Endings,
+        events: EventSink,
+        cooldown: Cooldown,
+        redact: Redactor,
+        *,
+        learn_policy: bool,
+    ) -> None:
+        self.transport = transport
+        self.queues = queues
+        self.metrics = metrics
+        self.headroom = headroom
+        self.graveyard = graveyard
+        self.budgets = budgets
+        self.weighted_host = weighted_host  # the host budget a weight quota names, if any
+        self.host_gate = host_gate
+        self.settle_rules = settle_rules
+        self.rng = rng
+        self.learn_policy = learn_policy
+        self._finish = ends.finish
+        self.event = events.event
+        self._cool = cooldown.cool
+        self.redact = redact
+        # Connection pools (`[pools]`): how many attempts each may have in flight.
+        self.pool_capacity = dict(pools)
+        self.pool_in_use = dict.fromkeys(pools, 0)
+        self.pool_ok: Callable[[str | None], bool] | None = self._pool_has_room if pools else None
+        self.pool_ok_req: Callable[[Request], bool] | None = self._req_pool_has_room if pools else None
+        self.in_flight = 0
+        self.sends: dict[Request, asyncio.Task[None]] = {}  # attempts in flight, by request
+        self.clock: Callable[[], float] = lambda: 0.0
+        self.started_at = 0.0
+        self.wall_offset = 0.0
+        self._create_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        self._send: Callable[[KeySpec, Request, int | None], Awaitable[oc.Outcome]]  # bound in start()
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float],
+        started_at: float,
+        wall_offset: float,
+    ) -> None:
+        self._create_task = loop.create_task
+        self._send = self.transport.send
+        self.clock, self.started_at, self.wall_offset = clock, started_at, wall_offset
+
+    @property
+    def retry_errors(self) -> bool:
+        return self.settle_rules.retry_errors
+
+    @retry_errors.setter
+    def retry_errors(self, on: bool) -> None:
+        self.settle_rules = dataclasses.replace(self.settle_rules, retry_errors=on)
+
+    def in_flight_requests(self) -> list[Request]:
+        return list(self.sends)
+
+    # ------------------------------------------------------------ sending
+    def launch(
+        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...] = ()
+    ) -> None:
+        """Send one attempt in its own task (so a key keeps several in flight)."""
+        req.attempts += 1
+        self.in_flight += 1
+        m = self.metrics
+        m.sent += 1
+        sent_at = req.last_sent_at = stamps[0].t if stamps else self.clock()
+        if req.first_sent_at is None:
+            req.first_sent_at = sent_at
+            m.queue_wait.add((sent_at - req.created_at) * 1000.0)
+        if req.pool is not None and self.pool_ok is not None:
+            self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
+        req.key = worker.label
+        create_task = self._create_task
+        assert create_task is not None, "launch() before start()"
+        # The attempt takes itself out of `sends` when it ends (no done callback: one
+        # loop turn less per request). A request has one attempt in flight at a time.
+        self.sends[req] = create_task(self._attempt(worker, req, nonce, stamps))
+
+    async def _attempt(
+        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]
+    ) -> None:
+        try:
+            result = await self._send(worker.spec, req, nonce)
+        except asyncio.CancelledError:
+            self.sends.pop(req, None)
+            raise  # stopped while in flight: the request stays counted as in flight
+        except Exception as exc:  # a transport bug must not lose the request
+            result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
+        self.sends.pop(req, None)
+        result.key = worker.label
+        worker.answered(result)
+        self.in_flight -= 1
+        if req.pool is not None and self.pool_ok is not None:
+            self.pool_in_use[req.pool] -= 1
+            self.queues.pass_on()  # a request waiting for this pool may go now
+        now = self.clock()
+        try:
+            if result.status is not None and stamps:
+                # Timed from the slot's stamp, not from the socket write: the task
+                # may start late on a busy loop, and the server sees that delay too.
+                held = now - stamps[0].t
+                # The server's own time (a hint, judged there) and remaining count.
+                server_s = result.server_time_s
+                # A 429 counts against the rejection budget here, whatever _apply makes of it.
+                rejected = result.kind is oc.RATE_LIMITED
+                self.headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
+                # The answer bounds how late the server stamped this request: its
+                # slot frees by that, not by the worst case (see headroom.py).
+                self.headroom.assign(stamps, held, now, server_s)
+            self._settle(worker, req, result, now)
+        except Exception as exc:
+            # Whatever went wrong in handling the answer, the request is
+            # accounted for: it ends in the graveyard with the error named.
+            self._settle_failed(req, exc, now)
+        worker.wake_if_sooner(now)
+
+    def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+        """Decide what the answer means (`settle.decide`, pure) and apply it here."""
+        req.last_status = result.status
+        req.result = result
+        if result.policy_header is not None and self.learn_policy:
+            for policy in worker.adopt_advertised(result.policy_header):
+                self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
+        if result.quotas:
+            self._sync_quotas(worker, req, result, now)
+        verdict = decide(result, req, self.settle_rules, now)
+        self._apply(verdict, worker, req, result, now)
+
+    def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+        """Take the server's own counts: a budget it names, a weight budget, else the key's own.
+
+        What this key spent after the answered request was sent is added, since
+        the server cannot have counted it yet (`spent_since`).
+        """
+        sent_at = req.last_sent_at if req.last_sent_at is not None else now
+        for quota in result.quotas:
+            limiter = self._limiter_for_quota(worker, quota)
+            if limiter is None:
+                continue
+            reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
+            limiter.sync(
+                now,
+                used=quota.used,
+                remaining=quota.remaining,
+                limit=quota.limit,
+                reset_at=reset_at,
+                window_s=quota.window_s,
+                sent_since=limiter.spent_since(sent_at),
+                sent_at=sent_at,
+            )
+            worker.note_quota(quota, reset_at)
+
+    def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
+        name = quota.name
+        if name is not None:
+            if name in worker.key_budgets:
+                return worker.key_budgets[name]
+            if name in self.budgets.host:
+                return self.budgets.host[name]
+        if quota.weight:
+            return self.weighted_host
+        if name in (None, "core", "default") or not self.budgets.specs:
+            return worker.limiter
+        return None
+
+    def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+        """Apply one verdict: count, pause, block, then end or retry the request."""
+        m = self.metrics
+        widen = v.widen_headroom
+        worker.tally(v.tally, req.last_sent_at)
+        if v.tally is Tally.SUCCEEDED:
+            m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
+        elif v.tally is Tally.REJECTED_429:
+            m.rejected_429 += 1
+            # A 429 while the headroom deliberately narrows (a rejection budget, remaining
+            # counts) is about timing, not the limit: learn nothing from it.
+            if self.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
+                learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
+                if learned is not None or worker.learned_limit is not None:
+                    widen = False  # the limit was wrong, not the timing: the headroom stays
+                if learned is not None:
+                    self.event(
+                        EventKind.SETTING,
+                        f"{worker.label}: told {worker.told}, learned {learned} from rejections",
+                    )
+        elif v.tally is Tally.REJECTED_OTHER:
+            m.rejected_other += 1
+        else:
+            m.fail(v.cause or str(result.kind))
+        if v.tally is not Tally.SUCCEEDED:
+            req.last_error = result.error or str(result.kind)
+            cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
+            m.errors.add(
+                result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
+            )
+        if widen:
+            self.headroom.observe_rejection(now)
+        if v.cooldown is not None:
+            gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
+            self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
+        if v.block_key and worker.block():
+            self.event(
+                EventKind.ERROR, f"{worker.label} {worker.masked} blocked by the server ({result.status})"
+            )
+        if v.ending is Ending.SUCCEEDED:
+            self._finish(req, Ending.SUCCEEDED)
+        elif v.ending is Ending.GRAVEYARD:
+            self.bury(req, now)
+        elif v.ending is Ending.EXPIRED:
+            self.expire(req)
+        else:
+            delay = self.rng.uniform(0, v.backoff_cap_s) if v.backoff_cap_s > 0 else 0.0
+            req.eligible_at = max(req.eligible_at, now + delay)
+            m.retried += 1
+            self.queues.retry(req)
+
+    def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
+        problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
+        self.event(EventKind.ERROR, self.redact(problem, 300))
+        if req.ending is not None:
+            return
+        if req in self.queues.dlq:  # queued for a retry before the error: it is still accounted
+            return
+        self.metrics.fail(f"internal:{type(exc).__name__}")
+        req.last_error = f"internal error: {type(exc).__name__}"
+        self.bury(req, now)
+
+    def _pool_has_room(self, pool: str | None) -> bool:
+        if pool is None:
+            return True
+        return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
+
+    def _req_pool_has_room(self, req: Request) -> bool:
+        return self._pool_has_room(req.pool)
+
+    # ------------------------------------------------------------ endings
+    def bury(self, req: Request, now: float) -> None:
+        m = self.metrics
+        m.graveyard += 1
+        self.graveyard.add(req, now, self.wall_offset)
+        if m.graveyard <= 20 or m.graveyard % 100 == 0:
+            self.event(
+                EventKind.GRAVEYARD,
+                f"request {req.id} buried after {req.attempts} attempts ({req.last_error})",
+            )
+        self._finish(req, Ending.GRAVEYARD)
+
+    def expire(self, req: Request) -> None:
+        self.metrics.expired += 1
+        self._finish(req, Ending.EXPIRED)
+
+    def shed(self, req: Request) -> None:
+        self.metrics.shed += 1
+        self._finish(req, Ending.SHED)

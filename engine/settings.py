@@ -1,0 +1,168 @@
+"""The engine's settings: frozen dataclasses, enums for choices, no I/O.
+
+The config layer (`ratedeck.config`) reads TOML files, presets, flags, key files
+and environment variables, checks every value and builds these; the engine never
+imports it. `EngineSettings` is the whole of what one engine needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Protocol
+
+from ratedeck.core.errors import RatedeckError
+from ratedeck.core.numbers import MAX_RATE
+from ratedeck.core.policy import Policy
+from ratedeck.core.secrets import redact
+from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
+
+from .api_rules import BudgetSpec, OutcomeRule, PathRule
+
+
+class ConfigError(RatedeckError, ValueError):
+    """A setting that cannot be used; `str()` is the whole user-facing message."""
+
+    def __init__(self, source: str, key: str, problem: str):
+        self.source, self.key, self.problem = source, key, problem
+        super().__init__(_one_line(f"{source}: {key}: {problem}"))
+
+
+def _one_line(text: str) -> str:
+    """`text` with every unprintable character escaped, so a message is always one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Where requests go and how a key, nonce and request id travel ([target]).
+
+    The defaults are neutral, for a target the user names with no preset: the
+    key as `Authorization: Bearer <key>`, no nonce, no request id, only the
+    parameters asked for, a 10 s timeout. The seed preset sets the seed
+    server's conventions. What each field means: the rows of `ratedeck.config`.
+    """
+
+    url: str | None = None
+    method: str = "GET"
+    key_param: str | None = None
+    key_header: str | None = "Authorization"
+    key_format: str = ""
+    nonce_param: str | None = None
+    id_param: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    user_agent: str = ""
+    signing: str | None = None
+    idempotency: bool = False
+    rules: tuple[OutcomeRule, ...] = ()
+    timeout_s: float = 10.0
+    delay_field: str | None = None
+    host_limit_match: str = "host"
+    follow_redirects: bool = False
+    probe_url: str | None = None
+    probe_rate: float = 10.0
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One API key: its id ("k1"), secret, and the policies that bind it."""
+
+    label: str
+    secret: str = field(repr=False)
+    policies: tuple[Policy, ...]
+    api_secret: str | None = field(default=None, repr=False)  # the signing secret that goes with the key
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine paces, retries and queues ([engine])."""
+
+    in_flight_per_key: int = 8
+    headroom: HeadroomMode | float = HeadroomMode.ADAPTIVE  # or fixed milliseconds
+    headroom_initial_ms: float = 100.0
+    headroom_min_ms: float = 1.0  # timers and server stamps have about 1 ms grain
+    headroom_max_ms: float = 500.0
+    rejection_budget: int = 0
+    pacing: Pacing = Pacing.EVEN
+    max_attempts: int = 5
+    backoff_base_ms: float = 50.0
+    backoff_cap_ms: float = 2000.0
+    queue_max: int = 50
+    backpressure: bool = True
+    ttl_s: float = 1.0
+    drain_timeout_s: float = 2.0
+    graveyard_path: str | None = "ratedeck-graveyard.jsonl"  # None writes none
+    learn_policy: bool = True
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Where requests come from ([workload])."""
+
+    rate: float | None = None  # requests/s; None: the keys' total capacity
+    arrival: Arrival = Arrival.CONSTANT
+    file: str | None = None
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class MessagesConfig:
+    """Messages that need several calls each, behind an entry throttle ([messages], engine/multicall.py)."""
+
+    calls: int = 1
+    pattern: MessagePattern = MessagePattern.PARALLEL
+    throttle: str | float = "off"  # "off", "auto" (live capacity / calls) or messages per second
+    excess: Excess = Excess.QUEUE
+    sample_fraction: float = 1.0
+    shed_path: str | None = "ratedeck-shed.jsonl"
+    backlog_max: int = 1000
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything one engine needs. `keys` hold secrets: never print them."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    keys: tuple[KeySpec, ...] = ()
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    messages: MessagesConfig | None = None  # [messages]: multi-call messages instead of requests
+    budgets: tuple[BudgetSpec, ...] = ()  # [[budgets]]: named limits beyond each key's own
+    paths: tuple[PathRule, ...] = ()  # [paths]: weight, budgets and signing per request path
+    pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
+    host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
+    key_weighted: bool = False  # [keys] unit = "weight": a key's own limits count request weight
+    seed: int | None = None  # random seed for jitter and arrivals
+
+    @property
+    def capacity_tps(self) -> float:
+        """Requests per second all keys allow together (tightest policy per key, and the host's)."""
+        total = sum(min(p.rate for p in k.policies) for k in self.keys if k.policies)
+        if self.host_policies:
+            total = min(total, min(p.rate for p in self.host_policies))
+        return total
+
+    @property
+    def arrival_rate(self) -> float:
+        """Requests per second to generate: the workload's rate, or the keys' capacity, at most `MAX_RATE`."""
+        rate = self.workload.rate if self.workload.rate is not None else self.capacity_tps
+        return min(rate, MAX_RATE)
+
+    def __repr__(self) -> str:
+        """The fields, with every form of every key masked (a key may hide in a URL or params)."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"EngineSettings({shown})", [k.secret for k in self.keys])
+
+
+class HoldsEngineSettings(Protocol):
+    """Whatever carries an engine's settings among others' (the config layer's `EngineSettings`)."""
+
+    @property
+    def engine_settings(self) -> EngineSettings: ...
+
+
+def engine_settings(cfg: EngineSettings | HoldsEngineSettings) -> EngineSettings:
+    """The engine's own part of `cfg`: the engine takes either."""
+    return cfg if isinstance(cfg, EngineSettings) else cfg.engine_settings

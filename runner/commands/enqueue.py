@@ -1,0 +1,58 @@
+"""`ratedeck enqueue --store URL FILE`: a JSONL workload's lines added to a store as jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from ratedeck.config import ConfigError, load_config
+from ratedeck.engine.workload import read_jsonl
+from ratedeck.store import StoreError
+from ratedeck.store.work import open_for_run
+
+from .common import fail, parse_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ratedeck enqueue",
+        description="Check a JSONL workload (one object of parameters per line, as a workload file is read) and add"
+        " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
+    )
+    p.add_argument("--store", metavar="URL", required=True, help="sqlite:PATH or redis://host:port/db")
+    p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
+    p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
+    p.add_argument("file", metavar="FILE", help="JSONL workload file")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    parsed = parse_args(build_parser(), argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    try:
+        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
+        items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
+        if cfg.store.strip() == "memory":
+            raise ConfigError(
+                "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
+            )
+        store = open_for_run(cfg)
+    except ConfigError as exc:
+        return fail(str(exc))
+    assert store is not None
+
+    async def add() -> tuple[int, int]:
+        try:
+            added = await store.enqueue(items)
+            return added, (await store.counts()).pending
+        finally:
+            await store.close()
+
+    try:
+        added, pending = asyncio.run(add())
+    except StoreError as exc:
+        return fail(f"enqueue: nothing added: {exc}")
+    print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
+    return 0

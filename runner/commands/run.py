@@ -1,0 +1,335 @@
+"""The command with no name: a run, in the console or headless (--no-ui).
+
+Also what other commands reuse: `plan_run` (the flags and config checked before
+anything starts; `replay` and `config show` call it) and `run_from_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import tomli_w
+
+from ratedeck.config import ConfigError, RunConfig, load_config, read_toml, to_toml_dict
+from ratedeck.core.loops import loop_factory
+from ratedeck.core.numbers import parse_duration, whole
+from ratedeck.core.paths import user_config_path
+from ratedeck.host.process_host import ProcessHost
+from ratedeck.host.protocol import SpawnedHost
+from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_configs
+from ratedeck.store.work import open_for_run
+
+from ..cli import overrides_from_args
+from ..headless import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Metrics,
+    check_outputs,
+    conclude,
+    run_headless,
+)
+from ..thresholds import Threshold, ThresholdError, parse
+from .common import fail, flag_value
+
+
+class RunPlan:
+    """A run as the flags and config ask for it, checked before anything starts."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        source: str | None,
+        thresholds: list[Threshold],
+        metrics: Metrics | None,
+        interval_s: float,
+        procs: int = 1,
+    ):
+        self.cfg = cfg
+        self.source = source  # the config file read, if any
+        self.thresholds = thresholds
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.procs = procs  # engine processes (--procs)
+
+
+def plan_run(args: argparse.Namespace) -> RunPlan:
+    """Config (with the user config file when no --config is given), thresholds and metrics
+    options from the flags; raises ConfigError (one line) for anything wrong."""
+    cfg, source = load_run_config(args)
+    check_store(cfg)
+    thresholds = []
+    for i, expression in enumerate(cfg.fail_on):
+        try:
+            thresholds.append(parse(expression))
+        except ThresholdError as exc:
+            if args.fail_on:
+                raise ConfigError("command line", "--fail-on", str(exc)) from None
+            raise ConfigError(source or "config", f"run.fail_on[{i}]", str(exc)) from None
+    metrics = None
+    if args.metrics_port is not None:
+        port = flag_value("--metrics-port", args.metrics_port, lambda v: whole(v, low=0, high=65535))
+        linger = 0.0
+        if args.metrics_linger is not None:
+            linger = flag_value(
+                "--metrics-linger",
+                args.metrics_linger,
+                lambda v: parse_duration(v, low=0.0, low_open=False, high=86_400.0),
+            )
+        host = (args.metrics_host or "").strip()
+        if not host:
+            raise ConfigError(
+                "command line", "--metrics-host", "must be an address like 127.0.0.1 or 0.0.0.0"
+            )
+        metrics = Metrics(port, host, linger)
+    elif args.metrics_linger is not None:
+        raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
+    procs = _procs(args, cfg, metrics)
+    return RunPlan(cfg, source, thresholds, metrics, args.interval, procs)
+
+
+def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Metrics | None) -> int:
+    """`--procs`, checked against the run: a run that cannot be split is bad input."""
+    try:
+        procs = parse_procs(args.procs)
+    except ValueError as exc:
+        raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs: ")) from None
+    if procs > 1:
+        try:
+            procs = len(shard_configs(cfg, procs))
+        except ShardError as exc:
+            raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs ")) from None
+        if metrics is not None and args.no_ui:
+            raise ConfigError("command line", "--procs", "above 1 does not serve --metrics-port headless yet")
+    return procs
+
+
+def check_store(cfg: RunConfig) -> None:
+    """Open and close the run's store, so a bad one is one line (exit 2) before anything starts."""
+    store = open_for_run(cfg)
+    if store is not None:
+        asyncio.run(store.close())
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run what the parsed run flags ask for: the console, headless, or --save-config."""
+    try:
+        plan = plan_run(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    cfg = plan.cfg
+    if args.save_config:
+        return save_config(cfg, args.save_config)
+    if plan.interval_s <= 0:
+        return fail("--interval: must be above 0 seconds")
+    if args.no_ui:
+        out = sys.stderr if cfg.report == "-" else None  # stdout is the report's
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(
+                run_headless(
+                    cfg,
+                    interval_s=plan.interval_s,
+                    out=out,
+                    thresholds=plan.thresholds,
+                    metrics=plan.metrics,
+                    procs=plan.procs,
+                )
+            )
+    return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics, procs=plan.procs)
+
+
+# ---------------------------------------------------------------- config files
+
+
+def user_config_file() -> Path | None:
+    """The user's config file when it exists ($XDG_CONFIG_HOME/ratedeck/config.toml)."""
+    path = user_config_path()
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None
+
+
+def load_run_config(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
+    """The run's config and the file it came from (None: flags and presets only).
+
+    `--config FILE` is read as given. Without it, the user config file is read
+    when present, as a layer under the flags: it may hold a whole setup or a
+    few defaults (a theme, a keymap, in_flight_per_key), and the seed preset
+    fills in the rest when it names no keys or target. A problem in it is
+    reported with its path.
+    """
+    overrides = overrides_from_args(args)
+    if args.config is not None:
+        return load_config(args.config, args.preset, overrides), args.config
+    path = user_config_file()
+    if path is None:
+        return load_config(None, args.preset, overrides), None
+    data = read_toml(path)
+    preset = data.pop("preset", None)
+    if preset is not None and not isinstance(preset, str):
+        raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {preset!r}')
+    try:
+        return load_config(None, args.preset or preset, _deep_merge(data, overrides)), str(path)
+    except ConfigError as exc:
+        try:
+            load_config(None, args.preset, overrides)
+        except ConfigError:
+            raise exc from None  # the flags alone are wrong too: say so as they are
+        raise ConfigError(str(path), exc.key, exc.problem) from None  # the file's doing
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def save_config(cfg: RunConfig, path: str) -> int:
+    try:
+        Path(path).write_text(tomli_w.dumps(to_toml_dict(cfg)), encoding="utf-8")
+    except OSError as exc:
+        return fail(f"{path}: cannot write: {exc.strerror or exc}")
+    print(f"ratedeck: wrote the effective config to {path} (load it with --config {path})")
+    return 0
+
+
+# ---------------------------------------------------------------- the console
+
+
+def run_console(
+    cfg: RunConfig,
+    thresholds: list[Threshold] | tuple[Threshold, ...] = (),
+    metrics: Metrics | None = None,
+    procs: int = 1,
+) -> int:
+    """The Textual console; the engine runs in its own process (see host/process_host.py).
+
+    q, Ctrl-C, SIGTERM and SIGHUP all drain and leave the console (terminal
+    restored); a second Ctrl-C stops at once. The summary, the report and
+    the exit code are the headless run's (`headless.conclude`). With
+    `metrics`, /metrics is served from this process, from the snapshots the
+    console already receives: the engine's process does nothing more.
+    """
+    # textual loads only for the console, never for a headless run
+    from ratedeck.console.app import RatedeckApp
+
+    problems = check_outputs(cfg)
+    if problems:
+        for problem in problems:
+            fail(problem)
+        return EXIT_USAGE
+    host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg)
+    exporter = None
+    if metrics is not None:
+        # prometheus_client loads only with --metrics-port
+        from ..prometheus import MetricsPortError, Scrape, serve_metrics
+
+        try:
+            exporter = serve_metrics(lambda: Scrape(host.snapshot()), metrics.port, metrics.host)
+        except MetricsPortError as exc:
+            return fail(str(exc))
+    try:
+        try:
+            host.start()
+        except ConfigError as exc:
+            return fail(str(exc))
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            host.abort()
+            return fail(f"cannot start the engine: {exc}")
+        except BaseException:  # Ctrl-C while the engine starts: leave no process behind
+            host.abort()
+            raise
+
+        concluding = threading.Event()  # the ordinary quit got past the console
+
+        def hangup() -> None:
+            """SIGHUP: quit as for q; if that is stuck on a terminal that went away,
+            drain, write the report and leave, printing nothing."""
+            if concluding.wait(cfg.engine.drain_timeout_s + 5.0):
+                return  # the ordinary path finishes the job
+            code = EXIT_INTERRUPTED
+            try:
+                nowhere = open(os.devnull, "w")
+                sys.stdout = sys.stderr = nowhere  # the terminal is gone: a write there fails or waits
+                with _signals_held():
+                    final = host.stop_blocking()
+                    code = conclude(
+                        final,
+                        host.facts,
+                        cfg,
+                        out=nowhere,
+                        server_stats=host.server_stats,
+                        stopped_at_once=host.aborted,
+                        thresholds=thresholds,
+                    )
+                if exporter is not None:
+                    exporter.close()
+            finally:
+                os._exit(code)  # Textual's shutdown would wait on the dead terminal
+
+        app = RatedeckApp(
+            host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s, on_hangup=hangup
+        )
+        try:
+            final = app.run()
+        finally:
+            concluding.set()
+            with _signals_held():  # the drain and the report are not cut short by a late signal
+                final_snap = host.stop_blocking()
+        final = final or final_snap
+        out = sys.stderr if cfg.report == "-" else sys.stdout
+        with _signals_held():
+            code = conclude(
+                final,
+                host.facts,
+                cfg,
+                out=out,
+                server_stats=host.server_stats,
+                stopped_at_once=host.aborted,
+                thresholds=thresholds,
+            )
+        if exporter is not None and metrics is not None and metrics.linger_s > 0 and not host.aborted:
+            _linger(exporter.url, metrics.linger_s, out)
+        return code
+    finally:
+        if exporter is not None:
+            exporter.close()
+
+
+def _linger(url: str, seconds: float, out) -> None:
+    """Keep the final metrics up for `seconds`, or until Ctrl-C, SIGTERM or SIGHUP."""
+    print(f"ratedeck: serving the final metrics at {url} for {seconds:g} s (Ctrl-C to end now)", file=out)
+    done = threading.Event()
+    before = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            before[sig] = signal.signal(sig, lambda *_: done.set())
+    try:
+        done.wait(seconds)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+class _signals_held:
+    """SIGINT, SIGTERM and SIGHUP ignored for a moment (the last drain and the report)."""
+
+    def __enter__(self) -> None:
+        self._before: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self._before[sig] = signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
