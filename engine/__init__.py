@@ -5,25 +5,65 @@
 
 Everything a program needs is exported here; the submodules are the
 engine's own parts and may change.
+
+The names load on first use (PEP 562), so importing one part, such as
+`ratedeck.engine.limiter` for the bench's peers, does not load the whole
+engine and its HTTP client.
 """
 
-from .commands import (
-    Command,
-    PauseAll,
-    PauseKey,
-    ResumeAll,
-    ResumeKey,
-    SetArrivalRate,
-    SetBackpressure,
-    SetHeadroom,
-    SetThrottle,
-)
-from .engine import Engine, UnknownKey
-from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
-from .outcome import Outcome
-from .settings import ConfigError, EngineSettings, KeySpec
-from .snapshot import Snapshot
-from .transport import HttpTransport, Response, Transport, TransportBase
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .commands import (
+        Command,
+        PauseAll,
+        PauseKey,
+        ResumeAll,
+        ResumeKey,
+        SetArrivalRate,
+        SetBackpressure,
+        SetHeadroom,
+        SetThrottle,
+    )
+    from .engine import Engine, UnknownKey
+    from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
+    from .outcome import Outcome
+    from .settings import ConfigError, EngineSettings, KeySpec
+    from .snapshot import Snapshot
+    from .transport import HttpTransport, Response, Transport, TransportBase
+
+#: Each exported name and the module that defines it.
+_HOMES = {
+    "Command": "commands",
+    "PauseAll": "commands",
+    "PauseKey": "commands",
+    "ResumeAll": "commands",
+    "ResumeKey": "commands",
+    "SetArrivalRate": "commands",
+    "SetBackpressure": "commands",
+    "SetHeadroom": "commands",
+    "SetThrottle": "commands",
+    "Engine": "engine",
+    "UnknownKey": "engine",
+    "CallError": "library",
+    "CallExpired": "library",
+    "CallFailed": "library",
+    "CallShed": "library",
+    "RateDeck": "library",
+    "RateLimited": "library",
+    "Outcome": "outcome",
+    "ConfigError": "settings",
+    "EngineSettings": "settings",
+    "KeySpec": "settings",
+    "Snapshot": "snapshot",
+    "HttpTransport": "transport",
+    "Response": "transport",
+    "Transport": "transport",
+    "TransportBase": "transport",
+}
 
 __all__ = [
     "CallError",
@@ -33,6 +73,7 @@ __all__ = [
     "Command",
     "ConfigError",
     "Engine",
+    "EngineSettings",
     "HttpTransport",
     "KeySpec",
     "Outcome",
@@ -43,7 +84,6 @@ __all__ = [
     "Response",
     "ResumeAll",
     "ResumeKey",
-    "EngineSettings",
     "SetArrivalRate",
     "SetBackpressure",
     "SetHeadroom",
@@ -53,3 +93,16 @@ __all__ = [
     "TransportBase",
     "UnknownKey",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ratedeck.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

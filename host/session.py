@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import json
 import random
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Ending, EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.engine import Engine
+from ratedeck.engine.jsonl import JsonLines
 from ratedeck.engine.outcome import Outcome
 from ratedeck.engine.ports import ResultsHost
 from ratedeck.engine.queues import Graveyard
@@ -146,8 +145,8 @@ class Session:
             graveyard_problem=graveyard.problem if graveyard is not None else None,
             problems=tuple(engine.problems) if engine is not None else (),
             results_path=self.results.path if self.results is not None else None,
-            results_written=self.results.written if self.results is not None else 0,
-            results_problem=self.results.problem if self.results is not None else None,
+            results_written=self.results.out.written if self.results is not None else 0,
+            results_problem=self.results.out.problem if self.results is not None else None,
             store=self.store_report,
         )
 
@@ -272,13 +271,7 @@ class ResultsFile:
         self.engine = engine
         self.body = body
         self.redact = engine.redact
-        self.written = 0
-        self.problem: str | None = None
-        self._fh: TextIO | None = None
-        try:  # a new file for this run (a graveyard, by contrast, is appended to)
-            self._fh = Path(path).open("w", encoding="utf-8", buffering=1)
-        except (OSError, ValueError) as exc:
-            self.problem = f"cannot write results {path}: {getattr(exc, 'strerror', None) or exc}"
+        self.out = JsonLines(path, "results", fresh=True)  # a new file for this run (a graveyard appends)
 
     def finished(self, req: Request, ending: Ending) -> None:
         self._write(req, str(ending), self.engine.clock())
@@ -294,8 +287,7 @@ class ResultsFile:
 
     def _write(self, req: Request, ending: str, now: float) -> None:
         key = req.key  # the key of its latest attempt (None: never sent)
-        fh = self._fh
-        if fh is None or self.problem is not None:
+        if self.out.problem is not None:
             return
         wall = self.engine.wall_time
         result = req.result
@@ -319,14 +311,7 @@ class ResultsFile:
         }
         if self.body:
             record["body"] = self._body(result)
-        try:
-            fh.write(json.dumps(record, default=str) + "\n")
-            fh.flush()
-        except (OSError, ValueError) as exc:
-            self.problem = f"cannot write results {self.path}: {getattr(exc, 'strerror', None) or exc}"
-            self.close()
-            return
-        self.written += 1
+        self.out.write(record)
 
     def _body(self, result: Any) -> str | None:
         response = result.response if isinstance(result, Outcome) else None
@@ -338,9 +323,4 @@ class ResultsFile:
         return self.redact(raw, RESULTS_BODY_CHARS)
 
     def close(self) -> None:
-        fh, self._fh = self._fh, None
-        if fh is not None:
-            try:
-                fh.close()
-            except OSError as exc:
-                self.problem = self.problem or f"cannot write results {self.path}: {exc.strerror or exc}"
+        self.out.close()
