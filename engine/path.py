@@ -36,6 +36,7 @@ from .queues import Graveyard, WorkQueues
 from .request import Request
 from .settings import KeySpec
 from .settle import Scope, SettleRules, Tally, Verdict, decide
+from .snapshot import ErrorRow
 from .transport import Transport
 from .worker import KeyWorker
 
@@ -275,8 +276,10 @@ class RequestPath:
         if v.tally is not Tally.SUCCEEDED:
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
-            m.errors.add(
-                result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
+            at_s = now - self.started_at
+            m.errors.add(result.status, result.kind, cause, req.last_error, worker.label, at_s)
+            worker.recent_errors.append(
+                ErrorRow(result.status, result.kind, cause, 1, req.last_error, worker.label, round(at_s, 1))
             )
         if widen:
             self.headroom.observe_rejection(now)

@@ -42,6 +42,7 @@ class KeyRow:
     told_limit: str = ""  # the limits the key was given ("25/1s"; several joined by ", ")
     fingerprint: str = ""  # six hex digits of SHA-256 of the secret (core.secrets.fingerprint); "" if short
     latency: LatencySummary = field(default_factory=lambda: LatencySummary())  # this key's successes
+    recent_errors: tuple[ErrorRow, ...] = ()  # this key's last failed attempts, newest last (count 1 each)
 
 
 @dataclass(frozen=True, slots=True)

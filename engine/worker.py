@@ -19,7 +19,7 @@ from .metrics import KeyLatency
 from .outcome import Outcome
 from .settings import KeySpec
 from .settle import Tally
-from .snapshot import KeyRow
+from .snapshot import ErrorRow, KeyRow
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 #: A lease may be used this much before its time: a timer fires up to the clock's resolution
 #: early, and float sums of times differ in the last bits (a store's grants carry the margin).
 LEASE_EARLY_S = 1e-6
+
+
+#: Failed attempts each key keeps for its detail view (the run's error groups keep the counts).
+RECENT_ERRORS = 8
 
 
 class KeyWorker:
@@ -86,6 +90,7 @@ class KeyWorker:
         self.errors = 0
         self.last_status: int | None = None
         self.last_error = ""
+        self.recent_errors: deque[ErrorRow] = deque(maxlen=RECENT_ERRORS)  # for the key detail
         # The server's own view of this key's main budget, from the last answer that gave it.
         self.server_remaining: int | None = None
         self.server_limit: int | None = None
@@ -385,4 +390,5 @@ class KeyWorker:
             self.told,
             self.fingerprint,
             self.latency.summary(now),
+            tuple(self.recent_errors),
         )

@@ -42,7 +42,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.core.numbers import readable
@@ -394,10 +394,10 @@ def conclude(
             _say(f"ratedeck: threshold failed: {v.line()}", err)
         if failed:
             codes.append(EXIT_THRESHOLD)
-    if cfg.report:
-        problem = write_report(snap, cfg.report, server_stats, report=report)
-        if problem:
-            _say(f"ratedeck: {problem}", err)
+    if cfg.report is not None:
+        report_problem = write_report(snap, cfg.report, server_stats, report=report)
+        if report_problem:
+            _say(f"ratedeck: {report_problem}", err)
             codes.append(EXIT_OUTPUT)
         elif cfg.report != "-":
             _say(f"report written to {cfg.report}", out)
@@ -563,7 +563,8 @@ async def _run_sharded(
     )
     stopping = loop.run_in_executor(None, host.stop_blocking)
     cut = asyncio.ensure_future(signals.now.wait())
-    await asyncio.wait({stopping, cut}, return_when=asyncio.FIRST_COMPLETED)
+    either: list[asyncio.Future[Any]] = [stopping, cut]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if not stopping.done():
         _say("ratedeck: stopping at once: what is left is reported as queued or in flight", out)
         await loop.run_in_executor(None, host.abort)
@@ -606,6 +607,8 @@ async def _run(
         return EXIT_USAGE
     if source is not None:
         source.engine = engine
+    finished = engine.finished
+    assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
         f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {session.shown_target}"
@@ -619,10 +622,10 @@ async def _run(
         interval_s,
         out,
         signals,
-        waiters=[asyncio.ensure_future(engine.finished.wait())],
+        waiters=[asyncio.ensure_future(finished.wait())],
         facts=lambda: session.facts,
         snapshot=engine.snapshot,
-        done=engine.finished.is_set,
+        done=finished.is_set,
     )
     snap, at_once = await stop_session(session, signals, out)
     if source is not None:
