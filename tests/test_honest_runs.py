@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,13 @@ import pytest
 from aiohttp import web
 
 from ratedeck.config import load_config
+from ratedeck.console.screens.key_detail import head_text
+from ratedeck.console.widgets.keys_table import state_text
+from ratedeck.core.vocab import KeyState, OutcomeKind
+from ratedeck.engine.outcome import Outcome
+from ratedeck.engine.request import Request
+from ratedeck.engine.settle import SettleRules, Tally, decide
+from ratedeck.engine.snapshot import KeyRow
 from ratedeck.runner.cli import main
 from ratedeck.runner.commands.config import shown_config
 
@@ -280,3 +288,23 @@ def test_without_a_report_the_graveyard_goes_to_the_state_dir(target, tmp_path):
     assert len(graves) == 1 and len(graves[0].read_text().splitlines()) == 2, graves
     assert f"graveyard: 2 requests in {graves[0]}" in out, out
     assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_a_403_that_asks_to_wait_is_a_rate_limit_not_a_refusal():
+    rules = SettleRules(max_attempts=5, backoff_base_s=0.05, backoff_cap_s=2.0)
+    request = Request(1, 0.0, math.inf, {})
+    request.attempts = 1
+    refused = decide(Outcome(OutcomeKind.BLOCKED, 403), request, rules, 1.0)
+    assert refused.block_key and refused.tally is Tally.REJECTED_OTHER
+    wait = decide(Outcome(OutcomeKind.BLOCKED, 403, retry_after_s=60.0), request, rules, 1.0)
+    assert not wait.block_key and wait.tally is Tally.REJECTED_429 and wait.cooldown is not None
+    spent = Outcome(OutcomeKind.BLOCKED, 403, remaining=0)
+    assert not decide(spent, request, rules, 1.0).block_key
+    assert decide(Outcome(OutcomeKind.BLOCKED, 401, retry_after_s=60.0), request, rules, 1.0).block_key
+
+
+def test_a_refused_key_shows_its_status_in_the_keys_table():
+    row = KeyRow("k2", "…BBBB", KeyState.BLOCKED, refused_status=403, refused_message="key revoked")
+    assert state_text(row) == "✖ refused 403"
+    assert "key revoked" in head_text(row)
+    assert state_text(KeyRow("k1", "…AAAA", KeyState.BLOCKED)) == "✖ blocked"  # no status known
