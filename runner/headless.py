@@ -180,10 +180,9 @@ def refusal(k: KeyRow) -> str:
 def nothing_worked(snap: Snapshot, facts: RunFacts) -> str | None:
     """One line when the run achieved nothing (exit 1), else None: the server refused every key,
     the target never answered, or no request succeeded and some failed."""
-    refused = refused_keys(snap)
-    if snap.keys and len(refused) == len(snap.keys):
+    if _every_key_refused(snap):
         by: dict[str, list[str]] = {}
-        for k in refused:
+        for k in refused_keys(snap):
             by.setdefault(refusal(k), []).append(k.label)
         said = "; ".join(f"{what} ({', '.join(labels)})" for what, labels in by.items())
         return f"every key was refused by the server: {said}; stopped, nothing more can be sent"
@@ -532,6 +531,11 @@ def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     )
 
 
+def _every_key_refused(snap: Snapshot) -> bool:
+    """Every key of the run was refused for good: nothing more can be sent (exit 1)."""
+    return bool(snap.keys) and len(refused_keys(snap)) == len(snap.keys)
+
+
 async def _watch(
     cfg: RunConfig,
     interval_s: float,
@@ -616,7 +620,7 @@ async def _run_sharded(
         waiters=[],
         facts=lambda: host.facts,
         snapshot=host.snapshot,
-        done=lambda: _workload_done(cfg, host.snapshot()),
+        done=lambda: _workload_done(cfg, snap := host.snapshot()) or _every_key_refused(snap),
     )
     stopping = loop.run_in_executor(None, host.stop_blocking)
     cut = asyncio.ensure_future(signals.now.wait())
