@@ -102,6 +102,7 @@ class RequestPath:
         self.rng = rng
         self.learn_policy = learn_policy
         self._finish = ends.finish
+        self._key_refused = ends.key_refused
         self.event = events.event
         self._cool = cooldown.cool
         self.redact = redact
@@ -286,10 +287,15 @@ class RequestPath:
         if v.cooldown is not None:
             gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
-        if v.block_key and worker.block():
+        if v.block_key and worker.block(result.status, result.error or ""):
+            said = f"HTTP {result.status}" if result.status is not None else str(result.kind)
+            if result.error and result.error != said:
+                said += f": {result.error}"
             self.event(
-                EventKind.ERROR, f"{worker.label} {worker.masked} blocked by the server ({result.status})"
+                EventKind.ERROR,
+                f"{worker.label} {worker.masked} refused by the server ({said}); not used again",
             )
+            self._key_refused()
         if v.ending is Ending.SUCCEEDED:
             self._finish(req, Ending.SUCCEEDED)
         elif v.ending is Ending.GRAVEYARD:

@@ -83,6 +83,8 @@ class KeyWorker:
         self.use_nonce = use_nonce
         self.paused = False
         self.blocked = False
+        self.refused_status: int | None = None  # the answer that refused the key for good
+        self.refused_message = ""  # its text (masked where it was made)
         self.in_flight = 0
         self.sent = self.succeeded = self.rejected_429 = 0
         self.last_latency_ms: float | None = None
@@ -329,10 +331,12 @@ class KeyWorker:
         self._learned = learned
         return learned
 
-    def block(self) -> bool:
-        """The server refused this key for good; True the first time."""
+    def block(self, status: int | None = None, message: str = "") -> bool:
+        """The server refused this key for good (`status`, its masked `message`); True the first time."""
         first = not self.blocked
         self.blocked = True
+        if first:
+            self.refused_status, self.refused_message = status, message
         return first
 
     def adopt_advertised(self, header: str) -> list[Policy]:
@@ -391,4 +395,6 @@ class KeyWorker:
             self.fingerprint,
             self.latency.summary(now),
             tuple(self.recent_errors),
+            self.refused_status,
+            self.refused_message,
         )

@@ -52,6 +52,8 @@ def head_text(row: KeyRow) -> str:
     note = (
         " [$text-error]· refused by the server for good; it is not used[/]" if row.state == "blocked" else ""
     )
+    if row.state == "blocked" and row.refused_message:
+        note += f" [$text-error]({escape(row.refused_message)})[/]"  # masked where it was made
     return f"[b]{escape(row.label)}[/] {escape(row.masked)} · {fp_part} · [b {style}]{escape(state_text(row))}[/]{note}"
 
 

@@ -47,6 +47,8 @@ def state_text(row: KeyRow) -> str:
         # At least 0.1s: a gate a few ms from opening is still closed, not "0.0s".
         left = max(row.cooldown_left_s, 0.1)
         return f"{_STATE_ICON['cooling']} cooling {left:.1f}s" if left < 10 else f"◔ cooling {left:.0f}s"
+    if row.state == "blocked" and row.refused_status is not None:
+        return f"{_STATE_ICON['blocked']} refused {row.refused_status}"  # the status that refused it
     return f"{_STATE_ICON.get(row.state, '?')} {row.state}"
 
 
