@@ -59,6 +59,9 @@ HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended delay, aiohttp's default
 MAX_FIELD_BYTES = 8190  # aiohttp's default header line limit
 
 
+_TOO_LARGE = ("got more than", "too long", "too many headers", "too large")
+
+
 class BodyTooLarge(Exception):
     """A body past the cap once decompressed; the rest is not read."""
 
@@ -185,7 +188,10 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
         return "connection reset"
     if isinstance(exc, aiohttp.ClientResponseError):
-        if isinstance(exc.__cause__, LineTooLong):
+        # The parser's LineTooLong reaches us rebuilt as a plain HttpProcessingError: its
+        # message (matched, never shown) says which ("Got more than 8190 bytes when reading").
+        said = str(getattr(exc.__cause__, "message", "") or exc.message).lower()
+        if isinstance(exc.__cause__, LineTooLong) or any(m in said for m in _TOO_LARGE):
             return "headers too large"
         return "malformed HTTP answer"
     return type(exc).__name__
