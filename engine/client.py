@@ -54,7 +54,7 @@ from yarl import URL
 from .settings import TargetConfig
 
 IDLE_S = 4.0  # reuse a connection idle at most this long (Node closes at 5 s, nginx at 75 s)
-DNS_TTL_S = 10.0  # aiohttp's default: a changed DNS answer is seen within 10 s
+DNS_TTL_S = 10  # aiohttp's default: a changed DNS answer is seen within 10 s
 HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended delay, aiohttp's default
 MAX_FIELD_BYTES = 8190  # aiohttp's default header line limit
 
