@@ -717,3 +717,33 @@ async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
     assert len(samples) >= 3 and all(0 < s < 2.0 for s in samples)
     assert probe.answered >= 3 and probe.failed == 0
     assert all("Authorization" not in seen[3] for seen in app.seen)  # no key on a probe
+
+
+@run_async
+async def test_the_read_timeout_names_its_phase():
+    async def stalls(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")  # then silence
+        await writer.drain()
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(stalls, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    t = transport(f"{base}/x", read_timeout_s=0.2)
+    try:
+        outcome = await send(t)
+    finally:
+        await t.close()
+        server.close()
+    assert outcome.error == "read timed out" and outcome.latency_s < 2.0
+
+
+def test_resent_requests_are_in_the_run_s_summary():
+    from ratedeck.engine.snapshot import Snapshot
+    from ratedeck.host.protocol import RunFacts
+    from ratedeck.runner.headless import summary_lines
+
+    assert not any(line.startswith("resent") for line in summary_lines(Snapshot(), RunFacts()))
+    lines = summary_lines(Snapshot(), RunFacts(retried=2))
+    assert "resent       2 on a new connection (a kept-alive one closed under them)" in lines
