@@ -747,3 +747,30 @@ def test_resent_requests_are_in_the_run_s_summary():
     assert not any(line.startswith("resent") for line in summary_lines(Snapshot(), RunFacts()))
     lines = summary_lines(Snapshot(), RunFacts(retried=2))
     assert "resent       2 on a new connection (a kept-alive one closed under them)" in lines
+
+
+@run_async
+async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_address_tried():
+    async with app_server() as (app, base):  # listens on 127.0.0.1 only: ::1, if localhost has it, refuses
+        port = int(base.rsplit(":", 1)[1])
+        loop = asyncio.get_running_loop()
+        real_lookup, lookups = loop.getaddrinfo, []
+
+        async def counted(host, *args, **kwargs):  # the real lookup, counted
+            lookups.append(host)
+            return await real_lookup(host, *args, **kwargs)
+
+        loop.getaddrinfo = counted  # type: ignore[method-assign]
+        url = f"http://localhost:{port}/hold"
+        t = HttpTransport(TargetConfig(url=url), url, 5)
+        try:
+            tasks = [asyncio.ensure_future(t.send(KEY, Request(i, 0.0, 100.0), None)) for i in range(5)]
+            while app.open_now < 5:
+                await asyncio.sleep(0.01)
+            app.release.set()
+            outcomes = await asyncio.gather(*tasks)
+        finally:
+            await t.close()
+    assert [o.status for o in outcomes] == [200] * 5
+    assert lookups == ["localhost"]  # five connections, one lookup
+    assert all(seen[3]["Host"] == f"localhost:{port}" for seen in app.seen)
