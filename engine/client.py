@@ -40,6 +40,7 @@ gets security fixes. So the transport (`transport.py`) and the probe
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ssl
 from collections.abc import Awaitable, Callable
@@ -205,8 +206,6 @@ def probe_get(
 ) -> tuple[ProbeFn, Callable[[], Awaitable[None]]]:
     """A plain GET of `url` on a session of its own (one connection, apart from the traffic's
     pool, set up as the traffic's: proxy, TLS), and its closer."""
-    import asyncio
-
     parsed = URL(url)
     holder: list[Client] = []
 
