@@ -774,3 +774,16 @@ async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_addre
     assert [o.status for o in outcomes] == [200] * 5
     assert lookups == ["localhost"]  # five connections, one lookup
     assert all(seen[3]["Host"] == f"localhost:{port}" for seen in app.seen)
+
+
+@run_async
+async def test_ssl_cert_file_from_the_environment_is_trusted(pki, monkeypatch):
+    """SSL_CERT_FILE points the system's store at another bundle, read when the session opens."""
+    async with app_server(tls=_server_tls(pki, require_client=False)) as (app, base):
+        monkeypatch.setenv("SSL_CERT_FILE", str(pki / "ca.pem"))
+        t = transport(f"{base}/ok")  # no ca_file: the environment's bundle
+        try:
+            outcome = await send(t)
+        finally:
+            await t.close()
+    assert outcome.status == 200
