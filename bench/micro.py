@@ -142,35 +142,58 @@ def limiter_micro(ops: int = 200_000, repeats: int = 7) -> list[dict[str, Any]]:
 
 
 async def bare_aiohttp(spec: RunSpec) -> dict[str, Any]:
-    """`keys x in_flight` tasks, each a tight loop of GETs on one keep-alive session."""
+    """`keys x in_flight` tasks, each a tight loop of GETs on one keep-alive session.
+
+    Tuned as the engine's own client is (engine/client.py), so the comparison is fair
+    (issue 23): no per-request URL parse (a prebuilt `yarl.URL` per key, only the query
+    varies), no per-request `ClientTimeout` timer (no timeout at all: the endpoint answers),
+    no cookie jar (`DummyCookieJar`), the body read once.
+    """
     import aiohttp
+    from yarl import URL
 
     from .work import query
 
     concurrency = len(spec.keys) * spec.in_flight
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
-    timeout = aiohttp.ClientTimeout(total=1.0)
+    timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
+    base = URL(spec.url)
+    parts = (base.scheme, base.raw_authority, base.raw_path)
     counts = {"ok": 0}
     stop = False
 
     async def one(i: int) -> None:
         key, rid = spec.keys[i % len(spec.keys)], i * 10_000_000
+        scheme, authority, path = parts
+        get = session.get
         while not stop:
             rid += 1
+            url = URL.build(
+                scheme=scheme,
+                authority=authority,
+                path=path,
+                query_string=query(key, rid, None),
+                encoded=True,
+            )
             try:
-                async with session.get(f"{spec.url}?{query(key, rid, None)}") as resp:
-                    await resp.text()
-                    if resp.status == 200:
-                        counts["ok"] += 1
+                resp = await get(url)
+                await resp.read()
+                if resp.status == 200:
+                    counts["ok"] += 1
             except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
 
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("User-Agent",),
     ) as session:
         tasks = [asyncio.ensure_future(one(i)) for i in range(concurrency)]
         result = await _measure(spec.duration_s, lambda: counts["ok"])
         stop = True
+        for task in tasks:  # the endpoint may hold answers: no timeout would end them
+            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return result
 

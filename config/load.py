@@ -229,6 +229,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     if not target.key_header and not target.key_param:
         raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
     _check_probe(target, source)
+    _check_tls(target, source)
     if target.url and target.key_header and target.key_header.lower() == "authorization":
         creds = urlsplit(target.url)
         if creds.username or creds.password:
@@ -331,6 +332,34 @@ def _check_probe(t: TargetConfig, source: str) -> None:
             "target.probe_url",
             "is the rate-limited target itself; give a cheap endpoint that costs nothing, like /health",
         )
+
+
+def _check_tls(t: TargetConfig, source: str) -> None:
+    """The TLS files load now, so a wrong path or a key that does not match is one line
+    naming the setting, not an error on every attempt."""
+    import ssl
+
+    if t.client_key and not t.client_cert:
+        raise ConfigError(source, "target.client_key", "is set without target.client_cert")
+    try:
+        context = ssl.create_default_context(cafile=t.ca_file) if t.ca_file else None
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(source, "target.ca_file", f"cannot load {show(t.ca_file)}: {_why(exc)}") from None
+    if t.client_cert:
+        try:
+            (context or ssl.create_default_context()).load_cert_chain(t.client_cert, t.client_key or None)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise ConfigError(
+                source, "target.client_cert", f"cannot load {show(t.client_cert)}: {_why(exc)}"
+            ) from None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return getattr(exc, "reason", None) or type(exc).__name__
 
 
 def _check_engine(e: EngineConfig, source: str) -> None:

@@ -74,10 +74,20 @@ def boolean(value: Any) -> bool:
     return value
 
 
+#: Headers that frame the request on the wire: the HTTP client writes them itself. A second
+#: Host or a Content-Length that disagrees with the body makes the request invalid (RFC 9112:
+#: a server must answer 400, a proxy may split it into two requests), so a user's is refused.
+FRAMING_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "upgrade", "trailer"}
+)
+
+
 def header_name(value: Any) -> str:
     out = text(value)
     if not _TOKEN.fullmatch(out):
         raise ValueError(f"is not an HTTP header name, got {show(out)}")
+    if out.lower() in FRAMING_HEADERS:
+        raise ValueError(f"{out} frames the request and is set by the HTTP client itself; remove it")
     return out
 
 

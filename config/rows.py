@@ -300,6 +300,66 @@ ROWS: tuple[Row, ...] = (
         "engine",
         _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
     ),
+    # The HTTP client's network settings (engine/client.py; docs/configuration.md#the-network).
+    Row(
+        "target.connect_timeout_s",
+        "duration",
+        p.seconds(p.MAX_TIMEOUT_S),
+        "seconds to open a connection (TCP, TLS, a proxy's tunnel); unset: timeout_s bounds it",
+        "engine",
+        _flag("--connect-timeout", "S", help="seconds to open a connection (default: timeout_s bounds it)"),
+        optional=True,
+    ),
+    Row(
+        "target.read_timeout_s",
+        "duration",
+        p.seconds(p.MAX_TIMEOUT_S),
+        "the longest silence while reading an answer, in seconds; unset: timeout_s bounds it",
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.proxy",
+        "url",
+        p.url,
+        "a proxy for every request (http://host:port, credentials in the URL); unset: HTTP_PROXY, HTTPS_PROXY and NO_PROXY",
+        "engine",
+        _flag(
+            "--proxy", "URL", help="send every request through this proxy (default: HTTP(S)_PROXY, NO_PROXY)"
+        ),
+        optional=True,
+    ),
+    Row(
+        "target.ca_file",
+        "path",
+        p.path,
+        "trust this CA (PEM) for the target instead of the system's store (which honours SSL_CERT_FILE)",
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.client_cert",
+        "path",
+        p.path,
+        "a client certificate (PEM) for mutual TLS; its key in the same file or in client_key",
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.client_key",
+        "path",
+        p.path,
+        "the client certificate's private key (PEM)",
+        "engine",
+        optional=True,
+    ),
+    Row(
+        "target.max_body_mb",
+        "integer",
+        p.count(1, 4096),
+        "a 2xx body over this many MiB once decompressed fails the request, unread (a gzip bomb stops here)",
+        "engine",
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",

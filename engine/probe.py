@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from yarl import URL
-
-from .http1 import HttpClient
+from .client import probe_get
+from .settings import TargetConfig
 
 #: Failed probes in a row (no answer, or not 2xx) after which the probe gives up.
 MAX_FAILURES = 20
@@ -38,9 +37,10 @@ class Probe:
     """Polls `url` at `rate_hz`, one at a time, and reports each 2xx round trip.
 
     `get` replaces the HTTP request (the simulator's `probe()` on virtual
-    time); without it the probe has its own `HttpClient` with one
-    connection, apart from the traffic's pool (the same client as the
-    traffic's, so both round trips carry the same client costs).
+    time, or the HTTP transport's, set up as its traffic: proxy, TLS);
+    without it the probe has its own aiohttp session with one connection,
+    apart from the traffic's pool (the same client as the traffic's, so
+    both round trips carry the same client costs).
     """
 
     def __init__(self, url: str, rate_hz: float, get: GetFn | None = None, timeout_s: float = 1.0):
@@ -51,8 +51,10 @@ class Probe:
         self.answered = 0  # 2xx samples reported
         self.failed = 0
         self.stopped: str | None = None  # why the probe gave up, if it did
-        self._get = get if get is not None else self._http_get
-        self._client: HttpClient | None = None
+        self._close = None
+        if get is None:
+            get, self._close = probe_get(TargetConfig(), url, timeout_s)
+        self._get = get
 
     async def run(
         self,
@@ -95,14 +97,6 @@ class Probe:
                 problem(self.stopped)
                 return
 
-    async def _http_get(self) -> int:
-        if self._client is None:
-            self._client = HttpClient(1)
-        request = self._client.request("GET", URL(self.url), {}, error_limit=4096)
-        answer = await asyncio.wait_for(request, self.timeout_s)
-        return answer.status
-
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        if self._close is not None:
+            await self._close()

@@ -63,6 +63,18 @@ class TargetConfig:
     follow_redirects: bool = False
     probe_url: str | None = None
     probe_rate: float = 10.0
+    # The HTTP client's network settings (engine/client.py).
+    connect_timeout_s: float | None = (
+        None  # opening a connection (TCP, TLS, proxy); None: timeout_s bounds it
+    )
+    read_timeout_s: float | None = (
+        None  # the longest silence while reading an answer; None: timeout_s bounds it
+    )
+    proxy: str | None = None  # an explicit proxy URL; None: HTTP(S)_PROXY / NO_PROXY from the environment
+    ca_file: str | None = None  # trust this CA (PEM) for the target instead of the system's store
+    client_cert: str | None = None  # a client certificate (PEM) for mutual TLS
+    client_key: str | None = None  # its private key, when not in the certificate's file
+    max_body_mb: int = 32  # a 2xx body past this many MiB once decompressed fails, unread
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import errno
 import json
 import time
 from collections import Counter, deque
@@ -18,8 +17,8 @@ from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
 
 from .api_rules import PathRule, PathTable, first_match
+from .client import BodyTooLarge, Client, describe, open_client, probe_get, read_capped
 from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
-from .http1 import HttpClient, HttpError
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .ports import ProbeGet
 from .request import Request
@@ -31,6 +30,7 @@ _FORM = "application/x-www-form-urlencoded"
 ERROR_TEXT_CHARS = 200  # an error body is kept this long, after masking every key
 ERROR_BODY_BYTES = 64 * 1024  # read of an error body; enough to classify it, bounded against a flood
 MAX_REDIRECTS = 5  # with target.follow_redirects, same-origin hops per attempt
+MIB = 1024 * 1024
 _DISTINCT = 20  # error descriptions counted by name; the rest as "other"
 
 
@@ -81,7 +81,7 @@ class TransportBase:
 
 
 class HttpTransport(TransportBase):
-    """Our lean HTTP/1.1 client (`http1.py`), keep-alive, the key in a parameter or a header.
+    """aiohttp's client, tuned (`client.py`), keep-alive, the key in a parameter or a header.
 
     Hostile targets in mind:
     - error texts are built from the exception type, never from its message
@@ -95,8 +95,14 @@ class HttpTransport(TransportBase):
     - a target URL with its own query string keeps it: our parameters are
       added to it.
 
+    - a body is read up to `target.max_body_mb` once decompressed (a 2xx past
+      it fails, unretried: a gzip bomb is not read twice); an error body up to
+      `ERROR_BODY_BYTES`.
+
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
-    back, so a run can say "connection refused x57" instead of a bare 0 req/s.
+    back, so a run can say "connection refused x57" instead of a bare 0 req/s;
+    `retried` counts sends aiohttp repeated once on a new connection after a
+    kept-alive one turned out closed (an idempotent request only).
     """
 
     def __init__(
@@ -111,23 +117,31 @@ class HttpTransport(TransportBase):
         self.target = target
         self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
-        parsed = self._post_url = URL(url)
+        given = URL(url)
+        # Credentials in the URL are secrets too: mask them wherever text is shown. They go
+        # as HTTP Basic (`_key_headers`); the URLs we send carry none (aiohttp would refuse
+        # them beside an Authorization header).
+        self._credentials = (given.user, given.password) if given.user is not None else None
+        parsed = self._post_url = given.with_user(None) if given.user is not None else given
         self._origin = (parsed.scheme, parsed.host, parsed.port)
-        # Credentials in the URL are secrets too: mask them wherever text is shown.
-        self._mask = Redactor((*secrets, parsed.password or "", parsed.user or ""))
+        self._mask = Redactor((*secrets, given.password or "", given.user or ""))
         # Our parameters go after the URL's own query string, in one query.
         self._base = str(parsed.with_query(None).with_fragment(None))
         self._base_query = parsed.raw_query_string
         self._base_parts = (parsed.scheme, parsed.raw_authority, parsed.raw_path)
-        self._client: HttpClient | None = None
+        self._client: Client | None = None
         self._max_connections = max_connections
+        self._body_cap = target.max_body_mb * MIB
+        self._sends = 0  # session.request calls; the session's middleware counts every send
+        self._attempts = [0]
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
         self._origin_url = str(parsed.origin()) if parsed.is_absolute() else self._base
         self._path = parsed.path or "/"
         self._paths = PathTable(paths)
         self._signer = signer_for(target.signing) if target.signing else None
         self._headers_by_key: dict[str, dict[str, str]] = {}
-        self._lean_by_key: dict[str, tuple[str, CIMultiDict[str]] | bool] = {}  # False: not lean
+        self._lean_by_key: dict[str, tuple[str, CIMultiDict[str], URL | None] | bool] = {}  # False: not lean
+        self._probe_close: Any = None
         self._deadlines: AttemptDeadlines | None = None
         self._rules = target.rules
         self._rules_read_body = any(rule.reads_body for rule in target.rules)
@@ -145,14 +159,27 @@ class HttpTransport(TransportBase):
             "no_answer": dict(self.no_answer.most_common()),
             "redirects": dict(self.redirects.most_common()),
             "consecutive_no_answer": self.consecutive_no_answer,
+            "retried": self.retried,
         }
 
-    def _open(self) -> HttpClient:
-        # Lean per request (issue 15): a client that does only what the traffic needs, and
-        # no timer per request: `AttemptDeadlines` times every attempt out with one for all.
-        self._client = HttpClient(self._max_connections)
+    @property
+    def retried(self) -> int:
+        """Sends aiohttp repeated on a new connection after a kept-alive one was found closed."""
+        return self._attempts[0] - self._sends
+
+    def _open(self) -> Client:
+        # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
+        # times every attempt out with one timer for all.
+        self._client = open_client(self.target, self._post_url, self._max_connections, self._attempts)
         self._deadlines = AttemptDeadlines(self.target.timeout_s)
         return self._client
+
+    def prober(self) -> ProbeGet | None:
+        """`target.probe_url` timed on a session of its own, set up as the traffic's (proxy, TLS)."""
+        if not self.target.probe_url:
+            return None
+        get, self._probe_close = probe_get(self.target, self.target.probe_url, self.target.timeout_s)
+        return get
 
     def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
         t = self.target
@@ -199,9 +226,9 @@ class HttpTransport(TransportBase):
         if headers is None:
             t = self.target
             headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
-            url = self._post_url
-            if url.user is not None:  # credentials in the URL: HTTP Basic, as browsers and curl do
-                pair = f"{url.user}:{url.password or ''}".encode()
+            if self._credentials is not None:  # credentials in the URL: HTTP Basic, as curl does
+                user, password = self._credentials
+                pair = f"{user}:{password or ''}".encode()
                 headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
             for name, value in t.headers.items():  # the config's own headers
                 _put(headers, name, value)
@@ -211,9 +238,11 @@ class HttpTransport(TransportBase):
             self._headers_by_key[key.label] = headers
         return headers
 
-    def _lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str]] | None:
-        """For a plain GET (no shape, signing or path rule): the URL up to the varying fields
-        and the key's headers, built once per key; None when this target needs more."""
+    def _lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str], URL | None] | None:
+        """For a plain GET (no shape, signing or path rule): the URL up to the varying fields,
+        the key's headers and, when nothing varies per request (no nonce, id or parameters),
+        the whole URL as a prebuilt `yarl.URL`; built once per key. None when this target
+        needs more."""
         lean = self._lean_by_key.get(key.label)
         if lean is False:
             return None
@@ -227,7 +256,16 @@ class HttpTransport(TransportBase):
                 f"{t.key_param}={quote(key.secret, safe='')}" if t.key_param and not t.key_header else ""
             )
             head = "&".join(p for p in (self._base_query, key_field) if p)
-            lean = self._lean_by_key[key.label] = (head, CIMultiDict(self._key_headers(key)))
+            fixed = None
+            if not t.nonce_param and not t.id_param:
+                query = "&".join(p for p in (head, self._static) if p)
+                scheme, authority, path = self._base_parts
+                fixed = (
+                    URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
+                    if query
+                    else URL(self._base, encoded=True)
+                )
+            lean = self._lean_by_key[key.label] = (head, CIMultiDict(self._key_headers(key)), fixed)
         assert isinstance(lean, tuple)
         return lean
 
@@ -254,6 +292,8 @@ class HttpTransport(TransportBase):
         """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
         t = self.target
         if req.shape is None and (lean := self._lean_get(key)) is not None:
+            if lean[2] is not None and not req.params:
+                return "GET", lean[2], None, lean[1]
             return "GET", self._lean_url(lean[0], req, nonce), None, lean[1]
         fields = self._fields(key, req, nonce)
         headers = self._key_headers(key)
@@ -306,20 +346,29 @@ class HttpTransport(TransportBase):
         deadlines = self._deadlines
         assert deadlines is not None
         watch = deadlines.watch()
+        request, proxy = client.session.request, client.proxy
         try:
             while True:
-                answer = await client.request(method, url, headers, data, ERROR_BODY_BYTES)
-                status = answer.status
-                location = answer.headers.get("Location") if 300 <= status < 400 else None
+                self._sends += 1
+                resp = await request(
+                    method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
+                )
+                status = resp.status
+                resp_headers = resp.headers
+                location = resp_headers.get("Location") if 300 <= status < 400 else None
                 if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
                     nxt = self._same_origin(url, location)
                     if nxt is not None:
+                        resp.close()  # its body is not wanted
                         hops += 1
                         url = nxt
                         if status == 303 or (status in (301, 302) and method == "POST"):
                             method, data = "GET", None
                         continue
-                raw, resp_headers = answer.body, answer.headers
+                if status < 300:
+                    raw = await read_capped(resp, self._body_cap)
+                else:
+                    raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
                 break
         except asyncio.CancelledError:
             if not watch.fired:
@@ -328,10 +377,18 @@ class HttpTransport(TransportBase):
             if task is not None:
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
             return self._no_answer(TIMEOUT, "timed out", start)
-        except TimeoutError:
-            return self._no_answer(TIMEOUT, "timed out", start)
+        except BodyTooLarge:
+            self.answers += 1
+            self.statuses[status] += 1
+            self.consecutive_no_answer = 0
+            error = f"HTTP {status} with a body over {t.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
+            return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
+        except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
+            return self._no_answer(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
+            )
         except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            return self._no_answer(CONNECTION, _describe(exc), start)
+            return self._no_answer(CONNECTION, describe(exc), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
         latency = time.monotonic() - start
@@ -397,6 +454,8 @@ class HttpTransport(TransportBase):
         return Outcome(kind, latency_s=time.monotonic() - start, error=description)
 
     async def close(self) -> None:
+        if self._probe_close is not None:
+            await self._probe_close()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -514,12 +573,3 @@ def _cut(text: str, limit: int) -> str:
 def _printable(text: str) -> str:
     """One line of printable characters: no newlines, escapes or terminal control codes."""
     return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
-
-
-def _describe(exc: BaseException) -> str:
-    """A short cause for an attempt with no answer, from the exception's type only."""
-    if isinstance(exc, HttpError):
-        return exc.what
-    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
-        return "connection reset"
-    return type(exc).__name__

@@ -32,6 +32,7 @@ class RunFacts:
     results_written: int = 0
     results_problem: str | None = None
     store: StoreReport | None = None  # --store: the store's counts at the end, what this run journaled
+    retried: int = 0  # sends the HTTP client repeated once after a kept-alive connection closed under them
 
 
 class EngineHost(Protocol):

@@ -140,6 +140,7 @@ class Session:
             no_answer=tuple(t.get("no_answer", {}).items()),
             redirects=tuple(t.get("redirects", {}).items()),
             consecutive_no_answer=t.get("consecutive_no_answer", 0),
+            retried=t.get("retried", 0),
             graveyard_path=graveyard.path if graveyard is not None else None,
             graveyard_written=graveyard.written if graveyard is not None else 0,
             graveyard_problem=graveyard.problem if graveyard is not None else None,

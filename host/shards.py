@@ -198,6 +198,7 @@ def merge_facts(parts: Sequence[RunFacts]) -> RunFacts:
         no_answer=add(f.no_answer for f in parts),
         redirects=add(f.redirects for f in parts),
         consecutive_no_answer=min((f.consecutive_no_answer for f in parts), default=0),
+        retried=sum(f.retried for f in parts),
         graveyard_path=", ".join(paths) if paths else None,
         graveyard_written=sum(f.graveyard_written for f in parts),
         graveyard_problem=next((f.graveyard_problem for f in parts if f.graveyard_problem), None),

@@ -136,6 +136,10 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
             lines.append(f"no answer    {_counts(facts.no_answer)}")
         for text, count in facts.redirects:
             lines.append(f"redirects    {text} x{count}")
+        if facts.retried:
+            lines.append(
+                f"resent       {facts.retried} on a new connection (a kept-alive one closed under them)"
+            )
     lines.append(
         f"accounting   {snap.generated} generated = {snap.succeeded} succeeded + {snap.expired} expired"
         f" + {snap.graveyard} graveyard + {snap.shed} shed + {queued} queued + {snap.in_flight} in flight"

@@ -22,6 +22,10 @@ def open_store(url: str) -> WorkStore | None:
 
         return SqliteStore.open(text.removeprefix("sqlite:"))
     if text.startswith(("redis://", "rediss://", "unix://")):
+        import importlib.util
+
+        if importlib.util.find_spec("redis") is None:  # an extra since issue 23
+            raise StoreError("needs the redis package: pip install 'ratedeck[redis]'")
         from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
 
         return RedisStore.open(text)
