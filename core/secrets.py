@@ -128,3 +128,20 @@ def safe_url(url: str | None) -> str:
     if port is not None:
         host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def masked_password(url: str | None) -> str:
+    """A URL with its password hidden (`user:***@host`) and the rest as written: for a
+    target or proxy URL shown back to its owner, where the path and query matter."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(str(url))
+        password = parts.password
+    except ValueError:
+        return "<unparseable URL>"
+    if password is None:
+        return str(url)
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

@@ -138,3 +138,18 @@ def test_a_small_config_file_without_a_target_runs_on_the_embedded_simulator(tmp
     named.write_text('[target]\nurl = "https://api.example.com/v1"\n')
     with pytest.raises(ConfigError, match="no API keys given"):
         _cfg("--config", str(named))
+
+
+def test_config_show_hides_the_passwords_of_a_proxy_and_a_target_url():
+    """`config show` keeps the URLs readable (user, host, path, query) with each password hidden."""
+    env = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
+    proc = subprocess.run(
+        [*RATEDECK, "config", "show", "--target", "http://bob:t0psecret@127.0.0.1:9/v1/x?a=1",
+         "--key-header", "X-Api-Key", "--keys", "abcdefghijk123", "--limit", "5/1s",
+         "--proxy", "http://proxyuser:hunter2@127.0.0.1:3128"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "hunter2" not in proc.stdout and "t0psecret" not in proc.stdout
+    assert 'proxy = "http://proxyuser:***@127.0.0.1:3128"' in proc.stdout
+    assert 'url = "http://bob:***@127.0.0.1:9/v1/x?a=1"' in proc.stdout

@@ -8,7 +8,7 @@ import tomli_w
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.core.paths import user_config_path, user_themes_dir
-from ratedeck.core.secrets import Redactor, mask_secret, safe_url
+from ratedeck.core.secrets import Redactor, mask_secret, masked_password, safe_url
 from ratedeck.core.version import version
 
 from ..cli import build_parser as run_parser
@@ -51,6 +51,10 @@ def shown_config(cfg: RunConfig, source: str | None) -> str:
     data = to_toml_dict(cfg)
     if "store" in data.get("run", {}):  # a redis:// URL may carry a password
         data["run"]["store"] = safe_url(data["run"]["store"])
+    target = data.get("target", {})
+    for name in ("url", "proxy", "probe_url"):  # user:password@ in any of them
+        if target.get(name):
+            target[name] = masked_password(target[name])
     literal = [s for s in cfg.key_sources if not s.strip().startswith(("env:", "@"))]
     if literal and "secrets" in data.get("keys", {}):
         data["keys"]["secrets"] = [
