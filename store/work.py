@@ -121,8 +121,9 @@ class StoreWorkload(Workload):
         poisson: bool = False,
         total: int | None = None,
         rng: random.Random | None = None,
+        fed: bool = False,
     ):
-        super().__init__(rate, poisson=poisson, total=total, rng=rng)
+        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed)
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -145,6 +146,7 @@ class StoreWorkload(Workload):
             poisson=w.arrival == Arrival.POISSON,
             total=w.total,
             rng=rng,
+            fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
         )
 
     async def refill(self) -> bool:
