@@ -47,6 +47,7 @@ from .gate import CooldownGate
 from .headroom import HeadroomController
 from .leases import LeasedSlots
 from .limiter import WindowLimiter
+from .makespan import MakespanMeter
 from .metrics import Metrics
 from .multicall import source_from_config
 from .path import RequestPath, SharedGates
@@ -261,6 +262,11 @@ class Engine:
         # Called with (request, ending) for every request that ends (a results
         # file, a store's journal): after the request's own on_done.
         self.finish_watchers: list[DoneCallback] = []
+        # A job (a workload file, a store): its makespan against the least time the limits allow.
+        self.makespan: MakespanMeter | None = None
+        if getattr(self.source, "job", False):
+            self.makespan = MakespanMeter(self, cfg.key_weighted)
+            self.watch(self.makespan)
 
     @property
     def retry_errors(self) -> bool:
@@ -670,4 +676,5 @@ class Engine:
             loop=self.loop_name,
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
+            makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0) if self.makespan else None,
         )

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, OutcomeKind, Phase
 
+from .makespan import Makespan
+
 
 @dataclass(frozen=True, slots=True)
 class KeyRow:
@@ -269,6 +271,8 @@ class Snapshot:
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
+    # a job run (a workload file, a store): its makespan against the least time the limits allow
+    makespan: Makespan | None = None
 
     @property
     def answered(self) -> int:
