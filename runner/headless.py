@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.core.numbers import readable
+from ratedeck.engine.makespan import Makespan
 from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
@@ -141,12 +142,24 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         lines += store_lines(facts.store)
     if snap.cluster is not None:
         lines.append(cluster_summary_line(snap.cluster))
+    if snap.makespan is not None:
+        lines.append(makespan_line(snap.makespan))
     for k in snap.keys:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
         )
     return lines
+
+
+def makespan_line(m: Makespan) -> str:
+    """A job run's makespan: "makespan     600 jobs in 61.2 s, least 59.1 s the limits allow: ratio 1.036"."""
+    if m.ratio is None:
+        return f"makespan     {m.jobs} jobs done"
+    return (
+        f"makespan     {m.jobs} jobs in {m.elapsed_s:.1f} s, least {m.least_s:.1f} s the limits allow:"
+        f" ratio {m.ratio:.3f}"
+    )
 
 
 def cluster_summary_line(view: ClusterView) -> str:
