@@ -13,7 +13,6 @@ import json
 import tracemalloc
 
 import pytest
-from policy_server import PolicyTransport
 from test_report_schema import validate
 
 from ratedeck.config import load_config
@@ -25,6 +24,7 @@ from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.workload import read_jsonl
 from ratedeck.runner.headless import summary_lines
 from ratedeck.runner.report import build_report
+from ratedeck.server.policy_transport import PolicyTransport
 from ratedeck.server.simulated import run_virtual
 
 

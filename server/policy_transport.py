@@ -1,4 +1,7 @@
-"""A rate-limited server of any policy kind on the loop's (virtual) clock, for job tests.
+"""A rate-limited server of any policy kind, in process, on the loop's clock (virtual or real).
+
+For job tests and the bench's jobs group (`ratedeck bench --scenarios jobs`): the
+HTTP simulator (`ratedeck serve`) knows sliding windows only.
 
 `PolicyTransport` answers each attempt as a server enforcing `policies` per key
 would, at the instant the request arrives (after a random way in), with costs
@@ -89,27 +92,31 @@ class PolicyTransport(TransportBase):
     async def _way(self) -> None:
         await asyncio.sleep(self.rng.uniform(*self.latency_ms) / 1000.0)
 
-    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+    async def call(self, key: str, cost: int = 1) -> tuple[int, float | None]:
+        """One request of `cost` with `key`, there and back: (200, None) or (429, Retry-After s)."""
         loop = asyncio.get_running_loop()
-        start = loop.time()
         if self.started is None:
-            self.started = start
+            self.started = loop.time()
         await self._way()
         now = loop.time()
-        cost = req.shape.weight if req.shape is not None else 1
-        meters = self._meters(key.secret, now)
+        meters = self._meters(key, now)
         wait = max(m.wait(now, cost) for m in meters)
         if wait <= 0:
             for m in meters:
                 m.take(now, cost)
-            self.accepted.append((now, key.secret, cost))
+            self.accepted.append((now, key, cost))
             status, retry = 200, None
         else:
             self.refused += 1
             status, retry = 429, max(0.001, wait)
         await self._way()
+        return status, retry
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+        start = asyncio.get_running_loop().time()
+        status, retry = await self.call(key.secret, req.shape.weight if req.shape is not None else 1)
         body = "{}" if status == 200 else '{"error": "rate limited"}'
-        return Outcome(classify(status, body), status, retry, loop.time() - start)
+        return Outcome(classify(status, body), status, retry, asyncio.get_running_loop().time() - start)
 
     async def close(self) -> None:
         pass
