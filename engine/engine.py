@@ -145,6 +145,11 @@ class Engine:
         self.redact = Redactor(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
+        if getattr(self.source, "fed", False) and not (cfg.target.nonce_param and e.in_flight_per_key > 1):
+            # A job fed as fast as the limits allow spends each window's quota as soon as the
+            # meters allow (a burst); spreading it would leave a window's worth unused at the
+            # end. Not where nonces must arrive in order and several go at once.
+            pacing = Pacing.BURST
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds
         self.host_limiter = (
