@@ -681,5 +681,7 @@ class Engine:
             loop=self.loop_name,
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
-            makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0) if self.makespan else None,
+            makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0, self.phase is Phase.STOPPED)
+            if self.makespan
+            else None,
         )

@@ -24,6 +24,7 @@ each succeeded request spent, and when the last one finished.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -76,9 +77,10 @@ def time_for(group: Sequence[Limits], units: float) -> float:
     """The earliest t at which budgets working side by side (keys) let `units` through together."""
     if units <= 0 or not group:
         return 0.0
+    alike = Counter(group).items()  # keys usually share their limits: each kind counted once
 
     def enough(t: float) -> bool:
-        return sum(allows(g, t) for g in group) + _EPS >= units
+        return sum(n * allows(g, t) for g, n in alike) + _EPS >= units
 
     if enough(0.0):
         return 0.0
@@ -162,6 +164,7 @@ class MakespanMeter:
         self.budget_units: dict[str, int] = {}
         self.last_at: float | None = None
         self._turns: dict[int, tuple[float | None, ...]] = {}  # id(limiter) -> first turns
+        self._least: tuple[float, float] | None = None  # (when, least time): a running view's cache
 
     def finished(self, req: Request, ending: Ending) -> None:
         if ending is not Ending.SUCCEEDED:
@@ -209,11 +212,19 @@ class MakespanMeter:
         ]
         return Limits(tuple(p for p, _ in pairs), tuple(t for _, t in pairs))
 
-    def view(self, rtt_s: float) -> Makespan:
-        """The makespan so far: `rtt_s` is the round trip the least time adds (the median answer)."""
+    def view(self, rtt_s: float, final: bool = True) -> Makespan:
+        """The makespan so far: `rtt_s` is the round trip the least time adds (the median answer).
+
+        While the run lasts (`final` false) the least time is worked out at most once a
+        second (snapshots come ten times a second); the final view is always exact.
+        """
         host = self.host
         if self.last_at is None:
             return Makespan()
+        elapsed = max(0.0, self.last_at - host.started_at)
+        now = host.clock()
+        if not final and self._least is not None and now - self._least[0] < 1.0:
+            return Makespan(self.jobs, elapsed, self._least[1])
         # The limits the engine knows: told and advertised (a limit learned from rejections is ours, not the server's).
         keys = [self._limits(w.limiter, skip=w.learned_limit) for w in host.workers]
         demands: list[tuple[Sequence[Limits], float]] = [(keys, self.key_units)]
@@ -226,4 +237,5 @@ class MakespanMeter:
             else:
                 demands.append(([self._limits(w.key_budgets[name]) for w in host.workers], units))
         least = least_time(demands, rtt_s)
-        return Makespan(self.jobs, max(0.0, self.last_at - host.started_at), least)
+        self._least = (now, least)
+        return Makespan(self.jobs, elapsed, least)
