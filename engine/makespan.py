@@ -170,8 +170,7 @@ class MakespanMeter:
         if ending is not Ending.SUCCEEDED:
             return
         host = self.host
-        if not self._turns:
-            self._note_turns()
+        self._note_turns(req.key)
         self.jobs += 1
         self.requests += 1
         self.last_at = host.clock()
@@ -183,27 +182,34 @@ class MakespanMeter:
                 route.weight if spec.weighted else 1
             )
 
-    def _limiters(self) -> list[WindowLimiter]:
+    def _note_turns(self, label: str | None) -> None:
+        """Each fixed window's first turn, read once the first answer could set it: a key's
+        limiters at that key's first success (its answer synced them to the server's reset),
+        the shared ones at the first success of all."""
         host = self.host
-        lims = [w.limiter for w in host.workers] + list(host.budgets.host.values())
-        lims += [lim for w in host.workers for lim in w.key_budgets.values()]
-        if host.host_limiter is not None:
-            lims.append(host.host_limiter)
-        return lims
+        lims: list[WindowLimiter] = []
+        if not self._turns:
+            lims += list(host.budgets.host.values())
+            if host.host_limiter is not None:
+                lims.append(host.host_limiter)
+        for w in host.workers:
+            if w.label == label and id(w.limiter) not in self._turns:
+                lims += [w.limiter, *w.key_budgets.values()]
+        for lim in lims:
+            self._turns[id(lim)] = self._first_turns(lim)
 
-    def _note_turns(self) -> None:
+    def _first_turns(self, lim: WindowLimiter) -> tuple[float | None, ...]:
         start = self.host.started_at
-        for lim in self._limiters():
-            turns = []
-            for policy, end in lim.window_turns():
-                if end is None:
-                    turns.append(None)
-                    continue
-                first = end - start
-                while first > policy.window_s:
-                    first -= policy.window_s
-                turns.append(first if first > 0 else None)
-            self._turns[id(lim)] = tuple(turns)
+        turns: list[float | None] = []
+        for policy, end in lim.window_turns():
+            if end is None:
+                turns.append(None)
+                continue
+            first = end - start
+            while first > policy.window_s:
+                first -= policy.window_s
+            turns.append(first if first > 0 else None)
+        return tuple(turns)
 
     def _limits(self, lim: WindowLimiter, skip: Policy | None = None) -> Limits:
         turns = self._turns.get(id(lim), ())

@@ -100,7 +100,7 @@ async def binance() -> None:
             {"_path": "/api/v3/account"},  # 20
             {"_path": "/api/v3/ticker/price", "symbol": "ETHUSDT"},  # 2
         ]
-        lines = [mix[i % len(mix)] for i in range(5 * 15)]  # 15 x 48 = 720 weight: 12 windows, 60 s
+        lines = [mix[i % len(mix)] for i in range(5 * 17)]  # 17 x 48 = 816 weight: 13.6 windows, 65 s
         snap = await run_job(
             "binance",
             stub.url,
