@@ -57,7 +57,7 @@ def least_for(s: JobScenario, started_wall: float) -> float:
 
 async def _ratedeck(s: JobScenario, server: PolicyTransport, rate: float | None) -> tuple[int, float]:
     from ratedeck.config import load_config
-    from ratedeck.engine.engine import Engine
+    from ratedeck.engine import Engine
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "jobs.jsonl"
