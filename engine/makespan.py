@@ -61,7 +61,7 @@ def policy_allows(policy: Policy, t: float, first_turn: float | None = None) -> 
         return policy.limit + policy.rate * t
     w = policy.window_s
     if policy.kind is PolicyKind.FIXED:
-        turn = w if first_turn is None or first_turn <= 0 else min(first_turn, w)
+        turn = w if first_turn is None or first_turn <= 0 else first_turn
         if t + _EPS < turn:
             return float(policy.limit)
         return policy.limit * (2 + math.floor((t - turn) / w + _EPS))
@@ -205,8 +205,10 @@ class MakespanMeter:
             if end is None:
                 turns.append(None)
                 continue
+            # A server's window may run a little past the told one (GitHub's reset is a whole
+            # second): keep it; only a later window's end (a first success after a wait) goes back.
             first = end - start
-            while first > policy.window_s:
+            while first > 1.5 * policy.window_s:
                 first -= policy.window_s
             turns.append(first if first > 0 else None)
         return tuple(turns)

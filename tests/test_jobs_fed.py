@@ -37,12 +37,12 @@ def write_jobs(tmp_path, n: int, weights=(1,)) -> str:
     return str(path)
 
 
-def job_engine(tmp_path, policy: str, keys: int, n: int, *, weights=(1,), latency=(1, 5), **workload):
+def job_config(tmp_path, policy: str, keys: int, n: int, *, weights=(1,), **workload):
     secrets = [f"key-{i:02d}-0000000000000000" for i in range(keys)]
     key_section: dict = {"secrets": secrets, "limits": [policy]}
     if weights != (1,):
         key_section["unit"] = "weight"
-    cfg = load_config(
+    return load_config(
         overrides={
             "target": {"url": "http://policy-server/api"},
             "keys": key_section,
@@ -51,6 +51,10 @@ def job_engine(tmp_path, policy: str, keys: int, n: int, *, weights=(1,), latenc
             "run": {"seed": 1},
         }
     )
+
+
+def job_engine(tmp_path, policy: str, keys: int, n: int, *, weights=(1,), latency=(1, 5), **workload):
+    cfg = job_config(tmp_path, policy, keys, n, weights=weights, **workload)
     transport = PolicyTransport((parse_policy(policy),), latency_ms=latency)
     return Engine(cfg, transport), transport
 
@@ -173,3 +177,15 @@ def test_a_workload_file_is_read_a_line_at_a_time(tmp_path):
     assert first == {"order": "o-00000000", "amount": 0}
     assert peak < 2_000_000, peak  # held, the 50,000 objects would take well over 10 MB
     assert sum(1 for _ in items) == 49_999
+
+
+def test_a_saved_config_keeps_a_fed_job_fed(tmp_path):
+    from ratedeck.config import to_toml_dict
+    from ratedeck.host.session import current_config
+
+    cfg = job_config(tmp_path, "20/1s", 2, 10)
+    engine = Engine(cfg, PolicyTransport((parse_policy("20/1s"),)))
+    assert engine.source.fed
+    assert "rate" not in to_toml_dict(current_config(cfg, engine)).get("workload", {})
+    engine.apply(SetArrivalRate(7.0))
+    assert to_toml_dict(current_config(cfg, engine))["workload"]["rate"] == 7.0
