@@ -60,6 +60,7 @@ from .settle import SettleRules
 from .snapshot import BudgetRow, GateRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
+from .workload import bursts_in_time
 
 
 def engine_clock(loop: asyncio.AbstractEventLoop):
@@ -145,10 +146,15 @@ class Engine:
         self.redact = Redactor(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
-        if getattr(self.source, "fed", False) and not (cfg.target.nonce_param and e.in_flight_per_key > 1):
+        if (
+            getattr(self.source, "fed", False)
+            and bursts_in_time(cfg)
+            and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
+        ):
             # A job fed as fast as the limits allow spends each window's quota as soon as the
             # meters allow (a burst); spreading it would leave a window's worth unused at the
-            # end. Not where nonces must arrive in order and several go at once.
+            # end. Not where nonces must arrive in order and several go at once, nor when a
+            # request would expire waiting a whole window behind a burst.
             pacing = Pacing.BURST
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +51,11 @@ class Workload:
         items: Iterator[dict] | None = None,
         rng: random.Random | None = None,
         fed: bool = False,
+        depth: int | None = None,
     ):
         self.rate = float(rate)
         self.fed = fed
+        self.depth = depth  # fed: the most queued at once, if less than queue_max (`fed_depth`)
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -71,6 +74,7 @@ class Workload:
             items=items,
             rng=rng,
             fed=items is not None and w.rate is None,
+            depth=fed_depth(cfg),
         )
 
     @property
@@ -120,8 +124,9 @@ class Workload:
                 break
             if self.fed:
                 # Queued work always waiting: the limiter is the only brake.
-                if len(queues.main) >= sink.queue_max:
-                    await queues.wait_space(sink.queue_max)
+                depth = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
+                if len(queues.main) >= depth:
+                    await queues.wait_space(depth)
                     continue
             elif self.rate <= 0:
                 await self._sleep(loop, None)
@@ -160,6 +165,30 @@ class Workload:
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True
         sink.source_done()
+
+
+#: A TTL at least this long never binds a job: it is fed as if requests never expired.
+LONG_TTL_S = 3600.0
+
+
+def fed_depth(cfg: EngineSettings) -> int | None:
+    """How much of a fed job may wait queued when requests expire (`engine.ttl_s` shorter than
+    `LONG_TTL_S`): what the keys send in half the TTL, so the last one queued still goes in
+    time. None: no bound beyond the queue's own."""
+    ttl = cfg.engine.ttl_s
+    if not math.isfinite(ttl) or ttl >= LONG_TTL_S:
+        return None
+    return max(1, math.floor(0.5 * cfg.capacity_tps * ttl))
+
+
+def bursts_in_time(cfg: EngineSettings) -> bool:
+    """Whether a fed job may send in bursts: what waits behind a burst waits up to a window,
+    so the TTL must be at least twice the longest window (buckets drain as they go)."""
+    ttl = cfg.engine.ttl_s
+    policies = [p for k in cfg.keys for p in k.policies] + list(cfg.host_policies)
+    policies += [p for b in cfg.budgets for p in b.policies]
+    longest = max((p.window_s for p in policies if p.is_window), default=0.0)
+    return not math.isfinite(ttl) or ttl >= LONG_TTL_S or ttl >= 2 * longest
 
 
 _SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")

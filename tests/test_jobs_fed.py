@@ -9,6 +9,7 @@ policy kind with costs on the loop's clock; its ledger is the truth.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import tracemalloc
 
@@ -189,3 +190,37 @@ def test_a_saved_config_keeps_a_fed_job_fed(tmp_path):
     assert "rate" not in to_toml_dict(current_config(cfg, engine)).get("workload", {})
     engine.apply(SetArrivalRate(7.0))
     assert to_toml_dict(current_config(cfg, engine))["workload"]["rate"] == 7.0
+
+
+def test_a_fed_job_with_a_ttl_queues_no_more_than_the_keys_send_before_it_passes(tmp_path):
+    # 2 keys x 5/1s with a 1 s TTL: 5 may wait (what the keys send in half the TTL), not the
+    # queue's 100, most of which would expire waiting; and sends stay evenly paced (behind a
+    # burst, what waits would wait a whole window, longer than the TTL).
+    cfg = job_config(tmp_path, "5/1s", 2, 60)
+    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, ttl_s=1.0))
+    engine = Engine(cfg, PolicyTransport((parse_policy("5/1s"),)))
+    assert engine.source.depth == 5
+    snap = run_virtual(engine.run(60.0))
+    assert snap.main_peak <= 5 and snap.expired == 0 and snap.succeeded == 60
+    assert snap.makespan.ratio <= 1.25  # even pacing: the first window's burst goes unused
+
+
+def test_a_fed_job_bursts_unless_a_request_would_expire_waiting_a_window():
+    from ratedeck.engine.workload import bursts_in_time, fed_depth
+
+    def cfg(limit: str, ttl: float):
+        return load_config(
+            overrides={
+                "target": {"url": "http://policy-server/api"},
+                "keys": {
+                    "secrets": ["key-00-0000000000000000", "key-01-0000000000000000"],
+                    "limits": [limit],
+                },
+                "engine": {"ttl_s": ttl},
+            }
+        ).engine_settings
+
+    assert bursts_in_time(cfg("20/1s", 36000.0)) and fed_depth(cfg("20/1s", 36000.0)) is None
+    assert bursts_in_time(cfg("6000/1m fixed", 120.0))  # Binance's preset: 120 s behind a 1 min window
+    assert bursts_in_time(cfg("15@0.33/s", 300.0))  # a bucket drains as it goes
+    assert not bursts_in_time(cfg("20/1s", 1.0)) and fed_depth(cfg("20/1s", 1.0)) == 20  # 40/s x 0.5 s
