@@ -690,4 +690,5 @@ class Engine:
             makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0, self.phase is Phase.STOPPED)
             if self.makespan
             else None,
+            fed=getattr(self.source, "fed", False),
         )

@@ -194,4 +194,5 @@ def merge_snapshots(parts: Sequence[Snapshot]) -> Snapshot:
     # every part reads the same shared store: any part's view of the cluster will do
     values["cluster"] = next((s.cluster for s in parts if s.cluster is not None), None)
     values["makespan"] = merge_makespans([s.makespan for s in parts])
+    values["fed"] = any(s.fed for s in parts)
     return dataclasses.replace(first, **values)

@@ -273,6 +273,7 @@ class Snapshot:
     cluster: ClusterView | None = None
     # a job run (a workload file, a store): its makespan against the least time the limits allow
     makespan: Makespan | None = None
+    fed: bool = False  # a job fed as fast as the limits allow (no arrival rate; `arrival_rate` unused)
 
     @property
     def answered(self) -> int:

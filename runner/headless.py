@@ -98,7 +98,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             {_latency('arrival->done', snap.latency_total)}",
         f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
-        f"  arrival {readable(snap.arrival_rate)}/s",
+        + ("  fed as fast as the limits allow" if snap.fed else f"  arrival {readable(snap.arrival_rate)}/s"),
         f"             from {snap.headroom_from()}"
         + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]

@@ -142,6 +142,7 @@ def test_the_generated_stream_has_no_makespan(tmp_path):
     assert not engine.source.fed
     assert "makespan" not in build_report(snap)
     assert not [line for line in summary_lines(snap) if line.startswith("makespan")]
+    assert "arrival 20/s" in "\n".join(summary_lines(snap)) and not snap.fed
 
 
 def test_a_job_s_report_and_summary_carry_the_makespan(tmp_path):
@@ -153,6 +154,7 @@ def test_a_job_s_report_and_summary_carry_the_makespan(tmp_path):
     m = report["makespan"]
     assert m["jobs"] == 200 and m["least_s"] > 4.0
     assert m["ratio"] == pytest.approx(m["elapsed_s"] / m["least_s"], abs=1e-3)
+    assert snap.fed and "backpressure on  fed as fast as the limits allow" in "\n".join(summary_lines(snap))
     lines = [line for line in summary_lines(snap) if line.startswith("makespan")]
     s = snap.makespan
     assert lines == [
