@@ -290,7 +290,7 @@ def throughput_spec(
 
     # The offered rate is the config's ceiling: far above what one process sends.
     return RunSpec(
-        job, url, list(keys), 1_000_000, 1.0, False, 1_000_000.0, seconds,
+        job, url, tuple(keys), 1_000_000, 1.0, False, 1_000_000.0, seconds,
         in_flight=MICRO_IN_FLIGHT, loop=args.loop, seed=args.seed, extra=extra,
     )  # fmt: skip
 
@@ -305,7 +305,7 @@ def queue_spec(
     per_key = SCALE_QUEUE_DRAIN_TPS // len(keys)
     extra = {"depth": depth, "workload": {"total": depth, "rate": 1e6}}
     return RunSpec(
-        "scale-queue", url, list(keys), per_key, 1.0, False, float(SCALE_QUEUE_DRAIN_TPS), seconds,
+        "scale-queue", url, tuple(keys), per_key, 1.0, False, float(SCALE_QUEUE_DRAIN_TPS), seconds,
         loop=args.loop, seed=args.seed, extra=extra,
     )  # fmt: skip
 

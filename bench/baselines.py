@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -57,8 +58,10 @@ class AsyncClient:
         req.attempts += 1
         loop = self.loop
         start = loop.time()
+        session = self.session
+        assert session is not None  # open while run() runs
         try:
-            async with self.session.get(f"{self.spec.url}?{query(key, req.id, nonce)}") as resp:
+            async with session.get(f"{self.spec.url}?{query(key, req.id, nonce)}") as resp:
                 body = await resp.text()
                 kind = classify(resp.status, body)
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -96,7 +99,7 @@ class AsyncClient:
         else:
             put(req)
 
-    async def run(self, tasks: list[Awaitable]) -> Tally:
+    async def run(self, tasks: Sequence[Awaitable[Any]]) -> Tally:
         connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=1.0)
         async with aiohttp.ClientSession(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .spec import RunSpec
@@ -265,7 +265,7 @@ async def scale_queue(spec: RunSpec) -> dict[str, Any]:
     return result
 
 
-JOBS: dict[str, Callable[[RunSpec], Awaitable[dict[str, Any]]]] = {
+JOBS: dict[str, Callable[[RunSpec], Coroutine[Any, Any, dict[str, Any]]]] = {
     "bare-aiohttp": bare_aiohttp,
     "engine-max": engine_max,
     "scale-keys": scale_keys,

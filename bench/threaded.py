@@ -105,13 +105,13 @@ def run_improved_threads(spec: RunSpec) -> Tally:
         t = Tally()
         tallies.append(t)
         threads.append(threading.Thread(target=worker, args=(key, t), daemon=True))
-    for t in threads:
-        t.start()
+    for thread in threads:
+        thread.start()
     time.sleep(spec.duration_s)
     stop.set()  # workers finish the send in hand (1 s timeout), then leave
     deadline = time.monotonic() + DRAIN_S + 1.0
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
     total = Tally()
     for t in tallies:
         total.merge(t)

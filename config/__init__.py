@@ -24,7 +24,7 @@ from ratedeck.engine.settings import ConfigError, EngineSettings
 from .load import PRESET_DESCRIPTIONS, PRESETS, build_config, load_config, parse_setting, read_toml
 from .parsers import header_line, resolve_secrets
 from .save import to_toml_dict
-from .settings import ConsoleSettings, RunConfig, RunnerSettings
+from .settings import ConsoleSettings, RunConfig, RunnerSettings, with_graveyard_place
 
 __all__ = [
     "PRESETS",
@@ -41,4 +41,5 @@ __all__ = [
     "read_toml",
     "resolve_secrets",
     "to_toml_dict",
+    "with_graveyard_place",
 ]

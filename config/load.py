@@ -55,7 +55,11 @@ PRESETS, PRESET_DESCRIPTIONS = _load_presets()
 
 # ---------------------------------------------------------------- loading
 def load_config(
-    path: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None
+    path: str | None = None,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    keys_needed: bool = True,
 ) -> RunConfig:
     """Build a `RunConfig` from a preset, a TOML file and flag overrides.
 
@@ -63,7 +67,9 @@ def load_config(
     preset is the base, so the first run, and a first small config file, work
     against the embedded simulator. The seed preset's demo keys are never sent
     to a target the user named unless the user chose that preset: a target
-    with no keys is a `ConfigError` ("no API keys given").
+    with no keys is a `ConfigError` ("no API keys given"). A bad `--target` is
+    reported as such before the keys are looked at. `keys_needed=False` (for
+    `ratedeck enqueue`, which sends nothing) reads no keys at all.
     """
     data: dict[str, Any] = {}
     file_data = read_toml(path) if path is not None else {}
@@ -97,14 +103,19 @@ def load_config(
         if not isinstance(overrides, dict):
             raise ConfigError("command line", "overrides", f"must be a table, got {show(overrides)}")
         _merge(data, overrides)
-    if named_target and not (data.get("keys") or {}).get("secrets"):
+    if named_target:
+        try:
+            parsers.url(overrides["target"]["url"])  # type: ignore[index]
+        except ValueError as exc:
+            raise ConfigError("command line", "--target", str(exc)) from None
+    if keys_needed and named_target and not (data.get("keys") or {}).get("secrets"):
         raise ConfigError(
             "command line",
             "--keys",
             f"no API keys given for {safe_url(data['target']['url'])}; pass --keys "
             "(the seed demo keys are only for the embedded simulator or --preset seed)",
         )
-    cfg = build_config(data, source)
+    cfg = build_config(data, source, keys_needed=keys_needed)
     return cfg.replace(preset=preset)
 
 
@@ -197,10 +208,11 @@ def _table(data: dict[str, Any], section: str, source: str) -> dict[str, Any]:
     return out
 
 
-def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: bool = True) -> RunConfig:
     """Validate a plain dict (as read from TOML) into a `RunConfig`.
 
     Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
+    `keys_needed=False`: the [keys] secrets are neither read nor required (no keys).
     """
     if not isinstance(data, dict):
         raise ConfigError(source, "config", f"must be a table, got {show(data)}")
@@ -232,7 +244,9 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     if workload.file is not None and not _is_file(workload.file):
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
     keys_table = data.get("keys", {})
-    keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default)
+    if not keys_needed:
+        keys_table = {}
+    keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default) if keys_needed else ()
     key_sources = keys_table.get("secrets", [])
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)

@@ -409,7 +409,15 @@ ROWS: tuple[Row, ...] = (
         "engine.backoff_base_ms", "milliseconds", p.ms(MAX_MS), "first retry backoff after an error", "engine"
     ),
     Row("engine.backoff_cap_ms", "milliseconds", p.ms(MAX_MS), "the longest retry backoff", "engine"),
-    Row("engine.queue_max", "integer", p.count(1, p.MAX_QUEUE), "the main queue's size", "engine"),
+    Row(
+        "engine.queue_max",
+        "integer",
+        p.count(1, p.MAX_QUEUE),
+        "the main queue's size; unset: 4 x keys x in_flight_per_key, at least 1000, so queued work always"
+        " waits for every key's limiter (the seed preset: 50)",
+        "engine",
+        optional=True,
+    ),
     Row(
         "engine.backpressure",
         "boolean",
@@ -422,27 +430,37 @@ ROWS: tuple[Row, ...] = (
         "engine.ttl_s",
         "duration",
         p.seconds(),
-        "request time-to-live",
+        "request time-to-live, for data that goes stale; unset: work never expires (the seed preset: 1s)",
         "engine",
-        _flag("--ttl", "S", help="request time-to-live: seconds, or 500ms, 30s, 5m", check=True),
+        _flag(
+            "--ttl",
+            "S",
+            help="request time-to-live: seconds, or 500ms, 30s, 5m (default: none, work never expires)",
+            check=True,
+        ),
+        optional=True,
     ),
     Row(
         "engine.drain_timeout_s",
         "duration",
         p.seconds(p.MAX_TIMEOUT_S, allow_zero=True),
-        "how long the end waits for requests in flight",
+        "how long the end waits for requests in flight; unset: the request timeout + 1s, so each is"
+        " answered or times out (the seed preset: 2s)",
         "engine",
+        optional=True,
     ),
     Row(
         "engine.graveyard_path",
         "path",
         p.path_or_off,
-        'JSONL file for requests that used up their attempts; "": none',
+        'JSONL file for requests that used up their attempts; "auto": next to the report'
+        ' (REPORT-graveyard.jsonl), else under $XDG_STATE_HOME/ratedeck/, one per run; "": none',
         "engine",
         _flag(
             "--graveyard",
             "FILE",
-            help="JSONL file for requests that used up their attempts",
+            help="JSONL file for requests that used up their attempts (default: next to --report,"
+            " else under ~/.local/state/ratedeck/)",
             keep_empty=True,
         ),
         optional=True,

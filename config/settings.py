@@ -12,10 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratedeck.core.paths import run_graveyard_path
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
 from ratedeck.engine.api_rules import BudgetSpec, PathRule
 from ratedeck.engine.settings import (
+    GRAVEYARD_AUTO,
     EngineConfig,
     EngineSettings,
     KeySpec,
@@ -142,6 +144,14 @@ class RunConfig:
     def arrival_rate(self) -> float:
         return self.engine_settings.arrival_rate
 
+    @property
+    def main_queue_max(self) -> int:
+        return self.engine_settings.main_queue_max
+
+    @property
+    def drain_s(self) -> float:
+        return self.engine_settings.drain_s
+
     # ---- the runner's and the store's
 
     @property
@@ -193,3 +203,15 @@ class RunConfig:
     @property
     def keymap(self) -> dict[str, str]:
         return self.console.keymap
+
+
+def with_graveyard_place(cfg: RunConfig, now: float | None = None) -> RunConfig:
+    """`cfg` with its graveyard placed, when none was named (`graveyard_path = "auto"`):
+    next to the report (`out.json` -> `out-graveyard.jsonl`), else a file of this run's
+    own under the XDG state directory (core/paths.py); never the working directory.
+    Called where a run starts, not when the config is read, so `config show` and a saved
+    config keep "auto"."""
+    if cfg.engine.graveyard_path != GRAVEYARD_AUTO:
+        return cfg
+    path = str(run_graveyard_path(cfg.report, now))
+    return cfg.replace(engine=dataclasses.replace(cfg.engine, graveyard_path=path))

@@ -482,7 +482,7 @@ class RatedeckApp(App[Snapshot]):
         self.theme = wanted
 
     def _apply_keymap(self) -> None:
-        known = {binding.id for binding in self._control_bindings()}
+        known = {binding.id for binding in self._control_bindings() if binding.id}
         unknown = sorted(set(self._requested_keymap) - known)
         if unknown:
             self.notify(

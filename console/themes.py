@@ -85,7 +85,7 @@ def theme_from_toml(text: str, source: str) -> Theme:
                 extra[field] = fraction(data[field], allow_zero=True)
             except ValueError as error:
                 raise ThemeFileError(f"{source}: field '{field}' {error}") from None
-    return Theme(name=name.strip(), dark=dark, variables=dict(variables), **colours, **extra)
+    return Theme(name=name.strip(), dark=dark, variables=dict(variables), **colours, **extra)  # type: ignore[arg-type]  # each field's type is checked above
 
 
 def _as_root(folder: str | Path | Traversable) -> Traversable | Path:

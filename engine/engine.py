@@ -25,6 +25,7 @@ import uuid
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import readable
+from ratedeck.core.paths import run_graveyard_path
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
@@ -55,7 +56,7 @@ from .ports import Cooldown, FinishWatcher, SharedState, Source
 from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
-from .settings import EngineSettings, HoldsEngineSettings, engine_settings
+from .settings import GRAVEYARD_AUTO, EngineSettings, HoldsEngineSettings, engine_settings
 from .settle import SettleRules
 from .snapshot import BudgetRow, GateRow, Snapshot
 from .transport import Transport
@@ -136,10 +137,12 @@ class Engine:
             )
         self.queues = WorkQueues()
         self.metrics = Metrics()
-        self.graveyard = Graveyard(e.graveyard_path)
+        self.graveyard = Graveyard(
+            str(run_graveyard_path()) if e.graveyard_path == GRAVEYARD_AUTO else e.graveyard_path
+        )
         self.backpressure = e.backpressure
-        self.queue_max = e.queue_max
-        self.ttl_s = e.ttl_s
+        self.queue_max = cfg.main_queue_max
+        self.ttl_s = e.ttl_s  # None: requests never expire
         self.source: Source = source or source_from_config(cfg, self.rng)
         self.workers: list[KeyWorker] = []
         self.gates: dict[str, CooldownGate] = {}
@@ -371,7 +374,7 @@ class Engine:
             await self.cluster.close()
         if self.probe is not None:
             await self.probe.close()
-        timeout = self.cfg.engine.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        timeout = self.cfg.drain_s if drain_timeout_s is None else drain_timeout_s
         if self.path.sends:
             _done, pending = await asyncio.wait(set(self.path.sends.values()), timeout=timeout)
             for t in pending:
@@ -465,7 +468,7 @@ class Engine:
         call: CallFn | None = None,
         intended_at: float | None = None,
     ) -> Request:
-        """A request created now, with the engine's TTL unless `ttl_s` is given.
+        """A request created now, with the engine's TTL unless `ttl_s` is given (no TTL: it never expires).
 
         `intended_at` is when it should have arrived (a fixed arrival rate's
         schedule): latency from arrival counts from there.
@@ -474,7 +477,8 @@ class Engine:
         self._next_id += 1
         if pool is not None and self.pool_capacity and pool not in self.pool_capacity:
             raise ValueError(f"no pool {pool!r}; pools are {', '.join(self.pool_capacity)}")
-        deadline = now + (self.ttl_s if ttl_s is None else ttl_s)
+        ttl = self.ttl_s if ttl_s is None else ttl_s
+        deadline = now + ttl if ttl is not None else math.inf
         req = Request(self._next_id, now, deadline, params, pool=pool, call=call, intended_at=intended_at)
         if self.cfg.target.idempotency:
             req.idempotency_key = uuid.uuid4().hex  # one per logical request, kept across its retries
@@ -490,6 +494,18 @@ class Engine:
         if text not in self.problems:
             self.problems.append(text)
             self.event(EventKind.ERROR, text)
+
+    @property
+    def all_refused(self) -> bool:
+        """Every key was refused by the server for good: nothing more can be sent."""
+        return bool(self.workers) and all(w.blocked for w in self.workers)
+
+    def key_refused(self) -> None:
+        """A key was refused for good; when it was the last, the run is over (`finished`) at once:
+        generating on would only queue work no key can send."""
+        if self.all_refused and self.finished is not None and not self.finished.is_set():
+            self.event(EventKind.ERROR, "every key was refused by the server: nothing can be sent; stopping")
+            self.finished.set()
 
     def _check_finished(self) -> None:
         if (

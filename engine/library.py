@@ -151,7 +151,10 @@ class RateDeck:
     async def call(
         self, params: dict[str, Any] | None = None, *, pool: str | None = None, ttl_s: float | None = None
     ) -> Any:
-        """Send one request (parameters added to the configured ones); return the response."""
+        """Send one request (parameters added to the configured ones); return the response.
+
+        `ttl_s`: give up (expired) after this long; None: the config's `engine.ttl_s`,
+        by default none, so the call waits as long as the limits need."""
         return await self._submit(dict(params or {}), pool, ttl_s, None)
 
     async def run(

@@ -36,6 +36,7 @@ from .queues import Graveyard, WorkQueues
 from .request import Request
 from .settings import KeySpec
 from .settle import Scope, SettleRules, Tally, Verdict, decide
+from .snapshot import ErrorRow
 from .transport import Transport
 from .worker import KeyWorker
 
@@ -101,6 +102,7 @@ class RequestPath:
         self.rng = rng
         self.learn_policy = learn_policy
         self._finish = ends.finish
+        self._key_refused = ends.key_refused
         self.event = events.event
         self._cool = cooldown.cool
         self.redact = redact
@@ -275,18 +277,25 @@ class RequestPath:
         if v.tally is not Tally.SUCCEEDED:
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
-            m.errors.add(
-                result.status, result.kind, cause, req.last_error, worker.label, now - self.started_at
+            at_s = now - self.started_at
+            m.errors.add(result.status, result.kind, cause, req.last_error, worker.label, at_s)
+            worker.recent_errors.append(
+                ErrorRow(result.status, result.kind, cause, 1, req.last_error, worker.label, round(at_s, 1))
             )
         if widen:
             self.headroom.observe_rejection(now)
         if v.cooldown is not None:
             gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
-        if v.block_key and worker.block():
+        if v.block_key and worker.block(result.status, result.error or ""):
+            said = f"HTTP {result.status}" if result.status is not None else str(result.kind)
+            if result.error and result.error != said:
+                said += f": {result.error}"
             self.event(
-                EventKind.ERROR, f"{worker.label} {worker.masked} blocked by the server ({result.status})"
+                EventKind.ERROR,
+                f"{worker.label} {worker.masked} refused by the server ({said}); not used again",
             )
+            self._key_refused()
         if v.ending is Ending.SUCCEEDED:
             self._finish(req, Ending.SUCCEEDED)
         elif v.ending is Ending.GRAVEYARD:

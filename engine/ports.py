@@ -182,6 +182,9 @@ class Endings(Protocol):
     def finish(self, req: Request, ending: Ending) -> None:
         """`req` ended (`ending` is its one final place): tell its caller and the watchers."""
 
+    def key_refused(self) -> None:
+        """A key was refused for good (blocked): when none is left, nothing more can be sent."""
+
 
 class EventSink(Protocol):
     def event(self, kind: EventKind, text: str) -> None: ...

@@ -75,9 +75,27 @@ class KeySpec:
     api_secret: str | None = field(default=None, repr=False)  # the signing secret that goes with the key
 
 
+#: `graveyard_path`'s default: the runner places the file next to the report, else under
+#: the XDG state directory (core/paths.run_graveyard_path); never the working directory.
+GRAVEYARD_AUTO = "auto"
+
+#: The main queue's least size when `queue_max` is unset, and how many sends of every
+#: key's in-flight allowance it holds beyond that (`EngineSettings.main_queue_max`).
+QUEUE_MAX_FLOOR = 1000
+QUEUE_ROUNDS = 4
+
+#: How much longer than the request timeout the end waits when `drain_timeout_s` is unset.
+DRAIN_MARGIN_S = 1.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine paces, retries and queues ([engine])."""
+    """How the engine paces, retries and queues ([engine]).
+
+    The defaults fit a job against a real API; the seed preset sets the seed
+    stream's own (a 1 s TTL, a queue of 50, a 2 s drain). `queue_max` and
+    `drain_timeout_s` unset are derived from the run (`EngineSettings`).
+    """
 
     in_flight_per_key: int = 8
     headroom: HeadroomMode | float = HeadroomMode.ADAPTIVE  # or fixed milliseconds
@@ -89,11 +107,11 @@ class EngineConfig:
     max_attempts: int = 5
     backoff_base_ms: float = 50.0
     backoff_cap_ms: float = 2000.0
-    queue_max: int = 50
+    queue_max: int | None = None  # None: EngineSettings.main_queue_max
     backpressure: bool = True
-    ttl_s: float = 1.0
-    drain_timeout_s: float = 2.0
-    graveyard_path: str | None = "ratedeck-graveyard.jsonl"  # None writes none
+    ttl_s: float | None = None  # None: a request never expires
+    drain_timeout_s: float | None = None  # None: EngineSettings.drain_s
+    graveyard_path: str | None = GRAVEYARD_AUTO  # None writes none
     learn_policy: bool = True
 
 
@@ -143,6 +161,24 @@ class EngineSettings:
         if self.host_policies:
             total = min(total, min(p.rate for p in self.host_policies))
         return total
+
+    @property
+    def main_queue_max(self) -> int:
+        """The main queue's size: `queue_max`, or enough to keep every key's limiter busy,
+        `QUEUE_ROUNDS` times all keys' in-flight allowance and at least `QUEUE_MAX_FLOOR`."""
+        e = self.engine
+        if e.queue_max is not None:
+            return e.queue_max
+        return max(QUEUE_MAX_FLOOR, QUEUE_ROUNDS * len(self.keys) * e.in_flight_per_key)
+
+    @property
+    def drain_s(self) -> float:
+        """How long the end waits for requests in flight: `drain_timeout_s`, or long enough
+        for every one to be answered or time out (the request timeout and a margin)."""
+        e = self.engine
+        if e.drain_timeout_s is not None:
+            return e.drain_timeout_s
+        return self.target.timeout_s + DRAIN_MARGIN_S
 
     @property
     def arrival_rate(self) -> float:

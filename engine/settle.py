@@ -85,6 +85,8 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     kind = outcome.kind
     if kind == OutcomeKind.OK:
         return _SUCCEEDED
+    if kind == OutcomeKind.BLOCKED and outcome.status == 403 and _rate_limit_signs(outcome):
+        kind = OutcomeKind.RATE_LIMITED  # a 403 that asks to wait is a limit, not a refusal (GitHub's)
     if kind == OutcomeKind.RATE_LIMITED:
         cooldown = None
         if outcome.retry_after_s is not None:
@@ -122,6 +124,15 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     if not rules.retry_errors:
         return Verdict(Tally.FAILED, Ending.GRAVEYARD, cooldown=cooldown, cause=cause)
     return _retry(Tally.FAILED, req, rules, now, backoff=True, cooldown=cooldown, cause=cause)
+
+
+def _rate_limit_signs(outcome: Outcome) -> bool:
+    """The answer says when to come back, or that nothing is left: a delay or remaining 0."""
+    return (
+        outcome.retry_after_s is not None
+        or outcome.remaining == 0
+        or any(q.remaining == 0 for q in outcome.quotas)
+    )
 
 
 def _retry(

@@ -44,6 +44,9 @@ class KeyRow:
     told_limit: str = ""  # the limits the key was given ("25/1s"; several joined by ", ")
     fingerprint: str = ""  # six hex digits of SHA-256 of the secret (core.secrets.fingerprint); "" if short
     latency: LatencySummary = field(default_factory=lambda: LatencySummary())  # this key's successes
+    recent_errors: tuple[ErrorRow, ...] = ()  # this key's last failed attempts, newest last (count 1 each)
+    refused_status: int | None = None  # a blocked key: the status that refused it (401, 403, ...)
+    refused_message: str = ""  # and the server's message with it, secrets masked
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from .metrics import KeyLatency
 from .outcome import Outcome
 from .settings import KeySpec
 from .settle import Tally
-from .snapshot import KeyRow
+from .snapshot import ErrorRow, KeyRow
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 #: A lease may be used this much before its time: a timer fires up to the clock's resolution
 #: early, and float sums of times differ in the last bits (a store's grants carry the margin).
 LEASE_EARLY_S = 1e-6
+
+
+#: Failed attempts each key keeps for its detail view (the run's error groups keep the counts).
+RECENT_ERRORS = 8
 
 
 class KeyWorker:
@@ -79,6 +83,8 @@ class KeyWorker:
         self.use_nonce = use_nonce
         self.paused = False
         self.blocked = False
+        self.refused_status: int | None = None  # the answer that refused the key for good
+        self.refused_message = ""  # its text (masked where it was made)
         self.in_flight = 0
         self.sent = self.succeeded = self.rejected_429 = 0
         self.last_latency_ms: float | None = None
@@ -86,6 +92,7 @@ class KeyWorker:
         self.errors = 0
         self.last_status: int | None = None
         self.last_error = ""
+        self.recent_errors: deque[ErrorRow] = deque(maxlen=RECENT_ERRORS)  # for the key detail
         # The server's own view of this key's main budget, from the last answer that gave it.
         self.server_remaining: int | None = None
         self.server_limit: int | None = None
@@ -324,10 +331,12 @@ class KeyWorker:
         self._learned = learned
         return learned
 
-    def block(self) -> bool:
-        """The server refused this key for good; True the first time."""
+    def block(self, status: int | None = None, message: str = "") -> bool:
+        """The server refused this key for good (`status`, its masked `message`); True the first time."""
         first = not self.blocked
         self.blocked = True
+        if first:
+            self.refused_status, self.refused_message = status, message
         return first
 
     def adopt_advertised(self, header: str) -> list[Policy]:
@@ -385,4 +394,7 @@ class KeyWorker:
             self.told,
             self.fingerprint,
             self.latency.summary(now),
+            tuple(self.recent_errors),
+            self.refused_status,
+            self.refused_message,
         )

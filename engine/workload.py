@@ -172,11 +172,11 @@ LONG_TTL_S = 3600.0
 
 
 def fed_depth(cfg: EngineSettings) -> int | None:
-    """How much of a fed job may wait queued when requests expire (`engine.ttl_s` shorter than
-    `LONG_TTL_S`): what the keys send in half the TTL, so the last one queued still goes in
+    """How much of a fed job may wait queued when requests expire (`engine.ttl_s` set, and
+    shorter than `LONG_TTL_S`): what the keys send in half the TTL, so the last one queued still goes in
     time. None: no bound beyond the queue's own."""
     ttl = cfg.engine.ttl_s
-    if not math.isfinite(ttl) or ttl >= LONG_TTL_S:
+    if ttl is None or not math.isfinite(ttl) or ttl >= LONG_TTL_S:
         return None
     return max(1, math.floor(0.5 * cfg.capacity_tps * ttl))
 
@@ -188,7 +188,7 @@ def bursts_in_time(cfg: EngineSettings) -> bool:
     policies = [p for k in cfg.keys for p in k.policies] + list(cfg.host_policies)
     policies += [p for b in cfg.budgets for p in b.policies]
     longest = max((p.window_s for p in policies if p.is_window), default=0.0)
-    return not math.isfinite(ttl) or ttl >= LONG_TTL_S or ttl >= 2 * longest
+    return ttl is None or not math.isfinite(ttl) or ttl >= LONG_TTL_S or ttl >= 2 * longest
 
 
 _SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")

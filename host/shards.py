@@ -44,6 +44,7 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Phase, PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
 from ratedeck.engine.merge import merge_snapshots
+from ratedeck.engine.settings import GRAVEYARD_AUTO
 from ratedeck.engine.snapshot import Snapshot
 
 from .process_host import ProcessHost
@@ -108,7 +109,7 @@ def _shares(total: int, weights: Sequence[float]) -> list[int]:
 
 
 def _numbered(path: str | None, i: int) -> str | None:
-    if not path:
+    if not path or path == GRAVEYARD_AUTO:  # each process places its own (core/paths.py)
         return path
     p = Path(path)
     return str(p.with_name(f"{p.stem}.p{i + 1}{p.suffix}"))
@@ -155,7 +156,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
         workload = dataclasses.replace(cfg.workload, rate=rate, total=totals[i])
         engine = dataclasses.replace(
             cfg.engine,
-            queue_max=max(1, cfg.engine.queue_max // n),
+            queue_max=max(1, cfg.engine.queue_max // n) if cfg.engine.queue_max is not None else None,
             rejection_budget=cfg.engine.rejection_budget // n,
             graveyard_path=_numbered(cfg.engine.graveyard_path, i),
         )

@@ -3,9 +3,12 @@
 Exit codes, the same for the console (`ratedeck` without --no-ui):
 
     0    the run ended and every request is accounted for
-    1    the target never answered: attempts ended, none with an HTTP
-         answer (connection refused, timed out, reset, ...); the summary
-         names the causes with counts
+    1    nothing worked: the target never answered (attempts ended, none
+         with an HTTP answer: connection refused, timed out, reset, ...;
+         the summary names the causes with counts), or the server refused
+         every key (401, 403 that is no rate limit, a block: the run stops
+         at once and one line names the status and the server's message),
+         or no request succeeded and some failed
     2    bad input, found before the run: config, flags, or an output path
          (report, graveyard) that cannot be written
     3    the accounting does not balance (generated != succeeded + expired
@@ -42,12 +45,13 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ratedeck.config import ConfigError, RunConfig
+from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.numbers import readable
+from ratedeck.core.secrets import Redactor
 from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import ClusterView, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
@@ -144,10 +148,17 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         lines.append(cluster_summary_line(snap.cluster))
     if snap.makespan is not None:
         lines.append(makespan_line(snap.makespan))
+    refused = refused_keys(snap)
+    if refused:
+        lines.append(
+            f"refused      {len(refused)} of {len(snap.keys)} keys, not used again: "
+            + "; ".join(f"{key_name(k)} {refusal(k)}" for k in refused)
+        )
     for k in snap.keys:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
+            + (f"  refused: {refusal(k)}" if k.state == "blocked" else "")
         )
     return lines
 
@@ -160,6 +171,41 @@ def makespan_line(m: Makespan) -> str:
         f"makespan     {m.jobs} jobs in {m.elapsed_s:.1f} s, least {m.least_s:.1f} s the limits allow:"
         f" ratio {m.ratio:.3f}"
     )
+
+
+def refused_keys(snap: Snapshot) -> list[KeyRow]:
+    """The keys the server refused for good (blocked), in key order."""
+    return [k for k in snap.keys if k.state == "blocked"]
+
+
+def key_name(k: KeyRow) -> str:
+    """A key as it may be printed: label, masked secret, fingerprint."""
+    return f"{k.label} {k.masked}" + (f" {k.fingerprint}" if k.fingerprint else "")
+
+
+def refusal(k: KeyRow) -> str:
+    """What refused a key: "HTTP 401: bad key" (the message is masked where it was made)."""
+    said = f"HTTP {k.refused_status}" if k.refused_status is not None else "refused"
+    message = k.refused_message
+    return f"{said}: {message}" if message and message != said else said
+
+
+def nothing_worked(snap: Snapshot, facts: RunFacts) -> str | None:
+    """One line when the run achieved nothing (exit 1), else None: the server refused every key,
+    the target never answered, or no request succeeded and some failed."""
+    if _every_key_refused(snap):
+        by: dict[str, list[str]] = {}
+        for k in refused_keys(snap):
+            by.setdefault(refusal(k), []).append(k.label)
+        said = "; ".join(f"{what} ({', '.join(labels)})" for what, labels in by.items())
+        return f"every key was refused by the server: {said}; stopped, nothing more can be sent"
+    if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
+        return f"the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})"
+    tried = snap.rejected_429 + snap.rejected_other + snap.failed
+    if snap.succeeded == 0 and tried:
+        answers = f" ({_counts((f'HTTP {s}', n) for s, n in facts.statuses)})" if facts.statuses else ""
+        return f"nothing succeeded: {tried} of {snap.sent} attempts failed{answers}"
+    return None
 
 
 def cluster_summary_line(view: ClusterView) -> str:
@@ -220,7 +266,15 @@ def check_outputs(cfg: RunConfig) -> list[str]:
     messages = getattr(cfg, "messages", None)
     if messages is not None and getattr(messages, "shed_path", None):
         wanted.append((messages.shed_path, "shed file"))
-    return [p for path, what in wanted if path and (p := check_output_path(path, what))]
+    problems: list[str] = []
+    bad_dirs: set[Path] = set()  # one line per place (a graveyard next to an unwritable report)
+    for path, what in wanted:
+        if not path or Path(path).parent in bad_dirs:
+            continue
+        if problem := check_output_path(path, what):
+            problems.append(problem)
+            bad_dirs.add(Path(path).parent)
+    return problems
 
 
 # ---------------------------------------------------------------- signals
@@ -385,8 +439,9 @@ def conclude(
                 " with no Idempotency-Key they are not sent again",
                 err,
             )
-    if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
-        _say(f"ratedeck: the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})", err)
+    nothing = nothing_worked(snap, facts)
+    if nothing is not None:
+        _say(Redactor(k.secret for k in cfg.keys)(f"ratedeck: {nothing}"), err)
         codes.append(EXIT_NO_ANSWER)
     report = build_report(snap, server_stats, facts.store)
     if thresholds:
@@ -407,10 +462,10 @@ def conclude(
             _say(f"ratedeck: threshold failed: {v.line()}", err)
         if failed:
             codes.append(EXIT_THRESHOLD)
-    if cfg.report:
-        problem = write_report(snap, cfg.report, server_stats, report=report)
-        if problem:
-            _say(f"ratedeck: {problem}", err)
+    if cfg.report is not None:
+        report_problem = write_report(snap, cfg.report, server_stats, report=report)
+        if report_problem:
+            _say(f"ratedeck: {report_problem}", err)
             codes.append(EXIT_OUTPUT)
         elif cfg.report != "-":
             _say(f"report written to {cfg.report}", out)
@@ -446,6 +501,7 @@ async def run_headless(
     With `procs` above 1 the keys are shared out among that many engine processes
     (host/shards.py) and the summary and report are of the merged run."""
     out = out or sys.stdout
+    cfg = with_graveyard_place(cfg)  # none named: next to the report, else the XDG state dir
     problems = check_outputs(cfg)
     if problems:
         for problem in problems:
@@ -486,6 +542,11 @@ def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
         and snap.generated >= total
         and not (snap.main_depth or snap.dlq_depth or snap.in_flight)
     )
+
+
+def _every_key_refused(snap: Snapshot) -> bool:
+    """Every key of the run was refused for good: nothing more can be sent (exit 1)."""
+    return bool(snap.keys) and len(refused_keys(snap)) == len(snap.keys)
 
 
 async def _watch(
@@ -572,11 +633,12 @@ async def _run_sharded(
         waiters=[],
         facts=lambda: host.facts,
         snapshot=host.snapshot,
-        done=lambda: _workload_done(cfg, host.snapshot()),
+        done=lambda: _workload_done(cfg, snap := host.snapshot()) or _every_key_refused(snap),
     )
     stopping = loop.run_in_executor(None, host.stop_blocking)
     cut = asyncio.ensure_future(signals.now.wait())
-    await asyncio.wait({stopping, cut}, return_when=asyncio.FIRST_COMPLETED)
+    either: list[asyncio.Future[Any]] = [stopping, cut]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if not stopping.done():
         _say("ratedeck: stopping at once: what is left is reported as queued or in flight", out)
         await loop.run_in_executor(None, host.abort)
@@ -619,6 +681,8 @@ async def _run(
         return EXIT_USAGE
     if source is not None:
         source.engine = engine
+    finished = engine.finished
+    assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
         f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {session.shown_target}"
@@ -632,10 +696,10 @@ async def _run(
         interval_s,
         out,
         signals,
-        waiters=[asyncio.ensure_future(engine.finished.wait())],
+        waiters=[asyncio.ensure_future(finished.wait())],
         facts=lambda: session.facts,
         snapshot=engine.snapshot,
-        done=engine.finished.is_set,
+        done=finished.is_set,
     )
     snap, at_once = await stop_session(session, signals, out)
     if source is not None:

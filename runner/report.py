@@ -149,6 +149,17 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
             if g.closures
         ],
     }
+    report["keys_refused"] = [
+        {
+            "key": f"{k.label} {k.masked}",
+            "label": k.label,
+            "fingerprint": k.fingerprint or None,
+            "status": k.refused_status,
+            "message": k.refused_message,  # masked by the engine
+        }
+        for k in snap.keys
+        if k.state == "blocked"
+    ]
     cpu_us = snap.cpu_us_per_request
     report["client"] = {
         "procs": snap.procs,

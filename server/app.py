@@ -29,7 +29,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
@@ -104,7 +104,7 @@ class ApiHandlers:
 
     async def api_request(self, request: web.Request) -> web.Response:
         """Answer `/api/request` the way the simulated API would."""
-        params = request.query
+        params: Mapping[str, str] = request.query
         if request.body_exists:
             params = await _merged_params(request)
         api_key = params.get("api_key")

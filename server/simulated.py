@@ -112,7 +112,7 @@ class SimulatedTransport(TransportBase):
         return 200 if self.settings.health else 404
 
     async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
-        ms = self.rng.randint(*bounds)
+        ms: float = self.rng.randint(*bounds)
         if extra[1]:
             ms += self.rng.uniform(*extra)
         if ms:

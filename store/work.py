@@ -81,6 +81,9 @@ class RunSettings(Protocol):
     @property
     def engine_settings(self) -> EngineSettings: ...
 
+    @property
+    def main_queue_max(self) -> int: ...  # the main queue's size (`queue_max` or derived)
+
 
 def open_for_run(cfg: RunSettings) -> WorkStore | None:
     """The run's store (None: memory), its settings checked; `ConfigError` naming the problem.
@@ -152,7 +155,7 @@ class StoreWorkload(Workload):
             store,
             member,
             cfg.arrival_rate,
-            batch=cfg.engine.queue_max,
+            batch=cfg.main_queue_max,
             idempotent=cfg.target.idempotency,
             poisson=w.arrival == Arrival.POISSON,
             total=w.total,

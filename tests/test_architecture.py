@@ -98,7 +98,12 @@ def test_ruff_lint_and_format_are_clean():
 
 
 @pytest.mark.slow
-def test_the_engine_type_checks():
+def test_every_layer_type_checks():
+    """.ci/typecheck runs mypy over the whole `ratedeck` namespace: every layer, console and runner too."""
+    script = (REPO / ".ci" / "typecheck").read_text()
+    assert "-p ratedeck\n" in script and all(
+        f"{layer}" in script for layer in ("core engine server store config host runner bench console",)
+    )
     proc = subprocess.run(
         ["bash", str(REPO / ".ci" / "typecheck")],
         capture_output=True,

@@ -231,6 +231,23 @@ def test_errors_are_grouped_by_status_and_cause_with_the_last_text_per_key(tmp_p
     assert snap.balance() == 0
 
 
+def test_each_key_reports_its_own_last_failed_attempts(tmp_path):
+    """The key detail lists a key's own recent errors: newest last, each its own, at most RECENT_ERRORS."""
+    from ratedeck.engine.worker import RECENT_ERRORS
+
+    engine, _ = seed_engine(tmp_path, transport_kw={"fail_every": 3}, workload={"total": 300})
+    snap = run_virtual(engine.run(10.0))
+    failing = [k for k in snap.keys if k.errors]
+    assert failing
+    for row in failing:
+        recent = row.recent_errors
+        assert 0 < len(recent) <= RECENT_ERRORS and len(recent) == min(row.errors, RECENT_ERRORS)
+        assert all(e.last_key == row.label and e.count == 1 for e in recent)
+        assert [e.last_at_s for e in recent] == sorted(e.last_at_s for e in recent)
+        assert recent[-1].last_text in row.last_error
+    assert all(not k.recent_errors for k in snap.keys if not k.errors)
+
+
 def test_events_print_rates_with_at_most_two_decimals():
     engine, _ = seed_engine(keys={"limits": ["41/75s"]})  # 5 keys of 41/75s: 2.7333.../s in all
 

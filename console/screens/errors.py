@@ -7,6 +7,8 @@ the key that last got that error; Esc or q goes back.
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -36,6 +38,12 @@ BODY_MIN = 20
 
 def group_key(row: ErrorRow) -> str:
     return f"{status_text(row)}|{row.kind}|{row.cause}"
+
+
+class OpensKeys(Protocol):
+    """What this screen asks of the app: the key detail of a key."""
+
+    def open_key_detail(self, label: str) -> None: ...
 
 
 class ErrorsScreen(Screen[None]):
@@ -166,9 +174,7 @@ class ErrorsScreen(Screen[None]):
         if row is None or not row.last_key:
             self.notify("No key to open", severity="warning")
             return
-        open_key = getattr(self.app, "open_key_detail", None)
-        if open_key is not None:
-            open_key(row.last_key)
+        cast(OpensKeys, self.app).open_key_detail(row.last_key)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -52,6 +52,8 @@ def head_text(row: KeyRow) -> str:
     note = (
         " [$text-error]· refused by the server for good; it is not used[/]" if row.state == "blocked" else ""
     )
+    if row.state == "blocked" and row.refused_message:
+        note += f" [$text-error]({escape(row.refused_message)})[/]"  # masked where it was made
     return f"[b]{escape(row.label)}[/] {escape(row.masked)} · {fp_part} · [b {style}]{escape(state_text(row))}[/]{note}"
 
 
@@ -108,10 +110,9 @@ def latency_text(row: KeyRow, snap: Snapshot) -> str:
 
 
 def key_errors(row: KeyRow, snap: Snapshot) -> list[ErrorRow]:
-    """This key's recent errors: `recent_errors` when reported, else the groups it got last."""
-    recent = getattr(row, "recent_errors", None)
-    if recent:
-        return list(recent)[-MAX_ERRORS:][::-1]
+    """This key's recent errors, newest first; else the error groups it got last."""
+    if row.recent_errors:
+        return list(row.recent_errors)[-MAX_ERRORS:][::-1]
     return [error for error in by_count(snap.errors) if error.last_key == row.label][:MAX_ERRORS]
 
 

@@ -19,6 +19,7 @@ from textual.events import Resize
 from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from ratedeck.engine.snapshot import KeyRow
 
@@ -28,6 +29,11 @@ _STATE_ORDER = {"active": 0, "cooling": 1, "paused": 2, "blocked": 3}
 _STATE_COLOUR = {"active": "success", "paused": "warning", "cooling": "accent", "blocked": "error"}
 _STATE_ICON = {"active": "●", "paused": "‖", "cooling": "◔", "blocked": "✖"}
 LAST_ERROR_MIN = 16
+
+
+def _plain(cell: object) -> str:
+    """A cell's text without its styles."""
+    return cell.plain if isinstance(cell, Text) else str(cell)
 
 
 def natural(label: str) -> tuple:
@@ -41,6 +47,8 @@ def state_text(row: KeyRow) -> str:
         # At least 0.1s: a gate a few ms from opening is still closed, not "0.0s".
         left = max(row.cooldown_left_s, 0.1)
         return f"{_STATE_ICON['cooling']} cooling {left:.1f}s" if left < 10 else f"◔ cooling {left:.0f}s"
+    if row.state == "blocked" and row.refused_status is not None:
+        return f"{_STATE_ICON['blocked']} refused {row.refused_status}"  # the status that refused it
     return f"{_STATE_ICON.get(row.state, '?')} {row.state}"
 
 
@@ -236,7 +244,7 @@ class KeysTable(DataTable):
         # New headings in place (the arrow moves); the reorder below repaints them.
         for spec in COLUMNS:
             if spec.key in self.columns:
-                self.columns[spec.key].label = self._heading(spec)
+                self.columns[ColumnKey(spec.key)].label = self._heading(spec)
         self._arrange(force=True)
         self._update_subtitle()
         # A new sort is read from the top: the worst (or best) keys first.
@@ -377,7 +385,7 @@ class KeysTable(DataTable):
         order = [row.label for row in rows]
         if order == self._order and not force:
             return
-        rank = {self._cells[label]["key"].plain: index for index, label in enumerate(order)}  # type: ignore[union-attr]
+        rank = {_plain(self._cells[label]["key"]): index for index, label in enumerate(order)}
         self.sort("key", key=lambda cell: rank[cell.plain])
         self._order = order
         self._restore_cursor(selected)
@@ -385,7 +393,7 @@ class KeysTable(DataTable):
     def _update_subtitle(self) -> None:
         shown, total = len(self._rows), len(self._all)
         count = f"{total} keys" if shown == total else f"{shown} of {total} keys"
-        states = {}
+        states: dict[str, int] = {}
         for row in self._all.values():
             states[row.state] = states.get(row.state, 0) + 1
         state_part = " · ".join(f"{count} {state}" for state, count in states.items() if state != "active")

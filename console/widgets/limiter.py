@@ -117,7 +117,7 @@ class LimiterPanel(SnapshotPanel, Static):
                 lines.append(f"[$text-muted]Gates   [/] {gates_summary(snap.gates)}")
             else:
                 lines.append(f"[$text-muted]Attempts[/] {attempts}")
-            if messages:
+            if messages and snap.messages is not None:
                 lines.append(
                     f"[$text-muted]Throttle[/] {throttle_text(snap, excess=False)} [$text-muted]· goodput[/]"
                     f" [b]{numbers.rate(snap.messages.current_goodput)}/s[/] [$text-muted]·[/] {messages_text(snap)}"

@@ -33,18 +33,14 @@ class RunStatus:
 def run_status(snap: Snapshot, draining: bool = False, drain_reason: str = "") -> RunStatus:
     """Running, paused, waiting, all blocked, draining or stopped, with the reason.
 
-    Derived from the phase and the keys' states; the engine's own
-    `phase_reason` (when it reports one) is shown as the reason.
+    Derived from the phase and the keys' states.
     """
-    engine_reason = str(getattr(snap, "phase_reason", "") or "")
     if snap.phase == "stopped":
-        return RunStatus("■", "stopped", engine_reason, "$text-error")
+        return RunStatus("■", "stopped", "", "$text-error")
     if draining or snap.phase == "draining":
-        return RunStatus(
-            "◌", "draining", drain_reason or engine_reason or "finishing in-flight requests", "$text-warning"
-        )
+        return RunStatus("◌", "draining", drain_reason or "finishing in-flight requests", "$text-warning")
     if snap.phase == "starting":
-        return RunStatus("○", "starting", engine_reason, "$text-warning")
+        return RunStatus("○", "starting", "", "$text-warning")
     keys = snap.keys
     blocked = sum(1 for row in keys if row.state == "blocked")
     paused = sum(1 for row in keys if row.state == "paused")
@@ -66,7 +62,7 @@ def run_status(snap: Snapshot, draining: bool = False, drain_reason: str = "") -
         notes.append(f"{paused} paused")
     if cooling:
         notes.append(f"{cooling} cooling")
-    return RunStatus("●", "running", ", ".join(notes) or engine_reason, "$text-success")
+    return RunStatus("●", "running", ", ".join(notes), "$text-success")
 
 
 def header_text(snap: Snapshot, draining: bool = False, drain_reason: str = "") -> str:

@@ -33,7 +33,7 @@ SUBCOMMANDS = tuple(COMMANDS)
 #: The module of the command with no name.
 RUN = "run"
 
-EXIT_CODES = "0 ok, 1 the target never answered, 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 interrupted"
+EXIT_CODES = "0 ok, 1 nothing worked (no answer, every key refused, or no success), 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 interrupted"
 
 
 def command_module(name: str) -> str:

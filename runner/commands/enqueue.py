@@ -32,7 +32,8 @@ def main(argv: list[str]) -> int:
         return parsed
     args = parsed
     try:
-        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
+        # Enqueueing sends nothing: the config's keys are neither needed nor read.
+        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}}, keys_needed=False)
         items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
         if cfg.store.strip() == "memory":
             raise ConfigError(

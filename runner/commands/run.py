@@ -16,7 +16,14 @@ from pathlib import Path
 
 import tomli_w
 
-from ratedeck.config import ConfigError, RunConfig, load_config, read_toml, to_toml_dict
+from ratedeck.config import (
+    ConfigError,
+    RunConfig,
+    load_config,
+    read_toml,
+    to_toml_dict,
+    with_graveyard_place,
+)
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
@@ -223,6 +230,7 @@ def run_console(
     # textual loads only for the console, never for a headless run
     from ratedeck.console.app import RatedeckApp
 
+    cfg = with_graveyard_place(cfg)  # none named: next to the report, else the XDG state dir
     problems = check_outputs(cfg)
     if problems:
         for problem in problems:
@@ -255,7 +263,7 @@ def run_console(
         def hangup() -> None:
             """SIGHUP: quit as for q; if that is stuck on a terminal that went away,
             drain, write the report and leave, printing nothing."""
-            if concluding.wait(cfg.engine.drain_timeout_s + 5.0):
+            if concluding.wait(cfg.drain_s + 5.0):
                 return  # the ordinary path finishes the job
             code = EXIT_INTERRUPTED
             try:
