@@ -22,7 +22,16 @@ from ratedeck.core.loops import LOOP_NAMES
 if TYPE_CHECKING:
     from .spec import RunSpec
 
-from .scenarios import DEFAULT_SCENARIOS, DEFAULT_STRATEGIES, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
+from .scenarios import (
+    DEFAULT_SCENARIOS,
+    DEFAULT_STRATEGIES,
+    GROUPS,
+    JOB_SCENARIOS,
+    JOB_STRATEGIES,
+    NEEDS_HEALTH,
+    SCENARIOS,
+    STRATEGIES,
+)
 
 EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
@@ -65,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{g} ({', '.join(names)})" for g, names in GROUPS.items())
         + ". Strategies: "
         + ", ".join(STRATEGIES)
-        + " (without --strategies, each scenario runs its own list).",
+        + " (without --strategies, each scenario runs its own list). The jobs group ("
+        + ", ".join(JOB_SCENARIOS)
+        + ") works N jobs under each policy kind and prints the makespan ratio (the time to the"
+        " last job over the least time the limits allow); its strategies: " + ", ".join(JOB_STRATEGIES) + ".",
     )
     p.add_argument(
         "--duration",
@@ -110,9 +122,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise UsageError(f"--duration: expected seconds, got {args.duration!r}") from None
         if not args.duration > 0 or args.duration != args.duration or args.duration == float("inf"):
             raise UsageError(f"--duration: must be a number of seconds above 0, got {args.duration:g}")
-    args.scenarios = _names("--scenarios", args.scenarios, SCENARIOS, GROUPS, DEFAULT_SCENARIOS)
+    args.scenarios = _names(
+        "--scenarios", args.scenarios, {**SCENARIOS, **JOB_SCENARIOS}, GROUPS, DEFAULT_SCENARIOS
+    )
     args.strategies_given = args.strategies is not None
-    args.strategies = _names("--strategies", args.strategies, STRATEGIES, {}, DEFAULT_STRATEGIES)
+    args.strategies = _names(
+        "--strategies", args.strategies, {**STRATEGIES, **JOB_STRATEGIES}, {}, DEFAULT_STRATEGIES
+    )
     if args.micro is None:
         args.micro = "limiter" if args.quick else "full"
     try:
@@ -205,10 +221,16 @@ def run_scenarios(args: argparse.Namespace) -> list:
 
     results = []
     for name in args.scenarios:
+        if name in JOB_SCENARIOS:
+            from .jobs import run_jobs
+
+            chosen = [s for s in args.strategies if s in JOB_STRATEGIES] if args.strategies_given else []
+            results.append(run_jobs(name, chosen or list(JOB_STRATEGIES), args.loop, args.seed, _progress))
+            continue
         scenario = SCENARIOS[name]
         result = ScenarioResult(name, scenario.summary, scenario.capacity_tps)
         strategies = args.strategies if args.strategies_given else scenario.strategies
-        for strategy in strategies:
+        for strategy in (s for s in strategies if s in STRATEGIES):
             if strategy in NEEDS_HEALTH and not scenario.health:
                 _progress(f"{name}: {strategy} skipped (this server has no /health to probe)")
                 continue

@@ -98,6 +98,8 @@ def make_row(
 
 def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
+    if result.rows and "ratio" in result.rows[0]:
+        return jobs_table(result)
     head = (
         f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'µs/ok':>7}{'RSS MB':>8}"
@@ -127,6 +129,19 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
                 f"  {r['strategy']} 429s by key {','.join(map(str, r['rejected_429_by_key']))};"
                 f" sent during a cooldown {r['server_in_cooldown']}; escalations {r['server_escalations']}"
             )
+    return "\n".join(lines)
+
+
+def jobs_table(result: ScenarioResult) -> str:
+    """A jobs scenario's rows (`bench/jobs.py`): jobs done, elapsed to the last, the least time, the ratio."""
+    head = f"{'strategy':<17}{'jobs':>7}{'elapsed s':>11}{'least s':>9}{'ratio':>8}{'429s':>7}{'units':>8}"
+    lines = [f"{result.name}: {result.summary}", head, "-" * len(head)]
+    for r in result.rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(
+            f"{r['strategy']:<17}{r['jobs']:>7}{r['elapsed_s']:>11.2f}{r['least_s']:>9.2f}{ratio:>8}"
+            f"{r['rejected_429']:>7}{r['units']:>8}"
+        )
     return "\n".join(lines)
 
 

@@ -231,3 +231,63 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
 }
 DEFAULT_SCENARIOS = GROUPS["default"]
+
+
+@dataclass(frozen=True)
+class JobScenario:
+    """N jobs against an in-process server of one policy kind (`bench/jobs.py`).
+
+    `policy` is each key's, as the server enforces it and the clients are told;
+    `costs` cycle over the jobs (with `weighted`, the keys' limits count them);
+    `latency_ms` is each way's uniform delay.
+    """
+
+    name: str
+    summary: str
+    policy: str
+    keys: int
+    jobs: int
+    costs: tuple[int, ...] = (1,)
+    latency_ms: tuple[float, float] = (1.0, 5.0)
+
+    @property
+    def weighted(self) -> bool:
+        return self.costs != (1,)
+
+    @property
+    def capacity_tps(self) -> float:
+        """Jobs per second the keys allow in the long run (mean cost counted)."""
+        from ratedeck.core.policy import parse_policy
+
+        mean_cost = sum(self.costs) / len(self.costs)
+        return self.keys * parse_policy(self.policy).rate / mean_cost
+
+
+#: Strategy name -> what it is, for the jobs group.
+JOB_STRATEGIES: dict[str, str] = {
+    "ratedeck": "ratedeck, the job fed by backpressure (a workload file with no --rate)",
+    "ratedeck+rate": "ratedeck with --rate at the keys' capacity (a job's arrival rate before it was fed)",
+    "aiolimiter": "AsyncLimiter(limit, limit / rate) per key, 8 senders per key, each 429's Retry-After waited out",
+}
+
+#: Each sized for about 12 s of limit, so the group runs in about two minutes.
+JOB_TABLE: tuple[JobScenario, ...] = (
+    JobScenario("jobs-sliding", "1,300 jobs, 5 keys x 20/1s sliding, 1..5 ms each way", "20/1s", 5, 1300),
+    JobScenario(
+        "jobs-bucket",
+        "250 jobs of cost 1 and 2, 5 keys x a bucket of 20 draining 5/s (20@5/s), 1..5 ms each way",
+        "20@5/s",
+        5,
+        250,
+        costs=(1, 2),
+    ),
+    JobScenario(
+        "jobs-fixed",
+        "1,300 jobs, 5 keys x 40/2s fixed windows on the clock, 1..5 ms each way",
+        "40/2s fixed",
+        5,
+        1300,
+    ),
+)
+JOB_SCENARIOS: dict[str, JobScenario] = {s.name: s for s in JOB_TABLE}
+GROUPS["jobs"] = tuple(JOB_SCENARIOS)

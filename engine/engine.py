@@ -48,6 +48,7 @@ from .gate import CooldownGate
 from .headroom import HeadroomController
 from .leases import LeasedSlots
 from .limiter import WindowLimiter
+from .makespan import MakespanMeter
 from .metrics import Metrics
 from .multicall import source_from_config
 from .path import RequestPath, SharedGates
@@ -60,6 +61,7 @@ from .settle import SettleRules
 from .snapshot import BudgetRow, GateRow, Snapshot
 from .transport import Transport
 from .worker import KeyWorker
+from .workload import bursts_in_time
 
 
 def engine_clock(loop: asyncio.AbstractEventLoop):
@@ -147,6 +149,16 @@ class Engine:
         self.redact = Redactor(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
+        if (
+            getattr(self.source, "fed", False)
+            and bursts_in_time(cfg)
+            and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
+        ):
+            # A job fed as fast as the limits allow spends each window's quota as soon as the
+            # meters allow (a burst); spreading it would leave a window's worth unused at the
+            # end. Not where nonces must arrive in order and several go at once, nor when a
+            # request would expire waiting a whole window behind a burst.
+            pacing = Pacing.BURST
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds
         self.host_limiter = (
@@ -264,6 +276,11 @@ class Engine:
         # Called with (request, ending) for every request that ends (a results
         # file, a store's journal): after the request's own on_done.
         self.finish_watchers: list[DoneCallback] = []
+        # A job (a workload file, a store): its makespan against the least time the limits allow.
+        self.makespan: MakespanMeter | None = None
+        if getattr(self.source, "job", False):
+            self.makespan = MakespanMeter(self, cfg.key_weighted)
+            self.watch(self.makespan)
 
     @property
     def retry_errors(self) -> bool:
@@ -686,4 +703,8 @@ class Engine:
             loop=self.loop_name,
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
+            makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0, self.phase is Phase.STOPPED)
+            if self.makespan
+            else None,
+            fed=getattr(self.source, "fed", False),
         )

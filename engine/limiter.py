@@ -477,6 +477,10 @@ class WindowLimiter:
         meter = min(self._meters, key=lambda m: m.policy.rate)
         return meter.used(now), meter.limit
 
+    def window_turns(self) -> tuple[tuple[Policy, float | None], ...]:
+        """Each policy with the end of its current fixed window (loop time); None for the other kinds."""
+        return tuple((m.policy, m.end if isinstance(m, _Fixed) else None) for m in self._meters)
+
     @property
     def capacity_tps(self) -> float:
         """Long-run cost units per second the policies allow together."""

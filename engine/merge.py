@@ -33,6 +33,7 @@ from typing import Any
 
 from ratedeck.core.vocab import Phase
 
+from .makespan import merge_makespans
 from .metrics import quantiles_of
 from .snapshot import Event, GateRow, LatencySummary, Snapshot
 
@@ -192,4 +193,6 @@ def merge_snapshots(parts: Sequence[Snapshot]) -> Snapshot:
     values["messages"] = first.messages  # message runs are not sharded (host/shards.py refuses them)
     # every part reads the same shared store: any part's view of the cluster will do
     values["cluster"] = next((s.cluster for s in parts if s.cluster is not None), None)
+    values["makespan"] = merge_makespans([s.makespan for s in parts])
+    values["fed"] = any(s.fed for s in parts)
     return dataclasses.replace(first, **values)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, OutcomeKind, Phase
 
+from .makespan import Makespan
+
 
 @dataclass(frozen=True, slots=True)
 class KeyRow:
@@ -272,6 +274,9 @@ class Snapshot:
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
+    # a job run (a workload file, a store): its makespan against the least time the limits allow
+    makespan: Makespan | None = None
+    fed: bool = False  # a job fed as fast as the limits allow (no arrival rate; `arrival_rate` unused)
 
     @property
     def answered(self) -> int:

@@ -1,9 +1,16 @@
-"""Where requests come from: a generator at an arrival rate, or a JSONL file."""
+"""Where requests come from: a generator at an arrival rate, or a job (a JSONL file, a store).
+
+A job with no arrival rate of its own (`--rate`) is *fed*: its queued work is
+always waiting, so the limiter is the only brake and a bucket's burst or a
+fixed window's spare quota gets used. The main queue's size (`queue_max`)
+bounds what is held, and a file is read a line at a time.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +34,12 @@ class Workload:
     dropped; with it off the queue grows and TTLs expire. `items` (from a
     file) supplies per-request parameters; `total` caps the count. When
     either runs out, `exhausted` becomes true.
+
+    `fed` (a job with no arrival rate): no schedule at all; the main queue is
+    kept full (backpressure or not, so memory stays bounded by `queue_max`)
+    and the key workers take work as fast as their limits allow. `rate` then
+    only says where `set_rate` (the console's arrival keys) starts from; a
+    rate set by a command turns the job into a paced load test.
     """
 
     def __init__(
@@ -37,8 +50,12 @@ class Workload:
         total: int | None = None,
         items: Iterator[dict] | None = None,
         rng: random.Random | None = None,
+        fed: bool = False,
+        depth: int | None = None,
     ):
         self.rate = float(rate)
+        self.fed = fed
+        self.depth = depth  # fed: the most queued at once, if less than queue_max (`fed_depth`)
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -51,11 +68,23 @@ class Workload:
         w = cfg.workload
         items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
         return cls(
-            cfg.arrival_rate, poisson=w.arrival == Arrival.POISSON, total=w.total, items=items, rng=rng
+            cfg.arrival_rate,
+            poisson=w.arrival == Arrival.POISSON,
+            total=w.total,
+            items=items,
+            rng=rng,
+            fed=items is not None and w.rate is None,
+            depth=fed_depth(cfg),
         )
+
+    @property
+    def job(self) -> bool:
+        """Whether the work is a job (a file's lines, a store's jobs), not a generated stream."""
+        return self.items is not None
 
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
+        self.fed = False  # a rate asked for is an arrival rate: a load test from now on
         self.poke()
 
     def set_throttle(self, value: str | float) -> None:
@@ -93,15 +122,21 @@ class Workload:
         while not sink.stopping:
             if self.total is not None and made >= self.total:
                 break
-            if self.rate <= 0:
+            if self.fed:
+                # Queued work always waiting: the limiter is the only brake.
+                depth = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
+                if len(queues.main) >= depth:
+                    await queues.wait_space(depth)
+                    continue
+            elif self.rate <= 0:
                 await self._sleep(loop, None)
                 next_t = sink.clock()
                 continue
-            if sink.backpressure and len(queues.main) >= sink.queue_max:
+            elif sink.backpressure and len(queues.main) >= sink.queue_max:
                 await queues.wait_space(sink.queue_max)
                 continue
             now = sink.clock()
-            if next_t > now:
+            if not self.fed and next_t > now:
                 await self._sleep(loop, next_t)
                 continue
             params = None
@@ -113,19 +148,47 @@ class Workload:
                     break
             pool = params.pop("_pool", None) if params else None
             shape = take_shape(params) if params else None
-            if self.rate != scheduled_rate:
+            if self.fed:
+                intended, next_t = now, now  # no schedule: it arrives when there is room
+            elif self.rate != scheduled_rate:
                 intended, scheduled_rate = now, self.rate
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
             self.made(req)
             sink.submit(req)
             made += 1
+            if self.fed:
+                continue
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
             intended += gap
             # After a stall (backpressure, rate 0) do not burst to catch up.
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True
         sink.source_done()
+
+
+#: A TTL at least this long never binds a job: it is fed as if requests never expired.
+LONG_TTL_S = 3600.0
+
+
+def fed_depth(cfg: EngineSettings) -> int | None:
+    """How much of a fed job may wait queued when requests expire (`engine.ttl_s` set, and
+    shorter than `LONG_TTL_S`): what the keys send in half the TTL, so the last one queued still goes in
+    time. None: no bound beyond the queue's own."""
+    ttl = cfg.engine.ttl_s
+    if ttl is None or not math.isfinite(ttl) or ttl >= LONG_TTL_S:
+        return None
+    return max(1, math.floor(0.5 * cfg.capacity_tps * ttl))
+
+
+def bursts_in_time(cfg: EngineSettings) -> bool:
+    """Whether a fed job may send in bursts: what waits behind a burst waits up to a window,
+    so the TTL must be at least twice the longest window (buckets drain as they go)."""
+    ttl = cfg.engine.ttl_s
+    policies = [p for k in cfg.keys for p in k.policies] + list(cfg.host_policies)
+    policies += [p for b in cfg.budgets for p in b.policies]
+    longest = max((p.window_s for p in policies if p.is_window), default=0.0)
+    return ttl is None or not math.isfinite(ttl) or ttl >= LONG_TTL_S or ttl >= 2 * longest
 
 
 _SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")
@@ -183,28 +246,40 @@ def read_jsonl(path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] 
     `_weight` (what it costs in weight budgets) and `_budget` (named budgets
     it also spends from). A bad line is reported with its number before the
     run starts.
+
+    The file is read twice, a line at a time, and never held: once to check
+    every line, then lazily as the run takes work (a file of millions of jobs
+    costs the memory of the queue, not of the file).
     """
+    for _ in _lines(path, pools, budgets):
+        pass
+    return _lines(path, pools, budgets)
+
+
+def _lines(path: str, pools: tuple[str, ...], budgets: tuple[str, ...]) -> Iterator[dict]:
+    """The file's objects, each checked, read one line at a time."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        with p.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield _checked(p, n, line, pools, budgets)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), "workload.file", f"cannot read: {exc}") from None
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(str(p), f"line {n}", f"not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ConfigError(str(p), f"line {n}", "must be a JSON object of request parameters")
-        pool = obj.get("_pool")
-        if pool is not None and pool not in pools:
-            known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
-            raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
-        problem = _check_shape(obj, budgets)
-        if problem is not None:
-            raise ConfigError(str(p), f"line {n}", problem)
-        items.append(obj)
-    return iter(items)
+
+
+def _checked(p: Path, n: int, line: str, pools: tuple[str, ...], budgets: tuple[str, ...]) -> dict:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(p), f"line {n}", f"not JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(str(p), f"line {n}", "must be a JSON object of request parameters")
+    pool = obj.get("_pool")
+    if pool is not None and pool not in pools:
+        known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
+        raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
+    problem = _check_shape(obj, budgets)
+    if problem is not None:
+        raise ConfigError(str(p), f"line {n}", problem)
+    return obj

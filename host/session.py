@@ -242,7 +242,8 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
         backpressure=engine.backpressure,
         headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
-    wl = dataclasses.replace(cfg.workload, rate=engine.source.rate)
+    fed = getattr(engine.source, "fed", False)  # a job with no arrival rate stays one when saved
+    wl = dataclasses.replace(cfg.workload, rate=None if fed else engine.source.rate)
     return cfg.replace(engine=eng, workload=wl)
 
 

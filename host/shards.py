@@ -370,7 +370,7 @@ class ShardedHost:
         first = self.hosts[0].effective_config()
         whole = to_toml_dict(self.cfg)
         first["keys"] = whole.get("keys", first.get("keys"))
-        if "workload" in first:
+        if "rate" in first.get("workload", {}):  # none for a job fed as fast as the limits allow
             first["workload"]["rate"] = round(self.snapshot().arrival_rate, 6)
         return first
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
+from ratedeck.engine.makespan import Makespan
 from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
@@ -101,7 +102,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             {_latency('arrival->done', snap.latency_total)}",
         f"             {_latency('queue wait', snap.queue_wait)}",
         f"headroom     {snap.headroom_ms:.1f} ms {mode}  backpressure {'on' if snap.backpressure else 'off'}"
-        f"  arrival {readable(snap.arrival_rate)}/s",
+        + ("  fed as fast as the limits allow" if snap.fed else f"  arrival {readable(snap.arrival_rate)}/s"),
         f"             from {snap.headroom_from()}"
         + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]
@@ -149,6 +150,8 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         lines += store_lines(facts.store)
     if snap.cluster is not None:
         lines.append(cluster_summary_line(snap.cluster))
+    if snap.makespan is not None:
+        lines.append(makespan_line(snap.makespan))
     refused = refused_keys(snap)
     if refused:
         lines.append(
@@ -162,6 +165,16 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
             + (f"  refused: {refusal(k)}" if k.state == "blocked" else "")
         )
     return lines
+
+
+def makespan_line(m: Makespan) -> str:
+    """A job run's makespan: "makespan     600 jobs in 61.2 s, least 59.1 s the limits allow: ratio 1.036"."""
+    if m.ratio is None:
+        return f"makespan     {m.jobs} jobs done"
+    return (
+        f"makespan     {m.jobs} jobs in {m.elapsed_s:.1f} s, least {m.least_s:.1f} s the limits allow:"
+        f" ratio {m.ratio:.3f}"
+    )
 
 
 def refused_keys(snap: Snapshot) -> list[KeyRow]:

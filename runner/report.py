@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from ratedeck.engine.makespan import Makespan
 from ratedeck.engine.snapshot import ClusterView, LatencySummary, MessageStats, Snapshot
 from ratedeck.store.work import StoreReport
 
@@ -176,7 +177,20 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["store"] = store_report(store, snap)
     if snap.cluster is not None:
         report["cluster"] = cluster_report(snap.cluster)
+    if snap.makespan is not None:
+        report["makespan"] = makespan_report(snap.makespan)
     return report
+
+
+def makespan_report(m: Makespan) -> dict:
+    """A job run's makespan: `elapsed_s` to do `jobs`, `least_s` the limits allowed, their ratio."""
+    ratio = m.ratio
+    return {
+        "jobs": m.jobs,
+        "elapsed_s": round(m.elapsed_s, 3),
+        "least_s": round(m.least_s, 3),
+        "ratio": round(ratio, 4) if ratio is not None else None,
+    }
 
 
 def cluster_report(view: ClusterView) -> dict:

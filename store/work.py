@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
-from ratedeck.engine.settings import ConfigError, EngineConfig, MessagesConfig, TargetConfig, WorkloadConfig
-from ratedeck.engine.workload import Workload
+from ratedeck.engine.settings import (
+    ConfigError,
+    EngineConfig,
+    EngineSettings,
+    MessagesConfig,
+    TargetConfig,
+    WorkloadConfig,
+)
+from ratedeck.engine.workload import Workload, fed_depth
 
 from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
@@ -70,6 +77,9 @@ class RunSettings(Protocol):
 
     @property
     def arrival_rate(self) -> float: ...
+
+    @property
+    def engine_settings(self) -> EngineSettings: ...
 
     @property
     def main_queue_max(self) -> int: ...  # the main queue's size (`queue_max` or derived)
@@ -124,8 +134,10 @@ class StoreWorkload(Workload):
         poisson: bool = False,
         total: int | None = None,
         rng: random.Random | None = None,
+        fed: bool = False,
+        depth: int | None = None,
     ):
-        super().__init__(rate, poisson=poisson, total=total, rng=rng)
+        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth)
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -148,6 +160,8 @@ class StoreWorkload(Workload):
             poisson=w.arrival == Arrival.POISSON,
             total=w.total,
             rng=rng,
+            fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
+            depth=fed_depth(cfg.engine_settings),
         )
 
     async def refill(self) -> bool:
