@@ -300,6 +300,21 @@ ROWS: tuple[Row, ...] = (
         "engine",
         _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
     ),
+    Row(
+        "target.request_id_headers",
+        "strings",
+        p.strings("header names"),
+        "answer headers that carry the server's id of a request (the first present is reported"
+        " with an uncertain request)",
+        "engine",
+    ),
+    Row(
+        "target.replayed_header",
+        "string",
+        p.text,
+        'the answer header a server sets to "true" on a replayed idempotent answer ("": none)',
+        "engine",
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",

@@ -286,7 +286,7 @@ class Engine:
 
     def queued(self) -> list[Request]:
         """Requests still queued: the main queue first, then the retry queue by due time."""
-        return [*self.queues.main, *sorted(self.queues.dlq)]
+        return self.queues.all_queued()
 
     def in_flight_requests(self) -> list[Request]:
         return self.path.in_flight_requests()
@@ -433,6 +433,10 @@ class Engine:
     def submit(self, req: Request) -> None:
         """Accept a new request into the main queue."""
         self.metrics.generated += 1
+        if req.pin is not None and self.by_label[req.pin].blocked:  # its one key was refused for good
+            req.last_error = f"its key {req.pin} was refused"
+            self.path.bury(req, self.clock())
+            return
         self.queues.put(req)
 
     def refuse(self, req: Request) -> None:
@@ -493,7 +497,7 @@ class Engine:
             now = self.clock()
             self.note_lag(now - due, now)
             self._expire_queued(now)
-            self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
+            self.metrics.sample_depths(self.queues.fresh(), self.queues.retries())
             while now >= next_second:
                 self.metrics.close_second()
                 self.source.close_second()
@@ -624,8 +628,8 @@ class Engine:
             expired=m.expired,
             graveyard=m.graveyard,
             shed=m.shed,
-            main_depth=len(self.queues.main),
-            dlq_depth=len(self.queues.dlq),
+            main_depth=self.queues.fresh(),
+            dlq_depth=self.queues.retries(),
             in_flight=self.in_flight,
             sent=m.sent,
             rejected_429=m.rejected_429,
@@ -670,4 +674,5 @@ class Engine:
             loop=self.loop_name,
             loop_lag_ms=self.loop_lag_ms,
             cluster=self.cluster.view if self.cluster is not None else None,
+            uncertain=m.uncertain,
         )

@@ -63,6 +63,10 @@ class TargetConfig:
     follow_redirects: bool = False
     probe_url: str | None = None
     probe_rate: float = 10.0
+    # The server's id of a request, read from the first of these answer headers there is.
+    request_id_headers: tuple[str, ...] = ("X-Request-Id",)
+    # The header a server sets on an answer it replayed for an Idempotency-Key ("" none).
+    replayed_header: str = "Idempotent-Replayed"
 
 
 @dataclass(frozen=True)

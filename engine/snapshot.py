@@ -197,7 +197,7 @@ class Snapshot:
     """Everything the engine knows, at one instant, as scalars and tuples.
 
     Request accounting balances at every snapshot:
-    generated == succeeded + expired + graveyard + shed + main_depth
+    generated == succeeded + uncertain + expired + graveyard + shed + main_depth
                  + dlq_depth + in_flight
     Attempts (sent, rejected_429, rejected_other, failed, retried) explain the
     traffic and are counted separately.
@@ -269,6 +269,8 @@ class Snapshot:
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
+    # requests that ended uncertain: a write that may or may not have happened (Ending.UNCERTAIN)
+    uncertain: int = 0
 
     @property
     def answered(self) -> int:
@@ -297,6 +299,7 @@ class Snapshot:
             + self.expired
             + self.graveyard
             + self.shed
+            + self.uncertain
             + self.main_depth
             + self.dlq_depth
             + self.in_flight

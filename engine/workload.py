@@ -97,7 +97,7 @@ class Workload:
                 await self._sleep(loop, None)
                 next_t = sink.clock()
                 continue
-            if sink.backpressure and len(queues.main) >= sink.queue_max:
+            if sink.backpressure and queues.fresh() >= sink.queue_max:
                 await queues.wait_space(sink.queue_max)
                 continue
             now = sink.clock()

@@ -251,7 +251,7 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
 class ResultsFile:
     """`--results FILE.jsonl`: one JSON line per request, written and flushed as it ends.
 
-    Every request that ends (succeeded, expired, graveyard, shed) is written
+    Every request that ends (succeeded, uncertain, expired, graveyard, shed) is written
     by the engine's finish watcher; at the end of the run the requests still
     queued or in flight are written too (ending "queued", "in_flight"), so
     the file holds every generated request exactly once. A kill -9 leaves at
@@ -262,7 +262,8 @@ class ResultsFile:
     intended_at, first_sent_at, done_at (Unix seconds), latency_ms (the last
     attempt's send -> answer), total_ms (intended arrival -> done),
     queue_wait_ms (arrival -> first send), params and pool (what the
-    workload gave: `ratedeck replay` sends them again), and with
+    workload gave: `ratedeck replay` sends them again), request_id (the
+    server's id of the attempt that left it uncertain, when it gave one), and with
     `--results-body` the answer's body.
     """
 
@@ -309,6 +310,8 @@ class ResultsFile:
             "params": Graveyard.scrub(req.params, self.redact) if req.params else {},
             "pool": req.pool,
         }
+        if req.request_id is not None:  # the server's id of a write that ended uncertain
+            record["request_id"] = req.request_id
         if self.body:
             record["body"] = self._body(result)
         self.out.write(record)

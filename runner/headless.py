@@ -88,7 +88,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)",
         f"requests     generated {snap.generated}  succeeded {snap.succeeded}  expired {snap.expired}"
-        f"  graveyard {snap.graveyard}  shed {snap.shed}",
+        f"  graveyard {snap.graveyard}  shed {snap.shed}"
+        + (f"  uncertain {snap.uncertain}" if snap.uncertain else ""),
         f"attempts     sent {snap.sent}  rejected 429 {snap.rejected_429}  rejected other {snap.rejected_other}"
         f"  failed {snap.failed}  retried {snap.retried}",
         f"queues       main {snap.main_depth} (avg {snap.main_avg:.1f}, max {snap.main_peak})"
@@ -133,7 +134,9 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         for text, count in facts.redirects:
             lines.append(f"redirects    {text} x{count}")
     lines.append(
-        f"accounting   {snap.generated} generated = {snap.succeeded} succeeded + {snap.expired} expired"
+        f"accounting   {snap.generated} generated = {snap.succeeded} succeeded"
+        + (f" + {snap.uncertain} uncertain" if snap.uncertain else "")
+        + f" + {snap.expired} expired"
         f" + {snap.graveyard} graveyard + {snap.shed} shed + {queued} queued + {snap.in_flight} in flight"
         + ("" if snap.balance() == 0 else f"  (MISMATCH {snap.balance()})")
     )
@@ -372,6 +375,12 @@ def conclude(
                 " with no Idempotency-Key they are not sent again",
                 err,
             )
+    if snap.uncertain:
+        _say(
+            f"ratedeck: {snap.uncertain} requests are uncertain: a write that may have happened"
+            " (--results lists them with the server's request id); not sent on another key",
+            err,
+        )
     if facts.answers == 0 and facts.no_answer:  # attempts ended, none with an answer
         _say(f"ratedeck: the target never answered: {snap.sent} attempts ({_counts(facts.no_answer)})", err)
         codes.append(EXIT_NO_ANSWER)

@@ -70,6 +70,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
             "shed": snap.shed,
             "queued_at_end": snap.main_depth + snap.dlq_depth,
             "in_flight_at_end": snap.in_flight,
+            "uncertain": snap.uncertain,
         },
         "balance_ok": snap.balance() == 0,
         "failures": dict(snap.failures),
@@ -198,7 +199,7 @@ def cluster_report(view: ClusterView) -> dict:
 
 def ended(snap: Snapshot) -> int:
     """Requests of this run that reached their final place."""
-    return snap.succeeded + snap.expired + snap.graveyard + snap.shed
+    return snap.succeeded + snap.expired + snap.graveyard + snap.shed + snap.uncertain
 
 
 def store_report(s: StoreReport, snap: Snapshot) -> dict:
