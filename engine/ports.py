@@ -53,6 +53,9 @@ class SourceQueues(Protocol):
 
     def __len__(self) -> int: ...
 
+    def fresh(self) -> int:
+        """Fresh work waiting, shared and pinned to a key: what backpressure bounds."""
+
     async def wait_space(self, limit: int) -> None: ...
 
 
@@ -61,7 +64,9 @@ class WorkerQueues(Protocol):
 
     def __len__(self) -> int: ...
 
-    def pop_ready(self, now: float, ok: Callable[[Request], bool] | None = None) -> Request | None: ...
+    def pop_ready(
+        self, now: float, ok: Callable[[Request], bool] | None = None, key: str | None = None
+    ) -> Request | None: ...
 
     def pass_on(self) -> None: ...
 

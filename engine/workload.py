@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ratedeck.core.secrets import fingerprint
 from ratedeck.core.vocab import Arrival
 
 from .request import Request, Shape
-from .settings import ConfigError, EngineSettings
+from .settings import ConfigError, EngineSettings, KeySpec
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ class Workload:
         total: int | None = None,
         items: Iterator[dict] | None = None,
         rng: random.Random | None = None,
+        pins: KeyPins | None = None,
     ):
         self.rate = float(rate)
+        self.pins = pins or KeyPins()  # what a line's `_key` may name
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -49,9 +53,16 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
         w = cfg.workload
-        items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
+        pins = KeyPins(cfg.keys)
+        budgets = tuple(b.name for b in cfg.budgets)
+        items = read_jsonl(w.file, tuple(cfg.pools), budgets, pins) if w.file else None
         return cls(
-            cfg.arrival_rate, poisson=w.arrival == Arrival.POISSON, total=w.total, items=items, rng=rng
+            cfg.arrival_rate,
+            poisson=w.arrival == Arrival.POISSON,
+            total=w.total,
+            items=items,
+            rng=rng,
+            pins=pins,
         )
 
     def set_rate(self, rate: float) -> None:
@@ -112,13 +123,22 @@ class Workload:
                         continue
                     break
             pool = params.pop("_pool", None) if params else None
+            pin = params.pop("_key", None) if params else None
             shape = take_shape(params) if params else None
             if self.rate != scheduled_rate:
                 intended, scheduled_rate = now, self.rate
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
             self.made(req)
-            sink.submit(req)
+            if pin is None:
+                sink.submit(req)
+            elif (label := self.pins.label(pin)) is not None:
+                req.pin = label  # this key sends it, and only this key
+                sink.submit(req)
+            else:  # a store's job, checked now: refused, never sent on another key
+                req.last_error = f"_key {self.pins.show(pin)} names none of the keys {self.pins.known()}"
+                sink.problem(f"a job's {req.last_error}: refused")
+                sink.refuse(req)
             made += 1
             gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
             intended += gap
@@ -126,6 +146,66 @@ class Workload:
             next_t = max(next_t + gap, now - 0.05)
         self.exhausted = True
         sink.source_done()
+
+
+class KeyPins:
+    """What a workload line's `_key` may name: a key's index (1 for k1), label ("k2") or
+    fingerprint as the console shows it ("3f9a1c"); never its secret.
+
+    With no keys (`ratedeck enqueue` without a config), only the form is checked:
+    the run checks the names when it reads the job.
+    """
+
+    _FORM = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+    _FINGERPRINT = re.compile(r"[0-9a-f]{6}")
+
+    def __init__(self, keys: Sequence[KeySpec] = ()):
+        self.labels = tuple(k.label for k in keys)
+        self._names: dict[str, str] = {}
+        for k in keys:
+            fp = fingerprint(k.secret)
+            if fp:
+                self._names.setdefault(fp, k.label)
+        for k in keys:
+            self._names[k.label] = k.label
+        self._secrets = tuple(s for k in keys for s in (k.secret, k.api_secret) if s)
+
+    def label(self, value: object) -> str | None:
+        """The label of the key `value` names; None if it names none."""
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            return self.labels[value - 1] if 1 <= value <= len(self.labels) else None
+        if isinstance(value, str):
+            return self._names.get(value)
+        return None
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with a line's `_key`, in a line that never shows a secret; None if nothing."""
+        if isinstance(value, str) and any(s and s in value for s in self._secrets):
+            return "_key holds an API key's secret (not shown); name the key by its label, index or fingerprint"
+        if not self.labels:  # the keys are not known here: the form only
+            ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) or (
+                isinstance(value, str) and self._FORM.fullmatch(value) is not None
+            )
+            if ok:
+                return None
+            return f"_key must be a key's index, label or fingerprint, got {self.show(value)}"
+        if self.label(value) is not None:
+            return None
+        return f"_key {self.show(value)} names none of the keys {self.known()}"
+
+    def known(self) -> str:
+        n = len(self.labels)
+        if not n:
+            return "(none configured)"
+        return f"{', '.join(self.labels[:5])}{', ...' if n > 5 else ''} (index 1 to {n}, or a fingerprint)"
+
+    def show(self, value: object) -> str:
+        """`value` fit for a message: a long string may be a secret, so only its length is shown."""
+        if isinstance(value, str) and (len(value) > 16 or not value.isprintable()):
+            return f"(a value of {len(value)} characters, not shown)"
+        return repr(value)
 
 
 _SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")
@@ -174,14 +254,16 @@ def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
     return None
 
 
-def read_jsonl(path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = ()) -> Iterator[dict]:
+def read_jsonl(
+    path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = (), pins: KeyPins | None = None
+) -> Iterator[dict]:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
     Every line must be a JSON object. Its fields become request parameters,
     except `_pool` (a connection pool) and the shaping fields: `_method`,
     `_path` (joined to the target URL), `_body` ("form" or "json"),
-    `_weight` (what it costs in weight budgets) and `_budget` (named budgets
-    it also spends from). A bad line is reported with its number before the
+    `_weight` (what it costs in weight budgets), `_budget` (named budgets
+    it also spends from) and `_key` (the one key that sends it: `KeyPins`). A bad line is reported with its number before the
     run starts.
     """
     p = Path(path)
@@ -204,6 +286,8 @@ def read_jsonl(path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] 
             known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
             raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
         problem = _check_shape(obj, budgets)
+        if problem is None and "_key" in obj:
+            problem = (pins or KeyPins()).problem(obj["_key"])
         if problem is not None:
             raise ConfigError(str(p), f"line {n}", problem)
         items.append(obj)

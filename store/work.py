@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
-from ratedeck.engine.settings import ConfigError, EngineConfig, MessagesConfig, TargetConfig, WorkloadConfig
-from ratedeck.engine.workload import Workload
+from ratedeck.engine.settings import (
+    ConfigError,
+    EngineConfig,
+    KeySpec,
+    MessagesConfig,
+    TargetConfig,
+    WorkloadConfig,
+)
+from ratedeck.engine.workload import KeyPins, Workload
 
 from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
@@ -70,6 +77,9 @@ class RunSettings(Protocol):
 
     @property
     def arrival_rate(self) -> float: ...
+
+    @property
+    def keys(self) -> tuple[KeySpec, ...]: ...  # what a job's `_key` may name
 
 
 def open_for_run(cfg: RunSettings) -> WorkStore | None:
@@ -121,8 +131,9 @@ class StoreWorkload(Workload):
         poisson: bool = False,
         total: int | None = None,
         rng: random.Random | None = None,
+        pins: KeyPins | None = None,
     ):
-        super().__init__(rate, poisson=poisson, total=total, rng=rng)
+        super().__init__(rate, poisson=poisson, total=total, rng=rng, pins=pins)
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -145,6 +156,7 @@ class StoreWorkload(Workload):
             poisson=w.arrival == Arrival.POISSON,
             total=w.total,
             rng=rng,
+            pins=KeyPins(cfg.keys),
         )
 
     async def refill(self) -> bool:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from ratedeck.config import ConfigError, load_config
-from ratedeck.engine.workload import read_jsonl
+from ratedeck.engine.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
 
@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     args = parsed
     try:
         cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
-        items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
+        budgets = tuple(b.name for b in cfg.budgets)
+        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, KeyPins(cfg.keys)))
         if cfg.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
