@@ -307,6 +307,7 @@ ROWS: tuple[Row, ...] = (
         "answer headers that carry the server's id of a request (the first present is reported"
         " with an uncertain request)",
         "engine",
+        dump=list,
     ),
     Row(
         "target.replayed_header",
