@@ -467,6 +467,33 @@ class Engine:
             req.idempotency_key = uuid.uuid4().hex  # one per logical request, kept across its retries
         return req
 
+    def recent_sends(self) -> dict[str, list[float]]:
+        """Each key's sends in its longest window (at most its limit), as Unix times, by the
+        key's fingerprint (its label for a short secret): what a store keeps for a resume."""
+        now = self.clock()
+        out: dict[str, list[float]] = {}
+        for w in self.workers:
+            policies = w.limiter.policies
+            span = max(p.window_s for p in policies)
+            keep = max(p.limit for p in policies)
+            times = w.limiter.sends_since(now - span)[-keep:]
+            out[w.fingerprint or w.label] = [self.wall_time(t) for t in times]
+        return out
+
+    def seed_sends(self, sends: dict[str, list[float]]) -> int:
+        """Start each key's limiter with the sends another run made (Unix times, keyed as
+        `recent_sends` keys them): the server still counts them, so the first sends of this
+        run keep to the same window. Call before `start`; returns how many were taken."""
+        now, wall = self.clock(), time.time()
+        taken = 0
+        for w in self.workers:
+            for t in sorted(sends.get(w.fingerprint or w.label, ())):
+                at = now - (wall - t)
+                if at <= now:
+                    w.limiter.record(at)
+                    taken += 1
+        return taken
+
     def source_done(self) -> None:
         self._check_finished()
 

@@ -244,12 +244,20 @@ class JournalHost(Protocol):
 
     def problem(self, text: str) -> None: ...
 
+    def recent_sends(self) -> dict[str, list[float]]:
+        """Each key's sends in its last window (Unix times), by key fingerprint."""
+        ...
+
 
 class StoreRunHost(JournalHost, Watched, Protocol):
     """What a store run does with the engine: watch it, and read what is left queued at the end."""
 
     def queued(self) -> list[Request]:
         """Requests still queued (main queue first, then the retry queue by due time)."""
+        ...
+
+    def seed_sends(self, sends: dict[str, list[float]]) -> int:
+        """Start each key's limiter with another run's sends (Unix times, by key fingerprint)."""
         ...
 
 

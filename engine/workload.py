@@ -49,6 +49,10 @@ class Workload:
         self.rng = rng or random.Random()
         self.exhausted = False
         self._waker = Waker()
+        # A bound on the queue below `queue_max` (a store keeps few jobs marked ahead of the limiter).
+        self.depth: int | None = None
+        # True when `before_submit` must run (and be awaited) before each request is queued.
+        self.marks = False
 
     @classmethod
     def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
@@ -84,6 +88,10 @@ class Workload:
     def stats(self, elapsed_s: float) -> MessageStats | None:
         return None
 
+    async def before_submit(self, req: Request, sink: SourceSink) -> bool:
+        """Called (when `marks`) before `req` is queued: False to stop making requests."""
+        return True
+
     async def refill(self) -> bool:
         """`items` ran out: fetch more (a store claims a batch); False when there is no more work."""
         return False
@@ -108,8 +116,9 @@ class Workload:
                 await self._sleep(loop, None)
                 next_t = sink.clock()
                 continue
-            if sink.backpressure and queues.fresh() >= sink.queue_max:
-                await queues.wait_space(sink.queue_max)
+            limit = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
+            if sink.backpressure and queues.fresh() >= limit:
+                await queues.wait_space(limit)
                 continue
             now = sink.clock()
             if next_t > now:
@@ -130,6 +139,8 @@ class Workload:
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
             self.made(req)
+            if self.marks and not await self.before_submit(req, sink):
+                break
             if pin is None:
                 sink.submit(req)
             elif (label := self.pins.label(pin)) is not None:
@@ -183,7 +194,9 @@ class KeyPins:
     def problem(self, value: object) -> str | None:
         """What is wrong with a line's `_key`, in a line that never shows a secret; None if nothing."""
         if isinstance(value, str) and any(s and s in value for s in self._secrets):
-            return "_key holds an API key's secret (not shown); name the key by its label, index or fingerprint"
+            return (
+                "_key holds an API key's secret (not shown); name the key by its label, index or fingerprint"
+            )
         if not self.labels:  # the keys are not known here: the form only
             ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) or (
                 isinstance(value, str) and self._FORM.fullmatch(value) is not None

@@ -214,7 +214,8 @@ def store_report(s: StoreReport, snap: Snapshot) -> dict:
         "jobs": c.total,
         "pending": c.pending,
         "in_flight": c.claimed,
-        "uncertain": c.uncertain,
+        # a killed run's jobs that may have been sent, and writes of a live run that ended uncertain
+        "uncertain": c.uncertain + c.done.get("uncertain", 0),
         **{str(e): c.done.get(str(e), 0) for e in ("succeeded", "expired", "graveyard", "shed")},
         "resumed": s.recovered,
         "resumed_retried": s.retried_uncertain and s.recovered > 0,

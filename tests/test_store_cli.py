@@ -167,7 +167,8 @@ def test_kill_9_then_resume_without_idempotency_sends_nothing_twice_and_reports_
         _enqueue(tmp_path, db)
         _kill_mid_run(cfg, db, target)
         at_kill = _states(db)
-        held = {job for job, (state, _) in at_kill.items() if state == "claimed"}
+        # marked sending: may have reached the server (claimed and never marked go back to pending)
+        held = {job for job, (state, _) in at_kill.items() if state == "sending"}
         # in flight, plus what was queued or claimed for the queue, plus the last tick's endings
         assert 0 < len(held) <= IN_FLIGHT + 2 * QUEUE_MAX + 10
         proc = _run(cfg, db, report, "--resume")
@@ -197,7 +198,7 @@ def test_kill_9_then_resume_with_idempotency_key_finishes_every_job_under_one_ke
         cfg = _config(tmp_path, target, idempotent=True)
         _enqueue(tmp_path, db)
         _kill_mid_run(cfg, db, target)
-        held = {job for job, (state, _) in _states(db).items() if state == "claimed"}
+        held = {job for job, (state, _) in _states(db).items() if state == "sending"}
         assert 0 < len(held) <= IN_FLIGHT + 2 * QUEUE_MAX + 10
         proc = _run(cfg, db, report, "--resume")
         seen = target.by_job()

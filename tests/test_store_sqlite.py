@@ -78,6 +78,7 @@ def test_recover_takes_back_a_dead_member_s_jobs_as_uncertain(tmp_path, retry):
         s = SqliteStore.open(str(tmp_path / "w.db"))
         await s.enqueue([{"job": i} for i in range(4)])
         dead = await s.claim("dead", 2)
+        await s.mark_sending("dead", [j.id for j in dead])  # they may have been sent
         mine = await s.claim("me", 1)
         assert await s.recover("me", retry=retry) == 2
         c = await s.counts()
@@ -91,6 +92,42 @@ def test_recover_takes_back_a_dead_member_s_jobs_as_uncertain(tmp_path, retry):
         else:  # never sent again: reported
             assert (c.pending, c.uncertain) == (1, 2)
             assert [j.id for j in await s.claim("me", 5)] == [mine[0].id + 1]
+        await s.close()
+
+    run(scenario())
+
+
+def test_recover_puts_a_dead_member_s_unsent_claims_back_as_they_were(tmp_path):
+    """Only the jobs marked sending may have reached the server: the rest of a killed run's
+    claim was never sent, and goes back to pending, not uncertain and not counted as resumed."""
+
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(6)])
+        dead = await s.claim("dead", 5)
+        await s.mark_sending("dead", [dead[0].id, dead[1].id])
+        await s.mark_sending("other", [dead[2].id])  # not its claim: no mark
+        assert await s.recover("me", retry=False) == 2
+        c = await s.counts()
+        assert (c.pending, c.claimed, c.uncertain) == (4, 0, 2)
+        again = await s.claim("me", 6)
+        assert [j.id for j in again] == [j.id for j in dead[2:]] + [6]
+        assert not any(j.uncertain for j in again) and all(j.attempts == 0 for j in again)
+        await s.close()
+
+    run(scenario())
+
+
+def test_windows_are_kept_per_key_and_replaced(tmp_path):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        assert await s.load_windows() == {}
+        await s.save_windows("m", {"3f9a1c": [100.0, 100.5], "k2": []})
+        await s.save_windows("m", {"3f9a1c": [101.25]})
+        await s.close()
+        s = SqliteStore.open(str(tmp_path / "w.db"))  # durable: a new process reads them
+        kept = await s.load_windows()
+        assert kept["3f9a1c"][1] == [101.25] and kept["k2"][1] == []
         await s.close()
 
     run(scenario())
