@@ -242,7 +242,7 @@ class Engine:
         self.clock = time.monotonic  # replaced by the loop's clock in start()
         self.started_at = 0.0
         self.ended_at: float | None = None
-        self._wall_offset = 0.0
+        self._wall_offset = time.time() - time.monotonic()  # until start() measures the loop's clock
         self._tasks: list[asyncio.Task] = []
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0

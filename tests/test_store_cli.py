@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 
 import pytest
@@ -34,11 +34,19 @@ QUEUE_MAX = 4
 class JobTarget:
     """Records (job, Idempotency-Key) of every request on arrival; answers after `delay_s`.
 
-    Jobs divisible by 10 are refused with a 400 (retrying cannot help: they are buried).
+    Jobs divisible by 10 are refused with a 400 (retrying cannot help: they are buried),
+    unless `refuse_tens` is off. With `limit`, each API key (the Authorization header)
+    may send at most `limit` requests in any `window_s`; one more is a 429, counted in
+    `rejected` and not recorded as delivered (the server did nothing with it).
     """
 
-    def __init__(self, delay_s: float = 0.3):
+    def __init__(
+        self, delay_s: float = 0.3, limit: int | None = None, window_s: float = 1.0, refuse_tens: bool = True
+    ):
         self.delay_s = delay_s
+        self.limit, self.window_s, self.refuse_tens = limit, window_s, refuse_tens
+        self.windows: dict[str, deque[float]] = defaultdict(deque)
+        self.rejected = 0
         self.port = 0
         self.seen: list[tuple[int, str | None]] = []
         self._lock = threading.Lock()
@@ -89,10 +97,19 @@ class JobTarget:
         if request.method == "POST":
             fields.update(await request.post())
         job = int(fields["job"])
+        if self.limit is not None:
+            now, sent = time.monotonic(), self.windows[request.headers.get("Authorization", "")]
+            while sent and sent[0] <= now - self.window_s:
+                sent.popleft()
+            if len(sent) >= self.limit:
+                with self._lock:
+                    self.rejected += 1
+                return web.json_response({"error": "rate limited"}, status=429)
+            sent.append(now)
         with self._lock:
             self.seen.append((job, request.headers.get("Idempotency-Key")))
         await asyncio.sleep(self.delay_s)
-        if job % 10 == 0:
+        if job % 10 == 0 and self.refuse_tens:
             return web.json_response({"error": "bad job"}, status=400)
         return web.json_response({"ok": job})
 
@@ -139,8 +156,8 @@ def _run(cfg: Path, db: Path, report: Path, *extra: str) -> subprocess.Completed
     )
 
 
-def _kill_mid_run(cfg: Path, db: Path, target: JobTarget) -> None:
-    """Start a store run and kill -9 it once the target has received a third of the jobs."""
+def _kill_mid_run(cfg: Path, db: Path, target: JobTarget, at: int = JOBS // 3) -> None:
+    """Start a store run and kill -9 it once the target has received `at` jobs (a third)."""
     proc = subprocess.Popen(
         RATEDECK + ["--no-ui", "--config", str(cfg), "--store", f"sqlite:{db}"],
         stdout=subprocess.DEVNULL,
@@ -148,7 +165,7 @@ def _kill_mid_run(cfg: Path, db: Path, target: JobTarget) -> None:
     )
     try:
         deadline = time.monotonic() + 30
-        while target.received() < JOBS // 3:
+        while target.received() < at:
             assert proc.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, f"only {target.received()} requests arrived"
             time.sleep(0.01)
@@ -219,6 +236,45 @@ def test_kill_9_then_resume_with_idempotency_key_finishes_every_job_under_one_ke
     with sqlite3.connect(db) as con:
         records = [json.loads(r) for (r,) in con.execute("SELECT record FROM graveyard")]
     assert sorted(int(r["params"]["job"]) for r in records) == list(range(10, JOBS + 1, 10))
+
+
+@pytest.mark.slow
+def test_kill_9_at_full_rate_strands_nothing_and_the_resume_draws_no_429(tmp_path):
+    """5 keys x 20/1s on a server that refuses the 21st request of any second, 8 in flight
+    per key, 600 jobs, killed about 3.5 s in: only jobs marked sending (what may have
+    reached the server) end uncertain, far fewer than the 40 that can be in flight; every
+    other job is delivered exactly once, across the kill and the resume, with no 429: the
+    resumed run starts each key from the dead run's last window, kept in the store."""
+    jobs, keys = 600, [f"key-{i}-secret-0123456789" for i in range(5)]
+    db, report = tmp_path / "work.db", tmp_path / "report.json"
+    with JobTarget(delay_s=0.05, limit=20, refuse_tens=False) as target:
+        cfg = tmp_path / "run.toml"
+        cfg.write_text(
+            f'[target]\nurl = "{target.url}"\n'
+            f'[keys]\nsecrets = {json.dumps(keys)}\nlimits = ["20/1s"]\n'
+            "[engine]\nin_flight_per_key = 8\nttl_s = 600\n"
+        )
+        _enqueue(tmp_path, db, jobs)
+        _kill_mid_run(cfg, db, target, at=350)
+        held = {job for job, (state, _) in _states(db).items() if state == "sending"}
+        started = time.monotonic()
+        proc = _run(cfg, db, report, "--resume")
+        took = time.monotonic() - started
+        seen, rejected = target.by_job(), target.rejected
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    store = data["store"]
+    delivered_twice = {job: len(k) for job, k in seen.items() if len(k) > 1}
+    print(
+        f"kill -9 at 350 delivered: uncertain {len(held)}, duplicates {len(delivered_twice)},"
+        f" 429s {rejected}, resume {took:.1f} s"
+    )
+    assert 0 < len(held) <= 40 and store["uncertain"] == store["resumed"] == len(held)
+    assert delivered_twice == {} and rejected == 0 and data["requests"]["rejected_429"] == 0
+    for job in range(1, jobs + 1):
+        if job not in held:
+            assert len(seen.get(job, [])) == 1, job  # delivered exactly once
+    assert store["succeeded"] == jobs - len(held) and store["pending"] == store["in_flight"] == 0
 
 
 @pytest.mark.slow

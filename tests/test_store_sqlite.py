@@ -295,3 +295,51 @@ def test_a_claim_cut_short_by_the_stop_is_still_given_back(tmp_path):
         await store.close()
 
     run(scenario())
+
+
+def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path):
+    """The journal keeps each key's last sends; the next run's limiter starts from them, with
+    what the dead run may have sent after its last save: its first send waits for the window
+    the server still counts, instead of drawing a 429."""
+    import time
+
+    from ratedeck.config import load_config
+    from ratedeck.core.secrets import fingerprint
+    from ratedeck.engine.engine import Engine
+    from ratedeck.engine.transport import http_transport
+    from ratedeck.store.work import FLUSH_EVERY_S, last_sends
+
+    secrets = ["first-key-0123456789", "second-key-0123456789"]
+    cfg = load_config(
+        overrides={
+            "target": {"url": "http://127.0.0.1:9/x"},
+            "keys": {"secrets": secrets, "limits": ["20/1s"]},
+            "engine": {"headroom": 0},
+        }
+    )
+
+    async def scenario() -> None:
+        dead = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        wall = time.time()
+        for i in range(18):  # the dead run: 18 sends of k1 in its last 0.6 s
+            dead.workers[0].limiter.record(dead.clock() - 0.6 + i * 0.03)
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.save_windows("dead", dead.recent_sends())
+        kept = await s.load_windows()
+        await s.close()
+        first = fingerprint(secrets[0])
+        assert set(kept) == {first, fingerprint(secrets[1])} and len(kept[first][1]) == 18
+        sends = last_sends(kept, wall)
+        assert len(sends[first]) > 18 and fingerprint(secrets[1]) not in sends  # it sent nothing
+        fresh = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        assert fresh.seed_sends(sends) == len(sends[first])
+        now = fresh.clock()
+        k1, k2 = fresh.workers
+        oldest = min(kept[first][1])
+        # k1 has no room until the dead run's oldest send leaves the server's window
+        assert k1.next_free(now) >= now + (oldest + 1.0 - wall) - 0.01
+        assert k1.limiter.used(now)[0] >= 20  # full: 18 kept plus the sends it may have made after
+        assert k2.next_free(now) <= now + 1e-6  # the key the dead run did not use is free
+        assert FLUSH_EVERY_S <= 0.1
+
+    run(scenario())
