@@ -238,3 +238,57 @@ def test_key_lines_are_checked_before_anything_is_sent(tmp_path):
         check([{"_key": KEYS[1]}])
     text = str(err.value)
     assert "secret" in text and KEYS[1] not in text and "bravo" not in text and "\n" not in text
+
+
+def test_some_uncertain_requests_alone_exit_0_and_fail_on_uncertain_fails_the_run(tmp_path, capsys):
+    import io
+    import sys
+
+    from test_report_schema import accounted, validate
+
+    from ratedeck.engine.snapshot import Snapshot
+    from ratedeck.runner import headless
+    from ratedeck.runner.headless import RunFacts
+
+    report = tmp_path / "report.json"
+    cfg = load_config(overrides={"run": {"report": str(report)}})
+    snap = Snapshot(generated=10, succeeded=8, uncertain=2, sent=12, failed=2)
+    assert snap.balance() == 0
+    assert headless.conclude(snap, RunFacts(answers=12), cfg, out=sys.stdout) == headless.EXIT_OK
+    out, err = capsys.readouterr()
+    assert "8 succeeded + 2 uncertain" in out and "2 requests are uncertain" in err
+    data = json.loads(report.read_text())
+    assert validate(data) == [] and data["requests"]["uncertain"] == 2
+    assert accounted(data["requests"]) == data["requests"]["generated"] == 10
+    code = headless.conclude(
+        snap, RunFacts(answers=12), cfg, out=io.StringIO(), thresholds=[parse("uncertain>0")]
+    )
+    assert code == headless.EXIT_THRESHOLD
+
+
+def test_pinned_work_waits_in_its_key_s_own_queue_and_never_blocks_the_others():
+    from ratedeck.engine.queues import WorkQueues
+    from ratedeck.engine.request import Request
+
+    async def main():
+        q = WorkQueues()
+        pinned = [Request(i, 0.0, 10.0) for i in range(1, 4)]
+        for r in pinned:
+            r.pin = "k1"
+            q.put(r)
+        free = Request(9, 0.0, 10.0)
+        q.put(free)
+        assert len(q) == 4 and q.fresh() == 4 and q.retries() == 0
+        assert q.pop_ready(1.0, key="k2") is free  # k1's backlog does not hold k2 up
+        assert q.pop_ready(1.0, key="k2") is None and q.pop_ready(1.0) is None
+        assert q.pop_ready(1.0, key="k1") is pinned[0]
+        pinned[0].eligible_at = 2.0
+        q.retry(pinned[0])  # its retry stays pinned, due at 2.0
+        assert q.retries() == 1 and q.pop_ready(1.0, key="k2") is None
+        assert q.pop_ready(1.0, key="k1") is pinned[1] and q.pop_ready(2.0, key="k1") is pinned[0]
+        assert [r.id for r in q.all_queued()] == [3]
+        assert q.drain_expired(20.0) == [pinned[2]] and len(q) == 0
+        q.put(pinned[1])
+        assert q.take_pinned("k1") == [pinned[1]] and len(q) == 0 and q.fresh() == 0
+
+    asyncio.run(main())
