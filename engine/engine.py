@@ -433,10 +433,12 @@ class Engine:
     def submit(self, req: Request) -> None:
         """Accept a new request into the main queue."""
         self.metrics.generated += 1
-        if req.pin is not None and self.by_label[req.pin].blocked:  # its one key was refused for good
-            req.last_error = f"its key {req.pin} was refused"
-            self.path.bury(req, self.clock())
-            return
+        if req.pin is not None:
+            owner = self.by_label.get(req.pin)
+            if owner is None or owner.blocked:  # its one key is not ours, or was refused for good
+                req.last_error = f"its key {req.pin} {'was refused' if owner else 'is not one of ours'}"
+                self.path.bury(req, self.clock())
+                return
         self.queues.put(req)
 
     def refuse(self, req: Request) -> None:

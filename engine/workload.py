@@ -185,8 +185,8 @@ class KeyPins:
         """The label of the key `value` names; None if it names none."""
         if isinstance(value, bool):
             return None
-        if isinstance(value, int):
-            return self.labels[value - 1] if 1 <= value <= len(self.labels) else None
+        if isinstance(value, int):  # 2 is k2, the console's label, whichever keys this engine has
+            return self._names.get(f"k{value}") if value >= 1 else None
         if isinstance(value, str):
             return self._names.get(value)
         return None
