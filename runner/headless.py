@@ -173,7 +173,7 @@ def store_lines(store: StoreReport) -> list[str]:
     done = "".join(f" + {c.done.get(e, 0)} {e}" for e in ("succeeded", "expired", "graveyard", "shed"))
     lines = [
         f"store        {store.url}: {c.total} jobs = {c.pending} pending + {c.claimed} in flight"
-        f" + {c.uncertain} uncertain{done}",
+        f" + {c.uncertain + c.done.get('uncertain', 0)} uncertain{done}",
         f"             journaled {store.journaled} endings of this run",
     ]
     if store.recovered:
@@ -371,8 +371,8 @@ def conclude(
             codes.append(EXIT_UNBALANCED)
         if store.counts.uncertain:
             _say(
-                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them, and"
-                " with no Idempotency-Key they are not sent again",
+                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
+                " (or their write may have happened), and they are not sent again",
                 err,
             )
     if snap.uncertain:
