@@ -343,3 +343,25 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
         assert FLUSH_EVERY_S <= 0.1
 
     run(scenario())
+
+
+def test_a_live_run_s_uncertain_ending_is_journaled_as_uncertain(tmp_path):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(3)])
+        jobs = await s.claim("me", 3)
+        await s.mark_sending("me", [j.id for j in jobs])
+        await s.finish(
+            "me",
+            [
+                Finished(jobs[0].id, Ending.SUCCEEDED, 1),
+                Finished(jobs[1].id, Ending.UNCERTAIN, 1),
+                Finished(jobs[2].id, Ending.SHED, 0),
+            ],
+        )
+        c = await s.counts()
+        assert (c.claimed, c.uncertain, dict(c.done)) == (0, 1, {"succeeded": 1, "shed": 1})
+        assert c.total == 3
+        await s.close()
+
+    run(scenario())
