@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ratedeck.core.secrets import safe_url
+from ratedeck.core.secrets import fingerprint, safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
 from ratedeck.engine.settings import (
     ConfigError,
@@ -208,7 +208,9 @@ class StoreWorkload(Workload):
             return True
         ahead = max(MARK_MIN, min(CLAIM_MAX, math.ceil(sink.live_capacity(sink.clock()) * MARK_AHEAD_S) + 1))
         self.depth = ahead
-        ids = [job.id, *self._buffer.peek(ahead - 1)]
+        # As many as the queue has room for now: marked jobs wait in the queue, not here.
+        room = max(1, min(ahead, sink.queue_max) - sink.queues.fresh())
+        ids = [job.id, *self._buffer.peek(room - 1)]
         while True:
             try:
                 await self.store.mark_sending(self.member, ids)
@@ -340,17 +342,22 @@ class Journal:
         self.written += len(batch)
 
 
-def last_sends(windows: dict[str, tuple[float, list[float]]], now: float) -> dict[str, list[float]]:
+def last_sends(
+    windows: dict[str, tuple[float, list[float]]], now: float, burst_limits: dict[str, int] | None = None
+) -> dict[str, list[float]]:
     """The sends a store kept per key, with what the run may have sent after it last saved:
     it saved every `FLUSH_EVERY_S`, and a kill -9 lost at most the sends of one such tick
-    (and the write under way). They count as sent at the latest they can have been, at most
-    one per `FLUSH_EVERY_S` share of the key's pace in its window, plus one."""
+    (and the write under way). They count as sent at the latest they can have been: at the
+    key's pace, two ticks' share of its last second plus one; a key that sends in bursts
+    (`burst_limits`: its limit, by key) may have spent all its window had left."""
     out: dict[str, list[float]] = {}
     for key, (saved_at, times) in windows.items():
         if not times:
             continue
         recent = [t for t in times if t > saved_at - 1.0]  # its pace over the last second
         lost = math.ceil(len(recent) * 2 * FLUSH_EVERY_S) + 1
+        if burst_limits is not None and key in burst_limits:
+            lost = max(lost, burst_limits[key] - len(times))
         at = min(now, saved_at + 2 * FLUSH_EVERY_S)
         out[key] = [*times, *([at] * lost)]
     return out
@@ -384,7 +391,13 @@ class StoreRun:
         """Watch the engine's endings; start the journal's writer on the running loop."""
         self.journal = Journal(engine, self.source)
         engine.watch(self.journal)
-        seeded = engine.seed_sends(last_sends(self.windows, time.time()))
+        burst = None
+        if self.cfg.engine.pacing == "burst":
+            burst = {
+                (fingerprint(k.secret) or k.label): min(k.policies, key=lambda p: p.rate).limit
+                for k in self.cfg.keys
+            }
+        seeded = engine.seed_sends(last_sends(self.windows, time.time(), burst))
         if seeded:
             engine.event(EventKind.INFO, f"each key starts from the last run's window: {seeded} sends")
         self.journal.start()
