@@ -167,8 +167,7 @@ class KeyPins:
     the run checks the names when it reads the job.
     """
 
-    _FORM = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-    _FINGERPRINT = re.compile(r"[0-9a-f]{6}")
+    _FORM = re.compile(r"k[1-9][0-9]{0,5}|[0-9a-f]{6}")  # a label (always k<n>) or a fingerprint
 
     def __init__(self, keys: Sequence[KeySpec] = ()):
         self.labels = tuple(k.label for k in keys)
@@ -203,7 +202,9 @@ class KeyPins:
             )
             if ok:
                 return None
-            return f"_key must be a key's index, label or fingerprint, got {self.show(value)}"
+            return (
+                f"_key must be a key's index (2), label (k2) or fingerprint (3f9a1c), got {self.show(value)}"
+            )
         if self.label(value) is not None:
             return None
         return f"_key {self.show(value)} names none of the keys {self.known()}"

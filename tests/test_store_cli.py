@@ -340,6 +340,20 @@ def test_enqueue_checks_pools_like_a_workload_file(tmp_path, capsys):
     assert "line 1" in err and "_pool 'slow'" in err
 
 
+def test_enqueue_checks_a_line_s_key_by_its_form_or_against_the_config_s_keys(tmp_path, capsys):
+    jobs, db = tmp_path / "jobs.jsonl", f"sqlite:{tmp_path / 'w.db'}"
+    jobs.write_text('{"job": 1, "_key": "k2"}\n{"job": 2, "_key": "sk_live_0123456789abcdef"}\n')
+    err = _one_line(capsys, "enqueue", "--store", db, str(jobs))
+    assert "line 2" in err and "_key must be" in err and "sk_live" not in err
+    with JobTarget() as target:
+        cfg = _config(tmp_path, target, idempotent=False)  # two keys: k1, k2
+        jobs.write_text('{"job": 1, "_key": "k2"}\n{"job": 2, "_key": 3}\n')
+        err = _one_line(capsys, "enqueue", "--config", str(cfg), "--store", db, str(jobs))
+        assert "line 2" in err and "_key 3 names none of the keys k1, k2" in err
+        jobs.write_text('{"job": 1, "_key": "k2"}\n{"job": 2, "_key": 1}\n')
+        assert main(["enqueue", "--config", str(cfg), "--store", db, str(jobs)]) == 0
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [

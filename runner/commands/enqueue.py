@@ -34,7 +34,10 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(args.config, args.preset, {"run": {"store": args.store}})
         budgets = tuple(b.name for b in cfg.budgets)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, KeyPins(cfg.keys)))
+        # A line's `_key` is checked against the run's keys when the config names them, else
+        # by its form only (the run checks it against its own keys when it reads the job).
+        pins = KeyPins(cfg.keys) if args.config or args.preset else KeyPins()
+        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins))
         if cfg.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
