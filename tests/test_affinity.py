@@ -42,15 +42,22 @@ def write_lines(tmp_path, lines, name="work.jsonl"):
     return str(path)
 
 
-async def run_engine(cfg, url, seconds):
+async def run_engine(cfg, url, seconds, results=None):
+    from ratedeck.host.session import ResultsFile
+
     transport = http_transport(cfg, url)
     engine = Engine(cfg, transport)
     seen = Endings()
     engine.watch(seen)
+    out = ResultsFile(str(results), engine) if results is not None else None
+    if out is not None:
+        engine.watch(out)
     try:
         snap = await engine.run(seconds)
     finally:
         await transport.close()
+        if out is not None:
+            out.close()
     return snap, seen
 
 
@@ -148,11 +155,14 @@ def test_a_post_without_idempotency_key_answered_500_ends_uncertain_and_is_not_s
                     "workload": {"file": write_lines(tmp_path, charges(4)), "rate": 20.0},
                 },
             )
-            snap, seen = await run_engine(cfg, stub.url + "/v1/charges", 20.0)
+            snap, seen = await run_engine(cfg, stub.url + "/v1/charges", 20.0, tmp_path / "results.jsonl")
             return snap, seen, stub
 
     snap, seen, stub = asyncio.run(main())
     assert (snap.succeeded, snap.uncertain, snap.retried) == (3, 1, 0)
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    (line,) = [r for r in lines if r["ending"] == "uncertain"]
+    assert line["request_id"].startswith("req_stub") and line["status"] == 500 and line["attempts"] == 1
     assert len(stub.state.writes) == 4 and stub.state.duplicate_writes() == {}
     (row,) = [r for r in seen.rows if r[2] is Ending.UNCERTAIN]
     assert row[3] is not None and row[3].startswith("req_stub")  # Stripe's Request-Id, reported
