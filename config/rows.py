@@ -360,6 +360,22 @@ ROWS: tuple[Row, ...] = (
         "a 2xx body over this many MiB once decompressed fails the request, unread (a gzip bomb stops here)",
         "engine",
     ),
+    Row(
+        "target.request_id_headers",
+        "strings",
+        p.strings("header names"),
+        "answer headers that carry the server's id of a request (the first present is reported"
+        " with an uncertain request)",
+        "engine",
+        dump=list,
+    ),
+    Row(
+        "target.replayed_header",
+        "string",
+        p.text,
+        'the answer header a server sets to "true" on a replayed idempotent answer ("": none)',
+        "engine",
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",

@@ -16,6 +16,9 @@ class Ending(StrEnum):
     EXPIRED = "expired"  # its time-to-live passed before it could succeed
     GRAVEYARD = "graveyard"  # used up its attempts, or an error retrying cannot fix
     SHED = "shed"  # refused or cancelled before it was sent
+    # a write that may or may not have happened (a 5xx or a timeout after sending, on a request
+    # with an Idempotency-Key or a non-idempotent method): reported, never sent on another key
+    UNCERTAIN = "uncertain"
 
 
 class OutcomeKind(StrEnum):

@@ -150,7 +150,7 @@ class Engine:
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
         if (
-            getattr(self.source, "fed", False)
+            self.source.fed
             and bursts_in_time(cfg)
             and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
         ):
@@ -257,7 +257,7 @@ class Engine:
         self.clock = time.monotonic  # replaced by the loop's clock in start()
         self.started_at = 0.0
         self.ended_at: float | None = None
-        self._wall_offset = 0.0
+        self._wall_offset = time.time() - time.monotonic()  # until start() measures the loop's clock
         self._tasks: list[asyncio.Task] = []
         self.finished: asyncio.Event | None = None  # created on the loop in start()
         self._next_id = 0
@@ -278,7 +278,7 @@ class Engine:
         self.finish_watchers: list[DoneCallback] = []
         # A job (a workload file, a store): its makespan against the least time the limits allow.
         self.makespan: MakespanMeter | None = None
-        if getattr(self.source, "job", False):
+        if self.source.job:
             self.makespan = MakespanMeter(self, cfg.key_weighted)
             self.watch(self.makespan)
 
@@ -306,7 +306,7 @@ class Engine:
 
     def queued(self) -> list[Request]:
         """Requests still queued: the main queue first, then the retry queue by due time."""
-        return [*self.queues.main, *sorted(self.queues.dlq)]
+        return self.queues.all_queued()
 
     def in_flight_requests(self) -> list[Request]:
         return self.path.in_flight_requests()
@@ -453,6 +453,12 @@ class Engine:
     def submit(self, req: Request) -> None:
         """Accept a new request into the main queue."""
         self.metrics.generated += 1
+        if req.pin is not None:
+            owner = self.by_label.get(req.pin)
+            if owner is None or owner.blocked:  # its one key is not ours, or was refused for good
+                req.last_error = f"its key {req.pin} {'was refused' if owner else 'is not one of ours'}"
+                self.path.bury(req, self.clock())
+                return
         self.queues.put(req)
 
     def refuse(self, req: Request) -> None:
@@ -483,6 +489,33 @@ class Engine:
         if self.cfg.target.idempotency:
             req.idempotency_key = uuid.uuid4().hex  # one per logical request, kept across its retries
         return req
+
+    def recent_sends(self) -> dict[str, list[float]]:
+        """Each key's sends in its longest window (at most its limit), as Unix times, by the
+        key's fingerprint (its label for a short secret): what a store keeps for a resume."""
+        now = self.clock()
+        out: dict[str, list[float]] = {}
+        for w in self.workers:
+            policies = w.limiter.policies
+            span = max(p.window_s for p in policies)
+            keep = max(p.limit for p in policies)
+            times = w.limiter.sends_since(now - span)[-keep:]
+            out[w.fingerprint or w.label] = [self.wall_time(t) for t in times]
+        return out
+
+    def seed_sends(self, sends: dict[str, list[float]]) -> int:
+        """Start each key's limiter with the sends another run made (Unix times, keyed as
+        `recent_sends` keys them): the server still counts them, so the first sends of this
+        run keep to the same window. Call before `start`; returns how many were taken."""
+        now, wall = self.clock(), time.time()
+        taken = 0
+        for w in self.workers:
+            for t in sorted(sends.get(w.fingerprint or w.label, ())):
+                at = now - (wall - t)
+                if at <= now:
+                    w.limiter.record(at)
+                    taken += 1
+        return taken
 
     def source_done(self) -> None:
         self._check_finished()
@@ -526,7 +559,7 @@ class Engine:
             now = self.clock()
             self.note_lag(now - due, now)
             self._expire_queued(now)
-            self.metrics.sample_depths(len(self.queues.main), len(self.queues.dlq))
+            self.metrics.sample_depths(self.queues.fresh(), self.queues.retries())
             while now >= next_second:
                 self.metrics.close_second()
                 self.source.close_second()
@@ -657,8 +690,8 @@ class Engine:
             expired=m.expired,
             graveyard=m.graveyard,
             shed=m.shed,
-            main_depth=len(self.queues.main),
-            dlq_depth=len(self.queues.dlq),
+            main_depth=self.queues.fresh(),
+            dlq_depth=self.queues.retries(),
             in_flight=self.in_flight,
             sent=m.sent,
             rejected_429=m.rejected_429,
@@ -706,5 +739,6 @@ class Engine:
             makespan=self.makespan.view(m.latency.quantiles(0.5)[0] / 1000.0, self.phase is Phase.STOPPED)
             if self.makespan
             else None,
-            fed=getattr(self.source, "fed", False),
+            fed=self.source.fed,
+            uncertain=m.uncertain,
         )

@@ -353,6 +353,10 @@ class WindowLimiter:
         self._recent.append((at, cost))
         return stamp
 
+    def sends_since(self, t: float) -> list[float]:
+        """The times of the sends after `t` (the last 1,024 at most), oldest first."""
+        return [at for at, _ in self._recent if at > t]
+
     def spent_since(self, t: float) -> int:
         """Cost spent after time `t` (a send the server's answer could not have counted yet)."""
         total = 0

@@ -50,6 +50,7 @@ _SUMMED = (
     "expired",
     "graveyard",
     "shed",
+    "uncertain",
     "main_depth",
     "dlq_depth",
     "in_flight",

@@ -220,6 +220,7 @@ class Metrics:
     def __init__(self, series_len: int = 300):
         # requests
         self.generated = self.succeeded = self.expired = self.graveyard = self.shed = 0
+        self.uncertain = 0  # writes that may or may not have happened (Ending.UNCERTAIN)
         # attempts
         self.sent = self.rejected_429 = self.rejected_other = self.failed = self.retried = 0
         self.failures: Counter[str] = Counter()

@@ -116,6 +116,7 @@ class MessageWorkload:
         self.poisson = poisson
         self.total = total
         self.items = items
+        self.fed = False  # messages always arrive at their rate (the entry throttle paces them)
         self.rng = rng or random.Random()
         self.cancel_failed = True
         self.exhausted = False
@@ -156,6 +157,11 @@ class MessageWorkload:
         )
 
     # ------------------------------------------------------------ steering
+    @property
+    def job(self) -> bool:
+        """Never measured as a job: a message's calls are not the limits' units (no makespan)."""
+        return False
+
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
         self.poke()

@@ -36,6 +36,11 @@ class Outcome:
         "remaining",
         "quotas",
         "key",
+        "request_id",
+        "write",
+        "keyed",
+        "maybe_sent",
+        "replayed",
     )
 
     def __init__(
@@ -62,6 +67,12 @@ class Outcome:
         self.remaining = remaining
         self.quotas: tuple[Quota, ...] = ()  # the server's own counts (delays.read_quotas)
         self.key: str | None = None  # the label of the key that sent it (set by the engine)
+        # Set by the HTTP transport (settle.decide reads them for the uncertain ending):
+        self.request_id: str | None = None  # the server's id of this request (Request-Id, X-Request-Id)
+        self.write = False  # sent with a method that is not idempotent (POST, PATCH)
+        self.keyed = False  # carried an Idempotency-Key
+        self.maybe_sent = True  # False when it surely never left (the connection was refused)
+        self.replayed = False  # the server says it replayed a saved answer (Idempotent-Replayed)
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -287,6 +287,10 @@ class RequestPath:
         if v.cooldown is not None:
             gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
+        if v.unsure:
+            req.unsure = True
+            if result.request_id is not None or req.request_id is None:
+                req.request_id = result.request_id
         if v.block_key and worker.block(result.status, result.error or ""):
             said = f"HTTP {result.status}" if result.status is not None else str(result.kind)
             if result.error and result.error != said:
@@ -296,12 +300,23 @@ class RequestPath:
                 f"{worker.label} {worker.masked} refused by the server ({said}); not used again",
             )
             self._key_refused()
-        if v.ending is Ending.SUCCEEDED:
+            self.strand(worker.label, now)
+        ending = v.ending
+        if ending is None and (result.keyed or req.pin is not None):
+            # An Idempotency-Key is scoped to the account that first sent it: its retries go
+            # out on that key only, like a workload line's `_key`.
+            if req.pin is None:
+                req.pin = worker.label
+            if req.pin == worker.label and worker.blocked:
+                ending = Ending.UNCERTAIN if req.unsure else Ending.GRAVEYARD
+        if ending is Ending.SUCCEEDED:
             self._finish(req, Ending.SUCCEEDED)
-        elif v.ending is Ending.GRAVEYARD:
+        elif ending is Ending.GRAVEYARD:
             self.bury(req, now)
-        elif v.ending is Ending.EXPIRED:
+        elif ending is Ending.EXPIRED:
             self.expire(req)
+        elif ending is Ending.UNCERTAIN:
+            self.uncertain(req)
         else:
             delay = self.rng.uniform(0, v.backoff_cap_s) if v.backoff_cap_s > 0 else 0.0
             req.eligible_at = max(req.eligible_at, now + delay)
@@ -313,7 +328,7 @@ class RequestPath:
         self.event(EventKind.ERROR, self.redact(problem, 300))
         if req.ending is not None:
             return
-        if req in self.queues.dlq:  # queued for a retry before the error: it is still accounted
+        if req in self.queues.all_queued():  # queued for a retry before the error: it is still accounted
             return
         self.metrics.fail(f"internal:{type(exc).__name__}")
         req.last_error = f"internal error: {type(exc).__name__}"
@@ -340,8 +355,34 @@ class RequestPath:
         self._finish(req, Ending.GRAVEYARD)
 
     def expire(self, req: Request) -> None:
+        if req.unsure:  # its time ran out after an attempt that may have written
+            self.uncertain(req)
+            return
         self.metrics.expired += 1
         self._finish(req, Ending.EXPIRED)
+
+    def uncertain(self, req: Request) -> None:
+        """A write that may or may not have happened: reported with the server's request id."""
+        m = self.metrics
+        m.uncertain += 1
+        if m.uncertain <= 20 or m.uncertain % 100 == 0:
+            rid = f", server request id {req.request_id}" if req.request_id else ""
+            self.event(
+                EventKind.ERROR,
+                f"request {req.id} uncertain on {req.key} after {req.attempts} attempts"
+                f" ({req.last_error}){rid}",
+            )
+        self._finish(req, Ending.UNCERTAIN)
+
+    def strand(self, label: str, now: float) -> None:
+        """Key `label` is refused for good: the requests only it may send end here
+        (uncertain when an attempt may have written, else in the graveyard)."""
+        for req in self.queues.take_pinned(label):
+            if req.unsure:
+                self.uncertain(req)
+            else:
+                req.last_error = req.last_error or f"its key {label} was refused"
+                self.bury(req, now)
 
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1

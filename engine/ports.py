@@ -53,6 +53,9 @@ class SourceQueues(Protocol):
 
     def __len__(self) -> int: ...
 
+    def fresh(self) -> int:
+        """Fresh work waiting, shared and pinned to a key: what backpressure bounds."""
+
     async def wait_space(self, limit: int) -> None: ...
 
 
@@ -61,7 +64,9 @@ class WorkerQueues(Protocol):
 
     def __len__(self) -> int: ...
 
-    def pop_ready(self, now: float, ok: Callable[[Request], bool] | None = None) -> Request | None: ...
+    def pop_ready(
+        self, now: float, ok: Callable[[Request], bool] | None = None, key: str | None = None
+    ) -> Request | None: ...
 
     def pass_on(self) -> None: ...
 
@@ -129,6 +134,11 @@ class Source(Protocol):
 
     rate: float
     exhausted: bool
+    fed: bool  # a job fed as fast as the limits allow: no arrival rate, the queue kept full
+
+    @property
+    def job(self) -> bool:
+        """Whether the work is a job (a file's lines, a store's jobs), not a generated stream."""
 
     def set_rate(self, rate: float) -> None: ...
 
@@ -242,12 +252,20 @@ class JournalHost(Protocol):
 
     def problem(self, text: str) -> None: ...
 
+    def recent_sends(self) -> dict[str, list[float]]:
+        """Each key's sends in its last window (Unix times), by key fingerprint."""
+        ...
+
 
 class StoreRunHost(JournalHost, Watched, Protocol):
     """What a store run does with the engine: watch it, and read what is left queued at the end."""
 
     def queued(self) -> list[Request]:
         """Requests still queued (main queue first, then the retry queue by due time)."""
+        ...
+
+    def seed_sends(self, sends: dict[str, list[float]]) -> int:
+        """Start each key's limiter with another run's sends (Unix times, by key fingerprint)."""
         ...
 
 

@@ -3,6 +3,11 @@
 Retries (DLQ) are served ahead of fresh work once their backoff has passed.
 Workers wait on the queues without polling: a getter is a future, woken by a
 put or by one timer armed for the earliest retry.
+
+A request pinned to one key (`Request.pin`: a workload line's `_key`, or an
+Idempotency-Key's first account) waits in that key's own queues, which only
+its worker takes from, ahead of the shared ones: it never holds up the other
+keys, and unpinned work pays one integer test for them.
 """
 
 from __future__ import annotations
@@ -19,10 +24,35 @@ from .request import Request
 _POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
 
 
-class WorkQueues:
-    """Fresh work (FIFO) and retries (a heap by eligible time), with waiting getters."""
+class _Pinned:
+    """One key's own queues: fresh work (FIFO) and retries (a heap by eligible time)."""
 
-    __slots__ = ("main", "dlq", "_getters", "_timer", "_space", "_space_limit", "_loop")
+    __slots__ = ("main", "dlq")
+
+    def __init__(self) -> None:
+        self.main: deque[Request] = deque()
+        self.dlq: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.main) + len(self.dlq)
+
+
+class WorkQueues:
+    """Fresh work (FIFO) and retries (a heap by eligible time), with waiting getters;
+    and each key's pinned work (`_Pinned`), taken only by that key."""
+
+    __slots__ = (
+        "main",
+        "dlq",
+        "_getters",
+        "_timer",
+        "_space",
+        "_space_limit",
+        "_loop",
+        "pinned",
+        "_pinned_n",
+        "_pinned_fresh",
+    )
 
     def __init__(self) -> None:
         self.main: deque[Request] = deque()
@@ -32,9 +62,34 @@ class WorkQueues:
         self._space: asyncio.Event | None = None
         self._space_limit = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.pinned: dict[str, _Pinned] = {}
+        self._pinned_n = 0  # requests in every key's pinned queues
+        self._pinned_fresh = 0  # of which fresh (not retries)
 
     def __len__(self) -> int:
-        return len(self.main) + len(self.dlq)
+        return len(self.main) + len(self.dlq) + self._pinned_n
+
+    def fresh(self) -> int:
+        """Fresh work waiting, shared and pinned: what backpressure bounds."""
+        return len(self.main) + self._pinned_fresh
+
+    def retries(self) -> int:
+        """Retries waiting, shared and pinned."""
+        return len(self) - self.fresh()
+
+    def all_queued(self) -> list[Request]:
+        """Every queued request: fresh work first, then retries by due time."""
+        fresh = [*self.main, *(r for p in self.pinned.values() for r in p.main)]
+        return [*fresh, *sorted([*self.dlq, *(r for p in self.pinned.values() for r in p.dlq)])]
+
+    def take_pinned(self, key: str) -> list[Request]:
+        """Remove and return every request pinned to `key` (its key was refused for good)."""
+        p = self.pinned.pop(key, None)
+        if p is None:
+            return []
+        self._pinned_n -= len(p)
+        self._pinned_fresh -= len(p.main)
+        return [*p.main, *p.dlq]
 
     def _get_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -43,24 +98,65 @@ class WorkQueues:
 
     # -- putting
     def put(self, req: Request) -> None:
+        if req.pin is not None:
+            self._pinned_for(req.pin).main.append(req)
+            self._pinned_n += 1
+            self._pinned_fresh += 1
+            self._wake_all()  # only its key's worker can take it: wake whoever waits
+            return
         self.main.append(req)
         self._wake()
 
     def retry(self, req: Request) -> None:
         """Queue a retry; it is served ahead of fresh work from `req.eligible_at` on."""
+        if req.pin is not None:
+            heap = self._pinned_for(req.pin).dlq
+            heapq.heappush(heap, req)
+            self._pinned_n += 1
+            if self._getters and heap[0] is req:
+                self._arm()
+            return
         heapq.heappush(self.dlq, req)
         if self._getters and self.dlq[0] is req:
             self._arm()
 
+    def _pinned_for(self, key: str) -> _Pinned:
+        p = self.pinned.get(key)
+        if p is None:
+            p = self.pinned[key] = _Pinned()
+        return p
+
+    def _pop_pinned(self, key: str, now: float, admit: Callable[[Request], bool] | None) -> Request | None:
+        p = self.pinned.get(key)
+        if p is None:
+            return None
+        if p.dlq and p.dlq[0].eligible_at <= now and (admit is None or admit(p.dlq[0])):
+            self._pinned_n -= 1
+            return heapq.heappop(p.dlq)
+        if p.main and (admit is None or admit(p.main[0])):
+            self._pinned_n -= 1
+            self._pinned_fresh -= 1
+            req = p.main.popleft()
+            if self._space is not None and self.fresh() < self._space_limit:
+                self._space.set()
+            return req
+        return None
+
     # -- taking
-    def pop_ready(self, now: float, admit: Callable[[Request], bool] | None = None) -> Request | None:
-        """The next request to send: an eligible retry first, else fresh work.
+    def pop_ready(
+        self, now: float, admit: Callable[[Request], bool] | None = None, key: str | None = None
+    ) -> Request | None:
+        """The next request to send: one pinned to `key` first, then an eligible retry, else fresh work.
 
         `admit(request) -> bool`, when given, skips requests that cannot go
         now (their connection pool is full, a budget they need has no room);
         fresh work is then searched a little way past the head (`_POOL_SCAN`),
         so one busy pool or budget does not stall the others.
         """
+        if self._pinned_n and key is not None:
+            pinned = self._pop_pinned(key, now, admit)
+            if pinned is not None:
+                return pinned
         dlq, main = self.dlq, self.main
         if admit is None:
             if dlq and dlq[0].eligible_at <= now:
@@ -81,7 +177,7 @@ class WorkQueues:
                         break
             if req is None:
                 return None
-        if self._space is not None and len(main) < self._space_limit:
+        if self._space is not None and self.fresh() < self._space_limit:
             self._space.set()
         return req
 
@@ -105,11 +201,21 @@ class WorkQueues:
                 fut.set_result(None)
                 return
 
+    def _wake_all(self) -> None:
+        getters, self._getters = self._getters, deque()
+        for fut in getters:
+            if not fut.done():
+                fut.set_result(None)
+
     def _arm(self) -> None:
         """One timer for the earliest retry, so a waiting getter wakes when it is due."""
-        if not self.dlq:
+        when = self.dlq[0].eligible_at if self.dlq else None
+        if self._pinned_n:
+            for p in self.pinned.values():
+                if p.dlq and (when is None or p.dlq[0].eligible_at < when):
+                    when = p.dlq[0].eligible_at
+        if when is None:
             return
-        when = self.dlq[0].eligible_at
         loop = self._get_loop()
         if self._timer is not None:
             if self._timer.when() <= when and not self._timer.cancelled():
@@ -119,8 +225,11 @@ class WorkQueues:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._wake()
-        if self.dlq and self._getters:
+        if self._pinned_n:
+            self._wake_all()  # the retry due may be pinned: its key must look
+        else:
+            self._wake()
+        if (self.dlq or self._pinned_n) and self._getters:
             self._arm()
 
     # -- backpressure
@@ -131,7 +240,7 @@ class WorkQueues:
         `limit` (at least 1): a source held back by a busy client then refills
         several at once instead of waking for every request taken (a loop turn
         each, when the client is short of CPU). The bound itself is unchanged."""
-        while len(self.main) >= limit:
+        while self.fresh() >= limit:
             if self._space is None:
                 self._space = asyncio.Event()
             self._space.clear()
@@ -156,12 +265,24 @@ class WorkQueues:
         main, dead = self.main, []
         while main and main[0].deadline <= now:
             dead.append(main.popleft())
-        if dead and self._space is not None and len(main) < self._space_limit:
+        if dead and self._space is not None and self.fresh() < self._space_limit:
             self._space.set()
         dead_dlq = [r for r in self.dlq if r.deadline <= now]
         if dead_dlq:
             self.dlq = [r for r in self.dlq if r.deadline > now]
             heapq.heapify(self.dlq)
+        if self._pinned_n:
+            for p in self.pinned.values():
+                while p.main and p.main[0].deadline <= now:
+                    dead.append(p.main.popleft())
+                    self._pinned_n -= 1
+                    self._pinned_fresh -= 1
+                late = [r for r in p.dlq if r.deadline <= now]
+                if late:
+                    p.dlq = [r for r in p.dlq if r.deadline > now]
+                    heapq.heapify(p.dlq)
+                    self._pinned_n -= len(late)
+                    dead_dlq.extend(late)
         return dead + dead_dlq if dead_dlq else dead
 
 

@@ -28,7 +28,17 @@ class Shape:
 class _Sent:
     """What a request holds once sent or ended; none of it while it waits in a queue."""
 
-    __slots__ = ("first_sent_at", "last_sent_at", "last_status", "last_error", "result", "ending", "key")
+    __slots__ = (
+        "first_sent_at",
+        "last_sent_at",
+        "last_status",
+        "last_error",
+        "result",
+        "ending",
+        "key",
+        "unsure",
+        "request_id",
+    )
 
     def __init__(self) -> None:
         self.first_sent_at: float | None = None
@@ -38,12 +48,14 @@ class _Sent:
         self.result: Any = None  # the last Outcome (what a library caller gets)
         self.ending: Ending | None = None  # set once, when it reaches its final place
         self.key: str | None = None  # the label of the key of its latest attempt
+        self.unsure = False  # an attempt may have written without us knowing (see Ending.UNCERTAIN)
+        self.request_id: str | None = None  # the server's id of the attempt that made it unsure
 
 
 class _Extra:
     """What only some requests carry: a pool, a shape, a library caller's hooks, a key."""
 
-    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key")
+    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin")
 
     def __init__(self) -> None:
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
@@ -52,6 +64,9 @@ class _Extra:
         self.pool: str | None = None  # the connection pool this request needs, if pools are configured
         self.shape: Shape | None = None  # method, path, body, weight, budgets when not the target's own
         self.idempotency_key: str | None = None  # made once per logical request, kept across retries
+        # The label of the only key that may send it: a workload line's `_key`, or the key
+        # that first sent its Idempotency-Key (keys are scoped to an account).
+        self.pin: str | None = None
 
 
 class _Side:
@@ -111,12 +126,15 @@ class Request:
     result = _Side("_sent", _Sent)
     ending = _Side("_sent", _Sent)
     key = _Side("_sent", _Sent)
+    unsure = _Side("_sent", _Sent, False)
+    request_id = _Side("_sent", _Sent)
     cancelled = _Side("_extra", _Extra, False)
     call = _Side("_extra", _Extra)
     on_done = _Side("_extra", _Extra)
     pool = _Side("_extra", _Extra)
     shape = _Side("_extra", _Extra)
     idempotency_key = _Side("_extra", _Extra)
+    pin = _Side("_extra", _Extra)
 
     def __init__(
         self,

@@ -75,6 +75,10 @@ class TargetConfig:
     client_cert: str | None = None  # a client certificate (PEM) for mutual TLS
     client_key: str | None = None  # its private key, when not in the certificate's file
     max_body_mb: int = 32  # a 2xx body past this many MiB once decompressed fails, unread
+    # The server's id of a request, read from the first of these answer headers there is.
+    request_id_headers: tuple[str, ...] = ("X-Request-Id",)
+    # The header a server sets on an answer it replayed for an Idempotency-Key ("" none).
+    replayed_header: str = "Idempotent-Replayed"
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class Verdict:
     block_key: bool = False
     widen_headroom: bool = False
     cause: str | None = None  # the failure's name in the failures table
+    unsure: bool = False  # this attempt may have written: the request can no longer fail plainly
 
 
 #: The verdict of every success: immutable, so one serves them all (no allocation per answer).
@@ -107,11 +108,11 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     if kind == OutcomeKind.BLOCKED:
         tally = Tally.REJECTED_429 if outcome.status == 429 else Tally.REJECTED_OTHER
         if not rules.retry_errors:
-            return Verdict(tally, Ending.GRAVEYARD, block_key=True)
-        # another key may still serve it
+            return Verdict(tally, _failed(req), block_key=True)
+        # another key may still serve it (not a pinned one: the path ends that)
         return _retry(tally, req, rules, now, backoff=False, block_key=True)
     if kind == OutcomeKind.CLIENT_ERROR:
-        return Verdict(Tally.REJECTED_OTHER, Ending.GRAVEYARD)  # retrying only repeats the error
+        return Verdict(Tally.REJECTED_OTHER, _failed(req))  # retrying only repeats the error
     if kind == OutcomeKind.NONCE:
         return _retry(Tally.REJECTED_OTHER, req, rules, now, backoff=False)
     # server error, timeout, connection
@@ -121,8 +122,18 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
         cooldown = Cooldown(
             Scope.KEY, outcome.retry_after_s, f"{cause}, asked to wait {outcome.retry_after_s:g}s"
         )
+    if outcome.write and outcome.maybe_sent:
+        # A write that may have happened. With no Idempotency-Key, sending it again could do
+        # it twice; a replayed answer is all a retry with the key would bring; without
+        # retries (a library caller) nobody sends it again: it ends uncertain now. Else it is
+        # retried with the same key on the same key (the path pins it), up to max_attempts.
+        if not outcome.keyed or outcome.replayed or not rules.retry_errors:
+            return Verdict(Tally.FAILED, Ending.UNCERTAIN, cooldown=cooldown, cause=cause, unsure=True)
+        return _retry(
+            Tally.FAILED, req, rules, now, backoff=True, cooldown=cooldown, cause=cause, unsure=True
+        )
     if not rules.retry_errors:
-        return Verdict(Tally.FAILED, Ending.GRAVEYARD, cooldown=cooldown, cause=cause)
+        return Verdict(Tally.FAILED, _failed(req), cooldown=cooldown, cause=cause)
     return _retry(Tally.FAILED, req, rules, now, backoff=True, cooldown=cooldown, cause=cause)
 
 
@@ -133,6 +144,11 @@ def _rate_limit_signs(outcome: Outcome) -> bool:
         or outcome.remaining == 0
         or any(q.remaining == 0 for q in outcome.quotas)
     )
+
+
+def _failed(req: Request) -> Ending:
+    """Where a request that failed ends: uncertain if an earlier attempt may have written."""
+    return Ending.UNCERTAIN if req.unsure else Ending.GRAVEYARD
 
 
 def _retry(
@@ -146,15 +162,19 @@ def _retry(
     block_key: bool = False,
     widen_headroom: bool = False,
     cause: str | None = None,
+    unsure: bool = False,
 ) -> Verdict:
-    """A retry, unless the request has used its attempts (graveyard) or its time (expired)."""
+    """A retry, unless the request has used its attempts (graveyard) or its time (expired);
+    uncertain instead of either when an attempt may have written (`unsure`, `req.unsure`)."""
     if req.attempts >= rules.max_attempts:
         ending: Ending | None = Ending.GRAVEYARD
     elif req.deadline <= now:
         ending = Ending.EXPIRED
     else:
         ending = None
+    if ending is not None and (unsure or req.unsure):
+        ending = Ending.UNCERTAIN
     cap = 0.0
     if ending is None and backoff:
         cap = min(rules.backoff_cap_s, rules.backoff_base_s * (2 ** (req.attempts - 1)))
-    return Verdict(tally, ending, cap, cooldown, block_key, widen_headroom, cause)
+    return Verdict(tally, ending, cap, cooldown, block_key, widen_headroom, cause, unsure)

@@ -202,7 +202,7 @@ class Snapshot:
     """Everything the engine knows, at one instant, as scalars and tuples.
 
     Request accounting balances at every snapshot:
-    generated == succeeded + expired + graveyard + shed + main_depth
+    generated == succeeded + uncertain + expired + graveyard + shed + main_depth
                  + dlq_depth + in_flight
     Attempts (sent, rejected_429, rejected_other, failed, retried) explain the
     traffic and are counted separately.
@@ -277,6 +277,8 @@ class Snapshot:
     # a job run (a workload file, a store): its makespan against the least time the limits allow
     makespan: Makespan | None = None
     fed: bool = False  # a job fed as fast as the limits allow (no arrival rate; `arrival_rate` unused)
+    # requests that ended uncertain: a write that may or may not have happened (Ending.UNCERTAIN)
+    uncertain: int = 0
 
     @property
     def answered(self) -> int:
@@ -305,6 +307,7 @@ class Snapshot:
             + self.expired
             + self.graveyard
             + self.shed
+            + self.uncertain
             + self.main_depth
             + self.dlq_depth
             + self.in_flight

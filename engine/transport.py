@@ -341,6 +341,29 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
+        if method in _IDEMPOTENT_METHODS:
+            return await self._exchange(client, method, url, data, headers)
+        # A write: what settle.decide needs to tell a failed write from an uncertain one.
+        out = await self._exchange(client, method, url, data, headers)
+        out.write = True
+        out.keyed = bool(req.idempotency_key)
+        response = out.response
+        if isinstance(response, Response):
+            answer_headers = response.headers
+            for name in t.request_id_headers:
+                rid = answer_headers.get(name)
+                if rid:
+                    out.request_id = _printable(rid)[:200]
+                    break
+            if t.replayed_header:
+                out.replayed = str(answer_headers.get(t.replayed_header, "")).lower() == "true"
+        elif out.kind is CONNECTION and out.error is not None and out.error.startswith(_NOT_SENT):
+            out.maybe_sent = False
+        return out
+
+    async def _exchange(self, client: Client, method: str, url: URL, data: Any, headers: Any) -> Outcome:
+        """One attempt on the wire: the answer read and classified, or why there was none."""
+        t = self.target
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
         deadlines = self._deadlines
@@ -459,6 +482,12 @@ class HttpTransport(TransportBase):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+#: Idempotent methods (RFC 9110 9.2.2): sending one again changes nothing, on any key.
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+#: A connection that failed this way never carried the request (engine/client.describe names them).
+_NOT_SENT = ("connection refused", "cannot connect")
 
 
 def _put(headers: dict[str, str], name: str, value: str) -> None:

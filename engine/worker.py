@@ -198,10 +198,10 @@ class KeyWorker:
                 await self._wait(until)
                 continue
             if self.budgets is None:
-                req = queues.pop_ready(now, host.pool_ok_req)
+                req = queues.pop_ready(now, host.pool_ok_req, self.label)
             else:
                 self._plan_now, self._wake_at = now, math.inf
-                req = queues.pop_ready(now, self._admit)
+                req = queues.pop_ready(now, self._admit, self.label)
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
                     queues.pass_on()

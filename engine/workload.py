@@ -12,14 +12,16 @@ import asyncio
 import json
 import math
 import random
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ratedeck.core.secrets import fingerprint
 from ratedeck.core.vocab import Arrival
 
 from .request import Request, Shape
-from .settings import ConfigError, EngineSettings
+from .settings import ConfigError, EngineSettings, KeySpec
 from .waker import Waker
 
 if TYPE_CHECKING:
@@ -52,21 +54,29 @@ class Workload:
         rng: random.Random | None = None,
         fed: bool = False,
         depth: int | None = None,
+        pins: KeyPins | None = None,
     ):
         self.rate = float(rate)
         self.fed = fed
-        self.depth = depth  # fed: the most queued at once, if less than queue_max (`fed_depth`)
+        # The most queued at once, if less than queue_max: a fed job's `fed_depth`, or a
+        # store's few jobs marked ahead of the limiter (store/work.py lowers it).
+        self.depth = depth
+        self.pins = pins or KeyPins()  # what a line's `_key` may name
         self.poisson = poisson
         self.total = total
         self.items = items
         self.rng = rng or random.Random()
         self.exhausted = False
         self._waker = Waker()
+        # True when `before_submit` must run (and be awaited) before each request is queued.
+        self.marks = False
 
     @classmethod
     def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
         w = cfg.workload
-        items = read_jsonl(w.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)) if w.file else None
+        pins = KeyPins(cfg.keys)
+        budgets = tuple(b.name for b in cfg.budgets)
+        items = read_jsonl(w.file, tuple(cfg.pools), budgets, pins) if w.file else None
         return cls(
             cfg.arrival_rate,
             poisson=w.arrival == Arrival.POISSON,
@@ -75,6 +85,7 @@ class Workload:
             rng=rng,
             fed=items is not None and w.rate is None,
             depth=fed_depth(cfg),
+            pins=pins,
         )
 
     @property
@@ -102,6 +113,10 @@ class Workload:
     def stats(self, elapsed_s: float) -> MessageStats | None:
         return None
 
+    async def before_submit(self, req: Request, sink: SourceSink) -> bool:
+        """Called (when `marks`) before `req` is queued: False to stop making requests."""
+        return True
+
     async def refill(self) -> bool:
         """`items` ran out: fetch more (a store claims a batch); False when there is no more work."""
         return False
@@ -125,15 +140,17 @@ class Workload:
             if self.fed:
                 # Queued work always waiting: the limiter is the only brake.
                 depth = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
-                if len(queues.main) >= depth:
+                if queues.fresh() >= depth:
                     await queues.wait_space(depth)
                     continue
             elif self.rate <= 0:
                 await self._sleep(loop, None)
                 next_t = sink.clock()
                 continue
-            elif sink.backpressure and len(queues.main) >= sink.queue_max:
-                await queues.wait_space(sink.queue_max)
+            elif sink.backpressure and queues.fresh() >= (
+                limit := sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
+            ):
+                await queues.wait_space(limit)
                 continue
             now = sink.clock()
             if not self.fed and next_t > now:
@@ -147,6 +164,7 @@ class Workload:
                         continue
                     break
             pool = params.pop("_pool", None) if params else None
+            pin = params.pop("_key", None) if params else None
             shape = take_shape(params) if params else None
             if self.fed:
                 intended, next_t = now, now  # no schedule: it arrives when there is room
@@ -155,7 +173,17 @@ class Workload:
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
             self.made(req)
-            sink.submit(req)
+            if self.marks and not await self.before_submit(req, sink):
+                break
+            if pin is None:
+                sink.submit(req)
+            elif (label := self.pins.label(pin)) is not None:
+                req.pin = label  # this key sends it, and only this key
+                sink.submit(req)
+            else:  # a store's job, checked now: refused, never sent on another key
+                req.last_error = f"_key {self.pins.show(pin)} names none of the keys {self.pins.known()}"
+                sink.problem(f"a job's {req.last_error}: refused")
+                sink.refuse(req)
             made += 1
             if self.fed:
                 continue
@@ -189,6 +217,69 @@ def bursts_in_time(cfg: EngineSettings) -> bool:
     policies += [p for b in cfg.budgets for p in b.policies]
     longest = max((p.window_s for p in policies if p.is_window), default=0.0)
     return ttl is None or not math.isfinite(ttl) or ttl >= LONG_TTL_S or ttl >= 2 * longest
+
+
+class KeyPins:
+    """What a workload line's `_key` may name: a key's index (1 for k1), label ("k2") or
+    fingerprint as the console shows it ("3f9a1c"); never its secret.
+
+    With no keys (`ratedeck enqueue` without a config), only the form is checked:
+    the run checks the names when it reads the job.
+    """
+
+    _FORM = re.compile(r"k[1-9][0-9]{0,5}|[0-9a-f]{6}")  # a label (always k<n>) or a fingerprint
+
+    def __init__(self, keys: Sequence[KeySpec] = ()):
+        self.labels = tuple(k.label for k in keys)
+        self._names: dict[str, str] = {}
+        for k in keys:
+            fp = fingerprint(k.secret)
+            if fp:
+                self._names.setdefault(fp, k.label)
+        for k in keys:
+            self._names[k.label] = k.label
+        self._secrets = tuple(s for k in keys for s in (k.secret, k.api_secret) if s)
+
+    def label(self, value: object) -> str | None:
+        """The label of the key `value` names; None if it names none."""
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):  # 2 is k2, the console's label, whichever keys this engine has
+            return self._names.get(f"k{value}") if value >= 1 else None
+        if isinstance(value, str):
+            return self._names.get(value)
+        return None
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with a line's `_key`, in a line that never shows a secret; None if nothing."""
+        if isinstance(value, str) and any(s and s in value for s in self._secrets):
+            return (
+                "_key holds an API key's secret (not shown); name the key by its label, index or fingerprint"
+            )
+        if not self.labels:  # the keys are not known here: the form only
+            ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) or (
+                isinstance(value, str) and self._FORM.fullmatch(value) is not None
+            )
+            if ok:
+                return None
+            return (
+                f"_key must be a key's index (2), label (k2) or fingerprint (3f9a1c), got {self.show(value)}"
+            )
+        if self.label(value) is not None:
+            return None
+        return f"_key {self.show(value)} names none of the keys {self.known()}"
+
+    def known(self) -> str:
+        n = len(self.labels)
+        if not n:
+            return "(none configured)"
+        return f"{', '.join(self.labels[:5])}{', ...' if n > 5 else ''} (index 1 to {n}, or a fingerprint)"
+
+    def show(self, value: object) -> str:
+        """`value` fit for a message: a long string may be a secret, so only its length is shown."""
+        if isinstance(value, str) and (len(value) > 16 or not value.isprintable()):
+            return f"(a value of {len(value)} characters, not shown)"
+        return repr(value)
 
 
 _SHAPE_FIELDS = ("_method", "_path", "_body", "_weight", "_budget")
@@ -237,38 +328,44 @@ def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
     return None
 
 
-def read_jsonl(path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = ()) -> Iterator[dict]:
+def read_jsonl(
+    path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = (), pins: KeyPins | None = None
+) -> Iterator[dict]:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
     Every line must be a JSON object. Its fields become request parameters,
     except `_pool` (a connection pool) and the shaping fields: `_method`,
     `_path` (joined to the target URL), `_body` ("form" or "json"),
-    `_weight` (what it costs in weight budgets) and `_budget` (named budgets
-    it also spends from). A bad line is reported with its number before the
+    `_weight` (what it costs in weight budgets), `_budget` (named budgets
+    it also spends from) and `_key` (the one key that sends it: `KeyPins`). A bad line is reported with its number before the
     run starts.
 
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
     costs the memory of the queue, not of the file).
     """
-    for _ in _lines(path, pools, budgets):
+    for _ in _lines(path, pools, budgets, pins):
         pass
-    return _lines(path, pools, budgets)
+    return _lines(path, pools, budgets, pins)
 
 
-def _lines(path: str, pools: tuple[str, ...], budgets: tuple[str, ...]) -> Iterator[dict]:
+def _lines(
+    path: str, pools: tuple[str, ...], budgets: tuple[str, ...], pins: KeyPins | None = None
+) -> Iterator[dict]:
     """The file's objects, each checked, read one line at a time."""
     p = Path(path)
     try:
         with p.open(encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
-                    yield _checked(p, n, line, pools, budgets)
+                    yield _checked(p, n, line, pools, budgets, pins)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), "workload.file", f"cannot read: {exc}") from None
 
 
-def _checked(p: Path, n: int, line: str, pools: tuple[str, ...], budgets: tuple[str, ...]) -> dict:
+def _checked(
+    p: Path, n: int, line: str, pools: tuple[str, ...], budgets: tuple[str, ...], pins: KeyPins | None
+) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -280,6 +377,8 @@ def _checked(p: Path, n: int, line: str, pools: tuple[str, ...], budgets: tuple[
         known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
         raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
     problem = _check_shape(obj, budgets)
+    if problem is None and "_key" in obj:
+        problem = (pins or KeyPins()).problem(obj["_key"])
     if problem is not None:
         raise ConfigError(str(p), f"line {n}", problem)
     return obj

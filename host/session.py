@@ -242,7 +242,7 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
         backpressure=engine.backpressure,
         headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
-    fed = getattr(engine.source, "fed", False)  # a job with no arrival rate stays one when saved
+    fed = engine.source.fed  # a job with no arrival rate stays one when saved
     wl = dataclasses.replace(cfg.workload, rate=None if fed else engine.source.rate)
     return cfg.replace(engine=eng, workload=wl)
 
@@ -253,7 +253,7 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
 class ResultsFile:
     """`--results FILE.jsonl`: one JSON line per request, written and flushed as it ends.
 
-    Every request that ends (succeeded, expired, graveyard, shed) is written
+    Every request that ends (succeeded, uncertain, expired, graveyard, shed) is written
     by the engine's finish watcher; at the end of the run the requests still
     queued or in flight are written too (ending "queued", "in_flight"), so
     the file holds every generated request exactly once. A kill -9 leaves at
@@ -264,7 +264,8 @@ class ResultsFile:
     intended_at, first_sent_at, done_at (Unix seconds), latency_ms (the last
     attempt's send -> answer), total_ms (intended arrival -> done),
     queue_wait_ms (arrival -> first send), params and pool (what the
-    workload gave: `ratedeck replay` sends them again), and with
+    workload gave: `ratedeck replay` sends them again), request_id (the
+    server's id of the attempt that left it uncertain, when it gave one), and with
     `--results-body` the answer's body.
     """
 
@@ -311,6 +312,8 @@ class ResultsFile:
             "params": Graveyard.scrub(req.params, self.redact) if req.params else {},
             "pool": req.pool,
         }
+        if req.request_id is not None:  # the server's id of a write that ended uncertain
+            record["request_id"] = req.request_id
         if self.body:
             record["body"] = self._body(result)
         self.out.write(record)

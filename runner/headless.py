@@ -93,7 +93,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)",
         f"requests     generated {snap.generated}  succeeded {snap.succeeded}  expired {snap.expired}"
-        f"  graveyard {snap.graveyard}  shed {snap.shed}",
+        f"  graveyard {snap.graveyard}  shed {snap.shed}"
+        + (f"  uncertain {snap.uncertain}" if snap.uncertain else ""),
         f"attempts     sent {snap.sent}  rejected 429 {snap.rejected_429}  rejected other {snap.rejected_other}"
         f"  failed {snap.failed}  retried {snap.retried}",
         f"queues       main {snap.main_depth} (avg {snap.main_avg:.1f}, max {snap.main_peak})"
@@ -142,7 +143,9 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
                 f"resent       {facts.retried} on a new connection (a kept-alive one closed under them)"
             )
     lines.append(
-        f"accounting   {snap.generated} generated = {snap.succeeded} succeeded + {snap.expired} expired"
+        f"accounting   {snap.generated} generated = {snap.succeeded} succeeded"
+        + (f" + {snap.uncertain} uncertain" if snap.uncertain else "")
+        + f" + {snap.expired} expired"
         f" + {snap.graveyard} graveyard + {snap.shed} shed + {queued} queued + {snap.in_flight} in flight"
         + ("" if snap.balance() == 0 else f"  (MISMATCH {snap.balance()})")
     )
@@ -233,7 +236,7 @@ def store_lines(store: StoreReport) -> list[str]:
     done = "".join(f" + {c.done.get(e, 0)} {e}" for e in ("succeeded", "expired", "graveyard", "shed"))
     lines = [
         f"store        {store.url}: {c.total} jobs = {c.pending} pending + {c.claimed} in flight"
-        f" + {c.uncertain} uncertain{done}",
+        f" + {c.uncertain + c.done.get('uncertain', 0)} uncertain{done}",
         f"             journaled {store.journaled} endings of this run",
     ]
     if store.recovered:
@@ -439,10 +442,16 @@ def conclude(
             codes.append(EXIT_UNBALANCED)
         if store.counts.uncertain:
             _say(
-                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them, and"
-                " with no Idempotency-Key they are not sent again",
+                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
+                " (or their write may have happened), and they are not sent again",
                 err,
             )
+    if snap.uncertain:
+        _say(
+            f"ratedeck: {snap.uncertain} requests are uncertain: a write that may have happened"
+            " (--results lists them with the server's request id); not sent on another key",
+            err,
+        )
     nothing = nothing_worked(snap, facts)
     if nothing is not None:
         _say(Redactor(k.secret for k in cfg.keys)(f"ratedeck: {nothing}"), err)

@@ -135,7 +135,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
     out.append(_counter("ratedeck_requests_generated", "Requests made by the workload.", snap.generated))
     ended = _counter(
         "ratedeck_requests",
-        "Requests that ended, by where (succeeded, expired, graveyard, shed).",
+        "Requests that ended, by where (succeeded, expired, graveyard, shed, uncertain).",
         None,
         ("outcome",),
     )
@@ -144,6 +144,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         ("expired", snap.expired),
         ("graveyard", snap.graveyard),
         ("shed", snap.shed),
+        ("uncertain", snap.uncertain),
     ):
         ended.add_metric([outcome], value)
     out.append(ended)

@@ -21,8 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENDINGS = ("succeeded", "expired", "graveyard", "shed", "queued", "in_flight")
-DEFAULT_ENDINGS = tuple(e for e in ENDINGS if e != "succeeded")
+ENDINGS = ("succeeded", "expired", "graveyard", "shed", "queued", "in_flight", "uncertain")
+#: Not succeeded, and not uncertain: a write that may have happened is sent again only when asked.
+DEFAULT_ENDINGS = tuple(e for e in ENDINGS if e not in ("succeeded", "uncertain"))
 
 
 class ReplayError(ValueError):

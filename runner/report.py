@@ -71,6 +71,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
             "shed": snap.shed,
             "queued_at_end": snap.main_depth + snap.dlq_depth,
             "in_flight_at_end": snap.in_flight,
+            "uncertain": snap.uncertain,
         },
         "balance_ok": snap.balance() == 0,
         "failures": dict(snap.failures),
@@ -223,7 +224,7 @@ def cluster_report(view: ClusterView) -> dict:
 
 def ended(snap: Snapshot) -> int:
     """Requests of this run that reached their final place."""
-    return snap.succeeded + snap.expired + snap.graveyard + snap.shed
+    return snap.succeeded + snap.expired + snap.graveyard + snap.shed + snap.uncertain
 
 
 def store_report(s: StoreReport, snap: Snapshot) -> dict:
@@ -238,7 +239,8 @@ def store_report(s: StoreReport, snap: Snapshot) -> dict:
         "jobs": c.total,
         "pending": c.pending,
         "in_flight": c.claimed,
-        "uncertain": c.uncertain,
+        # a killed run's jobs that may have been sent, and writes of a live run that ended uncertain
+        "uncertain": c.uncertain + c.done.get("uncertain", 0),
         **{str(e): c.done.get(str(e), 0) for e in ("succeeded", "expired", "graveyard", "shed")},
         "resumed": s.recovered,
         "resumed_retried": s.retried_uncertain and s.recovered > 0,

@@ -4,6 +4,9 @@ A `WorkStore` holds jobs (workload lines) in one of four states:
 
 - pending: enqueued, not yet claimed (`uncertain` may be set: see below);
 - claimed: handed to a running member (a process working the store) by `claim`;
+  a store that can (SQLite) also keeps whether the member marked it *sending*
+  (`mark_sending`, written before the job may go out): a killed member's claimed
+  jobs that were never marked go back to pending on `recover`, as they were;
 - done: `finish` journaled its ending (`Ending`: succeeded, expired, graveyard, shed);
 - uncertain: claimed by a member that went away (killed) after it may have sent
   the job, on a target with no Idempotency-Key; sending it again could do the work
@@ -126,6 +129,21 @@ class WorkStore(abc.ABC):
         With `retry` they become pending and uncertain (sent again with the
         same `Job.key`), else uncertain. Returns how many.
         """
+
+    async def mark_sending(self, member: str, job_ids: Sequence[int]) -> None:  # noqa: B027
+        """Mark claimed jobs as about to be sent, in one durable step, before any of them goes.
+
+        `recover` makes only marked jobs uncertain (or sends them again with their key);
+        a claimed job never marked was never sent and goes back to pending. A store that
+        does not keep the mark (the default) treats every claimed job as marked."""
+
+    async def save_windows(self, member: str, windows: Mapping[str, Sequence[float]]) -> None:  # noqa: B027
+        """Keep each key's recent send times (Unix seconds, by key fingerprint), replacing the
+        last ones: a resumed run starts each key's limiter from the dead run's last window."""
+
+    async def load_windows(self) -> dict[str, tuple[float, list[float]]]:
+        """What `save_windows` kept: fingerprint -> (when it was saved, send times)."""
+        return {}
 
     @abc.abstractmethod
     async def counts(self) -> StoreCounts: ...

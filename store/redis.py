@@ -9,7 +9,9 @@ Work (keys under `<ns>:w:`, `ns` = "ratedeck" by default):
 - `graveyard`: a stream of the graveyard records `finish` journals;
 - `uncertain`: a stream of jobs a dead member held that are not sent again
   (the target has no Idempotency-Key: sending again could do the work twice);
-- `done`: a hash of counts per ending; `seq`: the last job id.
+- `done`: a hash of counts per ending; `seq`: the last job id;
+- `sending`: a set of the claimed jobs' ids a member marked before it may send
+  them (`mark_sending`); `windows`: a hash of each key's last sends, by fingerprint.
 
 Retries stay in each member's own dead-letter queue (its engine's): a job
 is claimed once per member and acknowledged only when it ends.
@@ -19,7 +21,8 @@ fresh (`XCLAIM ... JUSTID` every `claim_timeout_s / 3`), so an entry idle longer
 than `claim_timeout_s` belongs to a dead one: a member that recovers (`--resume`,
 `recover`) takes such entries with `XAUTOCLAIM` then and at every later claim,
 and sends them again with the same Idempotency-Key, or moves them to
-`uncertain` when the target has none.
+`uncertain` when the target has none; an entry it never marked sending was never
+sent, and goes back to the main stream, pending as it was.
 
 While Redis is unreachable `claim` waits for it (a member has no work to
 take then, and stops only when told to); `finish` raises `StoreError` and the
@@ -76,6 +79,7 @@ class RedisStore(WorkStore):
         self._reclaimed: list[Job] = []
         self._refresher: asyncio.Task[None] | None = None
         self._group_ready = False
+        self._scanned = 0  # entries the last `_take_dead` took from dead members
         self._closing = False  # loops end by this, not only by a cancel (which a client may lose)
 
     @classmethod
@@ -189,15 +193,26 @@ class RedisStore(WorkStore):
             self.client.xautoclaim, self._k("main"), GROUP, member, idle_ms, start_id="0-0", count=n
         )
         entries = [(eid, f) for eid, f in reply[1] if f]  # a deleted entry comes back empty
+        self._scanned = len(entries)
         if not entries:
             return []
-        if self._reclaim:
-            return [self._job(member, eid, fields, uncertain=True) for eid, fields in entries]
+        marked = await self._do(self.client.smismember, self._k("sending"), [f[b"id"] for _e, f in entries])
+        sent = [(eid, f) for (eid, f), m in zip(entries, marked, strict=True) if m]
+        sent_ids = {eid for eid, _f in sent}
         pipe = self.client.pipeline(transaction=True)
         for eid, fields in entries:
+            if eid not in sent_ids:  # never marked: never sent; pending again, as it was
+                pipe.xadd(self._k("main"), fields)
+                pipe.xack(self._k("main"), GROUP, eid)
+                pipe.xdel(self._k("main"), eid)
+        if self._reclaim:
+            await self._do(pipe.execute)
+            return [self._job(member, eid, fields, uncertain=True) for eid, fields in sent]
+        for eid, fields in sent:
             pipe.xadd(self._k("uncertain"), {**fields, b"at": str(time.time())})
             pipe.xack(self._k("main"), GROUP, eid)
             pipe.xdel(self._k("main"), eid)
+            pipe.srem(self._k("sending"), fields[b"id"])
         await self._do(pipe.execute)
         return []
 
@@ -234,6 +249,7 @@ class RedisStore(WorkStore):
         if ids:
             pipe.xack(self._k("main"), GROUP, *ids)
             pipe.xdel(self._k("main"), *ids)
+        pipe.srem(self._k("sending"), *[f.job_id for f in endings])
         by_ending: dict[str, int] = {}
         for f in endings:
             by_ending[str(f.ending)] = by_ending.get(str(f.ending), 0) + 1
@@ -261,6 +277,7 @@ class RedisStore(WorkStore):
                 pipe.xadd(self._k("main"), fields)  # pending again, at the end
             pipe.xack(self._k("main"), GROUP, eid)
             pipe.xdel(self._k("main"), eid)
+        pipe.srem(self._k("sending"), *[j for j in job_ids if j in held])
         await self._do(pipe.execute)
         gone = set(ids)
         for j in [j for j, eid in held.items() if eid in gone]:
@@ -281,8 +298,26 @@ class RedisStore(WorkStore):
                 await self._take_dead(member, 500)
                 taken = int(await self._do(self.client.xlen, self._k("uncertain"))) - before
             total += taken
-            if taken < 500:
+            if self._scanned < 500:
                 return total
+
+    async def mark_sending(self, member: str, job_ids: Sequence[int]) -> None:
+        if job_ids:
+            await self._do(self.client.sadd, self._k("sending"), *job_ids)
+
+    async def save_windows(self, member: str, windows: Mapping[str, Sequence[float]]) -> None:
+        if windows:
+            now = time.time()
+            mapping = {k: json.dumps([now, [round(t, 4) for t in v]]) for k, v in windows.items()}
+            await self._do(self.client.hset, self._k("windows"), mapping=mapping)
+
+    async def load_windows(self) -> dict[str, tuple[float, list[float]]]:
+        rows = await self._do(self.client.hgetall, self._k("windows"))
+        out: dict[str, tuple[float, list[float]]] = {}
+        for k, v in rows.items():
+            at, times = json.loads(v)
+            out[_text(k)] = (float(at), [float(t) for t in times])
+        return out
 
     async def counts(self) -> StoreCounts:
         depths = await self._do(queue_depths, self.client, self.ns)

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE jobs (
     id INTEGER PRIMARY KEY,
     item TEXT NOT NULL,              -- the workload line, as JSON
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending | claimed | done | uncertain
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending | claimed | sending | done | uncertain
     member TEXT,                     -- who claimed it (state claimed)
     claims INTEGER NOT NULL DEFAULT 0,
     uncertain INTEGER NOT NULL DEFAULT 0,   -- an earlier claim may have sent it
@@ -47,6 +48,12 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_by_state ON jobs (state, id);
 CREATE TABLE graveyard (seq INTEGER PRIMARY KEY, job_id INTEGER NOT NULL, record TEXT NOT NULL);
 """
+#: Each key's last sends (added to schema 1 stores as they are opened: a table more, nothing changed).
+_WINDOWS = """CREATE TABLE IF NOT EXISTS windows (
+    key TEXT PRIMARY KEY,            -- the key's fingerprint (or label): never the secret
+    saved_at REAL NOT NULL,          -- Unix time of the write
+    times TEXT NOT NULL              -- JSON list of Unix send times in its last window
+)"""
 
 T = TypeVar("T")
 
@@ -128,9 +135,11 @@ class SqliteStore(WorkStore):
 
         def write() -> None:
             with _transaction(self._db):
+                # A live run's write that may have happened is uncertain, like a killed run's.
                 self._db.executemany(
-                    "UPDATE jobs SET state = 'done', ending = ?, attempts = ?, member = NULL"
-                    " WHERE id = ? AND member = ? AND state = 'claimed'",
+                    "UPDATE jobs SET state = CASE WHEN ?1 = 'uncertain' THEN 'uncertain' ELSE 'done' END,"
+                    " ending = ?1, attempts = ?2, member = NULL"
+                    " WHERE id = ?3 AND member = ?4 AND state IN ('claimed', 'sending')",
                     done,
                 )
                 self._db.executemany("INSERT INTO graveyard (job_id, record) VALUES (?, ?)", buried)
@@ -145,7 +154,20 @@ class SqliteStore(WorkStore):
             with _transaction(self._db):
                 self._db.executemany(
                     "UPDATE jobs SET state = 'pending', member = NULL, claims = claims - 1"
-                    " WHERE id = ? AND member = ? AND state = 'claimed'",
+                    " WHERE id = ? AND member = ? AND state IN ('claimed', 'sending')",
+                    rows,
+                )
+
+        if rows:
+            await self._run(write)
+
+    async def mark_sending(self, member: str, job_ids: Sequence[int]) -> None:
+        rows = [(i, member) for i in job_ids]
+
+        def write() -> None:
+            with _transaction(self._db):
+                self._db.executemany(
+                    "UPDATE jobs SET state = 'sending' WHERE id = ? AND member = ? AND state = 'claimed'",
                     rows,
                 )
 
@@ -153,18 +175,47 @@ class SqliteStore(WorkStore):
             await self._run(write)
 
     async def recover(self, member: str, *, retry: bool) -> int:
+        """A dead member's jobs: never marked sending, pending again as they were (not counted);
+        marked, pending and uncertain with `retry`, else uncertain. Returns how many were marked."""
         state = "pending" if retry else "uncertain"
 
         def write() -> int:
             with _transaction(self._db):
+                self._db.execute(
+                    "UPDATE jobs SET state = 'pending', member = NULL, claims = claims - 1"
+                    " WHERE state = 'claimed' AND member IS NOT ?",
+                    (member,),
+                )
                 cur = self._db.execute(
                     "UPDATE jobs SET state = ?, uncertain = 1, member = NULL"
-                    " WHERE state = 'claimed' AND member IS NOT ?",
+                    " WHERE state = 'sending' AND member IS NOT ?",
                     (state, member),
                 )
             return cur.rowcount
 
         return await self._run(write)
+
+    async def save_windows(self, member: str, windows: Mapping[str, Sequence[float]]) -> None:
+        now = time.time()
+        rows = [(key, now, json.dumps([round(t, 4) for t in times])) for key, times in windows.items()]
+
+        def write() -> None:
+            with _transaction(self._db):
+                self._db.executemany(
+                    "INSERT INTO windows (key, saved_at, times) VALUES (?, ?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET saved_at = excluded.saved_at, times = excluded.times",
+                    rows,
+                )
+
+        if rows:
+            await self._run(write)
+
+    async def load_windows(self) -> dict[str, tuple[float, list[float]]]:
+        def read() -> dict[str, tuple[float, list[float]]]:
+            rows = self._db.execute("SELECT key, saved_at, times FROM windows").fetchall()
+            return {key: (float(at), [float(t) for t in json.loads(times)]) for key, at, times in rows}
+
+        return await self._run(read)
 
     async def counts(self) -> StoreCounts:
         def read() -> StoreCounts:
@@ -179,7 +230,7 @@ class SqliteStore(WorkStore):
                     done[ending] = count
             return StoreCounts(
                 pending=by_state.get("pending", 0),
-                claimed=by_state.get("claimed", 0),
+                claimed=by_state.get("claimed", 0) + by_state.get("sending", 0),
                 uncertain=by_state.get("uncertain", 0),
                 done=done,
             )
@@ -246,6 +297,7 @@ def _prepare(db: sqlite3.Connection, new: bool) -> str:
                     "INSERT INTO meta (name, value) VALUES (?, ?)",
                     [("app", APP), ("schema", str(SCHEMA)), ("store_id", store_id)],
                 )
+                db.execute(_WINDOWS)
             return store_id
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall()) if "meta" in tables else {}
         if meta.get("app") != APP:
@@ -257,6 +309,7 @@ def _prepare(db: sqlite3.Connection, new: bool) -> str:
             raise StoreError("the database is damaged (PRAGMA quick_check failed); left as it is")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = FULL")
+        db.execute(_WINDOWS)
         return str(meta["store_id"])
     except sqlite3.OperationalError as exc:  # cannot open, create or lock the file
         raise StoreError(f"cannot use the file: {exc}") from None

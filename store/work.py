@@ -9,38 +9,50 @@
 - `StoreRun` puts the two around an engine: `--resume` first, a last
   journal flush and the give-back of never-sent jobs at the end.
 
-What a kill -9 leaves behind is the store's claimed jobs: in flight, queued
-here, or ended in the last tick's unwritten batch. `--resume` takes them back
+What a kill -9 leaves behind is the store's claimed jobs. Before a job may go
+out, the source marks it *sending* in the store (`WorkStore.mark_sending`),
+group-committed for the few jobs just ahead of the limiter (`MARK_AHEAD_S` of
+the keys' capacity), and keeps the queue no deeper than that: a killed run's
+marked jobs are those in flight, queued, or ended in the last tick's unwritten
+batch, a few more than were on the wire. `--resume` takes them back
 (`WorkStore.recover`): sent again with the same Idempotency-Key when the target
-has one, else reported as uncertain. Nothing is sent twice without that key,
-and nothing is dropped.
+has one, else reported as uncertain; claimed jobs never marked go back to
+pending, as they were. Nothing is sent twice without that key, and nothing is
+dropped.
+
+The journal also keeps each key's sends of its last window (`save_windows`,
+every tick); a run on the same store starts each key's limiter from them
+(`Engine.seed_sends`), so the first second after a restart brings no 429.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ratedeck.core.secrets import safe_url
+from ratedeck.core.secrets import fingerprint, safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind
 from ratedeck.engine.settings import (
     ConfigError,
     EngineConfig,
     EngineSettings,
+    KeySpec,
     MessagesConfig,
     TargetConfig,
     WorkloadConfig,
 )
-from ratedeck.engine.workload import Workload, fed_depth
+from ratedeck.engine.workload import KeyPins, Workload, fed_depth
 
 from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
 
 if TYPE_CHECKING:
-    from ratedeck.engine.ports import JournalHost, StoreRunHost
+    from ratedeck.engine.ports import JournalHost, SourceSink, StoreRunHost
     from ratedeck.engine.request import Request
 
 __all__ = ["Journal", "StoreReport", "StoreRun", "StoreWorkload", "open_for_run"]
@@ -52,6 +64,11 @@ FLUSH_EVERY_S = 0.1
 #: Most jobs claimed at once; a claim takes at most the main queue's size too, so few
 #: jobs sit claimed but unsent (a kill -9 makes those uncertain).
 CLAIM_MAX = 256
+#: Jobs are marked sending (and queued) this far ahead of the keys' capacity: enough that a
+#: mark's commit never starves the limiter, few enough that a kill -9 strands few.
+MARK_AHEAD_S = 0.1
+#: At least this many are marked at once (one commit each time), at most `CLAIM_MAX`.
+MARK_MIN = 4
 
 
 class RunSettings(Protocol):
@@ -83,6 +100,9 @@ class RunSettings(Protocol):
 
     @property
     def main_queue_max(self) -> int: ...  # the main queue's size (`queue_max` or derived)
+
+    @property
+    def keys(self) -> tuple[KeySpec, ...]: ...  # what a job's `_key` may name
 
 
 def open_for_run(cfg: RunSettings) -> WorkStore | None:
@@ -136,8 +156,9 @@ class StoreWorkload(Workload):
         rng: random.Random | None = None,
         fed: bool = False,
         depth: int | None = None,
+        pins: KeyPins | None = None,
     ):
-        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth)
+        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth, pins=pins)
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -147,6 +168,10 @@ class StoreWorkload(Workload):
         self._buffer = _JobBuffer()
         self._claim: asyncio.Future[list[Job]] | None = None
         self.items = self._buffer
+        self.marks = True  # every job is marked sending in the store before it is queued
+        self._marked: set[int] = set()  # marked ahead, not yet queued
+        self._unqueued: list[int] = []  # made, never queued (the run stopped during a mark)
+        self.mark_problem: str | None = None
 
     @classmethod
     def for_store(cls, cfg: RunSettings, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
@@ -162,6 +187,7 @@ class StoreWorkload(Workload):
             rng=rng,
             fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
             depth=fed_depth(cfg.engine_settings),
+            pins=KeyPins(cfg.keys),
         )
 
     async def refill(self) -> bool:
@@ -182,12 +208,43 @@ class StoreWorkload(Workload):
         if self.idempotent:
             req.idempotency_key = job.key
 
+    async def before_submit(self, req: Request, sink: SourceSink) -> bool:
+        """Mark `req`'s job sending (with the next few, one commit) before it may be sent.
+
+        The queue is kept as deep as the jobs marked at once, so what a kill -9 leaves
+        marked is what was in flight plus about `MARK_AHEAD_S` of the keys' capacity."""
+        job = self.jobs[req.id]
+        if job.id in self._marked:
+            self._marked.discard(job.id)
+            return True
+        ahead = max(MARK_MIN, min(CLAIM_MAX, math.ceil(sink.live_capacity(sink.clock()) * MARK_AHEAD_S) + 1))
+        self.depth = ahead
+        # As many as the queue has room for now: marked jobs wait in the queue, not here.
+        room = max(1, min(ahead, sink.queue_max) - sink.queues.fresh())
+        ids = [job.id, *self._buffer.peek(room - 1)]
+        while True:
+            try:
+                await self.store.mark_sending(self.member, ids)
+                break
+            except StoreError as exc:
+                if self.mark_problem is None:
+                    self.mark_problem = f"cannot mark jobs sending: {exc}"
+                    sink.problem(self.mark_problem)
+                if sink.stopping:
+                    self.jobs.pop(req.id, None)
+                    self._unqueued.append(job.id)
+                    return False
+                await asyncio.sleep(0.25)
+        self._marked.update(ids[1:])
+        return True
+
     async def unsent_of(self, never_sent: set[int]) -> list[int]:
         """The jobs claimed and never sent: in a claim the stop cut short, still in the
         buffer, or made into one of the requests `never_sent` (queued with no attempt)."""
         ids = [job.id for job in await self._claim] if self._claim is not None else []
         ids += self._buffer.drain()
         ids += [self.jobs.pop(rid).id for rid in never_sent if rid in self.jobs]
+        ids += self._unqueued
         return ids
 
 
@@ -210,6 +267,10 @@ class _JobBuffer(Iterator[dict[str, Any]]):
         self._next += 1
         return dict(job.item)  # the workload pops _pool and the shaping fields from it
 
+    def peek(self, n: int) -> list[int]:
+        """The ids of the next `n` jobs (or fewer) the buffer will hand out."""
+        return [job.id for job in self._jobs[self._next : self._next + max(0, n)]]
+
     def drain(self) -> list[int]:
         ids = [job.id for job in self._jobs[self._next :]]
         self._jobs, self._next = [], 0
@@ -229,6 +290,7 @@ class Journal:
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
+        self._windows: dict[str, list[float]] = {}  # the last ones saved
 
     def finished(self, req: Request, ending: Ending) -> None:
         """The finish watcher: note the ending (no I/O here: this is the engine's path)."""
@@ -263,6 +325,18 @@ class Journal:
                 pass
             self._wake.clear()
             await self.flush()
+            await self.save_windows()
+
+    async def save_windows(self) -> None:
+        """Keep each key's sends of its last window in the store, when they changed."""
+        windows = self.engine.recent_sends()
+        if windows == self._windows:
+            return
+        try:
+            await self.store.save_windows(self.source.member, windows)
+        except StoreError:
+            return  # tried again next tick; only a resume's first second depends on it
+        self._windows = windows
 
     async def flush(self) -> None:
         if not self.waiting:
@@ -279,6 +353,27 @@ class Journal:
         self.written += len(batch)
 
 
+def last_sends(
+    windows: dict[str, tuple[float, list[float]]], now: float, burst_limits: dict[str, int] | None = None
+) -> dict[str, list[float]]:
+    """The sends a store kept per key, with what the run may have sent after it last saved:
+    it saved every `FLUSH_EVERY_S`, and a kill -9 lost at most the sends of one such tick
+    (and the write under way). They count as sent at the latest they can have been: at the
+    key's pace, two ticks' share of its last second plus one; a key that sends in bursts
+    (`burst_limits`: its limit, by key) may have spent all its window had left."""
+    out: dict[str, list[float]] = {}
+    for key, (saved_at, times) in windows.items():
+        if not times:
+            continue
+        recent = [t for t in times if t > saved_at - 1.0]  # its pace over the last second
+        lost = math.ceil(len(recent) * 2 * FLUSH_EVERY_S) + 1
+        if burst_limits is not None and key in burst_limits:
+            lost = max(lost, burst_limits[key] - len(times))
+        at = min(now, saved_at + 2 * FLUSH_EVERY_S)
+        out[key] = [*times, *([at] * lost)]
+    return out
+
+
 class StoreRun:
     """An engine's source and journal on `store`, and what happens at its start and end."""
 
@@ -290,6 +385,7 @@ class StoreRun:
         self.journal: Journal | None = None
         self.recovered = 0
         self.left_claimed = 0  # claimed by earlier runs, not taken back (no --resume)
+        self.windows: dict[str, tuple[float, list[float]]] = {}  # the last run's sends, per key
 
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
@@ -298,6 +394,7 @@ class StoreRun:
                 self.recovered = await self.store.recover(self.member, retry=self.cfg.target.idempotency)
             else:
                 self.left_claimed = (await self.store.counts()).claimed
+            self.windows = await self.store.load_windows()
         except StoreError as exc:
             raise ConfigError("--store", self.store.url, str(exc)) from None
 
@@ -305,6 +402,15 @@ class StoreRun:
         """Watch the engine's endings; start the journal's writer on the running loop."""
         self.journal = Journal(engine, self.source)
         engine.watch(self.journal)
+        burst = None
+        if self.cfg.engine.pacing == "burst":
+            burst = {
+                (fingerprint(k.secret) or k.label): min(k.policies, key=lambda p: p.rate).limit
+                for k in self.cfg.keys
+            }
+        seeded = engine.seed_sends(last_sends(self.windows, time.time(), burst))
+        if seeded:
+            engine.event(EventKind.INFO, f"each key starts from the last run's window: {seeded} sends")
         self.journal.start()
         if self.recovered:
             what = (

@@ -108,7 +108,7 @@ def test_a_scrape_during_a_run_parses_and_the_end_equals_the_report(tmp_path):
     assert validate(data) == []
     req = data["requests"]
     assert _value(end, "ratedeck_requests_generated_total") == req["generated"]
-    for outcome in ("succeeded", "expired", "graveyard", "shed"):
+    for outcome in ("succeeded", "expired", "graveyard", "shed", "uncertain"):
         assert _value(end, "ratedeck_requests_total", outcome=outcome) == req[outcome], outcome
     for outcome in ("succeeded", "rejected_429", "rejected_other", "failed"):
         assert _value(end, "ratedeck_attempts_total", outcome=outcome) == req[outcome], outcome

@@ -50,7 +50,7 @@ def _is(value, kind: str) -> bool:
 
 def accounted(req: dict) -> int:
     """Every place a report's requests can be at the end, added up: `generated` must equal it."""
-    places = ("succeeded", "expired", "graveyard", "shed", "queued_at_end", "in_flight_at_end")
+    places = ("succeeded", "uncertain", "expired", "graveyard", "shed", "queued_at_end", "in_flight_at_end")
     return sum(req[place] for place in places)
 
 

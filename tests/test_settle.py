@@ -90,3 +90,47 @@ def test_an_error_while_settling_buries_the_request_with_the_error_named(tmp_pat
     assert snap.graveyard == 40 and snap.balance() == 0
     assert dict(snap.failures) == {"internal:RuntimeError": 40}
     assert any("outcome handling bug" in e.text for e in snap.events)
+
+
+def write(
+    kind: OutcomeKind, status: int | None = None, *, keyed: bool, replayed: bool = False, sent: bool = True
+):
+    """An answer to a POST (a write), with or without an Idempotency-Key."""
+    o = Outcome(kind, status, error="connection refused" if not sent else None)
+    o.write, o.keyed, o.replayed, o.maybe_sent = True, keyed, replayed, sent
+    return o
+
+
+@pytest.mark.parametrize(
+    "outcome, attempts, ending, unsure",
+    [
+        # no Idempotency-Key: a write that may have happened is never sent again
+        (write(OutcomeKind.SERVER_ERROR, 500, keyed=False), 1, Ending.UNCERTAIN, True),
+        (write(OutcomeKind.TIMEOUT, keyed=False), 1, Ending.UNCERTAIN, True),
+        (write(OutcomeKind.CONNECTION, keyed=False), 1, Ending.UNCERTAIN, True),  # reset after sending
+        (write(OutcomeKind.CONNECTION, keyed=False, sent=False), 1, None, False),  # refused: never sent
+        (write(OutcomeKind.RATE_LIMITED, 429, keyed=False), 1, None, False),  # refused before the write
+        # with one: retried (on the same key) until the attempts are used, then uncertain
+        (write(OutcomeKind.SERVER_ERROR, 500, keyed=True), 1, None, True),
+        (write(OutcomeKind.TIMEOUT, keyed=True), 4, None, True),
+        (write(OutcomeKind.SERVER_ERROR, 500, keyed=True), 5, Ending.UNCERTAIN, True),
+        # the server replayed its saved 500: retrying only replays it again
+        (write(OutcomeKind.SERVER_ERROR, 500, keyed=True, replayed=True), 2, Ending.UNCERTAIN, True),
+        (write(OutcomeKind.CLIENT_ERROR, 400, keyed=True), 1, Ending.GRAVEYARD, False),
+    ],
+)
+def test_a_write_that_may_have_happened_ends_uncertain(outcome, attempts, ending, unsure):
+    v = decide(outcome, req(attempts), RULES, now=1.0)
+    assert (v.ending, v.unsure) == (ending, unsure)
+
+
+def test_once_unsure_a_request_never_ends_plainly_failed():
+    r = req(5)
+    r.unsure = True  # an earlier attempt answered 500 after it may have written
+    assert decide(write(OutcomeKind.RATE_LIMITED, 429, keyed=True), r, RULES, 1.0).ending is Ending.UNCERTAIN
+    assert decide(write(OutcomeKind.CLIENT_ERROR, 400, keyed=True), r, RULES, 1.0).ending is Ending.UNCERTAIN
+    r2 = req(2, deadline=0.5)
+    r2.unsure = True
+    assert decide(write(OutcomeKind.TIMEOUT, keyed=True), r2, RULES, 1.0).ending is Ending.UNCERTAIN
+    # a GET is no write: its 500s are retried anywhere and bury as before
+    assert decide(Outcome(OutcomeKind.SERVER_ERROR, 500), req(5), RULES, 1.0).ending is Ending.GRAVEYARD

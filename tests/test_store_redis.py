@@ -72,6 +72,7 @@ def test_claim_finish_and_a_dead_members_entries_reclaimed(redis_server):  # noq
         got_a = await a.claim("a", 4)
         got_b = await b.claim("b", 4)
         assert [j.id for j in got_a] == [1, 2, 3, 4] and [j.id for j in got_b] == [5, 6, 7, 8]
+        await a.mark_sending("a", [1, 2, 3, 4])
         await a.finish("a", [Finished(1, Ending.SUCCEEDED, 1), Finished(2, Ending.GRAVEYARD, 3, {"id": 2})])
         counts = await a.counts()
         assert (counts.pending, counts.claimed, counts.done) == (4, 6, {"succeeded": 1, "graveyard": 1})
@@ -109,15 +110,19 @@ def test_without_an_idempotency_key_a_dead_members_jobs_become_uncertain(redis_s
     async def main():
         a = RedisStore(redis_server.url, namespace="w2", claim_timeout_s=0.3)
         c = RedisStore(redis_server.url, namespace="w2", claim_timeout_s=0.3)
-        await a.enqueue([{"n": i} for i in range(3)])
-        await a.claim("a", 2)
+        await a.enqueue([{"n": i} for i in range(4)])
+        await a.claim("a", 3)
+        await a.mark_sending("a", [1, 2])  # job 3 was claimed, never marked: never sent
         assert a._refresher is not None
         a._refresher.cancel()
         await asyncio.sleep(0.4)
         assert await c.recover("c", retry=False) == 2
         counts = await c.counts()
-        assert (counts.pending, counts.claimed, counts.uncertain) == (1, 0, 2)
-        assert [j.id for j in await c.claim("c", 5)] == [3]  # never sent twice
+        assert (counts.pending, counts.claimed, counts.uncertain) == (2, 0, 2)
+        assert sorted(j.id for j in await c.claim("c", 5)) == [3, 4]  # never sent twice; 3 back as it was
+        await c.save_windows("c", {"3f9a1c": [100.0, 100.5]})
+        kept = await a.load_windows()
+        assert kept["3f9a1c"][1] == [100.0, 100.5]
         await a.close()
         await c.close()
 

@@ -78,6 +78,7 @@ def test_recover_takes_back_a_dead_member_s_jobs_as_uncertain(tmp_path, retry):
         s = SqliteStore.open(str(tmp_path / "w.db"))
         await s.enqueue([{"job": i} for i in range(4)])
         dead = await s.claim("dead", 2)
+        await s.mark_sending("dead", [j.id for j in dead])  # they may have been sent
         mine = await s.claim("me", 1)
         assert await s.recover("me", retry=retry) == 2
         c = await s.counts()
@@ -91,6 +92,42 @@ def test_recover_takes_back_a_dead_member_s_jobs_as_uncertain(tmp_path, retry):
         else:  # never sent again: reported
             assert (c.pending, c.uncertain) == (1, 2)
             assert [j.id for j in await s.claim("me", 5)] == [mine[0].id + 1]
+        await s.close()
+
+    run(scenario())
+
+
+def test_recover_puts_a_dead_member_s_unsent_claims_back_as_they_were(tmp_path):
+    """Only the jobs marked sending may have reached the server: the rest of a killed run's
+    claim was never sent, and goes back to pending, not uncertain and not counted as resumed."""
+
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(6)])
+        dead = await s.claim("dead", 5)
+        await s.mark_sending("dead", [dead[0].id, dead[1].id])
+        await s.mark_sending("other", [dead[2].id])  # not its claim: no mark
+        assert await s.recover("me", retry=False) == 2
+        c = await s.counts()
+        assert (c.pending, c.claimed, c.uncertain) == (4, 0, 2)
+        again = await s.claim("me", 6)
+        assert [j.id for j in again] == [j.id for j in dead[2:]] + [6]
+        assert not any(j.uncertain for j in again) and all(j.attempts == 0 for j in again)
+        await s.close()
+
+    run(scenario())
+
+
+def test_windows_are_kept_per_key_and_replaced(tmp_path):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        assert await s.load_windows() == {}
+        await s.save_windows("m", {"3f9a1c": [100.0, 100.5], "k2": []})
+        await s.save_windows("m", {"3f9a1c": [101.25]})
+        await s.close()
+        s = SqliteStore.open(str(tmp_path / "w.db"))  # durable: a new process reads them
+        kept = await s.load_windows()
+        assert kept["3f9a1c"][1] == [101.25] and kept["k2"][1] == []
         await s.close()
 
     run(scenario())
@@ -256,5 +293,75 @@ def test_a_claim_cut_short_by_the_stop_is_still_given_back(tmp_path):
         await store.release("m", ids)
         assert (await store.counts()).pending == 5
         await store.close()
+
+    run(scenario())
+
+
+def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path):
+    """The journal keeps each key's last sends; the next run's limiter starts from them, with
+    what the dead run may have sent after its last save: its first send waits for the window
+    the server still counts, instead of drawing a 429."""
+    import time
+
+    from ratedeck.config import load_config
+    from ratedeck.core.secrets import fingerprint
+    from ratedeck.engine.engine import Engine
+    from ratedeck.engine.transport import http_transport
+    from ratedeck.store.work import FLUSH_EVERY_S, last_sends
+
+    secrets = ["first-key-0123456789", "second-key-0123456789"]
+    cfg = load_config(
+        overrides={
+            "target": {"url": "http://127.0.0.1:9/x"},
+            "keys": {"secrets": secrets, "limits": ["20/1s"]},
+            "engine": {"headroom": 0},
+        }
+    )
+
+    async def scenario() -> None:
+        dead = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        wall = time.time()
+        for i in range(18):  # the dead run: 18 sends of k1 in its last 0.6 s
+            dead.workers[0].limiter.record(dead.clock() - 0.6 + i * 0.03)
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.save_windows("dead", dead.recent_sends())
+        kept = await s.load_windows()
+        await s.close()
+        first = fingerprint(secrets[0])
+        assert set(kept) == {first, fingerprint(secrets[1])} and len(kept[first][1]) == 18
+        sends = last_sends(kept, wall)
+        assert len(sends[first]) > 18 and fingerprint(secrets[1]) not in sends  # it sent nothing
+        fresh = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        assert fresh.seed_sends(sends) == len(sends[first])
+        now = fresh.clock()
+        k1, k2 = fresh.workers
+        oldest = min(kept[first][1])
+        # k1 has no room until the dead run's oldest send leaves the server's window
+        assert k1.next_free(now) >= now + (oldest + 1.0 - wall) - 0.01
+        assert k1.limiter.used(now)[0] >= 20  # full: 18 kept plus the sends it may have made after
+        assert k2.next_free(now) <= now + 1e-6  # the key the dead run did not use is free
+        assert FLUSH_EVERY_S <= 0.1
+
+    run(scenario())
+
+
+def test_a_live_run_s_uncertain_ending_is_journaled_as_uncertain(tmp_path):
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(3)])
+        jobs = await s.claim("me", 3)
+        await s.mark_sending("me", [j.id for j in jobs])
+        await s.finish(
+            "me",
+            [
+                Finished(jobs[0].id, Ending.SUCCEEDED, 1),
+                Finished(jobs[1].id, Ending.UNCERTAIN, 1),
+                Finished(jobs[2].id, Ending.SHED, 0),
+            ],
+        )
+        c = await s.counts()
+        assert (c.claimed, c.uncertain, dict(c.done)) == (0, 1, {"succeeded": 1, "shed": 1})
+        assert c.total == 3
+        await s.close()
 
     run(scenario())

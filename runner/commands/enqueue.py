@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from ratedeck.config import ConfigError, load_config
-from ratedeck.engine.workload import read_jsonl
+from ratedeck.engine.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
 
@@ -32,9 +32,11 @@ def main(argv: list[str]) -> int:
         return parsed
     args = parsed
     try:
-        # Enqueueing sends nothing: the config's keys are neither needed nor read.
+        # Enqueueing sends nothing: a config need not name keys. When it does, a line's `_key`
+        # is checked against them; else by its form (the run checks it against its own keys).
         cfg = load_config(args.config, args.preset, {"run": {"store": args.store}}, keys_needed=False)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), tuple(b.name for b in cfg.budgets)))
+        budgets = tuple(b.name for b in cfg.budgets)
+        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, _pins(args)))
         if cfg.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
@@ -57,3 +59,13 @@ def main(argv: list[str]) -> int:
         return fail(f"enqueue: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
     return 0
+
+
+def _pins(args: argparse.Namespace) -> KeyPins:
+    """What a line's `_key` may name: the keys of --config/--preset when they name any, else the form."""
+    if not (args.config or args.preset):
+        return KeyPins()
+    try:
+        return KeyPins(load_config(args.config, args.preset, {"run": {"store": args.store}}).keys)
+    except ConfigError:  # no keys there (or none readable here): the form only
+        return KeyPins()

@@ -31,7 +31,9 @@ What the public docs say, and what this stub does with it
   the case where a client cannot know a write happened. ``state.writes`` is every
   object written; ``state.duplicate_writes()`` names the logical requests written more
   than once (grouped by ``logical_param``, default ``metadata[order_id]``, or by the
-  whole parameter set when that is absent).
+  whole parameter set when that is absent). ``writes_by_key()`` counts them per
+  account. A replayed answer carries ``Idempotent-Replayed: true``, as Stripe's do
+  (``replayed_header=False`` leaves it out, for a client that must cope without it).
 
 Where the docs are silent (the stricter plausible choice, stated):
 
@@ -143,6 +145,7 @@ class Write:
     at: float
     idempotency_key: str | None
     failed: bool  # answered 500 although written
+    key: str = ""  # the account (API key) it was written on
 
 
 @dataclass
@@ -176,7 +179,9 @@ class StripeState:
         idempotency_ttl: float = 86400.0,
         latency: float = 0.0,
         hold: asyncio.Event | None = None,
+        replayed_header: bool = True,
     ) -> None:
+        self.replayed_header = replayed_header
         self.keys = set(keys)
         self.clock = clock
         self.rate_limit, self.window = rate_limit, window
@@ -207,6 +212,13 @@ class StripeState:
         for w in self.writes:
             if object_ is None or w.object == object_:
                 out[w.logical] += 1
+        return dict(out)
+
+    def writes_by_key(self) -> dict[str, int]:
+        """Objects written on each account (API key)."""
+        out: dict[str, int] = defaultdict(int)
+        for w in self.writes:
+            out[w.key] += 1
         return dict(out)
 
     def duplicate_writes(self, object_: str | None = None) -> dict[str, int]:
@@ -404,7 +416,8 @@ class StripeState:
                         ),
                     )
                 record(saved.status, "replayed", cost=1)
-                return reply(saved.status, text=saved.text, extra={"Idempotency-Key": idem})
+                replayed = {"Idempotent-Replayed": "true"} if self.replayed_header else {}
+                return reply(saved.status, text=saved.text, extra={"Idempotency-Key": idem, **replayed})
 
         problem = self.validate(ep, pairs)
         if problem is not None:  # validation failures are not saved
@@ -416,7 +429,7 @@ class StripeState:
         self.in_flight[key] += 1
         try:
             await work(self.latency, self.hold)
-            status, body = self.execute(ep, obj_id, dict(pairs), idem, now)
+            status, body = self.execute(ep, obj_id, dict(pairs), idem, now, key)
         except BaseException:
             if slot is not None:
                 self.saved.pop(slot, None)
@@ -472,7 +485,13 @@ class StripeState:
         return self.fail_after_write > 0 and self.rng.random() < self.fail_after_write
 
     def execute(
-        self, ep: Endpoint, obj_id: str | None, values: dict[str, str], idem: str | None, now: float
+        self,
+        ep: Endpoint,
+        obj_id: str | None,
+        values: dict[str, str],
+        idem: str | None,
+        now: float,
+        key: str = "",
     ) -> tuple[int, Any]:
         method, template, obj, _, _ = ep
         if method == "GET":
@@ -531,7 +550,7 @@ class StripeState:
         else:
             logical = "&".join(f"{k}={v}" for k, v in sorted(values.items()))
         failed = self.next_fails()
-        self.writes.append(Write(new_id, obj, logical, dict(values), now, idem, failed))
+        self.writes.append(Write(new_id, obj, logical, dict(values), now, idem, failed, key))
         self.objects[new_id] = body
         if failed:
             return 500, error("api_error", "An unknown error occurred")
