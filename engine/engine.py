@@ -42,6 +42,7 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
+from .estimate import ADDITIVE, PROBING
 from .events import EventLog
 from .gate import CooldownGate
 from .headroom import HeadroomController
@@ -179,6 +180,7 @@ class Engine:
                     budgets=self.budgets,
                     key_budgets=key_budgets,
                     key_weighted=cfg.key_weighted,
+                    climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
                 )
             )
         # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.

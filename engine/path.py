@@ -204,7 +204,7 @@ class RequestPath:
         req.last_status = result.status
         req.result = result
         if result.policy_header is not None and self.learn_policy:
-            for policy in worker.adopt_advertised(result.policy_header):
+            for policy in worker.adopt_advertised(result.policy_header, now):
                 self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
         if result.quotas:
             self._sync_quotas(worker, req, result, now)
@@ -223,7 +223,7 @@ class RequestPath:
             if limiter is None:
                 continue
             reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
-            limiter.sync(
+            extra = limiter.sync(
                 now,
                 used=quota.used,
                 remaining=quota.remaining,
@@ -234,6 +234,13 @@ class RequestPath:
                 sent_at=sent_at,
             )
             worker.note_quota(quota, reset_at)
+            if extra > 0 and limiter is worker.limiter and worker.note_shared(extra, quota.limit, now):
+                share = worker.estimate.shared_share if worker.estimate is not None else None
+                self.event(
+                    EventKind.SETTING,
+                    f"{worker.label}: shared: someone else used {share or 0:.0%} of this window "
+                    "(the server counted more than we sent); using what is left",
+                )
 
     def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
         name = quota.name
@@ -255,19 +262,18 @@ class RequestPath:
         worker.tally(v.tally, req.last_sent_at)
         if v.tally is Tally.SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
+            if self.learn_policy and worker.climb(now):
+                self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
             # A 429 while the headroom deliberately narrows (a rejection budget, remaining
             # counts) is about timing, not the limit: learn nothing from it.
             if self.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
-                learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
-                if learned is not None or worker.learned_limit is not None:
+                moved, explained = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
+                if explained:
                     widen = False  # the limit was wrong, not the timing: the headroom stays
-                if learned is not None:
-                    self.event(
-                        EventKind.SETTING,
-                        f"{worker.label}: told {worker.told}, learned {learned} from rejections",
-                    )
+                if moved:
+                    self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
         else:
@@ -298,6 +304,13 @@ class RequestPath:
             req.eligible_at = max(req.eligible_at, now + delay)
             m.retried += 1
             self.queues.retry(req)
+
+    def _estimate_moved(self, worker: KeyWorker) -> None:
+        est = worker.estimate
+        if est is not None and est.reason != "climbing":  # each step up would flood the log
+            self.event(
+                EventKind.SETTING, f"{worker.label}: told {worker.told}, limit estimate {est.describe()}"
+            )
 
     def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
         problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"

@@ -42,6 +42,14 @@ class KeyRow:
     told_limit: str = ""  # the limits the key was given ("25/1s"; several joined by ", ")
     fingerprint: str = ""  # six hex digits of SHA-256 of the secret (core.secrets.fingerprint); "" if short
     latency: LatencySummary = field(default_factory=lambda: LatencySummary())  # this key's successes
+    # The key's limit as an estimate (engine/estimate.py): "20/1s", why it is that, how long
+    # ago it last moved (None: never), how it climbs ("additive" or "probing") and the share of
+    # the last counted window someone else used (None: none seen).
+    limit_estimate: str | None = None
+    estimate_reason: str = ""
+    estimate_moved_ago_s: float | None = None
+    estimate_climb: str = ""
+    shared_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
