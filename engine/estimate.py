@@ -32,6 +32,10 @@ import math
 
 #: The first quiet spell after a 429 lowered the estimate, in seconds, before it climbs.
 HOLD_S = 20.0
+#: Windows a level must be sent at without a 429 to count as one that held.
+SUSTAINED_WINDOWS = 5
+#: The quiet spell after a 429 at a level that never held (a told limit that was wrong).
+HOLD_NEVER_HELD_S = 120.0
 #: The longest a level that drew a 429 is held before it is probed again.
 HOLD_CAP_S = 300.0
 
@@ -71,6 +75,7 @@ class KeyEstimate:
         "base_hold_s",
         "_last_429",
         "_step_at",
+        "_level_since",
     )
 
     def __init__(
@@ -88,7 +93,9 @@ class KeyEstimate:
         self.window_s = window_s
         self.advertised = advertised
         self.value = self.ceiling
-        self.confirmed = self.value
+        # A told limit is not yet seen to hold: sends beyond half of it go one at a time until
+        # the server accepts them (a slow start); an advertised one is the server's word.
+        self.confirmed = self.value if told is None else max(1, math.ceil(self.value / 2))
         self.reason = (
             "told" if told is not None and (advertised is None or told <= advertised) else "advertised"
         )
@@ -101,6 +108,7 @@ class KeyEstimate:
         self.hold_s = hold_s  # the next hold after a probe that drew a 429 (doubles each time)
         self._last_429 = -math.inf
         self._step_at = -math.inf  # the last climb step (or lowering): one step per window
+        self._level_since: float | None = None  # when the current value took effect (first seen)
 
     # -- reading
     @property
@@ -124,6 +132,8 @@ class KeyEstimate:
         value = max(1, value)
         if value == self.value and reason == self.reason:
             return False
+        if value != self.value:
+            self._level_since = now
         self.value, self.reason, self.moved_at = value, reason, now
         return True
 
@@ -134,9 +144,14 @@ class KeyEstimate:
         self.advertised = limit
         ceiling = self.ceiling
         if self.value > ceiling or (self.told is None and self.reason == "advertised"):
-            self.confirmed = min(self.confirmed, ceiling) if self.told is not None else ceiling
+            self.confirmed = ceiling
             return self._move(ceiling, "advertised", now)
         return False
+
+    def confirm(self, level: int) -> None:
+        """The server accepted a send that made `level` of ours in a window: that level holds."""
+        if level > self.confirmed:
+            self.confirmed = min(level, self.value)
 
     def rejected(self, sent_at: float, accepted: int, now: float) -> tuple[bool, bool]:
         """A 429 for a request sent at `sent_at`, after `accepted` of ours were accepted in the
@@ -147,15 +162,27 @@ class KeyEstimate:
         level = self.value
         if self.value > self.confirmed:
             # A probe drew the 429: back to the level that held, held there longer each time.
+            # (The told level itself, never seen to hold, was simply wrong: held long.)
             self.hold_s = min(HOLD_CAP_S, self.hold_s * 2)
-            self.quiet_until = now + self.hold_s
+            hold = HOLD_NEVER_HELD_S if level >= self.ceiling else self.hold_s
+            self.quiet_until = max(self.quiet_until, now + hold)
             self._last_429 = self._step_at = now
+            # Back to the level that held, or to what the server accepted of ours if that is less.
+            if 1 <= accepted < self.confirmed:
+                self.confirmed = max(accepted, math.ceil(level / 2))
             return self._move(self.confirmed, f"lowered by a 429 at {level}", now), True
         if accepted < 1 or accepted >= level:
             return False, False  # not sending at our estimate, or it held: timing, not the limit
         new = max(accepted, math.ceil(level / 2))
+        # A told limit that never held (the server never accepted that many of ours for a few
+        # windows) was simply wrong: hold it long, so climbing does not buy the server's
+        # cooldowns. One that had held, or a level measured from the server's answers, failing
+        # now is most likely someone else on the key: climb back after the base hold.
+        since = self._level_since if self._level_since is not None else now
+        held = self.confirmed >= level and now - since >= SUSTAINED_WINDOWS * self.window_s
+        wrong = level >= self.ceiling and not held
+        self.quiet_until = max(self.quiet_until, now + (HOLD_NEVER_HELD_S if wrong else self.base_hold_s))
         self.confirmed = new
-        self.quiet_until = now + self.base_hold_s
         self._last_429 = self._step_at = now
         return self._move(new, f"lowered by a 429 at {level}", now), True
 
@@ -172,10 +199,10 @@ class KeyEstimate:
     def tick(self, now: float) -> bool:
         """Climb one step toward the ceiling when a window passed without a 429; confirm a
         level that held a whole window. True when the estimate moved."""
+        if self._level_since is None:
+            self._level_since = now
         if now < self._step_at + self.window_s or now < self.quiet_until:
             return False
-        if self.value > self.confirmed:
-            self.confirmed = self.value  # a whole window at this level without a 429
         ceiling = self.ceiling
         if self.value >= ceiling:
             if self.value > ceiling:

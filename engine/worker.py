@@ -93,7 +93,6 @@ class KeyWorker:
         self.server_limit: int | None = None
         self.server_reset_at: float | None = None
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
-        self._ok_sends: deque[float] = deque(maxlen=4096)  # send times of recent successes
         # The key's limit as an estimate that moves both ways (engine/estimate.py): the tightest
         # sliding window it was told, enforced by the limiter's meter of that policy.
         sliding = [p for p in limiter.policies if p.kind is PolicyKind.SLIDING]
@@ -106,6 +105,8 @@ class KeyWorker:
         self._sends: deque[float] = deque(maxlen=4096)  # send times, for a probe's count
         self._failed_sends: deque[float] = deque(maxlen=4096)  # send times of answers not accepted
         self._probe_out = False  # a send beyond the confirmed level is in flight: wait for it
+        self._probe_at = -1.0  # its send time
+        self._probe_level = 0  # and our count in the window with it
         self._nonce = 0
         self._waker = Waker()
         # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
@@ -246,22 +247,23 @@ class KeyWorker:
             self.sent += 1
             self._sends.append(now)
             est = self.estimate
-            if est is not None and est.value > est.confirmed and self._beyond(now, est.confirmed):
-                self._probe_out = True  # sends beyond the level that held go one at a time
+            if est is not None and est.value > est.confirmed:
+                count = self._count_in_window(now)
+                if count > est.confirmed:  # sends beyond the level that held go one at a time
+                    self._probe_out, self._probe_at, self._probe_level = True, now, count
             host.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
 
-    def _beyond(self, now: float, level: int) -> bool:
-        """Whether our sends in the estimate's window up to now exceed `level`."""
+    def _count_in_window(self, now: float) -> int:
+        """Our sends in the estimate's window up to `now`, widened by the headroom as the
+        limiter's meter counts them (the server sees at most these in its window)."""
         assert self.estimate is not None
-        start = now - self.estimate.window_s
+        start = now - self.estimate.window_s - self.limiter.headroom_s()
         count = 0
         for t in reversed(self._sends):
             if t <= start:
                 break
             count += 1
-            if count > level:
-                return True
-        return False
+        return count
 
     def spend_plan(self, req: Request) -> list[tuple[WindowLimiter, int]]:
         """Every limiter `req` spends from with this key, and how much of each."""
@@ -305,7 +307,8 @@ class KeyWorker:
     def answered(self, outcome: Outcome) -> None:
         """An attempt of this key came back (or failed to)."""
         self.in_flight -= 1
-        self._probe_out = False  # the next send learns from this answer
+        if self.in_flight == 0:
+            self._probe_out = False  # nothing in flight: nothing to wait for
         if outcome.status is not None:
             ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
@@ -317,10 +320,12 @@ class KeyWorker:
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally, sent_at: float | None = None) -> None:
+        if sent_at is not None and sent_at == self._probe_at:
+            self._probe_out, self._probe_at = False, -1.0  # the send beyond the confirmed level is answered
+            if tally is Tally.SUCCEEDED and self.estimate is not None:
+                self.estimate.confirm(self._probe_level)
         if tally is Tally.SUCCEEDED:
             self.succeeded += 1
-            if sent_at is not None:
-                self._ok_sends.append(sent_at)
         elif tally is Tally.REJECTED_429:
             self.rejected_429 += 1
         if tally is not Tally.SUCCEEDED and sent_at is not None:
