@@ -454,6 +454,14 @@ ROWS: tuple[Row, ...] = (
         "adopt tighter limits the server advertises (RateLimit-Policy)",
         "engine",
     ),
+    Row(
+        "engine.slow_start",
+        "boolean",
+        p.boolean,
+        "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
+        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown)",
+        "engine",
+    ),
     # ---------------------------------------------------------------- [workload]
     Row(
         "workload.rate",

@@ -181,6 +181,7 @@ class Engine:
                     key_budgets=key_budgets,
                     key_weighted=cfg.key_weighted,
                     climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
+                    slow_start=e.slow_start,
                 )
             )
         # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.

@@ -86,6 +86,7 @@ class KeyEstimate:
         climb: str = ADDITIVE,
         hold_s: float = HOLD_S,
         advertised: int | None = None,
+        slow_start: bool = False,
     ) -> None:
         if told is None and advertised is None:
             raise ValueError("an estimate needs a told or an advertised limit")
@@ -93,9 +94,9 @@ class KeyEstimate:
         self.window_s = window_s
         self.advertised = advertised
         self.value = self.ceiling
-        # A told limit is not yet seen to hold: sends beyond half of it go one at a time until
-        # the server accepts them (a slow start); an advertised one is the server's word.
-        self.confirmed = self.value if told is None else max(1, math.ceil(self.value / 2))
+        # With `slow_start` a told limit is not trusted until seen to hold: sends beyond half of
+        # it go one at a time until the server accepts them; an advertised one is its word.
+        self.confirmed = self.value if told is None or not slow_start else max(1, math.ceil(self.value / 2))
         self.reason = (
             "told" if told is not None and (advertised is None or told <= advertised) else "advertised"
         )

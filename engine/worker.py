@@ -61,6 +61,7 @@ class KeyWorker:
         key_budgets: dict[str, WindowLimiter] | None = None,
         key_weighted: bool = False,
         climb: str = ADDITIVE,
+        slow_start: bool = False,
     ):
         self.host = host
         self.spec = spec
@@ -98,7 +99,7 @@ class KeyWorker:
         sliding = [p for p in limiter.policies if p.kind is PolicyKind.SLIDING]
         self._estimated: Policy | None = min(sliding, key=lambda p: p.rate) if sliding else None
         self.estimate: KeyEstimate | None = (
-            KeyEstimate(self._estimated.limit, self._estimated.window_s, climb=climb)
+            KeyEstimate(self._estimated.limit, self._estimated.window_s, climb=climb, slow_start=slow_start)
             if self._estimated is not None
             else None
         )

@@ -19,8 +19,9 @@ KEYS = tuple(f"key-00{i}" for i in range(5))
 
 
 # -- the estimate alone (fake clock: every call is told the time)
-def test_it_starts_at_the_told_limit_and_probes_above_half_of_it():
-    est = KeyEstimate(20, 1.0)
+def test_it_starts_at_the_told_limit_and_with_a_slow_start_probes_above_half_of_it():
+    assert KeyEstimate(20, 1.0).probing_above is None
+    est = KeyEstimate(20, 1.0, slow_start=True)
     assert (est.value, est.reason, est.moved_at) == (20, "told", None)
     assert est.probing_above == 10  # a slow start: beyond 10 in a window, one at a time
     est.confirm(14)
@@ -86,7 +87,7 @@ def test_a_probe_that_draws_a_429_goes_back_and_is_held_longer_each_time():
 
 
 def test_a_told_limit_that_never_held_is_not_probed_again_for_long():
-    est = KeyEstimate(25, 1.0)
+    est = KeyEstimate(25, 1.0, slow_start=True)
     est.tick(0.0)
     est.confirm(20)
     est.rejected(0.9, 20, 1.0)  # the 21st of ours in the first window drew it
@@ -140,7 +141,7 @@ def test_a_bad_other_load_names_the_setting():
 
 
 # -- the targets, on virtual time
-def _run(told: str, seed: int, **server_kw):
+def _run(told: str, seed: int, slow_start: bool = False, **server_kw):
     server = replace(
         standard_settings(),
         keys=KEYS,
@@ -156,7 +157,7 @@ def _run(told: str, seed: int, **server_kw):
         transport_kw={"seed": seed},
         keys={"secrets": list(KEYS), "limits": [told]},
         target={"nonce_param": ""},
-        engine={"ttl_s": 60.0, "max_attempts": 20},
+        engine={"ttl_s": 60.0, "max_attempts": 20, "slow_start": slow_start},
         workload={"rate": 125.0},
         run={"seed": seed},
     )
@@ -164,11 +165,16 @@ def _run(told: str, seed: int, **server_kw):
     return snap, transport.rules.stats()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_told_25_where_the_server_allows_20_and_escalates(seed):
-    snap, stats = _run("25/1s", seed, ratelimit_headers=False, escalation=True)
+@pytest.mark.parametrize(
+    ("seed", "slow_start", "least"), [(1, True, 0.90), (2, True, 0.90), (2, False, 0.89)]
+)
+def test_told_25_where_the_server_allows_20_and_escalates(seed, slow_start, least):
+    # The first 429 costs the server's 1 s cooldown; without a slow start the sends in flight
+    # with it walk into that cooldown and escalate it (0.895..0.904 over seeds 1..3), with one
+    # they go one at a time above half the told limit (0.901..0.907).
+    snap, stats = _run("25/1s", seed, slow_start, ratelimit_headers=False, escalation=True)
     share = snap.succeeded / (5 * 20 * 60)
-    assert share >= 0.90, share
+    assert share >= least, share
     assert snap.rejected_429 <= 60, snap.rejected_429
     assert stats["totals"]["requests_during_cooldown"] <= 40, stats["totals"]
     assert {k.limit_estimate for k in snap.keys} <= {"19/1s", "20/1s"}
