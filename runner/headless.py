@@ -145,6 +145,7 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         lines.append(
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
+            + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )
     return lines
 
