@@ -160,6 +160,8 @@ class KeyEstimate:
         limit (so the headroom need not widen for it)."""
         if self.moved_at is not None and sent_at < self.moved_at and self.reason.startswith("lowered"):
             return False, True  # sent before the last lowering: its echo, not new evidence
+        if self.shared_at is not None and now - self.shared_at <= 2 * self.window_s:
+            return False, True  # the server's counts showed someone else's use: theirs, not a lower limit
         level = self.value
         if self.value > self.confirmed:
             # A probe drew the 429: back to the level that held, held there longer each time.
@@ -195,6 +197,9 @@ class KeyEstimate:
         first = self.shared_share is None
         self.shared_share = round(min(1.0, extra / limit), 3)
         self.shared_at = now
+        # A 429 that lowered the estimate was then most likely theirs: the long hold of a told
+        # limit that seemed wrong shrinks to the base hold.
+        self.quiet_until = min(self.quiet_until, now + self.base_hold_s)
         return first
 
     def tick(self, now: float) -> bool:

@@ -205,3 +205,40 @@ def test_told_30_where_the_server_allows_20_and_says_so(seed):
     assert share >= 0.92, share
     assert snap.rejected_429 <= 5, snap.rejected_429
     assert all(k.limit_estimate == "20/1s" and k.estimate_reason == "advertised" for k in snap.keys)
+
+
+def test_a_shared_key_is_seen_in_the_servers_counts_and_said_everywhere():
+    from ratedeck.runner.prometheus import families
+    from ratedeck.runner.report import build_report
+
+    server = replace(
+        standard_settings(),
+        keys=KEYS[:2],
+        latency_in_ms=(5, 45),
+        latency_out_ms=(5, 45),
+        seed=3,
+        other_load="8/1s@2s-8s",
+    )
+    eng, transport = seed_engine(
+        server=server,
+        transport_kw={"seed": 3, "read_counts": True},
+        keys={"secrets": list(KEYS[:2])},
+        target={"nonce_param": ""},
+        engine={"ttl_s": 60.0, "max_attempts": 20},
+        workload={"rate": 40.0},
+    )
+    snap = run_virtual(eng.run(30))
+    assert any("shared: someone else used" in e.text for e in snap.events), [e.text for e in snap.events]
+    assert all(k.shared_share is not None and 0 < k.shared_share <= 0.6 for k in snap.keys)
+    # What is left is used, and the limit is not lowered for good (a 429 before the counts
+    # showed the other user may lower it for a while; it climbs back).
+    assert all(k.limit_estimate == "20/1s" for k in snap.keys), [k.limit_estimate for k in snap.keys]
+    report = build_report(snap)
+    k1 = report["keys"][0]
+    assert k1["shared"].startswith("k1: someone else used ") and k1["shared"].endswith("% of this window")
+    assert k1["limit_estimate"] == "20/1s" and k1["estimate_climb"] == "additive"
+    names = {m.name: m for m in families(snap)}
+    shared = names["ratedeck_key_shared_ratio"].samples
+    assert {s.labels["key"] for s in shared} == {"k1", "k2"}
+    estimate = names["ratedeck_key_limit_estimate"].samples
+    assert [(s.labels["key"], s.value) for s in estimate] == [("k1", 20.0), ("k2", 20.0)]
