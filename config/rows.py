@@ -328,7 +328,7 @@ ROWS: tuple[Row, ...] = (
             help="per-key limit like 20/1s; repeat for several (all must hold)",
             repeat=True,
         ),
-        fallback=("20/1s",),
+        fallback=(),
     ),
     Row("keys.limits_by_key", "table", None, 'one key\'s own limits, like k2 = ["10/1s"]', "engine"),
     Row("keys.host_limits", "limits", None, "limits shared by all keys (one budget for the host)", "engine"),

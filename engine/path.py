@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind
 
 from . import outcome as oc
 from .budgets import Budgets
-from .delays import Quota
+from .delays import Quota, advertised_policies
 from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import WindowLimiter
@@ -104,6 +106,9 @@ class RequestPath:
         self.event = events.event
         self._cool = cooldown.cool
         self.redact = redact
+        # Called when no limit was given and an answer advertises none (the engine stops the run).
+        self.no_limit: Callable[[str], None] | None = None
+        self.discovered: Callable[[], None] | None = None  # a key adopted an advertised limit
         # Connection pools (`[pools]`): how many attempts each may have in flight.
         self.pool_capacity = dict(pools)
         self.pool_in_use = dict.fromkeys(pools, 0)
@@ -203,6 +208,10 @@ class RequestPath:
         """Decide what the answer means (`settle.decide`, pure) and apply it here."""
         req.last_status = result.status
         req.result = result
+        # Only an answer that went through (2xx) or was rate-limited (429) speaks for the limit:
+        # a 404 or a 401 says something else (a wrong URL, a refused key).
+        if worker.discovering and result.status is not None and (result.status < 300 or result.status == 429):
+            self._discover(worker, result, now)
         if result.policy_header is not None and self.learn_policy:
             for policy in worker.adopt_advertised(result.policy_header, now):
                 self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
@@ -210,6 +219,19 @@ class RequestPath:
             self._sync_quotas(worker, req, result, now)
         verdict = decide(result, req, self.settle_rules, now)
         self._apply(verdict, worker, req, result, now)
+
+    def _discover(self, worker: KeyWorker, result: oc.Outcome, now: float) -> None:
+        """No limit was given for this key: its first answer must advertise one, or the run stops."""
+        policy = worker.discover(advertised_limits(result), now)
+        if policy is not None:
+            self.event(
+                EventKind.SETTING,
+                f"{worker.label}: no limit given; the server advertises {policy}: adopted it",
+            )
+            if self.discovered is not None:
+                self.discovered()
+        elif self.no_limit is not None:
+            self.no_limit("the server advertises no rate limit on its answers; give one with --limit N/W")
 
     def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Take the server's own counts: a budget it names, a weight budget, else the key's own.
@@ -350,3 +372,22 @@ class RequestPath:
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1
         self._finish(req, Ending.SHED)
+
+
+def advertised_limits(result: oc.Outcome) -> tuple[Policy, ...]:
+    """The limits an answer advertises for its key: RateLimit-Policy, else a count with a known
+    window (`RateLimit` with its policy, X-RateLimit-Limit with the seconds to its reset as the
+    window, at least 1 s; the limiter then follows the server's own counts)."""
+    policies = advertised_policies(result.policy_header)
+    if policies:
+        return policies
+    found = []
+    for quota in result.quotas:
+        if quota.limit is None or quota.weight or quota.name not in (None, "core", "default"):
+            continue
+        window = quota.window_s or (
+            max(1.0, float(math.ceil(quota.reset_in_s))) if quota.reset_in_s else None
+        )
+        if window is not None and quota.limit >= 1:
+            found.append(Policy(quota.limit, window))
+    return tuple(found)

@@ -277,6 +277,8 @@ class Snapshot:
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
+    # no limit was given and the server's first answers advertised none: the run stopped (the line)
+    no_limit: str = ""
 
     @property
     def answered(self) -> int:

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ratedeck.core.policy import Policy
+from ratedeck.core.policy import MAX_LIMIT, Policy
 from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .ports import WorkerHost
     from .request import Request
 
+
+#: What a key with no limit given enforces until the server advertises one: nothing (its worker
+#: sends one request at a time meanwhile, `KeyWorker.discovering`).
+UNKNOWN_LIMIT = Policy(MAX_LIMIT, 1.0)
 
 #: A lease may be used this much before its time: a timer fires up to the clock's resolution
 #: early, and float sums of times differ in the last bits (a store's grants carry the margin).
@@ -79,6 +83,11 @@ class KeyWorker:
         self._wake_at = math.inf  # the earliest a skipped request's budgets have room
         self.gates = gates
         self.max_in_flight = max_in_flight
+        # No limit given: one request in flight until the server's answers advertise one.
+        self.discovering = not spec.policies
+        self._max_in_flight = max_in_flight
+        if self.discovering:
+            self.max_in_flight = 1
         self.use_nonce = use_nonce
         self.paused = False
         self.blocked = False
@@ -96,7 +105,7 @@ class KeyWorker:
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
         # The key's limit as an estimate that moves both ways (engine/estimate.py): the tightest
         # sliding window it was told, enforced by the limiter's meter of that policy.
-        sliding = [p for p in limiter.policies if p.kind is PolicyKind.SLIDING]
+        sliding = [p for p in spec.policies if p.kind is PolicyKind.SLIDING]
         self._estimated: Policy | None = min(sliding, key=lambda p: p.rate) if sliding else None
         self.estimate: KeyEstimate | None = (
             KeyEstimate(self._estimated.limit, self._estimated.window_s, climb=climb, slow_start=slow_start)
@@ -388,6 +397,22 @@ class KeyWorker:
         policies = advertised_policies(header)
         self._advertise(policies, now)
         return [p for p in policies if self.limiter.add_policy(p)]
+
+    def discover(self, policies: tuple[Policy, ...], now: float) -> Policy | None:
+        """No limit was given: adopt what the server advertises (its tightest window becomes the
+        key's estimate) and send as the limits allow from now on; None when it advertises none."""
+        if not policies:
+            return None
+        for policy in policies:
+            self.limiter.add_policy(policy, now)
+        tightest = min(policies, key=lambda p: p.rate)
+        self.discovering = False
+        self.max_in_flight = self._max_in_flight
+        if tightest.kind is PolicyKind.SLIDING:
+            self._estimated = tightest
+            self.estimate = KeyEstimate(None, tightest.window_s, advertised=tightest.limit)
+            self.estimate.moved_at = now
+        return tightest
 
     def _advertise(self, policies: tuple[Policy, ...], now: float = 0.0) -> bool:
         """The estimate's ceiling from what the server advertises in its window; True if it moved."""

@@ -314,6 +314,9 @@ def conclude(
     result is printed and kept in the report's `thresholds`.
     """
     err = sys.stderr
+    if snap.no_limit:  # no limit given, none advertised: a usage error, said in one line
+        _say(f"ratedeck: {cfg.target.url or 'the target'}: {snap.no_limit}", err)
+        return EXIT_USAGE
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
         t = server_stats["totals"]
@@ -469,6 +472,8 @@ async def run_headless(
 def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     """A sharded run with `workload.total`: every request generated and none left anywhere."""
     total = cfg.workload.total
+    if snap.no_limit:
+        return True  # no limit given and none advertised: the run stops
     return (
         total is not None
         and snap.generated >= total
