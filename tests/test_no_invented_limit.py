@@ -108,3 +108,43 @@ def test_the_cli_says_it_in_one_line_and_exits_2(tmp_path):
     assert run.stderr.strip().splitlines() == [
         f"ratedeck: {url}/api/request: the server advertises no rate limit on its answers; give one with --limit N/W"
     ]
+
+
+def test_config_show_shows_no_limit_the_user_never_gave():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratedeck.runner.cli",
+            "config",
+            "show",
+            "--target",
+            "http://api.example/v1",
+            "--keys",
+            "k",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "limits" not in out.stdout and "20/1s" not in out.stdout
+    given = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratedeck.runner.cli",
+            "config",
+            "show",
+            "--target",
+            "http://api.example/v1",
+            "--keys",
+            "k",
+            "--limit",
+            "7/1s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert 'limits = ["7/1s"]' in given.stdout.replace("[\n    ", "[").replace(",\n]", "]")
