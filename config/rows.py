@@ -459,7 +459,8 @@ ROWS: tuple[Row, ...] = (
         "boolean",
         p.boolean,
         "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
-        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown)",
+        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown); "
+        "the seed preset turns it off",
         "engine",
     ),
     # ---------------------------------------------------------------- [workload]

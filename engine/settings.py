@@ -95,7 +95,7 @@ class EngineConfig:
     drain_timeout_s: float = 2.0
     graveyard_path: str | None = "ratedeck-graveyard.jsonl"  # None writes none
     learn_policy: bool = True
-    slow_start: bool = False  # sends beyond half a told limit go one at a time until it holds
+    slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (seed: off)
 
 
 @dataclass(frozen=True)
