@@ -148,3 +148,9 @@ def test_config_show_shows_no_limit_the_user_never_gave():
         timeout=60,
     )
     assert 'limits = ["7/1s"]' in given.stdout.replace("[\n    ", "[").replace(",\n]", "]")
+
+
+def test_a_told_limit_is_checked_first_on_a_named_target_not_on_the_seed():
+    named = load_config(overrides={"target": {"url": "http://api.example/v1"}, "keys": {"secrets": ["k"]}})
+    assert named.engine.slow_start is True
+    assert load_config().engine.slow_start is False  # the embedded simulator's own 20/1s
