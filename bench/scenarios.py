@@ -214,6 +214,15 @@ TABLE: tuple[Row, ...] = (
         flags=("--retry-after", "--escalation"),
         told_limit=30,
     ),
+    # Issue 22: someone else on the same keys for a while, with nothing in the headers to say so.
+    Row(
+        "shared-keys",
+        "5 keys x 20/1s, and another user takes 8/s of each key from 10 s to 30 s after the first "
+        "request; 5..45 ms each way, 20..80 ms processing, no hints (the keys must recover)",
+        latency="5:45",
+        processing="20:80",
+        flags=(*_QUIET, "--other-load", "8/1s@10s-30s"),
+    ),
 )
 
 SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in TABLE}

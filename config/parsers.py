@@ -261,7 +261,10 @@ def keys(table: dict[str, Any], source: str, default_limits: tuple[str, ...]) ->
     secrets = [key for key, _ in pairs]
     if len(set(secrets)) != len(secrets):
         raise ConfigError(source, "keys.secrets", "the same key is listed twice")
-    default = policies(table.get("limits", list(default_limits)), source, "keys.limits")
+    # No limit given (by a flag, the file or a preset): none is invented. The engine starts each
+    # key cautiously and adopts what the server advertises (engine/estimate.py).
+    given = table.get("limits", list(default_limits))
+    default = policies(given, source, "keys.limits") if given != [] else ()
     by_key = table.get("limits_by_key", {})
     if not isinstance(by_key, dict):
         raise ConfigError(source, "keys.limits_by_key", 'must be a table like k2 = ["10/1s"]')

@@ -404,7 +404,7 @@ ROWS: tuple[Row, ...] = (
             help="per-key limit like 20/1s; repeat for several (all must hold)",
             repeat=True,
         ),
-        fallback=("20/1s",),
+        fallback=(),
     ),
     Row("keys.limits_by_key", "table", None, 'one key\'s own limits, like k2 = ["10/1s"]', "engine"),
     Row("keys.host_limits", "limits", None, "limits shared by all keys (one budget for the host)", "engine"),
@@ -546,6 +546,15 @@ ROWS: tuple[Row, ...] = (
         "boolean",
         p.boolean,
         "adopt tighter limits the server advertises (RateLimit-Policy)",
+        "engine",
+    ),
+    Row(
+        "engine.slow_start",
+        "boolean",
+        p.boolean,
+        "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
+        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown); "
+        "the seed preset turns it off",
         "engine",
     ),
     # ---------------------------------------------------------------- [workload]

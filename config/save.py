@@ -65,7 +65,8 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
         secrets = list(cfg.key_sources)
     else:
         secrets = ["env:RATEDECK_KEYS"]
-    keys: dict[str, Any] = {"limits": [format_policy(p) for p in default]}
+    # No limit given: none is written (none is invented on loading either).
+    keys: dict[str, Any] = {"limits": [format_policy(p) for p in default]} if default else {}
     if cfg.key_weighted:
         keys["unit"] = "weight"
     if secrets is not None:

@@ -24,7 +24,7 @@ import time
 import uuid
 
 from ratedeck.core.errors import RatedeckError
-from ratedeck.core.numbers import readable
+from ratedeck.core.numbers import MAX_RATE, readable
 from ratedeck.core.paths import run_graveyard_path
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
@@ -43,6 +43,7 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
+from .estimate import ADDITIVE, PROBING
 from .events import EventLog
 from .gate import CooldownGate
 from .headroom import HeadroomController
@@ -60,7 +61,7 @@ from .settings import GRAVEYARD_AUTO, EngineSettings, HoldsEngineSettings, engin
 from .settle import SettleRules
 from .snapshot import BudgetRow, GateRow, Snapshot
 from .transport import Transport
-from .worker import KeyWorker
+from .worker import UNKNOWN_LIMIT, KeyWorker
 from .workload import bursts_in_time
 
 
@@ -180,7 +181,9 @@ class Engine:
             gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
             # Sends closer than the network jitter can reach a nonce-checking
             # server out of order: keep whole gaps there.
-            limiter = make_limiter(spec.policies)
+            # A key with no limit given starts with none it would enforce: it sends one at a time
+            # (KeyWorker.discovering) until the server's first answer advertises one.
+            limiter = make_limiter(spec.policies or (UNKNOWN_LIMIT,))
             key_budgets = {b.name: make_limiter(b.policies) for b in self.budgets.key_specs}
             self.workers.append(
                 KeyWorker(
@@ -194,6 +197,8 @@ class Engine:
                     budgets=self.budgets,
                     key_budgets=key_budgets,
                     key_weighted=cfg.key_weighted,
+                    climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
+                    slow_start=e.slow_start,
                 )
             )
         # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.
@@ -242,6 +247,8 @@ class Engine:
             self.redact,
             learn_policy=e.learn_policy,
         )
+        self.path.no_limit = self.no_limit
+        self.path.discovered = self.limits_discovered
         # What a key worker calls (`ports.WorkerHost`): the path's own, bound once.
         self.launch = self.path.launch
         self.expire = self.path.expire
@@ -273,6 +280,7 @@ class Engine:
         self._lag_warned_at = -math.inf
         self.mergeable = False  # one of several processes: snapshots carry whole histograms
         self.problems: list[str] = []
+        self.no_limit_text = ""  # set when no limit was given and the server advertises none
         # Called with (request, ending) for every request that ends (a results
         # file, a store's journal): after the request's own on_done.
         self.finish_watchers: list[DoneCallback] = []
@@ -337,6 +345,10 @@ class Engine:
             self._tasks.append(self.loop.create_task(probing, name="probe"))
         capacity = readable(self.cfg.capacity_tps)
         self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {capacity}/s")
+        if any(w.discovering for w in self.workers):
+            # No limit given: one request per key to learn what the server advertises.
+            self.event(EventKind.INFO, "no limit given: one request in flight per key until the server says")
+            self.limits_discovered()
 
     async def run(self, duration_s: float | None = None) -> Snapshot:
         """Start, run until `duration_s` passes or the workload is done, then stop."""
@@ -522,6 +534,23 @@ class Engine:
 
     def wall_time(self, t: float) -> float:
         return t + self._wall_offset
+
+    def limits_discovered(self) -> None:
+        """A key adopted the limit its server advertises: a generated load with no rate of its
+        own follows what the keys now allow."""
+        if self.cfg.workload.rate is not None or self.cfg.workload.file is not None:
+            return
+        known = [w.limiter.capacity_tps for w in self.workers if not w.discovering]
+        waiting = sum(1 for w in self.workers if w.discovering)
+        self.source.set_rate(min(MAX_RATE, sum(known) + waiting))
+
+    def no_limit(self, text: str) -> None:
+        """No limit was given and the server advertises none: the run cannot pace itself; it stops."""
+        if not self.no_limit_text:
+            self.no_limit_text = text
+            self.problem(text)
+            if self.finished is not None:
+                self.finished.set()
 
     def problem(self, text: str) -> None:
         if text not in self.problems:
@@ -741,4 +770,5 @@ class Engine:
             else None,
             fed=self.source.fed,
             uncertain=m.uncertain,
+            no_limit=self.no_limit_text,
         )

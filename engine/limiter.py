@@ -377,14 +377,15 @@ class WindowLimiter:
         window_s: float | None = None,
         sent_since: int = 0,
         sent_at: float | None = None,
-    ) -> None:
+    ) -> int:
         """Take what the server says it has counted (from an answer's headers).
 
         `used` (or `limit - remaining`) is the server's count when it answered;
         `sent_since` is what we spent after the answered request (sent at
         `sent_at`), which the server could not have counted yet. `reset_at` (loop time) is when its
         window ends; `window_s` picks the policy it speaks of (else the
-        tightest window). Only ever raises our count, never lowers it.
+        tightest window). Only ever raises our count, never lowers it. Returns what the
+        server counted in a sliding window beyond what we sent (someone else's use), else 0.
         """
         if used is None and remaining is not None and limit is not None:
             used = max(0, limit - remaining)
@@ -404,6 +405,8 @@ class WindowLimiter:
             if extra > 0:
                 until = reset_at if reset_at is not None and reset_at > now else now + meter.window
                 meter.absorb(extra, until)
+                return extra
+        return 0
 
     def _meter_for(self, window_s: float | None) -> _Meter:
         if window_s is not None:
@@ -475,6 +478,15 @@ class WindowLimiter:
                 return False
         self._add(policy, now)
         return True
+
+    def retune(self, policy: Policy, limit: int) -> bool:
+        """Enforce `policy` (one of ours) at `limit` from now on: a key's estimate moved
+        (engine/estimate.py). Its window keeps what was sent; False when no meter keeps it."""
+        for meter in self._meters:
+            if meter.policy is policy and isinstance(meter, _Sliding):
+                meter.limit = max(1, limit)
+                return True
+        return False
 
     def used(self, now: float) -> tuple[int, int]:
         """(units spent in the current window, its size) for the tightest policy, for display."""

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind
 
 from . import outcome as oc
 from .budgets import Budgets
-from .delays import Quota
+from .delays import Quota, advertised_policies
 from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import WindowLimiter
@@ -106,6 +108,9 @@ class RequestPath:
         self.event = events.event
         self._cool = cooldown.cool
         self.redact = redact
+        # Called when no limit was given and an answer advertises none (the engine stops the run).
+        self.no_limit: Callable[[str], None] | None = None
+        self.discovered: Callable[[], None] | None = None  # a key adopted an advertised limit
         # Connection pools (`[pools]`): how many attempts each may have in flight.
         self.pool_capacity = dict(pools)
         self.pool_in_use = dict.fromkeys(pools, 0)
@@ -205,13 +210,30 @@ class RequestPath:
         """Decide what the answer means (`settle.decide`, pure) and apply it here."""
         req.last_status = result.status
         req.result = result
+        # Only an answer that went through (2xx) or was rate-limited (429) speaks for the limit:
+        # a 404 or a 401 says something else (a wrong URL, a refused key).
+        if worker.discovering and result.status is not None and (result.status < 300 or result.status == 429):
+            self._discover(worker, result, now)
         if result.policy_header is not None and self.learn_policy:
-            for policy in worker.adopt_advertised(result.policy_header):
+            for policy in worker.adopt_advertised(result.policy_header, now):
                 self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
         if result.quotas:
             self._sync_quotas(worker, req, result, now)
         verdict = decide(result, req, self.settle_rules, now)
         self._apply(verdict, worker, req, result, now)
+
+    def _discover(self, worker: KeyWorker, result: oc.Outcome, now: float) -> None:
+        """No limit was given for this key: its first answer must advertise one, or the run stops."""
+        policy = worker.discover(advertised_limits(result), now)
+        if policy is not None:
+            self.event(
+                EventKind.SETTING,
+                f"{worker.label}: no limit given; the server advertises {policy}: adopted it",
+            )
+            if self.discovered is not None:
+                self.discovered()
+        elif self.no_limit is not None:
+            self.no_limit("the server advertises no rate limit on its answers; give one with --limit N/W")
 
     def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Take the server's own counts: a budget it names, a weight budget, else the key's own.
@@ -225,7 +247,7 @@ class RequestPath:
             if limiter is None:
                 continue
             reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
-            limiter.sync(
+            extra = limiter.sync(
                 now,
                 used=quota.used,
                 remaining=quota.remaining,
@@ -236,6 +258,13 @@ class RequestPath:
                 sent_at=sent_at,
             )
             worker.note_quota(quota, reset_at)
+            if extra > 0 and limiter is worker.limiter and worker.note_shared(extra, quota.limit, now):
+                share = worker.estimate.shared_share if worker.estimate is not None else None
+                self.event(
+                    EventKind.SETTING,
+                    f"{worker.label}: shared: someone else used {share or 0:.0%} of this window "
+                    "(the server counted more than we sent); using what is left",
+                )
 
     def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
         name = quota.name
@@ -257,19 +286,18 @@ class RequestPath:
         worker.tally(v.tally, req.last_sent_at)
         if v.tally is Tally.SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
+            if self.learn_policy and worker.climb(now):
+                self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
             # A 429 while the headroom deliberately narrows (a rejection budget, remaining
             # counts) is about timing, not the limit: learn nothing from it.
             if self.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
-                learned = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
-                if learned is not None or worker.learned_limit is not None:
+                moved, explained = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
+                if explained:
                     widen = False  # the limit was wrong, not the timing: the headroom stays
-                if learned is not None:
-                    self.event(
-                        EventKind.SETTING,
-                        f"{worker.label}: told {worker.told}, learned {learned} from rejections",
-                    )
+                if moved:
+                    self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
         else:
@@ -322,6 +350,13 @@ class RequestPath:
             req.eligible_at = max(req.eligible_at, now + delay)
             m.retried += 1
             self.queues.retry(req)
+
+    def _estimate_moved(self, worker: KeyWorker) -> None:
+        est = worker.estimate
+        if est is not None and est.reason != "climbing":  # each step up would flood the log
+            self.event(
+                EventKind.SETTING, f"{worker.label}: told {worker.told}, limit estimate {est.describe()}"
+            )
 
     def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
         problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
@@ -387,3 +422,22 @@ class RequestPath:
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1
         self._finish(req, Ending.SHED)
+
+
+def advertised_limits(result: oc.Outcome) -> tuple[Policy, ...]:
+    """The limits an answer advertises for its key: RateLimit-Policy, else a count with a known
+    window (`RateLimit` with its policy, X-RateLimit-Limit with the seconds to its reset as the
+    window, at least 1 s; the limiter then follows the server's own counts)."""
+    policies = advertised_policies(result.policy_header)
+    if policies:
+        return policies
+    found = []
+    for quota in result.quotas:
+        if quota.limit is None or quota.weight or quota.name not in (None, "core", "default"):
+            continue
+        window = quota.window_s or (
+            max(1.0, float(math.ceil(quota.reset_in_s))) if quota.reset_in_s else None
+        )
+        if window is not None and quota.limit >= 1:
+            found.append(Policy(quota.limit, window))
+    return tuple(found)

@@ -129,6 +129,7 @@ class EngineConfig:
     drain_timeout_s: float | None = None  # None: EngineSettings.drain_s
     graveyard_path: str | None = GRAVEYARD_AUTO  # None writes none
     learn_policy: bool = True
+    slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (seed: off)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,14 @@ class KeyRow:
     recent_errors: tuple[ErrorRow, ...] = ()  # this key's last failed attempts, newest last (count 1 each)
     refused_status: int | None = None  # a blocked key: the status that refused it (401, 403, ...)
     refused_message: str = ""  # and the server's message with it, secrets masked
+    # The key's limit as an estimate (engine/estimate.py): "20/1s", why it is that, how long
+    # ago it last moved (None: never), how it climbs ("additive" or "probing") and the share of
+    # the last counted window someone else used (None: none seen).
+    limit_estimate: str | None = None
+    estimate_reason: str = ""
+    estimate_moved_ago_s: float | None = None
+    estimate_climb: str = ""
+    shared_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +287,8 @@ class Snapshot:
     fed: bool = False  # a job fed as fast as the limits allow (no arrival rate; `arrival_rate` unused)
     # requests that ended uncertain: a write that may or may not have happened (Ending.UNCERTAIN)
     uncertain: int = 0
+    # no limit was given and the server's first answers advertised none: the run stopped (the line)
+    no_limit: str = ""
 
     @property
     def answered(self) -> int:

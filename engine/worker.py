@@ -8,11 +8,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ratedeck.core.policy import Policy
+from ratedeck.core.policy import MAX_LIMIT, Policy
 from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
 
 from .delays import advertised_policies
+from .estimate import ADDITIVE, KeyEstimate
 from .gate import CooldownGate
 from .limiter import Stamp, WindowLimiter
 from .metrics import KeyLatency
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from .ports import WorkerHost
     from .request import Request
 
+
+#: What a key with no limit given enforces until the server advertises one: nothing (its worker
+#: sends one request at a time meanwhile, `KeyWorker.discovering`).
+UNKNOWN_LIMIT = Policy(MAX_LIMIT, 1.0)
 
 #: A lease may be used this much before its time: a timer fires up to the clock's resolution
 #: early, and float sums of times differ in the last bits (a store's grants carry the margin).
@@ -63,6 +68,8 @@ class KeyWorker:
         budgets: Budgets | None = None,
         key_budgets: dict[str, WindowLimiter] | None = None,
         key_weighted: bool = False,
+        climb: str = ADDITIVE,
+        slow_start: bool = False,
     ):
         self.host = host
         self.spec = spec
@@ -80,6 +87,11 @@ class KeyWorker:
         self._wake_at = math.inf  # the earliest a skipped request's budgets have room
         self.gates = gates
         self.max_in_flight = max_in_flight
+        # No limit given: one request in flight until the server's answers advertise one.
+        self.discovering = not spec.policies
+        self._max_in_flight = max_in_flight
+        if self.discovering:
+            self.max_in_flight = 1
         self.use_nonce = use_nonce
         self.paused = False
         self.blocked = False
@@ -98,8 +110,20 @@ class KeyWorker:
         self.server_limit: int | None = None
         self.server_reset_at: float | None = None
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
-        self._ok_sends: deque[float] = deque(maxlen=4096)  # send times of recent successes
-        self._learned: Policy | None = None  # a limit learned from rejections
+        # The key's limit as an estimate that moves both ways (engine/estimate.py): the tightest
+        # sliding window it was told, enforced by the limiter's meter of that policy.
+        sliding = [p for p in spec.policies if p.kind is PolicyKind.SLIDING]
+        self._estimated: Policy | None = min(sliding, key=lambda p: p.rate) if sliding else None
+        self.estimate: KeyEstimate | None = (
+            KeyEstimate(self._estimated.limit, self._estimated.window_s, climb=climb, slow_start=slow_start)
+            if self._estimated is not None
+            else None
+        )
+        self._sends: deque[float] = deque(maxlen=4096)  # send times, for a probe's count
+        self._failed_sends: deque[float] = deque(maxlen=4096)  # send times of answers not accepted
+        self._probe_out = False  # a send beyond the confirmed level is in flight: wait for it
+        self._probe_at = -1.0  # its send time
+        self._probe_level = 0  # and our count in the window with it
         self._nonce = 0
         self._waker = Waker()
         # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
@@ -173,7 +197,7 @@ class KeyWorker:
                 blocked = True
             elif (gate_at := self.gate_open_at()) > now:
                 blocked, until = True, gate_at
-            elif self.in_flight >= self.max_in_flight:
+            elif self.in_flight >= self.max_in_flight or self._probe_out:
                 blocked = True
             elif (slot_at := self.next_free(now)) > now:
                 blocked, until = True, slot_at
@@ -238,7 +262,25 @@ class KeyWorker:
                     self.want_leases(self, now)  # the next grant comes before these run out
             self.in_flight += 1
             self.sent += 1
+            self._sends.append(now)
+            est = self.estimate
+            if est is not None and est.value > est.confirmed:
+                count = self._count_in_window(now)
+                if count > est.confirmed:  # sends beyond the level that held go one at a time
+                    self._probe_out, self._probe_at, self._probe_level = True, now, count
             host.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
+
+    def _count_in_window(self, now: float) -> int:
+        """Our sends in the estimate's window up to `now`, widened by the headroom as the
+        limiter's meter counts them (the server sees at most these in its window)."""
+        assert self.estimate is not None
+        start = now - self.estimate.window_s - self.limiter.headroom_s()
+        count = 0
+        for t in reversed(self._sends):
+            if t <= start:
+                break
+            count += 1
+        return count
 
     def spend_plan(self, req: Request) -> list[tuple[WindowLimiter, int]]:
         """Every limiter `req` spends from with this key, and how much of each."""
@@ -282,6 +324,8 @@ class KeyWorker:
     def answered(self, outcome: Outcome) -> None:
         """An attempt of this key came back (or failed to)."""
         self.in_flight -= 1
+        if self.in_flight == 0:
+            self._probe_out = False  # nothing in flight: nothing to wait for
         if outcome.status is not None:
             ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
@@ -293,43 +337,58 @@ class KeyWorker:
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally, sent_at: float | None = None) -> None:
+        if sent_at is not None and sent_at == self._probe_at:
+            self._probe_out, self._probe_at = False, -1.0  # the send beyond the confirmed level is answered
+            if tally is Tally.SUCCEEDED and self.estimate is not None:
+                self.estimate.confirm(self._probe_level)
         if tally is Tally.SUCCEEDED:
             self.succeeded += 1
-            if sent_at is not None:
-                self._ok_sends.append(sent_at)
         elif tally is Tally.REJECTED_429:
             self.rejected_429 += 1
+        if tally is not Tally.SUCCEEDED and sent_at is not None:
+            self._failed_sends.append(sent_at)
 
     @property
     def learned_limit(self) -> Policy | None:
-        return self._learned
+        """The estimate as a policy while it is below the limit told (None otherwise)."""
+        est, told = self.estimate, self._estimated
+        if est is None or told is None or est.value >= told.limit:
+            return None
+        return Policy(est.value, told.window_s)
 
-    def learn_from_rejection(self, sent_at: float, h: float, now: float) -> Policy | None:
-        """A limit the evidence supports below the one we were told, adopted; None if none.
+    def _retune(self) -> None:
+        if self.estimate is not None and self._estimated is not None:
+            self.limiter.retune(self._estimated, self.estimate.value)
+
+    def learn_from_rejection(self, sent_at: float, h: float, now: float) -> tuple[bool, bool]:
+        """A 429 for a send at `sent_at`: evidence for the estimate. Returns (moved, explained).
 
         A rate limit at `sent_at` means the server had, in the window before
         it, as many accepted requests as it allows: count ours that succeeded
-        in that window (widened by the headroom, for their arrival times). If
-        that is fewer than our tightest sliding limit, and we were sending at
-        our limit then (not idle), the true limit is that count: it becomes a
-        policy of this key. It only ever tightens; the user's own limit stays
-        as given (the console shows both).
+        in that window (widened by the headroom, for their arrival times). The
+        estimate falls to that count (by at most half), or back to the level
+        that held when a probe above it drew the 429 (engine/estimate.py).
         """
-        sliding = [p for p in self.limiter.policies if p.kind is PolicyKind.SLIDING]
-        if not sliding:
-            return None
-        told = min(sliding, key=lambda p: p.rate)
-        start = sent_at - told.window_s - h
-        accepted = sum(1 for t in self._ok_sends if start < t < sent_at)
-        if accepted < 1 or accepted >= told.limit:
-            return None
-        if self._learned is not None and accepted >= self._learned.limit:
-            return None
-        learned = Policy(accepted, told.window_s)
-        if not self.limiter.add_policy(learned, now):
-            return None
-        self._learned = learned
-        return learned
+        est = self.estimate
+        if est is None:
+            return False, False
+        # Our sends in the window before it, less those answered with anything but a success:
+        # a 429 is answered at once, and overtakes successes still being served.
+        start = sent_at - est.window_s
+        accepted = sum(1 for t in self._sends if start < t < sent_at)
+        accepted -= sum(1 for t in self._failed_sends if start < t < sent_at)
+        moved, explained = est.rejected(sent_at, accepted, now)
+        if moved:
+            self._retune()
+        return moved, explained
+
+    def climb(self, now: float) -> bool:
+        """Let the estimate climb (a window without a 429); True when it moved."""
+        est = self.estimate
+        if est is None or not est.tick(now):
+            return False
+        self._retune()
+        return True
 
     def block(self, status: int | None = None, message: str = "") -> bool:
         """The server refused this key for good (`status`, its masked `message`); True the first time."""
@@ -339,12 +398,48 @@ class KeyWorker:
             self.refused_status, self.refused_message = status, message
         return first
 
-    def adopt_advertised(self, header: str) -> list[Policy]:
+    def adopt_advertised(self, header: str, now: float = 0.0) -> list[Policy]:
         """Adopt advertised limits (RateLimit-Policy) tighter than ours; returns those adopted."""
         if header == self._policy_header:
             return []
         self._policy_header = header
-        return [p for p in advertised_policies(header) if self.limiter.add_policy(p)]
+        policies = advertised_policies(header)
+        self._advertise(policies, now)
+        return [p for p in policies if self.limiter.add_policy(p)]
+
+    def discover(self, policies: tuple[Policy, ...], now: float) -> Policy | None:
+        """No limit was given: adopt what the server advertises (its tightest window becomes the
+        key's estimate) and send as the limits allow from now on; None when it advertises none."""
+        if not policies:
+            return None
+        for policy in policies:
+            self.limiter.add_policy(policy, now)
+        tightest = min(policies, key=lambda p: p.rate)
+        self.discovering = False
+        self.max_in_flight = self._max_in_flight
+        if tightest.kind is PolicyKind.SLIDING:
+            self._estimated = tightest
+            self.estimate = KeyEstimate(None, tightest.window_s, advertised=tightest.limit)
+            self.estimate.moved_at = now
+        return tightest
+
+    def _advertise(self, policies: tuple[Policy, ...], now: float = 0.0) -> bool:
+        """The estimate's ceiling from what the server advertises in its window; True if it moved."""
+        est = self.estimate
+        if est is None:
+            return False
+        same = [p.limit for p in policies if abs(p.window_s - est.window_s) < 1e-6]
+        if same and est.advertise(min(same), now):
+            self._retune()
+            return True
+        return False
+
+    def note_shared(self, extra: int, limit: int | None, now: float) -> bool:
+        """The server counted `extra` we did not send: the key is shared. True the first time."""
+        est = self.estimate
+        if est is None:
+            return False
+        return est.note_shared(extra, limit or est.value, now)
 
     def note_quota(self, quota: Quota, reset_at: float | None) -> None:
         """Keep what the server says of this key's own budget, for display."""
@@ -390,11 +485,20 @@ class KeyWorker:
             self.server_remaining,
             self.server_limit,
             round(max(0.0, self.server_reset_at - now), 1) if self.server_reset_at is not None else None,
-            str(self._learned) if self._learned is not None else None,
+            str(self.learned_limit) if self.learned_limit is not None else None,
             self.told,
             self.fingerprint,
             self.latency.summary(now),
             tuple(self.recent_errors),
             self.refused_status,
             self.refused_message,
+            *self._estimate_fields(now),
         )
+
+    def _estimate_fields(self, now: float) -> tuple[str | None, str, float | None, str, float | None]:
+        """(estimate, reason, moved this many seconds ago, climb, someone else's share) for the row."""
+        est = self.estimate
+        if est is None or self._estimated is None:
+            return None, "", None, "", None
+        ago = round(now - est.moved_at, 1) if est.moved_at is not None else None
+        return str(Policy(est.value, est.window_s)), est.reason, ago, est.climb, est.shared_share

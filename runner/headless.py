@@ -166,6 +166,7 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
             f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
             + (f"  refused: {refusal(k)}" if k.state == "blocked" else "")
+            + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )
     return lines
 
@@ -387,6 +388,9 @@ def conclude(
     result is printed and kept in the report's `thresholds`.
     """
     err = sys.stderr
+    if snap.no_limit:  # no limit given, none advertised: a usage error, said in one line
+        _say(f"ratedeck: {cfg.target.url or 'the target'}: {snap.no_limit}", err)
+        return EXIT_USAGE
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
         t = server_stats["totals"]
@@ -550,6 +554,8 @@ async def run_headless(
 def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     """A sharded run with `workload.total`: every request generated and none left anywhere."""
     total = cfg.workload.total
+    if snap.no_limit:
+        return True  # no limit given and none advertised: the run stops
     return (
         total is not None
         and snap.generated >= total

@@ -208,7 +208,31 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         "The key's current state (active, paused, cooling, blocked): one series per key, value 1.",
         labels=["key", "state"],
     )
+    estimate = GaugeMetricFamily(
+        "ratedeck_key_limit_estimate",
+        "The key's limit as estimated now (requests per window): why (told, advertised, lowered by "
+        "a 429 at N, climbing, climbed back) and how it climbs (additive, probing) as labels.",
+        labels=["key", "window", "reason", "climb"],
+    )
+    estimate_moved = GaugeMetricFamily(
+        "ratedeck_key_limit_estimate_moved_seconds_ago",
+        "Seconds since the key's limit estimate last moved (absent while it never did).",
+        labels=["key"],
+    )
+    shared = GaugeMetricFamily(
+        "ratedeck_key_shared_ratio",
+        "Share of the key's last counted window someone else used (the server's count against "
+        "our sends); absent while none was seen.",
+        labels=["key"],
+    )
     for k in snap.keys:
+        if k.limit_estimate:
+            limit, _, window = k.limit_estimate.partition("/")
+            estimate.add_metric([k.label, window, k.estimate_reason, k.estimate_climb], float(limit))
+        if k.estimate_moved_ago_s is not None:
+            estimate_moved.add_metric([k.label], k.estimate_moved_ago_s)
+        if k.shared_share is not None:
+            shared.add_metric([k.label], k.shared_share)
         key_sent.add_metric([k.label], k.sent)
         key_attempts.add_metric([k.label, "succeeded"], k.succeeded)
         key_attempts.add_metric([k.label, "rejected_429"], k.rejected_429)
@@ -226,6 +250,9 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         window_limit,
         window_ratio,
         key_state,
+        estimate,
+        estimate_moved,
+        shared,
     ]
 
     # cooldown gates (one per key, and "host")

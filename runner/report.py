@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import ClusterView, LatencySummary, MessageStats, Snapshot
+from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, MessageStats, Snapshot
 from ratedeck.store.work import StoreReport
 
 SCHEMA_VERSION = 1
@@ -126,6 +127,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
                 "server_limit": k.server_limit,
                 "told_limit": k.told_limit,
                 "learned_limit": k.learned_limit,
+                **estimate_fields(k, snap.elapsed_s),
             }
             for k in snap.keys
         ],
@@ -286,3 +288,23 @@ def write_report(
         where = "to stdout" if path == "-" else path
         return f"cannot write report {where}: {getattr(exc, 'strerror', None) or exc}"
     return None
+
+
+def shared_text(k: KeyRow) -> str | None:
+    """ "k2: someone else used 38% of this window", when the server's counts showed it."""
+    if k.shared_share is None:
+        return None
+    return f"{k.label}: someone else used {k.shared_share:.0%} of this window"
+
+
+def estimate_fields(k: KeyRow, elapsed_s: float) -> dict[str, Any]:
+    """A key's limit estimate as the report gives it (engine/estimate.py), at the end of its row."""
+    ago = k.estimate_moved_ago_s
+    return {
+        "limit_estimate": k.limit_estimate,
+        "estimate_reason": k.estimate_reason or None,
+        "estimate_moved_at_s": round(max(0.0, elapsed_s - ago), 1) if ago is not None else None,
+        "estimate_climb": k.estimate_climb or None,
+        "shared_share": k.shared_share,
+        "shared": shared_text(k),
+    }

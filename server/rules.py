@@ -15,7 +15,7 @@ from ratedeck.core.policy import Policy, format_policy
 from ratedeck.core.secrets import mask_secret
 
 from .audit import WindowAudit
-from .settings import ServerSettings
+from .settings import ServerSettings, parse_other_load
 from .window import SlotRing
 
 MSG_INVALID_KEY = "invalid api key"
@@ -85,6 +85,8 @@ class KeyState:
         "share_gap_ms",
         "all_pairs",
         "all_gap_ms",
+        "other_next_ms",
+        "other_accepted",
     )
 
     def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
@@ -113,6 +115,8 @@ class KeyState:
         self.share_gap_ms = 0.0
         self.all_pairs = 0
         self.all_gap_ms = 0.0
+        self.other_next_ms = -math.inf  # the other user's next request (settings.other_load)
+        self.other_accepted = 0  # its requests that found room
 
 
 class HostState:
@@ -144,6 +148,7 @@ class RateRules:
         # Offset from the app's latency stream so the two do not mirror each other.
         self._rng = random.Random(None if seed is None else seed + 1)
         self._policy_header = _policy_header(settings)
+        self._other = parse_other_load(settings.other_load) if settings.other_load else None
         self.reset()
 
     def reset(self) -> None:
@@ -151,6 +156,7 @@ class RateRules:
         policies = self.settings.policies
         self._states = {key: KeyState(i, key, policies) for i, key in enumerate(self.settings.keys)}
         self._host = HostState(self.settings.host_policies)
+        self._origin_ms: float | None = None  # the first request's time: the other load counts from it
 
     def is_known(self, api_key: str | None) -> bool:
         """True if `api_key` is one of the valid keys."""
@@ -170,6 +176,10 @@ class RateRules:
         settings = self.settings
         if settings.whole_ms_stamps:
             now_ms = math.floor(now_ms)
+        if self._origin_ms is None:
+            self._origin_ms = now_ms
+        if self._other is not None:
+            self._other_user(state, now_ms)
         state.requests += 1
 
         if settings.block_after and state.strikes >= settings.block_after:
@@ -224,6 +234,21 @@ class RateRules:
 
         state.ok += 1
         return Decision(200, {"status": "OK", "req_id": req_id}, self._headers(state, now_ms, None))
+
+    def _other_user(self, state: KeyState, now_ms: float) -> None:
+        """Play the other user's requests on this key up to `now_ms`: each takes a slot of the
+        key's windows if there is room (no cooldown, no stats)."""
+        other, origin = self._other, self._origin_ms
+        assert other is not None and origin is not None
+        start, end = origin + other.start_s * 1000.0, origin + other.end_s * 1000.0
+        at = max(state.other_next_ms, start)
+        while at <= now_ms and at < end:
+            if all(ring.has_room(at) for ring in state.rings):
+                for ring in state.rings:
+                    ring.take(at)
+                state.other_accepted += 1
+            at += other.gap_ms
+        state.other_next_ms = at
 
     def _spend(self, state: KeyState, now_ms: float) -> None:
         """Take a slot in every per-key and host ring, and tell the audits."""
@@ -426,5 +451,6 @@ def _key_stats(state: KeyState, block_after: int) -> dict[str, Any]:
         "faults": state.faults,
         "requests_during_cooldown": state.requests_during_cooldown,
         "escalations": state.escalations,
+        "other_accepted": state.other_accepted,
         "max_in_window": [_audit_row(a) for a in state.audits],
     }

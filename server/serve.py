@@ -21,7 +21,14 @@ from ratedeck.core.numbers import MAX_SIM_KEYS, check_simulator_numbers, fractio
 from ratedeck.core.policy import parse_policy
 
 from .app import start_server
-from .settings import SEED_KEYS, ServerSettings, generated_keys, seed_settings, standard_settings
+from .settings import (
+    SEED_KEYS,
+    ServerSettings,
+    generated_keys,
+    parse_other_load,
+    seed_settings,
+    standard_settings,
+)
 
 EXIT_USAGE = 2
 
@@ -91,6 +98,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--error-rate", metavar="F", help="fraction of accepted requests answered 503")
     parser.add_argument("--seed", metavar="N", help="seed for the latency and fault draws")
     parser.add_argument(
+        "--other-load",
+        metavar="N/W@START-END",
+        help="another user of every key, e.g. 8/1s@10s-30s (from the first request): it takes "
+        "the keys' slots, never their cooldowns, and is not in the stats",
+    )
+    parser.add_argument(
         "--allow-reset",
         action="store_true",
         help="turn on POST /reset (clear all state); it then needs the header X-Reset-Token "
@@ -125,6 +138,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         changes["block_after"] = _option("--block-after", _parse_count, args.block_after)
     if args.error_rate is not None:
         changes["error_rate"] = _option("--error-rate", _parse_fraction, args.error_rate)
+    if args.other_load is not None:
+        _option("--other-load", _parse_other_load, args.other_load)
+        changes["other_load"] = args.other_load
     if args.seed is not None:
         changes["seed"] = _option("--seed", lambda v: whole(v, low=None, high=None), args.seed)
     return replace(base, **changes)
@@ -199,6 +215,13 @@ def _base_settings(args: argparse.Namespace) -> ServerSettings:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"--config {args.config}: {exc}") from None
     return seed_settings() if args.mode == "seed" else standard_settings()
+
+
+def _parse_other_load(text: str) -> object:
+    try:
+        return parse_other_load(text)
+    except ValueError as exc:
+        raise ValueError(str(exc).removeprefix("other_load: ")) from None
 
 
 def _option(flag: str, parse: Callable[[str], Any], text: str) -> Any:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import Policy, format_policy, parse_policy
 from ratedeck.core.seed_server import SEED_KEYS
 
@@ -57,6 +58,10 @@ class ServerSettings:
         seed: seed for the random latency and fault draws; None is unseeded.
         whole_ms_stamps: truncate decision times to whole milliseconds, as the
             seed's original server does (it stamps with int(time * 1000)).
+        other_load: another user of every key, "8/1s@10s-30s": 8 requests per second, evenly
+            spaced, from 10 s to 30 s after the server's first request. They take the key's
+            slots (its windows and RateLimit counts see them) when there is room, never
+            cool a key down, and are not in the stats; "" for none.
     """
 
     mode: str = "standard"
@@ -78,6 +83,7 @@ class ServerSettings:
     error_rate: float = 0.0
     seed: int | None = None
     whole_ms_stamps: bool = False
+    other_load: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -113,6 +119,8 @@ class ServerSettings:
                 f"escalation_cap_s: must be at least escalation_base_s "
                 f"({self.escalation_base_s}), got {self.escalation_cap_s!r}"
             )
+        if self.other_load:
+            parse_other_load(self.other_load)
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed: must be a whole number, got {self.seed!r}")
 
@@ -153,6 +161,36 @@ class ServerSettings:
         if self.seed is None:
             del out["seed"]  # TOML has no null
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class OtherLoad:
+    """Another user's requests on every key: `policy` spread evenly from `start_s` to `end_s`."""
+
+    policy: Policy
+    start_s: float
+    end_s: float
+
+    @property
+    def gap_ms(self) -> float:
+        return self.policy.window_s * 1000.0 / self.policy.limit
+
+
+def parse_other_load(text: str) -> OtherLoad:
+    """ "8/1s@10s-30s" as an `OtherLoad`; raises ValueError naming `other_load`."""
+    rate, at, span = text.partition("@")
+    start, dash, end = span.partition("-")
+    if not at or not dash:
+        raise ValueError(f"other_load: {text!r} is not a load; write N/W@START-END, like 8/1s@10s-30s")
+    try:
+        policy = parse_policy(rate.strip())
+        start_s = parse_duration(start.strip(), low_open=False)
+        end_s = parse_duration(end.strip())
+    except ValueError as exc:
+        raise ValueError(f"other_load: {exc}") from None
+    if end_s <= start_s:
+        raise ValueError(f"other_load: {text!r} ends before it starts")
+    return OtherLoad(policy, start_s, end_s)
 
 
 def seed_settings() -> ServerSettings:
@@ -225,6 +263,10 @@ def _convert_field(name: str, value: Any) -> Any:
     ):
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true or false, got {value!r}")
+        return value
+    if name == "other_load":
+        if not isinstance(value, str):
+            raise ValueError(f'other_load: expected text like "8/1s@10s-30s", got {value!r}')
         return value
     if name in ("block_after", "seed"):
         if not isinstance(value, int) or isinstance(value, bool):

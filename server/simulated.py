@@ -21,7 +21,7 @@ import random
 import selectors
 from collections.abc import Callable
 
-from ratedeck.engine.delays import answer_hints, response_delay
+from ratedeck.engine.delays import answer_hints, read_quotas, response_delay
 from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
 from ratedeck.engine.ports import ProbeGet
 from ratedeck.engine.request import Request
@@ -40,7 +40,8 @@ class SimulatedTransport(TransportBase):
     timeout, `timing_hint` replaces the Server-Timing text (given the true
     server time in ms; None sends none), so tests can send nonsense hints,
     and `sends` / `cooldowns` log what was sent when and which delays the
-    client was told. `probes` counts `probe()` calls.
+    client was told. `read_counts` reads the server's counts (X-RateLimit-*) into
+    the outcome as the HTTP transport does (off: the simulator's runs keep their timing). `probes` counts `probe()` calls.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class SimulatedTransport(TransportBase):
         extra_out_ms: tuple[float, float] = (0, 0),
         fail_every: int = 0,
         timing_hint: Callable[[float], str | None] | None = None,
+        read_counts: bool = False,
     ):
         self.settings = settings
         self.rules = RateRules(settings)
@@ -59,6 +61,7 @@ class SimulatedTransport(TransportBase):
         self.extra_in_ms, self.extra_out_ms = extra_in_ms, extra_out_ms
         self.fail_every = fail_every
         self.timing_hint = timing_hint
+        self.read_counts = read_counts  # fill Outcome.quotas from X-RateLimit-* as the HTTP client does
         self.probes = 0
         self.attempts = 0
         self.sends: list[tuple[str, float]] = []  # (key, send time)
@@ -91,7 +94,7 @@ class SimulatedTransport(TransportBase):
         if delay is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
         server_s, remaining = answer_hints(headers)
-        return Outcome(
+        outcome = Outcome(
             classify(decision.status, body, uses_nonce=nonce is not None),
             decision.status,
             delay,
@@ -100,6 +103,9 @@ class SimulatedTransport(TransportBase):
             server_time_s=server_s,
             remaining=remaining,
         )
+        if self.read_counts:
+            outcome.quotas = read_quotas(headers)  # the server's own counts, as the HTTP client reads them
+        return outcome
 
     def prober(self) -> ProbeGet | None:
         return self.probe

@@ -383,6 +383,15 @@ def reported_snapshot() -> Snapshot:
         extra.update(
             told_limit="25/1s" if index == 0 else "20/1s", learned_limit="20/1s" if index == 0 else None
         )
+        # k1's estimate: lowered by a 429 at 25, and someone else used 38% of its last window
+        if index == 0:
+            extra.update(
+                limit_estimate="20/1s",
+                estimate_reason="lowered by a 429 at 25",
+                estimate_moved_ago_s=12.3,
+                estimate_climb="additive",
+                shared_share=0.38,
+            )
         extra["latency"] = LatencySummary(
             mean=45.0 + index,
             p50=43.0 + index,

@@ -66,6 +66,33 @@ def limit_text(row: KeyRow) -> str:
     return f"[b]{told}[/]"
 
 
+def changed(row: KeyRow) -> bool:
+    """Whether the estimate says more than the told limit does (it moved, or the server set it)."""
+    return row.estimate_moved_ago_s is not None or row.estimate_reason not in ("", "told")
+
+
+def estimate_text(row: KeyRow) -> str | None:
+    """The key's limit estimate: what, why, since when and how it climbs; None without one."""
+    if not row.limit_estimate:
+        return None
+    style = "$text-warning" if row.estimate_reason.startswith(("lowered", "climbing")) else "$text"
+    moved = (
+        f"moved {row.estimate_moved_ago_s:.1f}s ago"
+        if row.estimate_moved_ago_s is not None
+        else "never moved"
+    )
+    return (
+        f"estimate [b {style}]{escape(row.limit_estimate)}[/] {escape(row.estimate_reason)}"
+        f" [$text-muted]· {moved} · climbs {escape(row.estimate_climb)}[/]"
+    )
+
+
+def shared_line(row: KeyRow) -> str | None:
+    if row.shared_share is None:
+        return None
+    return f"[b $text-warning]shared[/]: someone else used {row.shared_share:.0%} of this window"
+
+
 def window_text(row: KeyRow) -> str:
     remaining, limit, reset = row.server_remaining, row.server_limit, row.server_reset_in_s
     if remaining is None:
@@ -148,6 +175,13 @@ def mentions(label: str) -> Callable[[str], bool]:
 
 def gates_text(row: KeyRow, snap: Snapshot) -> str:
     lines = []
+    # The limit estimate, when it says more than the told limit, and someone else's share.
+    estimate = estimate_text(row) if changed(row) else None
+    if estimate:
+        lines.append(f"[b]limit[/] {estimate}")
+    shared = shared_line(row)
+    if shared:
+        lines.append(shared)
     for gate in snap.gates:
         if gate.name not in (row.label, "host"):
             continue
