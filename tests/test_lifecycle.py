@@ -269,10 +269,20 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path, delay):
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
+    # The interpreter's own start, before any ratedeck module runs, is out of our hands:
+    # a SIGINT there either kills the process by the signal's default action (-SIGINT,
+    # silently) or, once Python handles SIGINT but while runpy is still looking up
+    # `ratedeck.runner`, prints Python's own two-frame traceback of <frozen runpy> and
+    # exits 1 (both seen at 0.05 s on a loaded machine). Anything from our code is a failure.
+    booting = (
+        err.startswith("Traceback")
+        and err.rstrip().endswith("KeyboardInterrupt")
+        and all(line.strip().startswith('File "<frozen ') for line in err.splitlines() if "File " in line)
+    )
+    if booting:
+        assert proc.returncode == 1 and "ratedeck" not in err, (proc.returncode, err)
+        return
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    # -SIGINT: the signal came while the interpreter itself was still booting, before
-    # Python handles SIGINT at all (seen once at 0.05 s on a loaded machine): killed
-    # by the signal's default action, silently, which is also no traceback.
     assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
     assert "Unclosed" not in err
 
