@@ -161,7 +161,9 @@ def test_replay_of_the_graveyard_sends_exactly_the_failed_requests_again(tmp_pat
         assert validate(data) == [] and data["requests"]["graveyard"] == len(BAD)
 
         again = _cli(tmp_path, "replay", str(graveyard), *_run_flags(server.url, "replay"))
-        assert again.returncode == 0, again.stderr
+        # The server refuses these again: a run where nothing succeeded exits 1 and says so.
+        assert again.returncode == 1, again.stderr
+        assert f"nothing succeeded: {len(BAD)} of {len(BAD)} attempts failed (HTTP 400" in again.stderr
         assert f"replay: {len(BAD)} requests" in again.stderr
         assert server.items("replay") == Counter(BAD)  # exactly those, once each
         for item, query in server.params("replay").items():
@@ -169,7 +171,7 @@ def test_replay_of_the_graveyard_sends_exactly_the_failed_requests_again(tmp_pat
 
         # From the results file: the same requests (all but succeeded), or every one with --all.
         from_results = _cli(tmp_path, "replay", str(results), *_run_flags(server.url, "results"))
-        assert from_results.returncode == 0, from_results.stderr
+        assert from_results.returncode == 1, from_results.stderr  # refused again: nothing succeeded
         assert server.items("results") == Counter(BAD)
         every = _cli(tmp_path, "replay", str(results), "--all", *_run_flags(server.url, "all"))
         assert every.returncode == 0 and server.items("all") == Counter(range(ITEMS))
