@@ -469,7 +469,8 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
-        help='"even": spread sends across the window; "burst": send as soon as the window has room',
+        help='"auto": "burst" for a job fed as fast as the limits allow, else "even"; "even": spread'
+        ' sends across the window; "burst": send as soon as the window has room',
         layer="engine",
         path="engine.pacing",
         **_choice(Pacing),

@@ -69,6 +69,7 @@ class Pacing(StrEnum):
 
     EVEN = "even"  # spread sends evenly across the window
     BURST = "burst"  # send as soon as the window has room
+    AUTO = "auto"  # burst for a job fed as fast as the limits allow, else even (engine/engine.py)
 
 
 class HeadroomMode(StrEnum):

@@ -150,16 +150,19 @@ class Engine:
         self.redact = Redactor(k.secret for k in cfg.keys)
         seconds = self.headroom.seconds
         pacing = Pacing(e.pacing)
-        if (
-            self.source.fed
-            and bursts_in_time(cfg)
-            and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
-        ):
+        if pacing is Pacing.AUTO:
             # A job fed as fast as the limits allow spends each window's quota as soon as the
             # meters allow (a burst); spreading it would leave a window's worth unused at the
             # end. Not where nonces must arrive in order and several go at once, nor when a
-            # request would expire waiting a whole window behind a burst.
-            pacing = Pacing.BURST
+            # request would expire waiting a whole window behind a burst. A pacing the user
+            # names is kept (even pacing holds fewer requests on the wire at a kill -9).
+            fed_burst = (
+                self.source.fed
+                and bursts_in_time(cfg)
+                and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
+            )
+            pacing = Pacing.BURST if fed_burst else Pacing.EVEN
+        self.pacing = pacing  # what the limiters do: even or burst
         # A host-wide limit is one more budget every key spends, with its own gate.
         pace = self.headroom.pace_seconds
         self.host_limiter = (

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
-from ratedeck.core.vocab import Ending, EventKind, Phase
+from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
 
 from .gate import CooldownGate
 from .request import CallFn, Request
@@ -259,6 +259,8 @@ class JournalHost(Protocol):
 
 class StoreRunHost(JournalHost, Watched, Protocol):
     """What a store run does with the engine: watch it, and read what is left queued at the end."""
+
+    pacing: Pacing  # how the keys' limiters spend a window: even or burst
 
     def queued(self) -> list[Request]:
         """Requests still queued (main queue first, then the retry queue by due time)."""

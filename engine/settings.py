@@ -119,7 +119,7 @@ class EngineConfig:
     headroom_min_ms: float = 1.0  # timers and server stamps have about 1 ms grain
     headroom_max_ms: float = 500.0
     rejection_budget: int = 0
-    pacing: Pacing = Pacing.EVEN
+    pacing: Pacing = Pacing.AUTO
     max_attempts: int = 5
     backoff_base_ms: float = 50.0
     backoff_cap_ms: float = 2000.0

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratedeck.core.secrets import fingerprint, safe_url
-from ratedeck.core.vocab import Arrival, Ending, EventKind
+from ratedeck.core.vocab import Arrival, Ending, EventKind, Pacing
 from ratedeck.engine.settings import (
     ConfigError,
     EngineConfig,
@@ -403,7 +403,7 @@ class StoreRun:
         self.journal = Journal(engine, self.source)
         engine.watch(self.journal)
         burst = None
-        if self.cfg.engine.pacing == "burst":
+        if engine.pacing is Pacing.BURST:
             burst = {
                 (fingerprint(k.secret) or k.label): min(k.policies, key=lambda p: p.rate).limit
                 for k in self.cfg.keys
