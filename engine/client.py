@@ -105,7 +105,7 @@ def proxy_for(target: TargetConfig, url: URL) -> URL | None:
 def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] | None = None) -> Client:
     """One session for the requests of one engine process to `url`'s origin (see the module doc);
     `attempts[0]` counts its sends."""
-    attempts = attempts if attempts is not None else [0]
+    sends: list[int] = attempts if attempts is not None else [0]
 
     class CountedRequest(aiohttp.ClientRequest):
         # aiohttp resends an idempotent request once when a kept-alive connection turns out
@@ -113,7 +113,7 @@ def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] 
         # every send. Not a middleware: it would add two coroutines to every request's await
         # chain, each passed through whenever the request's task resumes.
         def update_version(self, version: Any) -> None:
-            attempts[0] += 1
+            sends[0] += 1
             super().update_version(version)
 
     connector = aiohttp.TCPConnector(
@@ -136,7 +136,7 @@ def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] 
         max_field_size=MAX_FIELD_BYTES,
         request_class=CountedRequest,
     )
-    return Client(session, proxy_for(target, url), attempts)
+    return Client(session, proxy_for(target, url), sends)
 
 
 def _needs_tls(target: TargetConfig, url: URL) -> bool:
