@@ -73,7 +73,7 @@ class Client:
 
     session: aiohttp.ClientSession
     proxy: URL | None
-    attempts: list[int]  # [sends], counted by the session's middleware, aiohttp's own retries included
+    attempts: list[int]  # [sends], counted by the session's request class, aiohttp's own retries included
 
     async def close(self) -> None:
         await self.session.close()
@@ -105,13 +105,16 @@ def proxy_for(target: TargetConfig, url: URL) -> URL | None:
 def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] | None = None) -> Client:
     """One session for the requests of one engine process to `url`'s origin (see the module doc);
     `attempts[0]` counts its sends."""
-    attempts = attempts if attempts is not None else [0]
+    sends: list[int] = attempts if attempts is not None else [0]
 
-    async def count_attempts(req: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    class CountedRequest(aiohttp.ClientRequest):
         # aiohttp resends an idempotent request once when a kept-alive connection turns out
-        # closed (RFC 9112 9.3.1); every send passes here, so the transport can count those.
-        attempts[0] += 1
-        return await handler(req)
+        # closed (RFC 9112 9.3.1), with a new request object: counting those built counts
+        # every send. Not a middleware: it would add two coroutines to every request's await
+        # chain, each passed through whenever the request's task resumes.
+        def update_version(self, version: Any) -> None:
+            sends[0] += 1
+            super().update_version(version)
 
     connector = aiohttp.TCPConnector(
         limit=max(1, limit),
@@ -131,9 +134,9 @@ def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] 
         auto_decompress=True,
         trust_env=False,  # the environment is read once, in proxy_for and ssl_context
         max_field_size=MAX_FIELD_BYTES,
-        middlewares=(count_attempts,),
+        request_class=CountedRequest,
     )
-    return Client(session, proxy_for(target, url), attempts)
+    return Client(session, proxy_for(target, url), sends)
 
 
 def _needs_tls(target: TargetConfig, url: URL) -> bool:

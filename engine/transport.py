@@ -132,7 +132,7 @@ class HttpTransport(TransportBase):
         self._client: Client | None = None
         self._max_connections = max_connections
         self._body_cap = target.max_body_mb * MIB
-        self._sends = 0  # session.request calls; the session's middleware counts every send
+        self._sends = 0  # session.request calls; the session's request class counts every send
         self._attempts = [0]
         self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
         self._origin_url = str(parsed.origin()) if parsed.is_absolute() else self._base

@@ -17,6 +17,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
+from ratedeck.core.loops import tune_gc
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Ending, EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
@@ -91,6 +92,7 @@ class Session:
 
     async def start(self) -> Engine:
         cfg = self.cfg
+        tune_gc()  # an engine process: collect less often (core/loops.py)
         try:
             if self._transport is None:
                 url = cfg.target.url
