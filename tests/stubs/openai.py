@@ -1,0 +1,245 @@
+"""OpenAI Chat Completions stub: per-organisation requests and tokens per minute, x-ratelimit-* headers.
+
+What the public docs say, and what this stub does with it
+(platform.openai.com/docs/guides/rate-limits, "Rate limits in headers";
+platform.openai.com/docs/guides/error-codes, 429 "Rate limit reached for requests" and
+"You exceeded your current quota"; help.openai.com/en/articles/6891829):
+
+- ``POST /v1/chat/completions`` with ``Authorization: Bearer KEY``; each key plays one
+  organisation. An unknown key: 401 ``invalid_api_key``.
+- Two limits per key: requests per minute (``rpm``) and tokens per minute (``tpm``).
+  Each is a continuously refilled bucket (the limit refills over the minute; ``minute_s``
+  scales the minute so tests run fast).
+- A request is charged at admission (the docs: the token limit counts the prompt and
+  ``max_tokens``): estimated prompt tokens (characters of the messages' content / 4,
+  rounded up) + ``max_tokens`` (or ``max_completion_tokens``; ``default_max_tokens`` if
+  both are absent). Nothing is refunded when the completion is shorter.
+- Every answer to a known key carries ``x-ratelimit-limit-requests``,
+  ``x-ratelimit-limit-tokens``, ``x-ratelimit-remaining-requests``,
+  ``x-ratelimit-remaining-tokens``, ``x-ratelimit-reset-requests``,
+  ``x-ratelimit-reset-tokens``; a reset is the time until that bucket is full again,
+  written as the docs' samples are (``12ms``, ``1.4s``, ``6m0s``).
+- Over a limit: 429 ``{"error": {"message": "Rate limit reached for ... Please try again
+  in 1.4s. ...", "type": "requests"|"tokens", "param": null, "code":
+  "rate_limit_exceeded"}}``; "try again in" is the time until this request would fit.
+  The refused request is charged nothing.
+- A key listed in ``no_quota``: 429 ``insufficient_quota`` on every request (billing,
+  not rate: retrying does not help).
+
+Where the docs are silent (stated choices): the requests bucket is checked before the
+tokens bucket (the 429 names the first that refuses); ``completion_tokens`` is
+``ceil(max_tokens * completion_ratio)`` (deterministic, <= max_tokens).
+
+Ledger: one ``Record`` per request (``bucket="chat"``; ``cost`` = tokens charged;
+``detail`` = the prompt's identity when accepted, the error code when refused).
+``state.book.prompts[key]`` counts each prompt accepted, ``state.book.duplicates(key)``
+the repeats, ``state.book.refusals[key]`` the 429s by code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .common import Clock, Ledger, Stub, mono_clock, serve, work
+from .llm_common import Bucket, PromptBook, content_text, estimate_tokens, mask, prompt_identity
+
+PATH = "/v1/chat/completions"
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: ``12ms`` under a second, ``1.4s`` under a minute, ``6m0s`` above."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{math.ceil(seconds * 1000) / 1000:g}s"
+    minutes, rest = divmod(math.ceil(seconds), 60)
+    if minutes >= 60:
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours}h{minutes}m{rest}s"
+    return f"{minutes}m{rest}s"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in an OpenAI reset duration (``1h2m3.5s``, ``12ms``)."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+@dataclass
+class OpenAIState:
+    clock: Clock = mono_clock
+    keys: Iterable[str] = ("sk-test",)
+    rpm: int = 500
+    tpm: int = 30_000
+    minute_s: float = 60.0
+    no_quota: Iterable[str] = ()
+    default_max_tokens: int = 256
+    completion_ratio: float = 0.5
+    model: str = "gpt-4o-mini"
+    latency: float = 0.0
+    hold: asyncio.Event | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+    book: PromptBook = field(default_factory=PromptBook)
+
+    def __post_init__(self) -> None:
+        self.keys = list(self.keys)
+        self.no_quota = set(self.no_quota)
+        self.requests = {k: Bucket(self.rpm, self.minute_s, updated=self.clock()) for k in self.keys}
+        self.tokens = {k: Bucket(self.tpm, self.minute_s, updated=self.clock()) for k in self.keys}
+        self.seq = 0
+
+    def allowed_capacity(
+        self, start: float, end: float, *, key: str | None = None, bucket: str | None = None
+    ) -> float:
+        """Tokens an ideal client could be charged in [start, end): a full bucket + the refill."""
+        n = 1 if key is not None else len(list(self.keys))
+        return n * (self.tpm + self.tpm * max(0.0, end - start) / self.minute_s)
+
+    def headers(self, key: str, now: float) -> dict[str, str]:
+        r, t = self.requests[key], self.tokens[key]
+        return {
+            "x-ratelimit-limit-requests": str(self.rpm),
+            "x-ratelimit-limit-tokens": str(self.tpm),
+            "x-ratelimit-remaining-requests": str(r.remaining(now)),
+            "x-ratelimit-remaining-tokens": str(t.remaining(now)),
+            "x-ratelimit-reset-requests": duration(r.full_in(now)),
+            "x-ratelimit-reset-tokens": duration(t.full_in(now)),
+        }
+
+    async def handle(self, request: web.Request) -> web.Response:
+        now = self.clock()
+        auth = request.headers.get("Authorization", "")
+        scheme, _, key = auth.partition(" ")
+        key = key.strip() if scheme.lower() == "bearer" else ""
+
+        def record(status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
+            self.ledger.add(
+                at=now,
+                key=key,
+                method=request.method,
+                path=request.path,
+                status=status,
+                outcome=outcome,
+                bucket="chat",
+                cost=cost,
+                detail=detail,
+            )
+
+        def error(status: int, message: str, type_: str, code: str | None, **extra: str) -> web.Response:
+            body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+            return web.json_response(body, status=status, headers=extra)
+
+        if key not in self.requests:
+            record(401, "unauthorized")
+            return error(
+                401,
+                f"Incorrect API key provided: {mask(key)}. You can find your API key at "
+                "https://platform.openai.com/account/api-keys.",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
+        if request.method != "POST" or request.path != PATH:
+            record(404, "not_found")
+            return error(404, f"Invalid URL ({request.method} {request.path})", "invalid_request_error", None)
+        try:
+            body = await request.json()
+            messages = body["messages"]
+            if not isinstance(messages, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            record(400, "invalid_request")
+            return error(
+                400,
+                "'messages' is a required property",
+                "invalid_request_error",
+                None,
+                **self.headers(key, now),
+            )
+
+        if key in self.no_quota:
+            self.book.refusals[key]["insufficient_quota"] += 1
+            record(429, "insufficient_quota", detail="insufficient_quota")
+            return error(
+                429,
+                "You exceeded your current quota, please check your plan and billing details. For more "
+                "information on this error, read the docs: "
+                "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                "insufficient_quota",
+                "insufficient_quota",
+                **self.headers(key, now),
+            )
+
+        prompt = sum(estimate_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or self.default_max_tokens
+        max_tokens = int(max_tokens)
+        cost = prompt + max_tokens
+        r, t = self.requests[key], self.tokens[key]
+        for kind, bucket, amount, unit, label in (
+            ("requests", r, 1, "requests per min (RPM)", "requests"),
+            ("tokens", t, cost, "tokens per min (TPM)", "tokens"),
+        ):
+            wait = bucket.wait_for(amount, now)
+            if wait > 0:
+                used = bucket.capacity - bucket.remaining(now)
+                self.book.refusals[key]["rate_limit_exceeded"] += 1
+                record(429, "rate_limited", detail=f"rate_limit_exceeded:{label}")
+                return error(
+                    429,
+                    f"Rate limit reached for {self.model} in organization org-{mask(key)} on {unit}: "
+                    f"Limit {int(bucket.capacity)}, Used {int(used)}, Requested {amount}. "
+                    f"Please try again in {duration(wait)}. Visit "
+                    "https://platform.openai.com/account/rate-limits to learn more.",
+                    kind,
+                    "rate_limit_exceeded",
+                    **self.headers(key, now),
+                )
+        r.take(1, now)
+        t.take(cost, now)
+        identity = prompt_identity(messages)
+        self.book.prompts[key][identity] += 1
+        record(200, "ok", cost=cost, detail=identity)
+        headers = self.headers(key, now)
+        await work(self.latency, self.hold)
+        completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
+        self.seq += 1
+        answer = {
+            "id": f"chatcmpl-stub{self.seq:010d}",
+            "object": "chat.completion",
+            "created": int(now),
+            "model": body.get("model", self.model),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "stub " * completion, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "length" if completion == max_tokens else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+        return web.Response(text=json.dumps(answer), content_type="application/json", headers=headers)
+
+
+async def start_openai(*, clock: Clock = mono_clock, **options: Any) -> Stub:
+    """Start the OpenAI stub; options are `OpenAIState`'s (keys, rpm, tpm, minute_s, no_quota, ...)."""
+    state = OpenAIState(clock=clock, **options)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    return await serve(app, ledger=state.ledger, clock=clock, state=state)
