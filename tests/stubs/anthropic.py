@@ -3,7 +3,9 @@
 What the public docs say, and what this stub does with it
 (docs.anthropic.com/en/api/rate-limits, "Rate limits" and "Response headers";
 docs.anthropic.com/en/api/errors, HTTP errors 429 ``rate_limit_error`` and 529
-``overloaded_error``; docs.anthropic.com/en/api/versioning):
+``overloaded_error``; docs.anthropic.com/en/api/versioning; the official pages were not in
+the searchable corpus, so header names and error shapes were checked against secondary
+pages quoting them, e.g. runcycles.io/troubleshoot/anthropic-rate-limit-error):
 
 - ``POST /v1/messages`` with ``x-api-key: KEY`` and ``anthropic-version`` (required: a
   400 ``invalid_request_error`` without it). An unknown key: 401 ``authentication_error``.

@@ -3,7 +3,9 @@
 What the public docs say, and what this stub does with it
 (platform.openai.com/docs/guides/rate-limits, "Rate limits in headers";
 platform.openai.com/docs/guides/error-codes, 429 "Rate limit reached for requests" and
-"You exceeded your current quota"; help.openai.com/en/articles/6891829):
+"You exceeded your current quota"; help.openai.com/en/articles/6891829; the header table was checked against a mirror of
+the rate-limits guide, spybara.com/openai/api/history/docs/en/, as the official page
+was not in the searchable corpus):
 
 - ``POST /v1/chat/completions`` with ``Authorization: Bearer KEY``; each key plays one
   organisation. An unknown key: 401 ``invalid_api_key``.
