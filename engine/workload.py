@@ -137,21 +137,17 @@ class Workload:
         while not sink.stopping:
             if self.total is not None and made >= self.total:
                 break
-            if self.fed:
-                # Queued work always waiting: the limiter is the only brake.
-                depth = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
-                if queues.fresh() >= depth:
-                    await queues.wait_space(depth)
-                    continue
-            elif self.rate <= 0:
+            if not self.fed and self.rate <= 0:
                 await self._sleep(loop, None)
                 next_t = sink.clock()
                 continue
-            elif sink.backpressure and queues.fresh() >= (
-                limit := sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
-            ):
-                await queues.wait_space(limit)
-                continue
+            # A fed job keeps queued work always waiting (the limiter is the only brake), bounded
+            # as backpressure bounds a paced source.
+            if self.fed or sink.backpressure:
+                limit = sink.queue_max if self.depth is None else min(self.depth, sink.queue_max)
+                if queues.fresh() >= limit:
+                    await queues.wait_space(limit)
+                    continue
             now = sink.clock()
             if not self.fed and next_t > now:
                 await self._sleep(loop, next_t)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from ratedeck.config import ConfigError, load_config
+from ratedeck.config import ConfigError, RunConfig, load_config
 from ratedeck.engine.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
@@ -32,11 +32,9 @@ def main(argv: list[str]) -> int:
         return parsed
     args = parsed
     try:
-        # Enqueueing sends nothing: a config need not name keys. When it does, a line's `_key`
-        # is checked against them; else by its form (the run checks it against its own keys).
-        cfg = load_config(args.config, args.preset, {"run": {"store": args.store}}, keys_needed=False)
+        cfg, pins = _load(args)
         budgets = tuple(b.name for b in cfg.budgets)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, _pins(args)))
+        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins))
         if cfg.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
@@ -61,11 +59,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _pins(args: argparse.Namespace) -> KeyPins:
-    """What a line's `_key` may name: the keys of --config/--preset when they name any, else the form."""
-    if not (args.config or args.preset):
-        return KeyPins()
-    try:
-        return KeyPins(load_config(args.config, args.preset, {"run": {"store": args.store}}).keys)
-    except ConfigError:  # no keys there (or none readable here): the form only
-        return KeyPins()
+def _load(args: argparse.Namespace) -> tuple[RunConfig, KeyPins]:
+    """The config, read once, and what a line's `_key` may name. Enqueueing sends nothing, so a
+    config need not name keys: when it does, `_key` is checked against them, else by its form
+    (the run checks it against its own keys when it reads the job)."""
+    overrides = {"run": {"store": args.store}}
+    if args.config or args.preset:
+        try:
+            cfg = load_config(args.config, args.preset, overrides)
+            return cfg, KeyPins(cfg.keys)
+        except ConfigError as exc:
+            if not (exc.key.startswith("keys") or exc.key == "--keys"):
+                raise  # not about the keys: the same problem without them
+    return load_config(args.config, args.preset, overrides, keys_needed=False), KeyPins()
