@@ -424,8 +424,11 @@ class Engine:
         return limiters
 
     def capacity_tps(self) -> float:
-        """Requests per second the keys allow (advertised limits included), host limit applied."""
-        total = sum(w.limiter.capacity_tps for w in self.workers)
+        """Requests per second the keys allow (advertised limits included), host limit applied.
+
+        A key still waiting for its server to advertise a limit counts for nothing: its
+        placeholder limit is no capacity (0 in all: not known yet)."""
+        total = sum(w.limiter.capacity_tps for w in self.workers if not w.discovering)
         if self.host_limiter is not None:
             total = min(total, self.host_limiter.capacity_tps)
         return total

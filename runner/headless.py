@@ -84,6 +84,11 @@ def _latency(name: str, lat: LatencySummary) -> str:
     )
 
 
+def _capacity(tps: float) -> str:
+    """The keys' capacity as the start line says it; none given: the server's answers tell it."""
+    return f"capacity {tps:g} req/s" if tps else "capacity from the server's first answers (no limit given)"
+
+
 def metrics_block(snap: Snapshot) -> list[str]:
     """The periodic block: throughput, requests, queues, latency (send -> answer, arrival ->
     done, queue wait), headroom."""
@@ -91,7 +96,11 @@ def metrics_block(snap: Snapshot) -> list[str]:
     lines = [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
-        f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)",
+        + (
+            f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)"
+            if snap.capacity_tps
+            else "  (capacity not known yet: no limit given, none advertised)"
+        ),
         f"requests     generated {snap.generated}  succeeded {snap.succeeded}  expired {snap.expired}"
         f"  graveyard {snap.graveyard}  shed {snap.shed}"
         + (f"  uncertain {snap.uncertain}" if snap.uncertain else ""),
@@ -640,7 +649,7 @@ async def _run_sharded(
         return EXIT_USAGE
     where = "embedded simulator" if cfg.target.url is None else "target"
     _say(
-        f"ratedeck: {len(cfg.keys)} keys in {host.procs} processes, capacity {cfg.capacity_tps:g} req/s,"
+        f"ratedeck: {len(cfg.keys)} keys in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
         f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )
@@ -704,7 +713,7 @@ async def _run(
     assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
-        f"ratedeck: {len(cfg.keys)} keys, capacity {cfg.capacity_tps:g} req/s, {where} {session.shown_target}"
+        f"ratedeck: {len(cfg.keys)} keys, {_capacity(cfg.capacity_tps)}, {where} {session.shown_target}"
         + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )

@@ -154,3 +154,15 @@ def test_a_told_limit_is_checked_first_on_a_named_target_not_on_the_seed():
     named = load_config(overrides={"target": {"url": "http://api.example/v1"}, "keys": {"secrets": ["k"]}})
     assert named.engine.slow_start is True
     assert load_config().engine.slow_start is False  # the embedded simulator's own 20/1s
+
+
+def test_a_capacity_nobody_stated_is_shown_as_not_known_never_as_a_placeholder():
+    """A key still waiting for its server's limit adds nothing to the capacity, and the headless
+    block says the capacity is not known rather than a placeholder's huge number."""
+    from ratedeck.engine.snapshot import Snapshot
+    from ratedeck.runner.headless import metrics_block
+
+    unknown = metrics_block(Snapshot(capacity_tps=0.0))[1]
+    assert "capacity not known yet" in unknown and "1,000,000" not in unknown
+    known = metrics_block(Snapshot(capacity_tps=100.0, throughput_tps=50.0))[1]
+    assert "(50.0% of 100/s capacity)" in known
