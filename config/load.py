@@ -19,6 +19,7 @@ from ratedeck.core.secrets import safe_url
 from ratedeck.engine.api_rules import parse_budgets, parse_paths
 from ratedeck.engine.settings import (
     ConfigError,
+    CostConfig,
     EngineConfig,
     EngineSettings,
     KeySpec,
@@ -270,6 +271,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     except ValueError as exc:
         raise ConfigError(source, "paths", str(exc)) from None
     _check_signing(target, keys, source)
+    costs = CostConfig(**_table(data, "costs", source))
     messages = None
     if "messages" in data:
         messages = MessagesConfig(**_table(data, "messages", source))
@@ -282,6 +284,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
             workload=workload,
             messages=messages,
             budgets=budgets,
+            costs=costs,
             paths=paths,
             pools=pools,
             host_policies=host_policies,

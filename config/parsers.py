@@ -37,6 +37,7 @@ MAX_POOL = 100_000
 MAX_HEADROOM_MS = 60_000.0
 MAX_TIMEOUT_S = 3600.0
 MAX_PROBE_RATE = 100.0
+MAX_COUNT = 1_000_000_000
 
 
 def text(value: Any) -> str:
@@ -218,6 +219,27 @@ def strings(what: str) -> Parser:
         return tuple(value)
 
     return parse
+
+
+def statuses(value: Any) -> tuple[int, ...]:
+    """A list of HTTP statuses (100..599)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and 100 <= x <= 599 for x in value
+    ):
+        raise ValueError(f"must be a list of HTTP statuses from 100 to 599, like [529], got {show(value)}")
+    return tuple(value)
+
+
+def cost_estimate(value: Any) -> str:
+    """ "chars/4", or a hook "module:function" that can be imported now."""
+    from ratedeck.engine.costs import CHARS_4, load_hook
+
+    out = nonempty(value)
+    if out != CHARS_4:
+        load_hook(out)
+    return out
 
 
 def keymap(value: Any) -> dict[str, str]:

@@ -23,6 +23,7 @@ from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_rate
 from ratedeck.core.vocab import Arrival, Excess, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
+    CostConfig,
     EngineConfig,
     EngineSettings,
     MessagesConfig,
@@ -376,6 +377,23 @@ ROWS: tuple[Row, ...] = (
         'the answer header a server sets to "true" on a replayed idempotent answer ("": none)',
         "engine",
     ),
+    Row(
+        "target.safe_writes",
+        "boolean",
+        p.boolean,
+        "POSTs here do nothing twice when repeated (an LLM completion): a failed one is retried "
+        "like a GET, on any key, and never ends uncertain",
+        "engine",
+    ),
+    Row(
+        "target.free_statuses",
+        "statuses",
+        p.statuses,
+        "statuses the API documents as charging the key nothing (Anthropic's 529 overloaded): "
+        "what their attempt reserved from the key's budgets is given back",
+        "engine",
+        dump=list,
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",
@@ -558,6 +576,14 @@ ROWS: tuple[Row, ...] = (
         "the seed preset turns it off",
         "engine",
     ),
+    Row(
+        "engine.learn_first",
+        "boolean",
+        p.boolean,
+        "send one request per key until its first answer, whose rate-limit headers then set the "
+        "key's limits and token budgets, lower or higher than the ones given (LLM tiers)",
+        "engine",
+    ),
     # ---------------------------------------------------------------- [workload]
     Row(
         "workload.rate",
@@ -635,6 +661,22 @@ ROWS: tuple[Row, ...] = (
         "integer",
         p.count(1, p.MAX_QUEUE),
         "messages queued at the entry before the source waits",
+        "engine",
+    ),
+    # ---------------------------------------------------------------- [costs]
+    Row(
+        "costs.estimate",
+        "string",
+        p.cost_estimate,
+        "a request's input tokens for token budgets: \"chars/4\" (a quarter of the prompt's "
+        'characters) or a hook "module:function" that gets the JSON body (engine/costs.py)',
+        "engine",
+    ),
+    Row(
+        "costs.max_tokens",
+        "integer",
+        p.count(1, p.MAX_COUNT),
+        "output tokens reserved for a body that names no max_tokens",
         "engine",
     ),
     # ---------------------------------------------------------------- tables
@@ -788,6 +830,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "engine": (EngineConfig,),
     "workload": (WorkloadConfig,),
     "messages": (MessagesConfig,),
+    "costs": (CostConfig,),
     "console": (ConsoleSettings,),
     "run": (RunnerSettings, EngineSettings),  # [run] seed is the engine's
 }

@@ -4,7 +4,11 @@
   `search`, 30/min per token) or per host (Binance's request weight, 6000/min
   per IP). A request spends from every budget it belongs to, all-or-nothing:
   its key's, each budget whose `paths` match its path, and any it names.
-  A budget in `weight` units spends the request's weight; else 1.
+  A budget in `weight` units spends the request's weight; one in `tokens`,
+  `input_tokens` or `output_tokens` what its body is estimated to cost
+  (engine/costs.py); else 1. A budget with `settle` gives back, once the
+  answer comes, what it reserved beyond the use the answer reports (Anthropic
+  settles output tokens to `usage.output_tokens`).
 - A **path rule** says what a request to a path costs and needs: its weight,
   extra budgets, whether it is signed.
 - An **outcome rule** says what an answer means when the status alone does
@@ -32,6 +36,12 @@ _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 MAX_WEIGHT = 1_000_000
 
 
+#: What a budget may count: requests, a request's weight, or tokens estimated from its body.
+BUDGET_UNITS = ("requests", "weight", "tokens", "input_tokens", "output_tokens")
+#: The units estimated from a request's body (engine/costs.py).
+TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSpec:
     """A named budget: its limits, who shares it, what a request spends, which paths."""
@@ -39,9 +49,20 @@ class BudgetSpec:
     name: str
     policies: tuple[Policy, ...]
     scope: str = "key"  # "key": one per key; "host": one shared by every key
-    weighted: bool = False  # spends a request's weight (else 1 per request)
+    unit: str = "requests"  # one of BUDGET_UNITS: what one request spends
     paths: tuple[str, ...] = ()  # globs on the request path; none: every request
     exclusive: bool = False  # its requests do not spend the key's own budget (GitHub's search resource)
+    settle: str | None = None  # a success's JSON field with the real use ("usage.output_tokens")
+
+    @property
+    def weighted(self) -> bool:
+        """Spends a request's weight (else 1 per request, or its tokens)."""
+        return self.unit == "weight"
+
+    @property
+    def tokens(self) -> bool:
+        """Spends tokens estimated from the request's body."""
+        return self.unit in TOKEN_UNITS
 
     def covers(self, path: str) -> bool:
         return not self.paths or any(fnmatch.fnmatchcase(path, p) for p in self.paths)
@@ -174,7 +195,7 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
     budgets: list[BudgetSpec] = []
     for i, table in enumerate(value):
         where = f"budget {i + 1}"
-        _check_keys(table, {"name", "limits", "scope", "unit", "paths", "exclusive"}, where)
+        _check_keys(table, {"name", "limits", "scope", "unit", "paths", "exclusive", "settle"}, where)
         name = _name(table.get("name"), f"{where}: name")
         if name in {b.name for b in budgets}:
             raise ValueError(f"budget {name!r} is defined twice")
@@ -182,8 +203,20 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
         if scope not in ("key", "host"):
             raise ValueError(f'budget {name!r}: scope must be "key" or "host", got {scope!r}')
         unit = table.get("unit", "requests")
-        if unit not in ("requests", "weight"):
-            raise ValueError(f'budget {name!r}: unit must be "requests" or "weight", got {unit!r}')
+        if unit not in BUDGET_UNITS:
+            units = ", ".join(f'"{u}"' for u in BUDGET_UNITS)
+            raise ValueError(f"budget {name!r}: unit must be one of {units}, got {unit!r}")
+        settle = table.get("settle")
+        if settle is not None and (
+            not isinstance(settle, str)
+            or not settle
+            or not set(settle) <= _NAME_CHARS
+            or unit not in TOKEN_UNITS
+        ):
+            raise ValueError(
+                f"budget {name!r}: settle must be the dotted JSON field of the real use in a token "
+                f'budget, like "usage.output_tokens", got {settle!r}'
+            )
         if "limits" not in table:
             raise ValueError(f'budget {name!r}: needs limits, like ["6000/1m fixed"]')
         try:
@@ -194,7 +227,7 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
         exclusive = table.get("exclusive", False)
         if not isinstance(exclusive, bool):
             raise ValueError(f"budget {name!r}: exclusive must be true or false, got {exclusive!r}")
-        budgets.append(BudgetSpec(name, policies, scope, unit == "weight", paths, exclusive))
+        budgets.append(BudgetSpec(name, policies, scope, unit, paths, exclusive, settle))
     return tuple(budgets)
 
 
@@ -333,7 +366,9 @@ def budgets_to_toml(budgets: tuple[BudgetSpec, ...]) -> list[dict[str, Any]]:
     out = []
     for b in budgets:
         table: dict[str, Any] = {"name": b.name, "limits": [format_policy(p) for p in b.policies]}
-        table |= {"scope": b.scope, "unit": "weight" if b.weighted else "requests"}
+        table |= {"scope": b.scope, "unit": b.unit}
+        if b.settle:
+            table["settle"] = b.settle
         if b.paths:
             table["paths"] = list(b.paths)
         if b.exclusive:

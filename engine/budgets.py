@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ratedeck.core.policy import Policy
 
 from .api_rules import BudgetSpec, PathTable
+from .costs import CostModel, Units
 from .limiter import WindowLimiter
 from .request import Request
 from .settings import EngineSettings
@@ -26,10 +27,20 @@ MakeLimiter = Callable[[tuple[Policy, ...]], WindowLimiter]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """What one request spends: its weight, and the named budgets it belongs to."""
+    """What one request spends: its weight, its tokens, and the named budgets it belongs to."""
 
     weight: int
     budgets: tuple[BudgetSpec, ...]
+    units: Units | None = None  # its estimated tokens, when a budget counts tokens
+
+    def cost(self, spec: BudgetSpec) -> int:
+        """What it spends from `spec`: its weight, its tokens in the budget's unit, or 1."""
+        unit = spec.unit
+        if unit == "requests":
+            return 1
+        if unit == "weight":
+            return self.weight
+        return self.units.get(unit, 0) if self.units is not None else 0
 
 
 _PLAIN = Route(1, ())
@@ -47,6 +58,23 @@ class Budgets:
         # With no budgets and no path rules every request is alike: the workers skip routing.
         self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted)
         self._covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
+        # Token budgets: a request's tokens are estimated once from its body (engine/costs.py).
+        self.costs = (
+            CostModel(cfg.costs.estimate, cfg.costs.max_tokens)
+            if any(b.tokens for b in cfg.budgets)
+            else None
+        )
+        self.settled = tuple(b for b in cfg.budgets if b.settle)  # budgets settled to the real use
+
+    def units(self, req: Request) -> Units | None:
+        """The request's estimated tokens (once per request: kept on it), or None with no token budget."""
+        if self.costs is None:
+            return None
+        units = req.units
+        if units is None:
+            shape = req.shape
+            units = req.units = self.costs.units(shape.body if shape is not None else None)
+        return units
 
     def route(self, req: Request) -> Route:
         """The request's weight and named budgets (its shape, then its path's rule, then the budgets' paths)."""
@@ -63,7 +91,7 @@ class Budgets:
             names.extend(shape.budgets)
         chosen = [b for b in self.specs.values() if b.name in names or (b.paths and b.covers(path))]
         chosen.extend(b for b in self._covering if b not in chosen)
-        return Route(weight, tuple(chosen))
+        return Route(weight, tuple(chosen), self.units(req))
 
     def limiter_for(self, spec: BudgetSpec, key_budgets: dict[str, WindowLimiter]) -> WindowLimiter:
         return self.host[spec.name] if spec.scope == "host" else key_budgets[spec.name]

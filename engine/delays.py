@@ -14,7 +14,11 @@ The server's own count (`read_quotas`) comes from X-RateLimit-Limit /
 Remaining / Used / Reset / Resource (GitHub and most APIs), RateLimit-Limit /
 Remaining / Reset (IETF drafts up to 06), `RateLimit: "name";r=..;t=..` with
 `RateLimit-Policy` (drafts 07+), and Binance's X-MBX-USED-WEIGHT-<n><unit>
-and X-MBX-ORDER-COUNT-<n><unit>.
+and X-MBX-ORDER-COUNT-<n><unit>, and LLM APIs' per-unit buckets: OpenAI's
+x-ratelimit-{limit,remaining,reset}-{requests,tokens} (resets as durations,
+`6m0s`, `1.4s`, `12ms`) and Anthropic's anthropic-ratelimit-{requests,
+input-tokens,output-tokens}-{limit,remaining,reset} (resets as RFC 3339 times).
+Those are `Quota.follow`: the server's bucket, to be followed both ways.
 
 Every parser here takes any text and returns a value or None (an empty tuple
 for policies); none raises. A delay is never negative or NaN, and never
@@ -32,6 +36,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -206,10 +211,22 @@ def response_delay(
     return None
 
 
+_TRY_AGAIN = re.compile(
+    r"(?:try again|retry) (?:in|after) ((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)\b", re.I | re.ASCII
+)
+
+
+def _try_again_in(text: str) -> float | None:
+    """The wait a message names, as OpenAI's 429 does: "Please try again in 1.4s" (or 6m0s, 20ms)."""
+    match = _TRY_AGAIN.search(text)
+    return go_duration_bound(match.group(1)) if match else None
+
+
 def json_field_hook(path: str) -> DelayHook:
     """A hook reading seconds from a JSON body field, e.g. "error.details.retryDelay".
 
-    Values may be numbers or strings like "15s" / "1.5s" / "250ms" (Google APIs' style).
+    Values may be numbers or strings like "15s" / "1.5s" / "250ms" (Google APIs' style), or
+    a message that names the wait ("Please try again in 1.4s", OpenAI's 429).
     Anything else (not JSON, no such field, NaN, negative) gives None; long delays
     are cut to `MAX_DELAY_S`.
     """
@@ -232,11 +249,11 @@ def json_field_hook(path: str) -> DelayHook:
             return _delay(float(min(node, 1 << 62))) if node >= 0 else None
         if isinstance(node, float):
             return _delay(node)
-        if isinstance(node, str) and len(node) <= 400:
+        if isinstance(node, str) and len(node) <= 2000:
             try:
                 return _delay(parse_duration(node, low=0.0, low_open=False, high=math.inf))
             except ValueError:
-                return None
+                return _delay(_try_again_in(node))
         return None
 
     return hook
@@ -264,6 +281,66 @@ class Quota:
     window_s: float | None = None
     name: str | None = None
     weight: bool = False
+    # An LLM API's bucket (`name` is its unit: requests, tokens, input-tokens, output-tokens):
+    # `reset_in_s` is when it is full again, read as a bound never earlier than the server's
+    # (its text's last digit rounded up), so the refill rate derived from it is never too fast.
+    follow: bool = False
+    # `reset_in_s` came from a wall-clock time (Anthropic's): it lost the time the answer took
+    # to reach us, which the reader adds back as the attempt's round trip.
+    reset_from_time: bool = False
+
+
+_GO_DURATION = re.compile(r"(\d+(?:\.(\d+))?)(ms|h|m|s)", re.ASCII)
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def go_duration_bound(text: object) -> float | None:
+    """OpenAI's reset duration (`6m0s`, `1.4s`, `12ms`, `1h2m3s`) in seconds, plus the
+    resolution of its last figure (a server that rounds down is still not outrun); None if
+    it is not one."""
+    if not isinstance(text, str) or not text or len(text) > 40:
+        return None
+    parts = _GO_DURATION.findall(text)
+    if not parts or "".join(f"{n}{u}" for n, _d, u in parts) != text:
+        return None
+    total = sum(float(n) * _GO_UNITS[u] for n, _d, u in parts)
+    _n, decimals, unit = parts[-1]
+    total += _GO_UNITS[unit] * 10.0 ** -len(decimals)
+    return total if math.isfinite(total) else None
+
+
+def rfc3339_bound(text: object, now_wall: float) -> float | None:
+    """Seconds from `now_wall` to an RFC 3339 time (Anthropic's resets), plus its resolution."""
+    if not isinstance(text, str) or not 10 <= len(text) <= 40:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    frac = re.search(r"[Tt ]\d\d:\d\d:\d\d(?:\.(\d+))?", text)
+    resolution = 10.0 ** -len(frac.group(1) or "") if frac else 1.0
+    return max(0.0, when.timestamp() + resolution - now_wall)
+
+
+def _llm_quotas(headers: Mapping[str, str], now_wall: float) -> list[Quota]:
+    get = headers.get
+    quotas = []
+    for unit in ("requests", "tokens"):  # OpenAI
+        remaining = _count(get(f"x-ratelimit-remaining-{unit}"))
+        if remaining is not None:
+            reset = go_duration_bound(get(f"x-ratelimit-reset-{unit}"))
+            limit = _count(get(f"x-ratelimit-limit-{unit}"))
+            quotas.append(Quota(limit, remaining, None, reset, None, unit, follow=True))
+    for unit in ("requests", "input-tokens", "output-tokens"):  # Anthropic
+        prefix = f"anthropic-ratelimit-{unit}-"
+        remaining = _count(get(prefix + "remaining"))
+        if remaining is not None:
+            reset = rfc3339_bound(get(prefix + "reset"), now_wall)
+            limit = _count(get(prefix + "limit"))
+            quotas.append(Quota(limit, remaining, None, reset, None, unit, follow=True, reset_from_time=True))
+    return quotas
 
 
 def _count(text: object) -> int | None:
@@ -298,7 +375,7 @@ def read_quotas(headers: Mapping[str, str], now_wall: float | None = None) -> tu
 
 def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ...]:
     get = headers.get
-    quotas: list[Quota] = []
+    quotas: list[Quota] = _llm_quotas(headers, now_wall)
     for prefix in ("X-RateLimit-", "RateLimit-"):
         limit, remaining = _count(get(prefix + "Limit")), _count(get(prefix + "Remaining"))
         used = _count(get(prefix + "Used"))
@@ -309,7 +386,7 @@ def _read_quotas(headers: Mapping[str, str], now_wall: float) -> tuple[Quota, ..
         name = resource.strip().lower()[:40] if isinstance(resource, str) and resource.strip() else None
         quotas.append(Quota(limit, remaining, used, reset, None, name))
         break
-    field = get("RateLimit") if not quotas else None  # X-RateLimit-* said it already
+    field = get("RateLimit") if not any(not q.follow for q in quotas) else None  # X-RateLimit-* said it
     if isinstance(field, str) and field:
         windows = _policy_windows(get("RateLimit-Policy") or "")
         for name, value, params in _members(field):
@@ -421,7 +498,7 @@ def remaining_count(headers: Mapping[str, str]) -> int | None:
 
 
 _HINT_NAMES = frozenset({"server-timing", "x-response-time", "x-runtime", "x-envoy-upstream-service-time"})
-_HINT_PREFIXES = ("x-ratelimit-", "ratelimit", "x-mbx-")
+_HINT_PREFIXES = ("x-ratelimit-", "ratelimit", "x-mbx-", "anthropic-ratelimit-")
 
 
 def has_hints(headers: Mapping[str, str]) -> bool:

@@ -202,6 +202,7 @@ class Engine:
                     key_weighted=cfg.key_weighted,
                     climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
                     slow_start=e.slow_start,
+                    learn_first=e.learn_first,
                 )
             )
         # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.
@@ -249,6 +250,7 @@ class Engine:
             cooldown if cooldown is not None else SharedGates(self.log, self.cluster),
             self.redact,
             learn_policy=e.learn_policy,
+            free_statuses=cfg.target.free_statuses,
         )
         self.path.no_limit = self.no_limit
         self.path.discovered = self.limits_discovered
@@ -406,15 +408,16 @@ class Engine:
         return self.snapshot()
 
     def _budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
-        rows = []
-        for name, lim in self.budgets.host.items():
-            used, limit = lim.used(now)
-            rows.append(BudgetRow(name, "host", used, limit, self.budgets.specs[name].weighted))
+        rows = [self._budget_row(name, "host", lim, now) for name, lim in self.budgets.host.items()]
         for w in self.workers:
-            for name, lim in w.key_budgets.items():
-                used, limit = lim.used(now)
-                rows.append(BudgetRow(name, w.label, used, limit, self.budgets.specs[name].weighted))
+            rows.extend(self._budget_row(name, w.label, lim, now) for name, lim in w.key_budgets.items())
         return tuple(rows)
+
+    def _budget_row(self, name: str, owner: str, lim: WindowLimiter, now: float) -> BudgetRow:
+        used, limit = lim.used(now)
+        unit = self.budgets.specs[name].unit
+        per_min = round(lim.capacity_tps * 60.0, 1)
+        return BudgetRow(name, owner, used, limit, unit, per_min, lim.spent, lim.spent - lim.returned)
 
     def all_limiters(self) -> list[WindowLimiter]:
         limiters = [w.limiter for w in self.workers] + list(self.budgets.host.values())

@@ -29,6 +29,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Pacing, PolicyKind
@@ -110,6 +111,15 @@ class _Sliding:
         start = now - self.window
         return sum(spent for stamp, spent in self.entries if stamp.t > start)
 
+    def refund(self, stamp: Stamp, units: int, now: float) -> None:
+        entries = self.entries
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i][0] is stamp:
+                back = min(units, entries[i][1])
+                entries[i] = (stamp, entries[i][1] - back)
+                self.total -= back
+                return
+
 
 class _Fixed:
     """At most `limit` cost units per window; windows end at `end`, `end + W`, ...
@@ -167,6 +177,10 @@ class _Fixed:
     def used(self, now: float) -> int:
         return self.used_now if now < self.end else self.used_next
 
+    def refund(self, stamp: Stamp, units: int, now: float) -> None:
+        if stamp.t < self.end and now < self.end:  # spent in the window still current
+            self.used_now = max(0, self.used_now - units)
+
     def catch_up_gap(self, now: float, cost: int, h: float) -> float:
         """The gap that spreads what is left of this window over the time left in it.
 
@@ -219,6 +233,28 @@ class _Bucket:
     def used(self, now: float) -> int:
         return math.ceil(self._level(now))
 
+    def refund(self, stamp: Stamp, units: int, now: float) -> None:
+        # The server gives the units back to its bucket when it settles: so do we.
+        self.level, self.at = max(0.0, self._level(now) - units), max(self.at, now)
+
+    def follow(self, limit: int, rate: float | None, counted: int, since: int, now: float) -> None:
+        """The server's bucket as an answer states it: its size, its refill, and its count
+        `counted` at some moment between our send and now, before `since` more of ours.
+
+        The count proves ours wrong either way: above `counted + since` ours is too high
+        (the server settled, refilled or charged less), below `counted` too low (it charged
+        more, or someone else spends from the key). In between ours stands: an answer that
+        took long says little about now (counting `since` twice would strand the budget).
+        """
+        self.limit = limit
+        if rate is not None:
+            self.rate = rate
+        level = self._level(now)
+        if counted + since < level:
+            self.level, self.at = float(counted + since), now
+        elif counted > level:
+            self.level, self.at = float(counted), now
+
 
 _Meter = _Sliding | _Fixed | _Bucket
 
@@ -258,6 +294,8 @@ class WindowLimiter:
         "_recent",
         "_waiters",
         "_timer",
+        "spent",
+        "returned",
     )
 
     def __init__(
@@ -287,6 +325,8 @@ class WindowLimiter:
         self._recent: deque[tuple[float, int]] = deque(maxlen=1024)  # (send time, cost), for spent_since
         self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self.spent = 0  # cost units reserved by every send so far
+        self.returned = 0  # and given back when the server charged less (`refund`)
 
     def _add(self, policy: Policy, now: float) -> None:
         meter: _Meter
@@ -351,6 +391,7 @@ class WindowLimiter:
         self._last = at
         self._last_cost = cost
         self._recent.append((at, cost))
+        self.spent += cost
         return stamp
 
     def sends_since(self, t: float) -> list[float]:
@@ -493,11 +534,44 @@ class WindowLimiter:
         meter = min(self._meters, key=lambda m: m.policy.rate)
         return meter.used(now), meter.limit
 
+    def refund(self, stamp: Any, units: int, now: float) -> None:
+        """Give back `units` of the send stamped `stamp`: the server charged that much less
+        (a reservation settled to the real use, an answer the API charges nothing for)."""
+        if units <= 0:
+            return
+        self.returned += units
+        for meter in self._meters:
+            meter.refund(stamp, units, now)
+
+    def bucket(self) -> Policy | None:
+        """The tightest bucket policy, as the limiter enforces it now (for display)."""
+        buckets = [m for m in self._meters if isinstance(m, _Bucket)]
+        if not buckets:
+            return None
+        m = min(buckets, key=lambda b: b.rate)
+        window = m.policy.window_s
+        return Policy(m.limit, window, PolicyKind.BUCKET, m.rate * window)
+
+    def follow(self, now: float, limit: int, counted: int, since: int, window_s: float | None) -> bool:
+        """An LLM API's bucket as its headers state it (engine/path.py): `limit` units, refilled
+        fully in `window_s` (None: as before), `counted` by the server before `since` more of
+        ours (`_Bucket.follow`), lower or higher than ours. Applies to the tightest bucket
+        policy; False when there is none."""
+        buckets = [m for m in self._meters if isinstance(m, _Bucket)]
+        if not buckets:
+            return False
+        meter = min(buckets, key=lambda b: b.rate)
+        rate = limit / window_s if window_s is not None and window_s > 0 else None
+        if rate is None and meter.limit != limit:
+            rate = meter.rate * limit / meter.limit  # a new size, refilled over the same window
+        meter.follow(limit, rate, counted, since, now)
+        return True
+
     def window_turns(self) -> tuple[tuple[Policy, float | None], ...]:
         """Each policy with the end of its current fixed window (loop time); None for the other kinds."""
         return tuple((m.policy, m.end if isinstance(m, _Fixed) else None) for m in self._meters)
 
     @property
     def capacity_tps(self) -> float:
-        """Long-run cost units per second the policies allow together."""
-        return min(p.rate for p in self.policies)
+        """Long-run cost units per second the policies allow together (as retuned or followed)."""
+        return min(m.rate if isinstance(m, _Bucket) else m.limit / m.window for m in self._meters)

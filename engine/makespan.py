@@ -178,9 +178,7 @@ class MakespanMeter:
         if not any(spec.exclusive for spec in route.budgets):
             self.key_units += route.weight if self.key_weighted else 1
         for spec in route.budgets:
-            self.budget_units[spec.name] = self.budget_units.get(spec.name, 0) + (
-                route.weight if spec.weighted else 1
-            )
+            self.budget_units[spec.name] = self.budget_units.get(spec.name, 0) + route.cost(spec)
 
     def _note_turns(self, label: str | None) -> None:
         """Each fixed window's first turn, read once the first answer could set it: a key's

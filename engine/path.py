@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
@@ -91,6 +92,7 @@ class RequestPath:
         redact: Redactor,
         *,
         learn_policy: bool,
+        free_statuses: tuple[int, ...] = (),
     ) -> None:
         self.transport = transport
         self.queues = queues
@@ -103,6 +105,7 @@ class RequestPath:
         self.settle_rules = settle_rules
         self.rng = rng
         self.learn_policy = learn_policy
+        self.free_statuses = frozenset(free_statuses)
         self._finish = ends.finish
         self._key_refused = ends.key_refused
         self.event = events.event
@@ -199,17 +202,26 @@ class RequestPath:
                 # The answer bounds how late the server stamped this request: its
                 # slot frees by that, not by the worst case (see headroom.py).
                 self.headroom.assign(stamps, held, now, server_s)
-            self._settle(worker, req, result, now)
+            self._settle(worker, req, result, now, stamps)
         except Exception as exc:
             # Whatever went wrong in handling the answer, the request is
             # accounted for: it ends in the graveyard with the error named.
             self._settle_failed(req, exc, now)
         worker.wake_if_sooner(now)
 
-    def _settle(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
+    def _settle(
+        self,
+        worker: KeyWorker,
+        req: Request,
+        result: oc.Outcome,
+        now: float,
+        stamps: tuple[SendStamp, ...] = (),
+    ) -> None:
         """Decide what the answer means (`settle.decide`, pure) and apply it here."""
         req.last_status = result.status
         req.result = result
+        if worker.first_pending and result.status is not None:
+            worker.first_answered()
         # Only an answer that went through (2xx) or was rate-limited (429) speaks for the limit:
         # a 404 or a 401 says something else (a wrong URL, a refused key).
         if worker.discovering and result.status is not None and (result.status < 300 or result.status == 429):
@@ -217,6 +229,8 @@ class RequestPath:
         if result.policy_header is not None and self.learn_policy:
             for policy in worker.adopt_advertised(result.policy_header, now):
                 self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
+        if stamps and (self.budgets.settled or self.free_statuses) and result.status is not None:
+            self._give_back(worker, req, result, stamps[0], now)
         if result.quotas:
             self._sync_quotas(worker, req, result, now)
         verdict = decide(result, req, self.settle_rules, now)
@@ -239,10 +253,17 @@ class RequestPath:
         """Take the server's own counts: a budget it names, a weight budget, else the key's own.
 
         What this key spent after the answered request was sent is added, since
-        the server cannot have counted it yet (`spent_since`).
+        the server cannot have counted it yet (`spent_since`). An LLM API's
+        buckets are followed both ways (`_follow`).
         """
         sent_at = req.last_sent_at if req.last_sent_at is not None else now
         for quota in result.quotas:
+            if quota.follow:
+                self._follow(worker, result.quotas, sent_at, now)
+                break
+        for quota in result.quotas:
+            if quota.follow:
+                continue
             limiter = self._limiter_for_quota(worker, quota)
             if limiter is None:
                 continue
@@ -265,6 +286,81 @@ class RequestPath:
                     f"{worker.label}: shared: someone else used {share or 0:.0%} of this window "
                     "(the server counted more than we sent); using what is left",
                 )
+
+    def _follow(self, worker: KeyWorker, quotas: tuple[Quota, ...], sent_at: float, now: float) -> None:
+        """An LLM API's buckets as its answer states them: size, refill and count, adopted
+        lower or higher than ours (the tier, learned; nobody needs to know theirs).
+
+        A bucket that refills fully in `reset` from `remaining` refills
+        `(limit - remaining) / reset` per second. Every unit refills over the same
+        window, so the window comes from whichever unit is busy (a full one says
+        nothing). Each reading is a bound never shorter than the true window (the
+        remaining count less one, the reset's last figure rounded up, a wall-clock
+        reset given back the round trip it may have spent reaching us); the key
+        keeps the shortest bound seen. The count corrects ours where it proves it
+        wrong (`_Bucket.follow`).
+        """
+        bound = worker.window_bound
+        transit = now - sent_at  # a wall-clock reset lost at most the round trip on its way here
+        for q in quotas:
+            if q.follow and q.limit and q.remaining is not None and q.reset_in_s:
+                short = q.limit - q.remaining
+                if short >= 2:
+                    reset = q.reset_in_s + transit if q.reset_from_time else q.reset_in_s
+                    bound = min(bound, q.limit * reset / (short - 1))
+        worker.window_bound = bound
+        window = bound if bound < math.inf else None
+        for q in quotas:
+            if not q.follow or q.limit is None or q.remaining is None:
+                continue
+            limiter = self._limiter_for_follow(worker, q.name)
+            if limiter is None:
+                continue
+            before = limiter.bucket()
+            if limiter.follow(now, q.limit, q.limit - q.remaining, limiter.spent_since(sent_at), window):
+                if before is not None and before.limit != q.limit:
+                    self.event(
+                        EventKind.SETTING,
+                        f"{worker.label}: the server's {q.name} limit is {q.limit:,} (was {before.limit:,}); adopted it",
+                    )
+            worker.note_quota(q, now + q.reset_in_s if q.reset_in_s is not None else None)
+
+    def _limiter_for_follow(self, worker: KeyWorker, unit: str | None) -> WindowLimiter | None:
+        if unit == "requests":
+            return worker.limiter
+        if unit in worker.key_budgets:
+            return worker.key_budgets[unit]
+        return self.budgets.host.get(unit) if unit is not None else None
+
+    def _give_back(
+        self,
+        worker: KeyWorker,
+        req: Request,
+        result: oc.Outcome,
+        stamp: SendStamp,
+        now: float,
+    ) -> None:
+        """Give back what the server did not charge: all of it for a status the API documents
+        as free (`target.free_statuses`), else the part of a settled budget's reservation
+        beyond the real use the answer reports (`settle`, like usage.output_tokens)."""
+        route = self.budgets.route(req)
+        if result.status in self.free_statuses:
+            if not any(b.exclusive for b in route.budgets):
+                worker.limiter.refund(stamp, route.weight if worker.key_weighted else 1, now)
+            for spec in route.budgets:
+                self.budgets.limiter_for(spec, worker.key_budgets).refund(stamp, route.cost(spec), now)
+            return
+        if result.kind is not oc.OK:
+            return
+        doc: list[Any] = []
+        for spec in route.budgets:
+            if spec.settle is None:
+                continue
+            lim = self.budgets.limiter_for(spec, worker.key_budgets)
+            used = _used(result.response, spec.settle, doc)
+            reserved = route.cost(spec)
+            if used is not None and used < reserved:
+                lim.refund(stamp, reserved - used, now)
 
     def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
         name = quota.name
@@ -422,6 +518,23 @@ class RequestPath:
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1
         self._finish(req, Ending.SHED)
+
+
+def _used(response: Any, field: str, doc: list[Any]) -> int | None:
+    """A whole number at the dotted `field` of a JSON answer body (parsed once into `doc`)."""
+    if not doc:
+        try:
+            doc.append(json.loads(response.body) if isinstance(response.body, (bytes, str)) else None)
+        except (AttributeError, ValueError, RecursionError):
+            doc.append(None)
+    node = doc[0]
+    for part in field.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or not node >= 0:
+        return None
+    return math.ceil(node)
 
 
 def advertised_limits(result: oc.Outcome) -> tuple[Policy, ...]:

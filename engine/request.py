@@ -55,7 +55,7 @@ class _Sent:
 class _Extra:
     """What only some requests carry: a pool, a shape, a library caller's hooks, a key."""
 
-    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin")
+    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin", "units")
 
     def __init__(self) -> None:
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
@@ -67,6 +67,7 @@ class _Extra:
         # The label of the only key that may send it: a workload line's `_key`, or the key
         # that first sent its Idempotency-Key (keys are scoped to an account).
         self.pin: str | None = None
+        self.units: dict[str, int] | None = None  # its estimated tokens, once a token budget asked
 
 
 class _Side:
@@ -135,6 +136,7 @@ class Request:
     shape = _Side("_extra", _Extra)
     idempotency_key = _Side("_extra", _Extra)
     pin = _Side("_extra", _Extra)
+    units = _Side("_extra", _Extra)
 
     def __init__(
         self,

@@ -79,6 +79,12 @@ class TargetConfig:
     request_id_headers: tuple[str, ...] = ("X-Request-Id",)
     # The header a server sets on an answer it replayed for an Idempotency-Key ("" none).
     replayed_header: str = "Idempotent-Replayed"
+    # POSTs that do nothing twice when repeated (an LLM completion): a failed one is retried
+    # like a GET, on any key, never "uncertain".
+    safe_writes: bool = False
+    # Statuses the API documents as charging the key nothing (Anthropic's 529 overloaded):
+    # what their attempt reserved is given back.
+    free_statuses: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,17 @@ class EngineConfig:
     graveyard_path: str | None = GRAVEYARD_AUTO  # None writes none
     learn_policy: bool = True
     slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (seed: off)
+    # One request per key until its first answer, whose rate-limit headers then set the key's
+    # limits and token budgets, lower or higher than the ones given (LLM APIs' tiers).
+    learn_first: bool = False
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """How a request's tokens are estimated from its body ([costs], engine/costs.py)."""
+
+    estimate: str = "chars/4"  # or a hook "module:function" returning the input tokens
+    max_tokens: int = 1024  # output tokens reserved when the body names no max_tokens
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,7 @@ class EngineSettings:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     messages: MessagesConfig | None = None  # [messages]: multi-call messages instead of requests
     budgets: tuple[BudgetSpec, ...] = ()  # [[budgets]]: named limits beyond each key's own
+    costs: CostConfig = field(default_factory=CostConfig)  # [costs]: token estimates for token budgets
     paths: tuple[PathRule, ...] = ()  # [paths]: weight, budgets and signing per request path
     pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)

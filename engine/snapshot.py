@@ -55,22 +55,33 @@ class KeyRow:
     estimate_moved_ago_s: float | None = None
     estimate_climb: str = ""
     shared_share: float | None = None
+    # Of the key's own limit and its budgets, the one nearest full now (its name; "" with no
+    # budgets): for an LLM key, the unit that binds (requests, tokens, output-tokens).
+    binding: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class BudgetRow:
     """A named budget ([[budgets]]) as spent so far: `owner` is "host" or the key's label.
 
-    `used` and `limit` are the tightest policy's current window, in the
-    budget's units (requests or weight), our forecast synced to the server's
-    own count where its answers give one.
+    `used` and `limit` are the tightest policy's current window (a bucket's
+    level), in the budget's units, our forecast synced to the server's own
+    count where its answers give one. `reserved` and `settled` are the run's
+    totals: a token budget reserves an estimate and settles to the real use.
     """
 
     name: str
     owner: str
     used: int
     limit: int
-    weighted: bool
+    unit: str = "requests"  # requests, weight, tokens, input_tokens, output_tokens
+    per_min: float | None = None  # what its tightest policy allows per minute (as learned)
+    reserved: int = 0  # units every send so far reserved
+    settled: int = 0  # what they cost once settled (reserved less what was given back)
+
+    @property
+    def weighted(self) -> bool:
+        return self.unit == "weight"
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,9 +295,13 @@ class HttpTransport(TransportBase):
             if lean[2] is not None and not req.params:
                 return "GET", lean[2], None, lean[1]
             return "GET", self._lean_url(lean[0], req, nonce), None, lean[1]
+        shape = req.shape
+        if shape is not None and isinstance(shape.body, dict):  # the body itself, sent verbatim
+            url = URL(self._origin_url + shape.path if shape.path else self._base, encoded=True)
+            headers = {**self._key_headers(key), "Content-Type": "application/json"}
+            return shape.method or "POST", url, json.dumps(shape.body), headers
         fields = self._fields(key, req, nonce)
         headers = self._key_headers(key)
-        shape = req.shape
         rule = self._paths.lookup(shape.path if shape is not None and shape.path else self._path)
         method = (shape.method if shape is not None else None) or (rule.method if rule else None) or t.method
         if shape is None and self._signer is None and (rule is None or not rule.signed):
@@ -341,7 +345,7 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        if method in _IDEMPOTENT_METHODS:
+        if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
             return await self._exchange(client, method, url, data, headers)
         # A write: what settle.decide needs to tell a failed write from an uncertain one.
         out = await self._exchange(client, method, url, data, headers)

@@ -70,6 +70,7 @@ class KeyWorker:
         key_weighted: bool = False,
         climb: str = ADDITIVE,
         slow_start: bool = False,
+        learn_first: bool = False,
     ):
         self.host = host
         self.spec = spec
@@ -90,8 +91,12 @@ class KeyWorker:
         # No limit given: one request in flight until the server's answers advertise one.
         self.discovering = not spec.policies
         self._max_in_flight = max_in_flight
-        if self.discovering:
+        # An LLM API's tier is in its answers' headers: one request until the first answer.
+        self.first_pending = learn_first
+        if self.discovering or learn_first:
             self.max_in_flight = 1
+        # The shortest refill window the server's buckets proved (engine/path.py `_follow`).
+        self.window_bound = math.inf
         self.use_nonce = use_nonce
         self.paused = False
         self.blocked = False
@@ -291,9 +296,7 @@ class KeyWorker:
             plan.append((self.limiter, route.weight if self.key_weighted else 1))
         plan.extend((lim, 1) for lim in self.limiters[1:])
         for spec in route.budgets:
-            plan.append(
-                (self.budgets.limiter_for(spec, self.key_budgets), route.weight if spec.weighted else 1)
-            )
+            plan.append((self.budgets.limiter_for(spec, self.key_budgets), route.cost(spec)))
         return plan
 
     def _admit(self, req: Request) -> bool:
@@ -407,6 +410,12 @@ class KeyWorker:
         self._advertise(policies, now)
         return [p for p in policies if self.limiter.add_policy(p)]
 
+    def first_answered(self) -> None:
+        """The key's first answer came: its limits are known, send as they allow."""
+        self.first_pending = False
+        if not self.discovering:
+            self.max_in_flight = self._max_in_flight
+
     def discover(self, policies: tuple[Policy, ...], now: float) -> Policy | None:
         """No limit was given: adopt what the server advertises (its tightest window becomes the
         key's estimate) and send as the limits allow from now on; None when it advertises none."""
@@ -416,7 +425,8 @@ class KeyWorker:
             self.limiter.add_policy(policy, now)
         tightest = min(policies, key=lambda p: p.rate)
         self.discovering = False
-        self.max_in_flight = self._max_in_flight
+        if not self.first_pending:
+            self.max_in_flight = self._max_in_flight
         if tightest.kind is PolicyKind.SLIDING:
             self._estimated = tightest
             self.estimate = KeyEstimate(None, tightest.window_s, advertised=tightest.limit)
@@ -443,7 +453,7 @@ class KeyWorker:
 
     def note_quota(self, quota: Quota, reset_at: float | None) -> None:
         """Keep what the server says of this key's own budget, for display."""
-        if quota.name not in (None, "core", "default") or quota.weight:
+        if quota.name not in (None, "core", "default", "requests") or quota.weight:
             return
         if quota.remaining is not None:
             self.server_remaining = quota.remaining
@@ -493,7 +503,19 @@ class KeyWorker:
             self.refused_status,
             self.refused_message,
             *self._estimate_fields(now),
+            self._binding(now),
         )
+
+    def _binding(self, now: float) -> str:
+        """Of the key's own limit and its budgets, the one nearest full now ("" with no budgets)."""
+        if not self.key_budgets:
+            return ""
+        best, fill = "", -1.0
+        for name, lim in (("requests", self.limiter), *self.key_budgets.items()):
+            used, limit = lim.used(now)
+            if limit > 0 and used / limit > fill:
+                best, fill = name, used / limit
+        return best
 
     def _estimate_fields(self, now: float) -> tuple[str | None, str, float | None, str, float | None]:
         """(estimate, reason, moved this many seconds ago, climb, someone else's share) for the row."""

@@ -308,7 +308,7 @@ def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
     ):
         return f"_path must be a path starting with /, got {path!r}"
     body = obj.get("_body")
-    if body is not None and body not in ("form", "json"):
+    if body is not None and not isinstance(body, dict) and body not in ("form", "json"):
         return f'_body must be "form" or "json", got {body!r}'
     weight = obj.get("_weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:

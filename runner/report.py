@@ -137,7 +137,10 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
                 "owner": b.owner,
                 "used": b.used,
                 "limit": b.limit,
-                "unit": "weight" if b.weighted else "requests",
+                "unit": b.unit,
+                "per_min": b.per_min,
+                "reserved": b.reserved,
+                "settled": b.settled,
             }
             for b in snap.budgets
         ],
@@ -307,4 +310,5 @@ def estimate_fields(k: KeyRow, elapsed_s: float) -> dict[str, Any]:
         "estimate_climb": k.estimate_climb or None,
         "shared_share": k.shared_share,
         "shared": shared_text(k),
+        "binding": k.binding or None,
     }

@@ -43,6 +43,7 @@ import asyncio
 import json
 import math
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,6 +76,9 @@ class AnthropicState:
     latency: float = 0.0
     hold: asyncio.Event | None = None
     seed: int = 0
+    # Wall time minus the clock's: resets are wall-clock times, as the real API's are (a test's
+    # fake clock already reads wall-like times: 0).
+    wall_offset: float | None = None
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
 
@@ -91,6 +95,9 @@ class AnthropicState:
         }
         self.rng = random.Random(self.seed)
         self.seq = 0
+        self.output_used: dict[str, int] = dict.fromkeys(self.keys, 0)  # settled output tokens, per key
+        if self.wall_offset is None:
+            self.wall_offset = time.time() - time.monotonic() if self.clock is mono_clock else 0.0
 
     def allowed_capacity(
         self, start: float, end: float, *, key: str | None = None, bucket: str | None = None
@@ -105,7 +112,7 @@ class AnthropicState:
         for name, b in self.buckets[key].items():
             out[f"anthropic-ratelimit-{name}-limit"] = str(int(b.capacity))
             out[f"anthropic-ratelimit-{name}-remaining"] = str(b.remaining(now))
-            out[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + b.full_in(now))
+            out[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + self.wall_offset + b.full_in(now))
         return out
 
     def overloaded(self) -> bool:
@@ -199,6 +206,7 @@ class AnthropicState:
         output_tokens = min(max_tokens, math.ceil(max_tokens * self.output_ratio))
         end = self.clock()
         b["output-tokens"].give_back(max_tokens - output_tokens, end)  # the settle
+        self.output_used[key] += output_tokens
         record(200, "ok", cost=input_tokens + output_tokens, detail=identity)
         self.seq += 1
         answer = {

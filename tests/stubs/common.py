@@ -190,7 +190,7 @@ async def serve(app: web.Application, *, ledger: Ledger, clock: Clock, state: An
         app, access_log=None
     )  # handlers finish even if a client hangs up: the ledger stays whole
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)  # a burst of new connections is not dropped
     await site.start()
     host, port = runner.addresses[0][:2]
     return Stub(url=f"http://{host}:{port}", ledger=ledger, clock=clock, state=state, runner=runner)
