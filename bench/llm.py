@@ -638,6 +638,8 @@ def ledger_row(scenario: LLMScenario, stub: Any, work: Sequence[Prompt], run: LL
         "cpu_s": round(run.cpu_s, 3),
         "cpu_us_per_ok": round(1e6 * run.cpu_s / ok, 1) if ok else None,
         "elapsed_s": round(elapsed, 3),
+        "minute_s": scenario.minute_s,
+        "share_of": "output tokens" if scenario.api == "anthropic" else "tokens",
         "client": run.client,
     }
 
