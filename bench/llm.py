@@ -131,7 +131,11 @@ class Prompt:
         return {"model": OPENAI_MODEL, "messages": messages, "max_tokens": self.max_tokens}
 
     def line(self, api: str) -> dict[str, Any]:
-        """The JSONL workload line ratedeck reads."""
+        """The JSONL workload line ratedeck reads (issue 24's format: the request body under `_body`).
+
+        Today's engine takes `_body` as the encoding only ("form" or "json", the other fields
+        being the body) and refuses an object there; the ratedeck row then says so, skipped.
+        """
         path = ANTHROPIC_PATH if api == "anthropic" else OPENAI_PATH
         return {"_id": self.id, "_path": path, "_body": self.body(api)}
 
