@@ -28,6 +28,8 @@ from .scenarios import (
     GROUPS,
     JOB_SCENARIOS,
     JOB_STRATEGIES,
+    LLM_SCENARIOS,
+    LLM_STRATEGIES,
     NEEDS_HEALTH,
     SCENARIOS,
     STRATEGIES,
@@ -36,6 +38,7 @@ from .scenarios import (
 EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
 QUICK_DURATION_S = 2.0
+LLM_DURATION_S = 40.0  # the llm group's default per strategy (issue 24); --duration overrides it
 MICRO_S = 3.0  # each throughput and scaling run
 MICRO_IN_FLIGHT = 8  # per key, in the throughput runs
 SCALE_KEYS = (5, 50, 500)
@@ -77,13 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
         + " (without --strategies, each scenario runs its own list). The jobs group ("
         + ", ".join(JOB_SCENARIOS)
         + ") works N jobs under each policy kind and prints the makespan ratio (the time to the"
-        " last job over the least time the limits allow); its strategies: " + ", ".join(JOB_STRATEGIES) + ".",
+        " last job over the least time the limits allow); its strategies: "
+        + ", ".join(JOB_STRATEGIES)
+        + ". The llm group ("
+        + ", ".join(LLM_SCENARIOS)
+        + ") sends prompts through OpenAI and Anthropic keys of loopback stubs at their tokens-per-minute limits"
+        " and prints tokens per minute, the share of the token capacity, 429s and duplicates from the stub's"
+        " ledger; its strategies: " + ", ".join(LLM_STRATEGIES) + ".",
     )
     p.add_argument(
         "--duration",
         metavar="S",
         default=None,
-        help=f"seconds each strategy runs per scenario (default {DEFAULT_DURATION_S:g})",
+        help=f"seconds each strategy runs per scenario (default {DEFAULT_DURATION_S:g}; "
+        f"{LLM_DURATION_S:g} in the llm group)",
     )
     p.add_argument("--scenarios", metavar="A,B", help="only these scenarios (comma-separated)")
     p.add_argument("--strategies", metavar="A,B", help="only these strategies (comma-separated)")
@@ -113,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse and check the options; raises `UsageError` with one line for bad input."""
     args = build_parser().parse_args(list(argv))
+    args.duration_given = args.duration is not None
     if args.duration is None:
         args.duration = QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S
     else:
@@ -123,11 +134,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if not args.duration > 0 or args.duration != args.duration or args.duration == float("inf"):
             raise UsageError(f"--duration: must be a number of seconds above 0, got {args.duration:g}")
     args.scenarios = _names(
-        "--scenarios", args.scenarios, {**SCENARIOS, **JOB_SCENARIOS}, GROUPS, DEFAULT_SCENARIOS
+        "--scenarios",
+        args.scenarios,
+        {**SCENARIOS, **JOB_SCENARIOS, **LLM_SCENARIOS},
+        GROUPS,
+        DEFAULT_SCENARIOS,
     )
     args.strategies_given = args.strategies is not None
     args.strategies = _names(
-        "--strategies", args.strategies, {**STRATEGIES, **JOB_STRATEGIES}, {}, DEFAULT_STRATEGIES
+        "--strategies",
+        args.strategies,
+        {**STRATEGIES, **JOB_STRATEGIES, **LLM_STRATEGIES},
+        {},
+        DEFAULT_STRATEGIES,
     )
     if args.micro is None:
         args.micro = "limiter" if args.quick else "full"
@@ -216,7 +235,7 @@ def _progress(text: str) -> None:
 def run_scenarios(args: argparse.Namespace) -> list:
     """Every selected strategy against every selected scenario, each in fresh processes."""
     from .output import ScenarioResult, make_row
-    from .procs import Simulator, run_child
+    from .procs import BenchError, Simulator, run_child
     from .spec import RunSpec
 
     results = []
@@ -226,6 +245,17 @@ def run_scenarios(args: argparse.Namespace) -> list:
 
             chosen = [s for s in args.strategies if s in JOB_STRATEGIES] if args.strategies_given else []
             results.append(run_jobs(name, chosen or list(JOB_STRATEGIES), args.loop, args.seed, _progress))
+            continue
+        if name in LLM_SCENARIOS:
+            from .llm import StubsMissing, run_llm
+
+            llm = LLM_SCENARIOS[name]
+            chosen = [s for s in args.strategies if s in LLM_STRATEGIES] if args.strategies_given else []
+            seconds = args.duration if args.duration_given or args.quick else LLM_DURATION_S
+            try:
+                results.append(run_llm(name, chosen or list(llm.strategies), seconds, args.seed, _progress))
+            except StubsMissing as exc:
+                raise BenchError(str(exc)) from None
             continue
         scenario = SCENARIOS[name]
         result = ScenarioResult(name, scenario.summary, scenario.capacity_tps)

@@ -100,6 +100,8 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
     if result.rows and "ratio" in result.rows[0]:
         return jobs_table(result)
+    if any("prompts_ok" in r or "skipped" in r for r in result.rows):
+        return llm_table(result)
     head = (
         f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'µs/ok':>7}{'RSS MB':>8}"
@@ -141,6 +143,39 @@ def jobs_table(result: ScenarioResult) -> str:
         lines.append(
             f"{r['strategy']:<17}{r['jobs']:>7}{r['elapsed_s']:>11.2f}{r['least_s']:>9.2f}{ratio:>8}"
             f"{r['rejected_429']:>7}{r['units']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def llm_table(result: ScenarioResult) -> str:
+    """An llm scenario's rows (`bench/llm.py`), every count from the stub's ledger."""
+    head = (
+        f"{'strategy':<10}{'prompts':>9}{'tok/min':>10}{'share':>8}{'429s':>7}{'quota':>7}{'529s':>6}"
+        f"{'dups':>6}{'µs/ok':>8}"
+    )
+    done = [r for r in result.rows if "skipped" not in r]
+    minute = done[0]["minute_s"] if done else None
+    unit = done[0]["share_of"] if done else "tokens"
+    lines = [
+        f"{result.name}: {result.summary}",
+        f"capacity {result.capacity_tps:,.0f} {unit}/min over the keys with a quota"
+        + (f" (a minute is {minute:g} s); " if minute else "; ")
+        + "tok/min = tokens the stub charged per its minute; share = "
+        + unit
+        + " served / what the stub allowed; the peers' pauses are real seconds (cookbook 15 s, LiteLLM 5 s)",
+        head,
+        "-" * len(head),
+    ]
+    for r in result.rows:
+        if "skipped" in r:
+            lines.append(f"{r['strategy']:<10}skipped: {r['skipped']}")
+            continue
+        share = "-" if r["share_tokens"] is None else f"{r['share_tokens']:.3f}"
+        per_ok = "-" if r["cpu_us_per_ok"] is None else f"{r['cpu_us_per_ok']:.0f}"
+        lines.append(
+            f"{r['strategy']:<10}{r['prompts_ok']:>9}{r['tokens_per_min']:>10,.0f}{share:>8}"
+            f"{r['rejected_429']:>7}{r['insufficient_quota']:>7}{r['overloaded_529']:>6}"
+            f"{r['duplicates']:>6}{per_ok:>8}"
         )
     return "\n".join(lines)
 

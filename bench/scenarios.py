@@ -300,3 +300,102 @@ JOB_TABLE: tuple[JobScenario, ...] = (
 )
 JOB_SCENARIOS: dict[str, JobScenario] = {s.name: s for s in JOB_TABLE}
 GROUPS["jobs"] = tuple(JOB_SCENARIOS)
+
+
+@dataclass(frozen=True)
+class LLMScenario:
+    """Prompts through several keys of one LLM API stub (`bench/llm.py`, `tests/stubs/`).
+
+    `api` is "openai" or "anthropic"; `rpm`/`tpm` (OpenAI) or `rpm`/`itpm`/`otpm`
+    (Anthropic) are each key's limits per `minute_s` seconds (the stub's scaled
+    minute), as the stub enforces them and the peers are told them (ratedeck is
+    not told them). `no_quota` keys answer 429 insufficient_quota to everything;
+    `overload_share` of Anthropic's answers are 529 overloaded_error; `latency_s`
+    is the stub's time per accepted request.
+    """
+
+    name: str
+    summary: str
+    api: str
+    keys: tuple[str, ...]
+    rpm: int
+    tpm: int = 0
+    itpm: int = 0
+    otpm: int = 0
+    minute_s: float = 6.0
+    no_quota: tuple[str, ...] = ()
+    overload_share: float = 0.0
+    latency_s: float = 0.05
+    strategies: tuple[str, ...] = ("cookbook", "litellm", "ratedeck")
+
+    def stub_options(self) -> dict[str, object]:
+        """`start_openai` / `start_anthropic` options."""
+        common: dict[str, object] = {
+            "keys": self.keys,
+            "rpm": self.rpm,
+            "minute_s": self.minute_s,
+            "latency": self.latency_s,
+        }
+        if self.api == "anthropic":
+            return {**common, "itpm": self.itpm, "otpm": self.otpm, "overload_share": self.overload_share}
+        return {**common, "tpm": self.tpm, "no_quota": self.no_quota}
+
+    @property
+    def quota_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.keys if k not in self.no_quota)
+
+    @property
+    def token_limit(self) -> int:
+        """Each key's token limit per minute the share is taken of (Anthropic: output tokens)."""
+        return self.otpm if self.api == "anthropic" else self.tpm
+
+    def told(self) -> dict[str, float]:
+        """Each key's limits per `minute_s`, as the peers are told them."""
+        if self.api == "anthropic":
+            return {"requests": self.rpm, "input": self.itpm, "output": self.otpm}
+        return {"requests": self.rpm, "tokens": self.tpm}
+
+    def prompt_count(self, duration_s: float) -> int:
+        """Enough prompts that no strategy runs out: three times what every key allows at a small cost."""
+        minutes = 1.0 + duration_s / self.minute_s
+        if self.api == "anthropic":
+            per_key = min(self.rpm, self.otpm / 50.0, self.itpm / 5.0)
+        else:
+            per_key = min(self.rpm, self.tpm / 100.0)
+        return int(3 * len(self.keys) * per_key * minutes) + 200
+
+
+#: Strategy name -> what it is, for the llm group.
+LLM_STRATEGIES: dict[str, str] = {
+    "cookbook": "OpenAI cookbook api_request_parallel_processor: one instance per key at 0.75 of the told "
+    "RPM/TPM, 1 ms polling, 15 s pause after a rate-limit error, 5 attempts",
+    "litellm": "LiteLLM Router, usage-based routing on told RPM/TPM in per-minute windows, 5 s cooldown "
+    "of a deployment on a 429, retried on another",
+    "ratedeck": "ratedeck's CLI with --preset openai|anthropic (budgets from the answers' headers; not told the limits)",
+}
+
+LLM_TABLE: tuple[LLMScenario, ...] = (
+    LLMScenario(
+        "llm-openai",
+        "OpenAI stub: 3 keys x 500 RPM / 30,000 TPM (one with no quota: insufficient_quota), "
+        "minute = 6 s, prompts of 20..2,000 characters, max_tokens 50..400",
+        "openai",
+        ("sk-bench-openai-a", "sk-bench-openai-b", "sk-bench-openai-noquota"),
+        rpm=500,
+        tpm=30_000,
+        no_quota=("sk-bench-openai-noquota",),
+    ),
+    LLMScenario(
+        "llm-anthropic",
+        "Anthropic stub: 3 keys x 50 RPM / 30,000 ITPM / 8,000 OTPM, 3% 529 overloaded, "
+        "minute = 6 s, prompts of 20..2,000 characters, max_tokens 50..400",
+        "anthropic",
+        ("sk-ant-bench-a", "sk-ant-bench-b", "sk-ant-bench-c"),
+        rpm=50,
+        itpm=30_000,
+        otpm=8_000,
+        overload_share=0.03,
+    ),
+)
+LLM_SCENARIOS: dict[str, LLMScenario] = {s.name: s for s in LLM_TABLE}
+GROUPS["llm"] = tuple(LLM_SCENARIOS)
