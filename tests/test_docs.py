@@ -20,7 +20,7 @@ def sandbox(tmp_path, monkeypatch):
     """A working directory with no user config and the keys' variables the pages name."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    for name in ("MY_KEYS", "GH_TOKENS", "STRIPE_KEYS"):
+    for name in ("MY_KEYS", "GH_TOKENS", "STRIPE_KEYS", "OPENAI_KEYS", "ANTHROPIC_KEYS"):
         monkeypatch.setenv(name, "first-key-0000001,second-key-000002")
     return tmp_path
 

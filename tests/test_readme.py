@@ -65,13 +65,20 @@ def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
         line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
     ]
     commands = [c for c in commands if c.startswith("ratedeck ")]
-    assert {c.split("--preset ")[1].split()[0] for c in commands} == {"github", "stripe", "binance", "kraken"}
+    assert {c.split("--preset ")[1].split()[0] for c in commands} == {
+        "github",
+        "stripe",
+        "binance",
+        "kraken",
+        "openai",
+        "anthropic",
+    }
     monkeypatch.chdir(tmp_path)
-    for name in ("GH_TOKENS", "STRIPE_KEYS"):
+    for name in ("GH_TOKENS", "STRIPE_KEYS", "OPENAI_KEYS", "ANTHROPIC_KEYS"):
         monkeypatch.setenv(name, "tok_0000000000000001,tok_0000000000000002")
     (tmp_path / "binance.keys").write_text("MY_API_KEY MY_SECRET\n")
     (tmp_path / "kraken.keys").write_text("MY_API_KEY c2VjcmV0\n")
-    for file in ("queries.jsonl", "charges.jsonl", "calls.jsonl"):
+    for file in ("queries.jsonl", "charges.jsonl", "calls.jsonl", "prompts.jsonl"):
         (tmp_path / file).write_text('{"_path": "/x"}\n')
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
