@@ -406,8 +406,31 @@ async def test_five_prompts_through_the_cli_to_the_openai_stub_each_answer_linke
         )
         stdout, stderr = await proc.communicate()
         book = stub.state.book
-    assert proc.returncode == 0, stderr.decode()
-    assert book.duplicates() == 0 and sum(book.prompts[SECRET].values()) == 5
+        assert proc.returncode == 0, stderr.decode()
+        assert book.duplicates() == 0 and sum(book.prompts[SECRET].values()) == 5
+        first = Counter(book.prompts[SECRET])
+        # `ratedeck replay --all` sends every prompt of the answers file again, body as it was.
+        replay = await asyncio.create_subprocess_exec(
+            *RATEDECK,
+            "replay",
+            str(results),
+            "--all",
+            "--no-ui",
+            "--target",
+            stub.url,
+            "--keys",
+            SECRET,
+            "--limit",
+            "100/1s",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        _, replay_err = await replay.communicate()
+        assert replay.returncode == 0, replay_err.decode()
+        assert Counter(book.prompts[SECRET]) == first + first  # each prompt once more, none other
+        assert stub.ledger.counts() == {"ok": 10}
     assert set(book.prompts[SECRET]) == {prompt_identity(p["_body"]["messages"]) for p in prompts}
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     assert len(lines) == 5 and Counter(x["ending"] for x in lines) == {"succeeded": 5}
@@ -420,3 +443,44 @@ async def test_five_prompts_through_the_cli_to_the_openai_stub_each_answer_linke
         assert x["body"]["object"] == "chat.completion"
         assert x["body"]["usage"]["completion_tokens"] == -(-p["_body"]["max_tokens"] // 2)
     assert SECRET not in results.read_text() + stdout.decode() + stderr.decode()
+
+
+@run_async
+async def test_prompts_enqueued_in_sqlite_are_worked_to_the_openai_stub_and_linked_by_id(tmp_path):
+    prompts = [
+        {
+            "_id": i,
+            "_path": "/v1/chat/completions",
+            "_body": {**PROMPT, "messages": [{"role": "user", "content": f"p{i}"}]},
+        }
+        for i in range(4)
+    ]
+    db, results = tmp_path / "jobs.db", tmp_path / "answers.jsonl"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+
+    async def cli(*argv: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *RATEDECK,
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        _, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, err.decode()
+
+    code, err = await cli("enqueue", "--store", f"sqlite:{db}", str(write_lines(tmp_path, prompts)))
+    assert code == 0, err
+    async with await start_openai(keys=[SECRET], rpm=1000, tpm=1_000_000) as stub:
+        code, err = await cli(
+            "--no-ui", "--target", stub.url, "--keys", SECRET, "--limit", "100/1s",
+            "--store", f"sqlite:{db}", "--results", str(results), "--results-body",
+        )  # fmt: skip
+        assert code == 0, err
+        assert stub.state.book.duplicates() == 0 and sum(stub.state.book.prompts[SECRET].values()) == 4
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(x["line_id"] for x in lines) == [0, 1, 2, 3]
+    assert all(x["ending"] == "succeeded" and x["body"]["object"] == "chat.completion" for x in lines)
+    assert {x["line_id"]: x["line"]["_body"] for x in lines} == {p["_id"]: p["_body"] for p in prompts}
