@@ -69,6 +69,14 @@ def path_or_off(value: Any) -> str:
     return "" if value == "" else path(value)
 
 
+def results_id(value: Any) -> str:
+    """The workload field a results line links by: `_id`, or a field that is not an underscore one."""
+    out = nonempty(value)
+    if out.startswith("_") and out != "_id":
+        raise ValueError(f'must be "_id" or a line\'s own field (not starting with _), got {show(out)}')
+    return out
+
+
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, got {show(value)}")

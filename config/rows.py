@@ -771,6 +771,16 @@ ROWS: tuple[Row, ...] = (
         save="changed",
     ),
     Row(
+        "run.results_id",
+        "string",
+        p.results_id,
+        "the workload field whose value links a results line (its line_id) to its workload line:"
+        ' "_id", or a line\'s own field like "custom_id" (never sent with an object _body)',
+        "runner",
+        _flag("--results-id", "FIELD"),
+        save="changed",
+    ),
+    Row(
         "run.store",
         "string",
         p.path,

@@ -37,6 +37,7 @@ class RunnerSettings:
     fail_on: tuple[str, ...] = ()  # thresholds over the report ("rejected_429>0")
     results: str | None = None
     results_body: bool = False
+    results_id: str = "_id"  # the workload field that links a results line to its line
     store: str = "memory"  # memory, sqlite:PATH or redis://host:port/db (ratedeck.store)
     resume: bool = False
     preset: str | None = None
@@ -177,6 +178,10 @@ class RunConfig:
     @property
     def results_body(self) -> bool:
         return self.runner.results_body
+
+    @property
+    def results_id(self) -> str:
+        return self.runner.results_id
 
     @property
     def store(self) -> str:

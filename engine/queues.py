@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .jsonl import JsonLines
-from .request import Request
+from .request import Request, line_fields
 
 _POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
 
@@ -338,6 +338,7 @@ class Graveyard:
             "buried_at": round(now + wall_offset, 3),
             "params": self.scrub(req.params, self.redact) if req.params else {},
             "pool": req.pool,
+            **({"line": self.scrub(line, self.redact)} if (line := line_fields(req)) else {}),
         }
 
     @staticmethod

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ratedeck.core.vocab import Ending
@@ -14,15 +15,36 @@ DoneCallback = Callable[["Request", Ending], None]
 CallFn = Callable[[str], Awaitable[Any]]
 
 
+#: A workload line's own underscore fields a results line gives back as `line` (beside
+#: `params` and `pool`, the line again: `ratedeck replay` sends it).
+LINE_FIELDS = ("_id", "_method", "_path", "_body", "_weight", "_budget")
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """How one request differs from the target's defaults (a workload line's `_method`, `_path`, ...)."""
+    """How one request differs from the target's defaults (a workload line's `_method`, `_path`, ...).
+
+    `body` is "form" or "json" (the parameters, encoded so), or a JSON object or array: the
+    body itself, sent as it is (`payload`, its bytes, encoded once when the line is read).
+    A dict body is left out of the hash (`hash=False`), so a Shape stays hashable;
+    nothing hashes one today.
+    """
 
     method: str | None = None
     path: str | None = None  # joined to the target URL
-    body: str | None = None  # "form" or "json"
+    body: str | dict[str, Any] | list[Any] | None = field(default=None, hash=False)
     weight: int = 1  # what it costs in weight budgets
     budgets: tuple[str, ...] = ()  # named budgets it also spends from
+    payload: bytes | None = field(default=None, compare=False, repr=False)  # an object body's JSON
+
+    @property
+    def verbatim(self) -> bool:
+        """Whether the body is the line's own JSON (an object or array), sent as it is."""
+        return isinstance(self.body, dict | list)
+
+    @staticmethod
+    def encode(body: dict[str, Any] | list[Any]) -> bytes:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class _Sent:
@@ -55,7 +77,7 @@ class _Sent:
 class _Extra:
     """What only some requests carry: a pool, a shape, a library caller's hooks, a key."""
 
-    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin", "units")
+    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin", "units", "line_id")
 
     def __init__(self) -> None:
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)
@@ -68,6 +90,7 @@ class _Extra:
         # that first sent its Idempotency-Key (keys are scoped to an account).
         self.pin: str | None = None
         self.units: dict[str, int] | None = None  # its estimated tokens, once a token budget asked
+        self.line_id: str | int | None = None  # a workload line's `_id`: never sent, kept for results
 
 
 class _Side:
@@ -137,6 +160,7 @@ class Request:
     idempotency_key = _Side("_extra", _Extra)
     pin = _Side("_extra", _Extra)
     units = _Side("_extra", _Extra)
+    line_id = _Side("_extra", _Extra)
 
     def __init__(
         self,
@@ -169,3 +193,23 @@ class Request:
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)
+
+
+def line_fields(req: Request) -> dict[str, Any]:
+    """The underscore fields of `req`'s workload line that made it (`LINE_FIELDS`), as written."""
+    out: dict[str, Any] = {}
+    if req.line_id is not None:
+        out["_id"] = req.line_id
+    shape = req.shape
+    if shape is not None:
+        if shape.method is not None:
+            out["_method"] = shape.method
+        if shape.path is not None:
+            out["_path"] = shape.path
+        if shape.body is not None:
+            out["_body"] = shape.body
+        if shape.weight != 1:
+            out["_weight"] = shape.weight
+        if shape.budgets:
+            out["_budget"] = list(shape.budgets)
+    return out

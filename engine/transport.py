@@ -21,7 +21,7 @@ from .client import BodyTooLarge, Client, describe, open_client, probe_get, read
 from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
 from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
 from .ports import ProbeGet
-from .request import Request
+from .request import Request, Shape
 from .settings import EngineSettings, KeySpec, TargetConfig
 from .signing import SigningError, SignInput, encode, signer_for
 
@@ -296,10 +296,8 @@ class HttpTransport(TransportBase):
                 return "GET", lean[2], None, lean[1]
             return "GET", self._lean_url(lean[0], req, nonce), None, lean[1]
         shape = req.shape
-        if shape is not None and isinstance(shape.body, dict):  # the body itself, sent verbatim
-            url = URL(self._origin_url + shape.path if shape.path else self._base, encoded=True)
-            headers = {**self._key_headers(key), "Content-Type": "application/json"}
-            return shape.method or "POST", url, json.dumps(shape.body), headers
+        if shape is not None and shape.payload is not None:
+            return self._verbatim(key, req, shape, shape.payload)
         fields = self._fields(key, req, nonce)
         headers = self._key_headers(key)
         rule = self._paths.lookup(shape.path if shape is not None and shape.path else self._path)
@@ -330,6 +328,23 @@ class HttpTransport(TransportBase):
         if shape is not None and shape.body == "json":
             return method, url, json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
         return method, url, encode(fields), {**headers, "Content-Type": _FORM}
+
+    def _verbatim(
+        self, key: KeySpec, req: Request, shape: Shape, payload: bytes
+    ) -> tuple[str, URL, Any, Any]:
+        """A line's object `_body`, sent as it is: its JSON bytes (encoded once, `take_shape`), the
+        key's headers (the key header, the config's headers) and nothing else: no parameters, nonce,
+        id or key field, no target params, no signature (a signing target refuses such lines)."""
+        if self._signer is not None:  # read_jsonl and the store's workload refuse it before this
+            raise SigningError("an object _body is sent as it is and cannot be signed")
+        headers = {**self._key_headers(key), "Content-Type": "application/json"}
+        if req.idempotency_key:
+            headers["Idempotency-Key"] = req.idempotency_key
+        if shape.path:
+            url = URL(self._origin_url + shape.path, encoded=True)
+        else:
+            url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
+        return shape.method or "POST", url, payload, headers
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         client = self._client or self._open()

@@ -55,6 +55,7 @@ class Workload:
         fed: bool = False,
         depth: int | None = None,
         pins: KeyPins | None = None,
+        signed: bool = False,
     ):
         self.rate = float(rate)
         self.fed = fed
@@ -62,6 +63,7 @@ class Workload:
         # store's few jobs marked ahead of the limiter (store/work.py lowers it).
         self.depth = depth
         self.pins = pins or KeyPins()  # what a line's `_key` may name
+        self.signed = signed  # the target signs its requests: an object `_body` cannot go
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -76,7 +78,8 @@ class Workload:
         w = cfg.workload
         pins = KeyPins(cfg.keys)
         budgets = tuple(b.name for b in cfg.budgets)
-        items = read_jsonl(w.file, tuple(cfg.pools), budgets, pins) if w.file else None
+        signed = bool(cfg.target.signing)
+        items = read_jsonl(w.file, tuple(cfg.pools), budgets, pins, signed=signed) if w.file else None
         return cls(
             cfg.arrival_rate,
             poisson=w.arrival == Arrival.POISSON,
@@ -86,6 +89,7 @@ class Workload:
             fed=items is not None and w.rate is None,
             depth=fed_depth(cfg),
             pins=pins,
+            signed=signed,
         )
 
     @property
@@ -161,6 +165,7 @@ class Workload:
                     break
             pool = params.pop("_pool", None) if params else None
             pin = params.pop("_key", None) if params else None
+            line_id = params.pop("_id", None) if params else None
             shape = take_shape(params) if params else None
             if self.fed:
                 intended, next_t = now, now  # no schedule: it arrives when there is room
@@ -168,10 +173,16 @@ class Workload:
                 intended, scheduled_rate = now, self.rate
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
             req.shape = shape
+            if line_id is not None:
+                req.line_id = line_id
             self.made(req)
             if self.marks and not await self.before_submit(req, sink):
                 break
-            if pin is None:
+            if self.signed and shape is not None and shape.verbatim:  # a store's job, checked now
+                req.last_error = UNSIGNABLE
+                sink.problem(f"a job's {UNSIGNABLE}")
+                sink.refuse(req)
+            elif pin is None:
                 sink.submit(req)
             elif (label := self.pins.label(pin)) is not None:
                 req.pin = label  # this key sends it, and only this key
@@ -283,21 +294,45 @@ _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 def take_shape(params: dict) -> Shape | None:
-    """Pop a line's `_method`, `_path`, `_body`, `_weight` and `_budget` (checked by `read_jsonl`)."""
+    """Pop a line's `_method`, `_path`, `_body`, `_weight` and `_budget` (checked by `read_jsonl`).
+
+    An object `_body` is the body itself: POST unless `_method` says otherwise, its JSON
+    encoded here, once for every attempt."""
     if not any(name in params for name in _SHAPE_FIELDS):
         return None
     budget = params.pop("_budget", ())
     method = params.pop("_method", None)
+    body = params.pop("_body", None)
+    verbatim = isinstance(body, dict | list)
+    if verbatim and not method:
+        method = "POST"
     return Shape(
         method=method.upper() if method else None,
         path=params.pop("_path", None),
-        body=params.pop("_body", None),
+        body=body,
         weight=params.pop("_weight", 1),
         budgets=(budget,) if isinstance(budget, str) else tuple(budget),
+        payload=Shape.encode(body) if verbatim else None,
     )
 
 
-def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
+#: Why a line with an object `_body` cannot go to a target that signs its requests.
+UNSIGNABLE = "an object _body is sent as it is, and this target signs its requests (target.signing): refused"
+
+
+def id_problem(value: object) -> str | None:
+    """What is wrong with a line's `_id`, or None."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return f"_id must be a string or a whole number, got {_show(value)}"
+    return None
+
+
+def _show(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_shape(obj: dict, budgets: tuple[str, ...], signed: bool = False) -> str | None:
     """What is wrong with a line's shaping fields, or None."""
     method = obj.get("_method")
     if method is not None and (not isinstance(method, str) or method.upper() not in _METHODS):
@@ -307,9 +342,15 @@ def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
         not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\r\n ")
     ):
         return f"_path must be a path starting with /, got {path!r}"
-    body = obj.get("_body")
-    if body is not None and not isinstance(body, dict) and body not in ("form", "json"):
-        return f'_body must be "form" or "json", got {body!r}'
+    if "_body" in obj:
+        body = obj["_body"]
+        if isinstance(body, dict | list):
+            if isinstance(method, str) and method.upper() == "GET":
+                return "_method GET cannot send an object _body (POST, PUT, PATCH or DELETE can)"
+            if signed:
+                return UNSIGNABLE
+        elif body not in ("form", "json"):
+            return f'_body must be "form", "json" or a JSON object (the body itself), got {_show(body)}'
     weight = obj.get("_weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:
         return f"_weight must be a whole number from 1 to 1,000,000, got {weight!r}"
@@ -321,46 +362,80 @@ def _check_shape(obj: dict, budgets: tuple[str, ...]) -> str | None:
         if name not in budgets:
             known = ", ".join(budgets) if budgets else "none are configured ([[budgets]] in the config)"
             return f"_budget {name!r} is not a budget; budgets: {known}"
+    if "_id" in obj:
+        return id_problem(obj["_id"])
     return None
 
 
 def read_jsonl(
-    path: str, pools: tuple[str, ...] = (), budgets: tuple[str, ...] = (), pins: KeyPins | None = None
+    path: str,
+    pools: tuple[str, ...] = (),
+    budgets: tuple[str, ...] = (),
+    pins: KeyPins | None = None,
+    *,
+    signed: bool = False,
 ) -> Iterator[dict]:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
     Every line must be a JSON object. Its fields become request parameters,
     except `_pool` (a connection pool) and the shaping fields: `_method`,
-    `_path` (joined to the target URL), `_body` ("form" or "json"),
-    `_weight` (what it costs in weight budgets), `_budget` (named budgets
-    it also spends from) and `_key` (the one key that sends it: `KeyPins`). A bad line is reported with its number before the
-    run starts.
+    `_path` (joined to the target URL), `_body` ("form" or "json", or a JSON
+    object: the body itself, sent as it is, and then the line's other fields
+    are not sent), `_weight` (what it costs in weight budgets), `_budget`
+    (named budgets it also spends from), `_key` (the one key that sends it:
+    `KeyPins`) and `_id` (a string or number naming the line, unique in the
+    file, never sent: a results line carries it). `signed`: the target signs
+    its requests, so an object `_body` is refused. A bad line is reported with
+    its number before the run starts.
 
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
-    costs the memory of the queue, not of the file).
+    costs the memory of the queue, not of the file; the check pass holds the
+    `_id`s, to find a repeated one).
     """
-    for _ in _lines(path, pools, budgets, pins):
+    ids: dict[object, int] = {}
+    for _ in _lines(path, pools, budgets, pins, signed, ids):
         pass
-    return _lines(path, pools, budgets, pins)
+    ids.clear()
+    return _lines(path, pools, budgets, pins, signed)
 
 
 def _lines(
-    path: str, pools: tuple[str, ...], budgets: tuple[str, ...], pins: KeyPins | None = None
+    path: str,
+    pools: tuple[str, ...],
+    budgets: tuple[str, ...],
+    pins: KeyPins | None = None,
+    signed: bool = False,
+    ids: dict[object, int] | None = None,
 ) -> Iterator[dict]:
-    """The file's objects, each checked, read one line at a time."""
+    """The file's objects, each checked, read one line at a time (`ids`: the `_id`s seen so far)."""
     p = Path(path)
     try:
         with p.open(encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
-                    yield _checked(p, n, line, pools, budgets, pins)
+                    obj = _checked(p, n, line, pools, budgets, pins, signed)
+                    if ids is not None and "_id" in obj:
+                        # 7 and "7" are different ids (JSON's types), as a results line keeps them.
+                        seen = ids.setdefault((type(obj["_id"]), obj["_id"]), n)
+                        if seen != n:
+                            problem = (
+                                f"_id {_show(obj['_id'])} is also the _id of line {seen}: ids must be unique"
+                            )
+                            raise ConfigError(str(p), f"line {n}", problem)
+                    yield obj
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), "workload.file", f"cannot read: {exc}") from None
 
 
 def _checked(
-    p: Path, n: int, line: str, pools: tuple[str, ...], budgets: tuple[str, ...], pins: KeyPins | None
+    p: Path,
+    n: int,
+    line: str,
+    pools: tuple[str, ...],
+    budgets: tuple[str, ...],
+    pins: KeyPins | None,
+    signed: bool = False,
 ) -> dict:
     try:
         obj = json.loads(line)
@@ -372,7 +447,7 @@ def _checked(
     if pool is not None and pool not in pools:
         known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
         raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
-    problem = _check_shape(obj, budgets)
+    problem = _check_shape(obj, budgets, signed)
     if problem is None and "_key" in obj:
         problem = (pins or KeyPins()).problem(obj["_key"])
     if problem is not None:

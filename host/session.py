@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from ratedeck.engine.jsonl import JsonLines
 from ratedeck.engine.outcome import Outcome
 from ratedeck.engine.ports import ResultsHost
 from ratedeck.engine.queues import Graveyard
-from ratedeck.engine.request import Request
+from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.transport import Response, Transport, http_transport
 from ratedeck.store.base import StoreReport
@@ -120,7 +121,9 @@ class Session:
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
             if cfg.results:
-                self.results = ResultsFile(cfg.results, self.engine, body=cfg.results_body)
+                self.results = ResultsFile(
+                    cfg.results, self.engine, body=cfg.results_body, link=cfg.results_id
+                )
                 self.engine.watch(self.results)
             self.engine.start()
         except BaseException:
@@ -265,16 +268,21 @@ class ResultsFile:
     A line: id, key, ending, status, attempts, error, created_at,
     intended_at, first_sent_at, done_at (Unix seconds), latency_ms (the last
     attempt's send -> answer), total_ms (intended arrival -> done),
-    queue_wait_ms (arrival -> first send), params and pool (what the
-    workload gave: `ratedeck replay` sends them again), request_id (the
-    server's id of the attempt that left it uncertain, when it gave one), and with
-    `--results-body` the answer's body.
+    queue_wait_ms (arrival -> first send), line_id (the workload line's
+    `link` field, `_id` unless `--results-id` names another: what ties the
+    line to its answer; null when it has none), params (the line's own
+    fields), pool and line (its underscore fields `LINE_FIELDS`, as written,
+    when it had any): together the line again, which `ratedeck replay` sends;
+    request_id (the server's id of the attempt that left it uncertain, when it
+    gave one), and with `--results-body` the answer's body: parsed when the
+    answer is JSON (its Content-Type says so and it parses whole), else text.
     """
 
-    def __init__(self, path: str, engine: ResultsHost, body: bool = False):
+    def __init__(self, path: str, engine: ResultsHost, body: bool = False, link: str = "_id"):
         self.path = path
         self.engine = engine
         self.body = body
+        self.link = link
         self.redact = engine.redact
         self.out = JsonLines(path, "results", fresh=True)  # a new file for this run (a graveyard appends)
 
@@ -311,23 +319,53 @@ class ResultsFile:
             "latency_ms": round(result.latency_s * 1000.0, 3) if isinstance(result, Outcome) else None,
             "total_ms": round((now - req.intended_at) * 1000.0, 3),
             "queue_wait_ms": round((sent - req.created_at) * 1000.0, 3) if sent is not None else None,
+            "line_id": self._line_id(req),
             "params": Graveyard.scrub(req.params, self.redact) if req.params else {},
             "pool": req.pool,
         }
+        line = line_fields(req)
+        if line:
+            record["line"] = Graveyard.scrub(line, self.redact)
         if req.request_id is not None:  # the server's id of a write that ended uncertain
             record["request_id"] = req.request_id
         if self.body:
             record["body"] = self._body(result)
         self.out.write(record)
 
-    def _body(self, result: Any) -> str | None:
+    def _line_id(self, req: Request) -> Any:
+        """The value of the line's `link` field: its `_id`, or one of its own fields."""
+        if self.link == "_id":
+            value = req.line_id
+        else:
+            value = req.params.get(self.link) if req.params else None
+        return Graveyard.scrub(value, self.redact)
+
+    def _body(self, result: Any) -> Any:
         response = result.response if isinstance(result, Outcome) else None
         raw: Any = response.body if isinstance(response, Response) else None
         if isinstance(raw, bytes | bytearray):
             raw = bytes(raw).decode("utf-8", "replace")
         if not isinstance(raw, str):
             return None
+        assert isinstance(response, Response)
+        if len(raw) <= RESULTS_BODY_CHARS and _is_json(response.headers):
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                pass
+            else:  # the whole answer, every string in it masked
+                return Graveyard.scrub(parsed, self.redact)
         return self.redact(raw, RESULTS_BODY_CHARS)
 
     def close(self) -> None:
         self.out.close()
+
+
+def _is_json(headers: Any) -> bool:
+    """Whether an answer's Content-Type says JSON (application/json, or a +json type)."""
+    try:
+        kind = str(headers.get("Content-Type") or headers.get("content-type") or "")
+        kind = kind.partition(";")[0].strip().lower()
+    except AttributeError:
+        return False
+    return kind == "application/json" or kind.endswith("+json")

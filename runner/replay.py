@@ -1,8 +1,9 @@
 """`ratedeck replay FILE [run flags]`: send the requests of a graveyard or results file again.
 
 Each line of a graveyard file (`--graveyard`) or a results file
-(`--results`) carries the request as the workload gave it: `params` and
-`pool`. Replay makes those the workload of a new run, in file order, with
+(`--results`) carries the request as the workload gave it: `params`,
+`pool` and `line` (its `_id`, `_method`, `_path`, `_body`, `_weight`,
+`_budget`). Replay makes those the workload of a new run, in file order, with
 their original parameters (the id, the nonce and the key are the new run's
 own). From a results file it takes the requests that did not succeed unless
 told `--all` or `--only ENDINGS`; a graveyard file holds only requests that
@@ -20,6 +21,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ratedeck.engine.request import LINE_FIELDS
 
 ENDINGS = ("succeeded", "expired", "graveyard", "shed", "queued", "in_flight", "uncertain")
 #: Not succeeded, and not uncertain: a write that may have happened is sent again only when asked.
@@ -84,6 +87,9 @@ def read_requests(path: str | os.PathLike, endings: tuple[str, ...] | None = DEF
             out.skipped_no_params += 1
             continue
         item = dict(params)
+        given = obj.get("line")  # the line's underscore fields (an object _body, _path, _id, ...)
+        if isinstance(given, dict):
+            item.update((k, v) for k, v in given.items() if k in LINE_FIELDS)
         if obj.get("pool") is not None:
             item["_pool"] = obj["pool"]
         out.items.append(item)

@@ -157,8 +157,11 @@ class StoreWorkload(Workload):
         fed: bool = False,
         depth: int | None = None,
         pins: KeyPins | None = None,
+        signed: bool = False,
     ):
-        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth, pins=pins)
+        super().__init__(
+            rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth, pins=pins, signed=signed
+        )
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -188,6 +191,7 @@ class StoreWorkload(Workload):
             fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
             depth=fed_depth(cfg.engine_settings),
             pins=KeyPins(cfg.keys),
+            signed=bool(cfg.target.signing),
         )
 
     async def refill(self) -> bool:

@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
     try:
         cfg, pins = _load(args)
         budgets = tuple(b.name for b in cfg.budgets)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins))
+        signed = bool(cfg.target.signing)
+        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins, signed=signed))
         if cfg.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
