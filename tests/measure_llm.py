@@ -6,7 +6,9 @@
 Each run is a workload of prompts of many sizes with no --rate (fed as fast as the limits
 allow), through the preset as shipped and with no tier told: the keys' limits come from the
 answers' headers. Prints what the stub's ledger says: tokens charged against the capacity
-(a full bucket at the start plus its refill), 429s by code, duplicates.
+(a full bucket at the start plus its refill, over the time the run was sending: from the
+first request's arrival at the stub to the last one's, so the process's start and the drain
+of the last answers are not counted against it), 429s by code, duplicates.
 """
 
 from __future__ import annotations
@@ -106,6 +108,12 @@ async def run(
             await transport.close()
 
 
+def _sending(stub, started: float) -> tuple[float, float]:
+    """From the first request's arrival to the last one's (the stub's start if none came)."""
+    arrivals = stub.ledger.arrivals()
+    return (min(arrivals), max(arrivals)) if arrivals else (started, started)
+
+
 async def openai(seconds: float, latency: float = 0.3) -> Result:
     live = OPENAI_KEYS[:2]
     async with await start_openai(
@@ -113,7 +121,7 @@ async def openai(seconds: float, latency: float = 0.3) -> Result:
     ) as stub:
         start = stub.now()
         snap = await run("openai", stub.url, prompts(6000, "/v1/chat/completions"), seconds, OPENAI_KEYS)
-        end = stub.now()
+        start, end = _sending(stub, start)
         used = sum(stub.ledger.units(key=k) for k in live)
         cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
         book = stub.state.book
@@ -135,7 +143,7 @@ async def anthropic(seconds: float, latency: float = 0.3) -> Result:
     ) as stub:
         start = stub.now()
         snap = await run("anthropic", stub.url, prompts(6000, "/v1/messages"), seconds, ANTHROPIC_KEYS)
-        end = stub.now()
+        start, end = _sending(stub, start)
         used = sum(stub.state.output_used.values())
         cap = sum(stub.allowed_capacity(start, end, key=k, bucket="output-tokens") for k in ANTHROPIC_KEYS)
         book = stub.state.book

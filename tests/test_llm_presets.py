@@ -1,7 +1,7 @@
 """The openai and anthropic presets against their loopback stubs, for real (wall time, issue 24).
 
 Tiers are not told: each key's limits come from its answers' headers. The minute is scaled to
-6 s; capacity is the full bucket at the start plus its refill. The issue's 40 s runs are
+6 s; capacity is the full bucket at the start plus its refill over the time the run sent. The 40 s runs are
 `tests/measure_llm.py` (docs/measurements.md); these are shorter, with the same limits.
 """
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def test_openai_uses_the_live_keys_token_capacity_and_leaves_the_key_with_no_quota():
     result = asyncio.run(openai(10.0))
     snap = result.snap
-    assert result.share >= 0.88, result.line("openai")
+    assert result.share >= 0.90, result.line("openai")
     assert result.rate_429 <= 3, result.line("openai")
     assert result.quota_429 == 1, result.line("openai")  # its first answer, and never again
     assert result.duplicates == 0
