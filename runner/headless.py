@@ -169,7 +169,11 @@ def token_lines(snap: Snapshot) -> list[str]:
         settled = sum(b.settled for b in rows)
         # what the budgets that can still be spent allow together (a key refused for good, none)
         limits = [b.per_min for b in rows if b.per_min is not None and b.owner not in out]
-        owners = "host" if all(b.owner == "host" for b in rows) else f"{len(rows)} keys"
+        owners = (
+            "host"
+            if all(b.owner == "host" for b in rows)
+            else f"{len(rows)} key{'' if len(rows) == 1 else 's'}"
+        )
         parts.append(
             f"{name} ({owners}): {sum(b.reserved for b in rows):,} reserved, {settled:,} settled"
             f" = {_rate(_per_min(settled, snap.elapsed_s))}/min, {_limit(sum(limits) if limits else None)}"

@@ -188,25 +188,25 @@ def budgets_text(row: KeyRow, snap: Snapshot) -> str:
     lines = []
     if row.binding == "requests":  # the key's own limit binds, not a budget
         lines.append(
-            f"[b $text-warning]{'requests':<{width}}[/] [$text-warning]◀ binds now[/] (the key's own limit)"
+            f"[b]{'requests':<{width}}[/] {numbers.count(row.window_used)}/{numbers.count(row.window_limit)}"
+            " now  [$text-muted](the key's own limit)[/] [b $text-warning]◀ binds now[/]"
         )
     for b in budgets:
         fill = b.used / b.limit if b.limit else 0.0
         style = "$text-error" if fill >= 1 else "$text-warning" if fill >= 0.9 else ""
         now = f"{numbers.count(b.used)}/{numbers.count(b.limit)}" if b.limit else "—"
         name = escape(f"{b.name:<{width}}")
+        binds = b.owner == row.label and b.name == row.binding
         settled = (
-            f"  [$text-muted]settled[/] {numbers.count(b.settled)}"
-            f" [$text-muted]({numbers.share(b.settled, b.reserved)} of reserved)[/]"
+            f"  [$text-muted]settled[/] {numbers.count(b.settled)} ({b.settled / b.reserved:.0%})"
             if b.reserved
             else "  [$text-muted]nothing reserved yet[/]"
         )
-        owner = " [$text-muted](host)[/]" if b.owner == "host" else ""
-        binds = " [$text-warning]◀ binds now[/]" if b.owner == row.label and b.name == row.binding else ""
         lines.append(
-            f"[b]{name}[/] [b {style}]{now}[/] {escape(b.unit.replace('_', ' '))} now"
-            f"  [$text-muted]limit[/] {_per_min(b.per_min)}"
-            f"  [$text-muted]reserved[/] {numbers.count(b.reserved)}{settled}{owner}{binds}"
+            f"[b]{name}[/] [b {style}]{now}[/] now  {_per_min(b.per_min)}"
+            f"  [$text-muted]reserved[/] {numbers.count(b.reserved)}{settled}"
+            + (" [$text-muted](host)[/]" if b.owner == "host" else "")
+            + (" [b $text-warning]◀ binds now[/]" if binds else "")
         )
     if out_of_quota(row):
         lines.append("[b $text-error]out of quota[/]: refused for good; its budgets are no longer spent")

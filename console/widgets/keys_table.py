@@ -106,7 +106,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("last_error", "Last error", LAST_ERROR_MIN, lambda row: row.last_error, False, True),
 )
 # Only in a run with budgets (a key names the unit that binds it): after Window.
-BINDS = Column("binds", "Binds", 13, lambda row: binds_text(row), descending=False, left=True)
+BINDS = Column("binds", "Binds", 5, lambda row: binds_text(row), descending=False, left=True)
 COLUMN_BY_KEY = {column.key: column for column in (*COLUMNS, BINDS)}
 
 
@@ -169,6 +169,7 @@ class KeysTable(DataTable):
         self._key_width = COLUMN_BY_KEY["key"].width
         self._last_error_width = LAST_ERROR_MIN
         self.binds = False  # the Binds column is shown (a run with budgets)
+        self._binds_width = BINDS.width  # widens to the longest unit name seen ("output-tokens")
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -202,6 +203,8 @@ class KeysTable(DataTable):
             return self._key_width
         if column.key == "last_error":
             return self._last_error_width
+        if column.key == "binds":
+            return self._binds_width
         return column.width
 
     def _add_columns(self) -> None:
@@ -379,11 +382,13 @@ class KeysTable(DataTable):
     def show_keys(self, rows: tuple[KeyRow, ...]) -> None:
         """Bring the table in line with `rows` (filtered and sorted), touching only what changed."""
         self._all = {row.label: row for row in rows}
-        if has_budgets(rows) and not self.binds:  # budgets show from the first snapshot that has them
-            self.binds = True
-            self._cells = {label: self._cells_for(row) for label, row in self._rows.items()}
-            self._fit_last_error()
-            self._rebuild()
+        if has_budgets(rows):  # the column shows from the first snapshot with budgets
+            width = max(self._binds_width, *(len(binds_text(row)) for row in rows))
+            if not self.binds or width != self._binds_width:
+                self.binds, self._binds_width = True, width
+                self._cells = {label: self._cells_for(row) for label, row in self._rows.items()}
+                self._fit_last_error()
+                self._rebuild()
         terms = self.filter_text.lower().split()
         shown = [row for row in rows if matches(row, terms)]
         width = max((len(key_text(row)) + 1 for row in rows), default=0)
