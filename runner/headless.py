@@ -51,7 +51,7 @@ from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
 from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, ClusterView, KeyRow, LatencySummary, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
@@ -127,6 +127,87 @@ def metrics_block(snap: Snapshot) -> list[str]:
             f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {where})"
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
         )
+    lines += token_lines(snap)
+    return lines
+
+
+TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")
+
+
+def token_budgets(snap: Snapshot) -> list[BudgetRow]:
+    """The run's token budgets (per key and host-wide), in the snapshot's order; [] for most runs."""
+    return [b for b in snap.budgets if b.unit in TOKEN_UNITS]
+
+
+def _per_min(units: int, elapsed_s: float) -> float | None:
+    """`units` over the run as a rate per minute; None before any time passed."""
+    return units * 60.0 / elapsed_s if elapsed_s > 0 else None
+
+
+def _rate(per_min: float | None) -> str:
+    return "?" if per_min is None else f"{per_min:,.0f}"
+
+
+def _limit(per_min: float | None) -> str:
+    return "limit not learned yet" if per_min is None else f"limit {per_min:,.0f}/min"
+
+
+def token_lines(snap: Snapshot) -> list[str]:
+    """The periodic block's token lines (none without token budgets): per budget name, what the
+    keys reserved and settled together, at what rate over the run against what their limits
+    allow together now, and which unit binds the keys now ("binds now: tokens x3  requests x1";
+    a key refused for good counts as "out")."""
+    budgets = token_budgets(snap)
+    if not budgets:
+        return []
+    out = {k.label for k in snap.keys if k.state == "blocked"}
+    names: dict[str, list[BudgetRow]] = {}
+    for b in budgets:
+        names.setdefault(b.name, []).append(b)
+    parts = []
+    for name, rows in names.items():
+        settled = sum(b.settled for b in rows)
+        # what the budgets that can still be spent allow together (a key refused for good, none)
+        limits = [b.per_min for b in rows if b.per_min is not None and b.owner not in out]
+        owners = (
+            "host"
+            if all(b.owner == "host" for b in rows)
+            else f"{len(rows)} key{'' if len(rows) == 1 else 's'}"
+        )
+        parts.append(
+            f"{name} ({owners}): {sum(b.reserved for b in rows):,} reserved, {settled:,} settled"
+            f" = {_rate(_per_min(settled, snap.elapsed_s))}/min, {_limit(sum(limits) if limits else None)}"
+        )
+    binds: dict[str, int] = {}
+    for k in snap.keys:
+        if k.state == "blocked":
+            binds["out"] = binds.get("out", 0) + 1
+        elif k.binding:
+            binds[k.binding] = binds.get(k.binding, 0) + 1
+    lines = [f"tokens       {'; '.join(parts)}"]
+    if binds:
+        lines.append(f"             binds now: {_counts(binds.items())}")
+    return lines
+
+
+def token_key_lines(snap: Snapshot) -> list[str]:
+    """The summary's line per key and token budget: "k1 tokens: 412,300 reserved, 398,100 settled
+    = 29,129/min over the run, limit 30,000/min (binds now: tokens)"; the rate is what settled
+    over the run's elapsed time, the limit what the budget allows now. A key refused for good
+    says it is out."""
+    keys = {k.label: k for k in snap.keys}
+    lines = []
+    for b in token_budgets(snap):
+        line = (
+            f"  {b.owner:>4} {b.name}: {b.reserved:,} reserved, {b.settled:,} settled"
+            f" = {_rate(_per_min(b.settled, snap.elapsed_s))}/min over the run, {_limit(b.per_min)}"
+        )
+        k = keys.get(b.owner)
+        if k is not None and k.state == "blocked":
+            line += " (out of quota)" if out_of_quota(k) else " (refused, not used)"
+        elif k is not None and k.binding:
+            line += f" (binds now: {k.binding})"
+        lines.append(line)
     return lines
 
 
@@ -172,11 +253,13 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         )
     for k in snap.keys:
         lines.append(
-            f"  {k.label:>4} {k.masked}  {k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
+            f"  {k.label:>4} {k.masked}  {'out' if out_of_quota(k) else k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
-            + (f"  refused: {refusal(k)}" if k.state == "blocked" else "")
+            + (f"  refused: {refusal(k)}" if k.state == "blocked" and not out_of_quota(k) else "")
+            + (f"  {refusal(k)}" if out_of_quota(k) else "")
             + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )
+    lines += token_key_lines(snap)
     return lines
 
 
@@ -200,11 +283,19 @@ def key_name(k: KeyRow) -> str:
     return f"{k.label} {k.masked}" + (f" {k.fingerprint}" if k.fingerprint else "")
 
 
+def out_of_quota(k: KeyRow) -> bool:
+    """A key refused for good by a 429 (or a message about its quota): it has run out of what it
+    may spend (OpenAI's insufficient_quota), not of its rate: waiting does not bring it back."""
+    return k.state == "blocked" and (k.refused_status == 429 or "quota" in k.refused_message.lower())
+
+
 def refusal(k: KeyRow) -> str:
-    """What refused a key: "HTTP 401: bad key" (the message is masked where it was made)."""
+    """What refused a key: "HTTP 401: bad key", or for a key out of quota "out of quota
+    (HTTP 429: You exceeded your current quota...)" (the message is masked where it was made)."""
     said = f"HTTP {k.refused_status}" if k.refused_status is not None else "refused"
     message = k.refused_message
-    return f"{said}: {message}" if message and message != said else said
+    said = f"{said}: {message}" if message and message != said else said
+    return f"out of quota ({said})" if out_of_quota(k) else said
 
 
 def nothing_worked(snap: Snapshot, facts: RunFacts) -> str | None:

@@ -25,6 +25,7 @@ from ratedeck.engine.commands import (
     SetThrottle,
 )
 from ratedeck.engine.snapshot import (
+    BudgetRow,
     ClusterView,
     ErrorRow,
     Event,
@@ -359,6 +360,41 @@ def cluster_snapshot() -> Snapshot:
 def empty_snapshot() -> Snapshot:
     """Before the first request: no keys, no series."""
     return Snapshot(phase="starting")
+
+
+# An OpenAI-like run: a tokens budget per key (per_min learned from x-ratelimit-limit-tokens).
+BINDING = {"k1": "tokens", "k2": "tokens", "k3": "requests", "k4": "tokens", "k5": "tokens"}
+
+
+def token_budget_snapshot() -> Snapshot:
+    """main_snapshot as an LLM run: every key has a tokens budget and names the unit that binds
+    it; k6 was refused for good with OpenAI's 429 insufficient_quota."""
+    snap = main_snapshot()
+    keys = []
+    budgets = []
+    for index, row in enumerate(snap.keys):
+        if row.label == "k6":
+            row = dataclasses.replace(
+                row,
+                state="blocked",
+                in_flight=0,
+                refused_status=429,
+                refused_message="You exceeded your current quota, please check your plan and billing details.",
+            )
+        keys.append(dataclasses.replace(row, binding=BINDING.get(row.label, "")))
+        budgets.append(
+            BudgetRow(
+                "tokens",
+                row.label,
+                used=24_000 + 1_150 * index,
+                limit=30_000,
+                unit="tokens",
+                per_min=30_000.0,
+                reserved=88_400 + 3_100 * index,
+                settled=80_100 + 2_700 * index,
+            )
+        )
+    return dataclasses.replace(snap, keys=tuple(keys), budgets=tuple(budgets))
 
 
 def fingerprint_of(secret: str) -> str:

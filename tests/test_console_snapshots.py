@@ -26,6 +26,7 @@ from console_fixtures import (
     paused_snapshot,
     reported_snapshot,
     swelling_snapshot,
+    token_budget_snapshot,
 )
 
 FULL = (120, 40)
@@ -183,3 +184,18 @@ def test_cluster_line_in_the_limiter(snap_compare):
 def test_cluster_screen(snap_compare):
     """`m`: each member's row (one cut off from the store) under the shared queues."""
     assert snap_compare(make_app(cluster_snapshot()), terminal_size=FULL, press=["m"], run_before=settle)
+
+
+def test_token_budgets_binds_column_and_a_key_out_of_quota(snap_compare):
+    """An LLM run: the keys table's Binds column, k6 out of quota (429 insufficient_quota)."""
+    assert snap_compare(make_app(token_budget_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_key_detail_token_budgets(snap_compare):
+    """k3's detail: its own request limit binds, its tokens budget reserved against settled."""
+    assert snap_compare(
+        make_app(token_budget_snapshot()),
+        terminal_size=FULL,
+        press=["down", "down", "enter"],
+        run_before=settle,
+    )

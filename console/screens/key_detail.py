@@ -23,13 +23,13 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ratedeck.engine.snapshot import ErrorRow, KeyRow, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, ErrorRow, KeyRow, Snapshot
 
 from ..widgets import numbers
 from ..widgets.errors import KIND_STYLE, by_count, cause_text, one_line, status_text
 from ..widgets.event_log import event_line
 from ..widgets.gauge import Gauge
-from ..widgets.keys_table import state_text
+from ..widgets.keys_table import out_of_quota, state_text
 
 MAX_EVENTS = 40
 MAX_ERRORS = 8
@@ -52,6 +52,8 @@ def head_text(row: KeyRow) -> str:
     note = (
         " [$text-error]· refused by the server for good; it is not used[/]" if row.state == "blocked" else ""
     )
+    if out_of_quota(row):
+        note = " [$text-error]· out of quota: waiting will not bring it back; it is not used[/]"
     if row.state == "blocked" and row.refused_message:
         note += f" [$text-error]({escape(row.refused_message)})[/]"  # masked where it was made
     return f"[b]{escape(row.label)}[/] {escape(row.masked)} · {fp_part} · [b {style}]{escape(state_text(row))}[/]{note}"
@@ -168,6 +170,49 @@ def errors_text(row: KeyRow, snap: Snapshot) -> str:
     return "\n".join(lines)
 
 
+def key_budgets(row: KeyRow, snap: Snapshot) -> list[BudgetRow]:
+    """The budgets this key spends from: its own, then the host's (every key spends those)."""
+    return [b for b in snap.budgets if b.owner == row.label] + [b for b in snap.budgets if b.owner == "host"]
+
+
+def _per_min(value: float | None) -> str:
+    return "[$text-muted]not learned yet[/]" if value is None else f"{numbers.count(round(value))}/min"
+
+
+def budgets_text(row: KeyRow, snap: Snapshot) -> str:
+    """Per budget: the window now (used/limit), what it allows per minute, and reserved against
+    settled over the run; the unit that binds the key now is marked."""
+    budgets = key_budgets(row, snap)
+    width = max((len(b.name) for b in budgets), default=0)
+    width = max(width, len("requests")) + 1
+    lines = []
+    if row.binding == "requests":  # the key's own limit binds, not a budget
+        lines.append(
+            f"[b]{'requests':<{width}}[/] {numbers.count(row.window_used)}/{numbers.count(row.window_limit)}"
+            " now  [$text-muted](the key's own limit)[/] [b $text-warning]◀ binds now[/]"
+        )
+    for b in budgets:
+        fill = b.used / b.limit if b.limit else 0.0
+        style = "$text-error" if fill >= 1 else "$text-warning" if fill >= 0.9 else ""
+        now = f"{numbers.count(b.used)}/{numbers.count(b.limit)}" if b.limit else "—"
+        name = escape(f"{b.name:<{width}}")
+        binds = b.owner == row.label and b.name == row.binding
+        settled = (
+            f"  [$text-muted]settled[/] {numbers.count(b.settled)} ({b.settled / b.reserved:.0%})"
+            if b.reserved
+            else "  [$text-muted]nothing reserved yet[/]"
+        )
+        lines.append(
+            f"[b]{name}[/] [b {style}]{now}[/] now  {_per_min(b.per_min)}"
+            f"  [$text-muted]reserved[/] {numbers.count(b.reserved)}{settled}"
+            + (" [$text-muted](host)[/]" if b.owner == "host" else "")
+            + (" [b $text-warning]◀ binds now[/]" if binds else "")
+        )
+    if out_of_quota(row):
+        lines.append("[b $text-error]out of quota[/]: refused for good; its budgets are no longer spent")
+    return "\n".join(lines)
+
+
 def mentions(label: str) -> Callable[[str], bool]:
     pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(label)}(?![A-Za-z0-9_])")
     return lambda text: bool(pattern.search(text))
@@ -229,6 +274,7 @@ class KeyDetailScreen(Screen[None]):
                     yield Gauge("Window", id="detail-fill")
                     yield Static(id="detail-window-text")
                 yield Static(id="detail-latency", classes="panel")
+            yield Static(id="detail-budgets", classes="panel")
             yield Static(id="detail-errors", classes="panel")
             yield Static(id="detail-gates", classes="panel")
         yield Footer(compact=True, show_command_palette=False)
@@ -236,6 +282,8 @@ class KeyDetailScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#detail-window").border_title = "Window"
         self.query_one("#detail-latency").border_title = "Latency"
+        self.query_one("#detail-budgets").border_title = "Budgets"
+        self.query_one("#detail-budgets").display = False  # a run with budgets shows it
         self.query_one("#detail-errors").border_title = "Last errors"
         self.query_one("#detail-gates").border_title = "Gates and events"
         self.snapshot = self._initial
@@ -261,6 +309,11 @@ class KeyDetailScreen(Screen[None]):
         )
         self.query_one("#detail-window-text", Static).update(window_text(row))
         self.query_one("#detail-latency", Static).update(latency_text(row, snap))
+        budgets = self.query_one("#detail-budgets", Static)
+        budgets.display = bool(key_budgets(row, snap))
+        if budgets.display:
+            budgets.update(budgets_text(row, snap))
+            budgets.border_subtitle = "used/limit now · per minute · reserved vs settled over the run"
         self.query_one("#detail-errors", Static).update(errors_text(row, snap))
         self.query_one("#detail-gates", Static).update(gates_text(row, snap))
         self.query_one(

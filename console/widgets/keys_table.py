@@ -41,12 +41,28 @@ def natural(label: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label))
 
 
+def out_of_quota(row: KeyRow) -> bool:
+    """A key refused for good by a 429 (or a message about its quota): out of what it may spend
+    (OpenAI's insufficient_quota), not of its rate. The same test as the headless summary's."""
+    return row.state == "blocked" and (row.refused_status == 429 or "quota" in row.refused_message.lower())
+
+
+def binds_text(row: KeyRow) -> str:
+    """The Binds cell: the unit nearest full now ("tokens", "requests"), "out" for a key
+    refused for good, "—" when the engine named none."""
+    if row.state == "blocked":
+        return "out"
+    return row.binding or "—"
+
+
 def state_text(row: KeyRow) -> str:
     """The words of the state cell: "cooling 3.2s" shows the seconds left."""
     if row.state == "cooling":
         # At least 0.1s: a gate a few ms from opening is still closed, not "0.0s".
         left = max(row.cooldown_left_s, 0.1)
         return f"{_STATE_ICON['cooling']} cooling {left:.1f}s" if left < 10 else f"◔ cooling {left:.0f}s"
+    if out_of_quota(row):
+        return f"{_STATE_ICON['blocked']} out of quota"  # refused by a 429: waiting will not help
     if row.state == "blocked" and row.refused_status is not None:
         return f"{_STATE_ICON['blocked']} refused {row.refused_status}"  # the status that refused it
     return f"{_STATE_ICON.get(row.state, '?')} {row.state}"
@@ -89,7 +105,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("status", "HTTP", 5, lambda row: row.last_status or 0),
     Column("last_error", "Last error", LAST_ERROR_MIN, lambda row: row.last_error, False, True),
 )
-COLUMN_BY_KEY = {column.key: column for column in COLUMNS}
+# Only in a run with budgets (a key names the unit that binds it): after Window.
+BINDS = Column("binds", "Binds", 5, lambda row: binds_text(row), descending=False, left=True)
+COLUMN_BY_KEY = {column.key: column for column in (*COLUMNS, BINDS)}
+
+
+def has_budgets(rows: tuple[KeyRow, ...] | list[KeyRow]) -> bool:
+    """Whether the run has key budgets: some key names the unit that binds it."""
+    return any(row.binding for row in rows)
 
 
 def matches(row: KeyRow, terms: list[str]) -> bool:
@@ -145,6 +168,8 @@ class KeysTable(DataTable):
         self.filter_text = ""
         self._key_width = COLUMN_BY_KEY["key"].width
         self._last_error_width = LAST_ERROR_MIN
+        self.binds = False  # the Binds column is shown (a run with budgets)
+        self._binds_width = BINDS.width  # widens to the longest unit name seen ("output-tokens")
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -165,15 +190,25 @@ class KeysTable(DataTable):
             style="bold" if column.key == self.sort_column else "",
         )
 
+    @property
+    def shown_columns(self) -> tuple[Column, ...]:
+        """The columns in order: COLUMNS, with Binds after Window in a run with budgets."""
+        if not self.binds:
+            return COLUMNS
+        at = [column.key for column in COLUMNS].index("window") + 1
+        return (*COLUMNS[:at], BINDS, *COLUMNS[at:])
+
     def _width(self, column: Column) -> int:
         if column.key == "key":
             return self._key_width
         if column.key == "last_error":
             return self._last_error_width
+        if column.key == "binds":
+            return self._binds_width
         return column.width
 
     def _add_columns(self) -> None:
-        for column in COLUMNS:
+        for column in self.shown_columns:
             self.add_column(self._heading(column), key=column.key, width=self._width(column))
 
     def _rebuild(self) -> None:
@@ -197,7 +232,9 @@ class KeysTable(DataTable):
         if not self.is_mounted or not self.columns:
             return
         padding = 2 * self.cell_padding
-        used = sum(self._width(column) + padding for column in COLUMNS if column.key != "last_error")
+        used = sum(
+            self._width(column) + padding for column in self.shown_columns if column.key != "last_error"
+        )
         width = max(LAST_ERROR_MIN, self.scrollable_content_region.width - used - padding - 1)
         if width != self._last_error_width:
             self._last_error_width = width
@@ -237,12 +274,12 @@ class KeysTable(DataTable):
 
     def sort_by(self, column: str, descending: bool | None = None) -> None:
         """Sort by `column` (a column key); `descending` None means the column's natural order."""
-        if column not in COLUMN_BY_KEY:
+        if column not in [spec.key for spec in self.shown_columns]:
             raise ValueError(f"no column {column!r}")
         self.sort_column = column
         self.sort_descending = COLUMN_BY_KEY[column].descending if descending is None else descending
         # New headings in place (the arrow moves); the reorder below repaints them.
-        for spec in COLUMNS:
+        for spec in self.shown_columns:
             if spec.key in self.columns:
                 self.columns[ColumnKey(spec.key)].label = self._heading(spec)
         self._arrange(force=True)
@@ -253,7 +290,7 @@ class KeysTable(DataTable):
 
     def next_sort(self) -> str:
         """Sort by the next column to the right (wrapping); returns its heading."""
-        keys = [column.key for column in COLUMNS]
+        keys = [column.key for column in self.shown_columns]
         column = keys[(keys.index(self.sort_column) + 1) % len(keys)]
         self.sort_by(column)
         return COLUMN_BY_KEY[column].heading
@@ -309,7 +346,7 @@ class KeysTable(DataTable):
         status = "—" if row.last_status is None else str(row.last_status)
         bad_status = row.last_status is not None and row.last_status >= 400
         blocked = row.state == "blocked"
-        return {
+        cells: dict[str, object] = {
             # Text, not str: a label is never markup
             "key": Text(key_text(row), style=f"strike {self._colour('muted')}" if blocked else ""),
             "state": Text(state_text(row), style=f"bold {colour}"),
@@ -333,6 +370,10 @@ class KeysTable(DataTable):
                 row.last_error or "", style=self._colour("muted"), no_wrap=True, overflow="ellipsis"
             ),
         }
+        if self.binds:
+            binds = Text(binds_text(row), style=self._colour("error") if blocked else "")
+            cells = {column.key: cells.get(column.key, binds) for column in self.shown_columns}
+        return cells
 
     def remember(self, rows: tuple[KeyRow, ...]) -> None:
         """Keep the latest rows for `key_row` without redrawing (the table is not in view)."""
@@ -341,6 +382,13 @@ class KeysTable(DataTable):
     def show_keys(self, rows: tuple[KeyRow, ...]) -> None:
         """Bring the table in line with `rows` (filtered and sorted), touching only what changed."""
         self._all = {row.label: row for row in rows}
+        if has_budgets(rows):  # the column shows from the first snapshot with budgets
+            width = max(self._binds_width, *(len(binds_text(row)) for row in rows))
+            if not self.binds or width != self._binds_width:
+                self.binds, self._binds_width = True, width
+                self._cells = {label: self._cells_for(row) for label, row in self._rows.items()}
+                self._fit_last_error()
+                self._rebuild()
         terms = self.filter_text.lower().split()
         shown = [row for row in rows if matches(row, terms)]
         width = max((len(key_text(row)) + 1 for row in rows), default=0)
