@@ -516,7 +516,8 @@ def ratedeck_command(
 async def run_ratedeck(
     scenario: LLMScenario, url: str, work: Sequence[Prompt], duration_s: float
 ) -> dict[str, Any]:
-    """The CLI in a subprocess; its report's `requests` and `client`, and its CPU (rusage of the child)."""
+    """The CLI in a subprocess; its report's `requests`, and its engine's CPU (the report's
+    `client.cpu_s`; the child's rusage, start included, as `process_cpu_s`)."""
     with tempfile.TemporaryDirectory(prefix="ratedeck-llm-") as tmp:
         keys = Path(tmp) / "keys.txt"
         keys.write_text("".join(k + "\n" for k in scenario.keys), encoding="utf-8")
@@ -543,7 +544,16 @@ async def run_ratedeck(
             last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
             return {"error": f"ratedeck wrote no report: {last[0]}", "cpu_s": cpu}
         data = json.loads(report.read_text(encoding="utf-8"))
-        return {"exit": proc.returncode, "requests": data.get("requests", {}), "cpu_s": cpu}
+        # The engine's own CPU from its start (the report's client.cpu_s), as the peers' is
+        # their thread's from theirs: the interpreter's start and imports are the same for any
+        # Python client and would be most of a short run's. The whole process's is kept beside it.
+        engine_cpu = (data.get("client") or {}).get("cpu_s")
+        return {
+            "exit": proc.returncode,
+            "requests": data.get("requests", {}),
+            "cpu_s": engine_cpu if isinstance(engine_cpu, (int, float)) else cpu,
+            "process_cpu_s": round(cpu, 3),
+        }
 
 
 @dataclass
@@ -556,6 +566,7 @@ class LLMRun:
     cpu_s: float
     client: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
+    duration_s: float | None = None  # how long it was asked to send
 
 
 def run_strategy(
@@ -586,7 +597,8 @@ def run_strategy(
             loop.close()
         if "error" in client:
             return skipped_row(strategy, str(client["error"]))
-        return ledger_row(scenario, stub, work, LLMRun(strategy, start, end, float(cpu or 0.0), client))
+        run = LLMRun(strategy, start, end, float(cpu or 0.0), client, duration_s=duration_s)
+        return ledger_row(scenario, stub, work, run)
 
 
 def skipped_row(strategy: str, why: str) -> dict[str, Any]:
@@ -596,16 +608,18 @@ def skipped_row(strategy: str, why: str) -> dict[str, Any]:
 def ledger_row(scenario: LLMScenario, stub: Any, work: Sequence[Prompt], run: LLMRun) -> dict[str, Any]:
     """A row from the stub's ledger over the run's window: nothing here is the client's own count."""
     ledger = stub.ledger
-    # a request answered after the end still arrived within it: the window ends at the last arrival
-    end = max([run.end, *(r.at for r in ledger.records)])
-    window = {"start": run.start, "end": end + 1e-6}
+    # The window every strategy is judged on: from its first request's arrival at the stub, for
+    # the run's duration. A client that starts sending at once (the peers) is judged from its
+    # start; the CLI in a subprocess from its first send, not from its interpreter's start.
+    first = min((r.at for r in ledger.records), default=run.start)
+    elapsed = max(1e-9, min(run.end - first, run.duration_s or run.end - run.start))
+    window = {"start": first, "end": first + elapsed + 1e-6}
     accepted = ledger.accepted(**window)
     counts = ledger.counts(**window)
     duplicates = int(stub.state.book.duplicates())
     tokens = float(sum(r.cost for r in accepted))
-    elapsed = max(1e-9, run.end - run.start)
     minutes = elapsed / scenario.minute_s
-    capacity_end = run.start + elapsed
+    capacity_end = first + elapsed
     if scenario.api == "anthropic":
         # output tokens of each accepted prompt (the stub settles them at its output ratio)
         from stubs.llm_common import prompt_identity
@@ -620,12 +634,12 @@ def ledger_row(scenario: LLMScenario, stub: Any, work: Sequence[Prompt], run: LL
             if (p := by_id.get(r.detail)) is not None
         )
         cap = sum(
-            stub.allowed_capacity(run.start, capacity_end, key=k, bucket="output-tokens")
+            stub.allowed_capacity(first, capacity_end, key=k, bucket="output-tokens")
             for k in scenario.quota_keys
         )
     else:
         used = tokens
-        cap = sum(stub.allowed_capacity(run.start, capacity_end, key=k) for k in scenario.quota_keys)
+        cap = sum(stub.allowed_capacity(first, capacity_end, key=k) for k in scenario.quota_keys)
     ok = len(accepted) - duplicates
     return {
         "strategy": run.strategy,

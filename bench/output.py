@@ -216,13 +216,20 @@ def bar_charts(results: list[ScenarioResult], color: bool, width: int | None = N
         plt.clear_figure()
         plt.plotsize(width, 2 * len(result.rows) + 6)
         plt.theme("clear")
+        llm = any("tokens_per_min" in r for r in result.rows)  # an llm scenario: tokens, not requests
+        rows = [r for r in result.rows if "skipped" not in r] if llm else result.rows
+        if not rows:
+            continue
         plt.bar(
-            [r["strategy"] for r in result.rows],
-            [r["ok_per_s"] for r in result.rows],
+            [r["strategy"] for r in rows],
+            [r["tokens_per_min" if llm else "ok_per_s"] for r in rows],
             orientation="horizontal",
             width=0.6,
         )
-        plt.title(f"{result.name}: successful req/s (capacity {result.capacity_tps:g})")
+        if llm:
+            plt.title(f"{result.name}: tokens per stub minute (capacity {result.capacity_tps:,.0f})")
+        else:
+            plt.title(f"{result.name}: successful req/s (capacity {result.capacity_tps:g})")
         out.append(plt.build())
     text = "\n".join(out)
     return text if color else plt.uncolorize(text)

@@ -387,11 +387,11 @@ LLM_TABLE: tuple[LLMScenario, ...] = (
     ),
     LLMScenario(
         "llm-anthropic",
-        "Anthropic stub: 3 keys x 50 RPM / 30,000 ITPM / 8,000 OTPM, 3% 529 overloaded, "
+        "Anthropic stub: 3 keys x 1,000 RPM / 30,000 ITPM / 8,000 OTPM (output tokens bind), 3% 529 overloaded, "
         "minute = 6 s, prompts of 20..2,000 characters, max_tokens 50..400",
         "anthropic",
         ("sk-ant-bench-a", "sk-ant-bench-b", "sk-ant-bench-c"),
-        rpm=50,
+        rpm=1000,
         itpm=30_000,
         otpm=8_000,
         overload_share=0.03,

@@ -57,7 +57,7 @@ class Budgets:
         self.target_path = _path_of(cfg.target.url)
         # With no budgets and no path rules every request is alike: the workers skip routing.
         self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted)
-        self._covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
+        self.covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
         # Token budgets: a request's tokens are estimated once from its body (engine/costs.py).
         self.costs = (
             CostModel(cfg.costs.estimate, cfg.costs.max_tokens)
@@ -90,7 +90,7 @@ class Budgets:
         if shape is not None:
             names.extend(shape.budgets)
         chosen = [b for b in self.specs.values() if b.name in names or (b.paths and b.covers(path))]
-        chosen.extend(b for b in self._covering if b not in chosen)
+        chosen.extend(b for b in self.covering if b not in chosen)
         return Route(weight, tuple(chosen), self.units(req))
 
     def limiter_for(self, spec: BudgetSpec, key_budgets: dict[str, WindowLimiter]) -> WindowLimiter:

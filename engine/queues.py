@@ -126,7 +126,9 @@ class WorkQueues:
             p = self.pinned[key] = _Pinned()
         return p
 
-    def _pop_pinned(self, key: str, now: float, admit: Callable[[Request], bool] | None) -> Request | None:
+    def _pop_pinned(
+        self, key: str, now: float, admit: Callable[[Request], bool | None] | None
+    ) -> Request | None:
         p = self.pinned.get(key)
         if p is None:
             return None
@@ -144,14 +146,15 @@ class WorkQueues:
 
     # -- taking
     def pop_ready(
-        self, now: float, admit: Callable[[Request], bool] | None = None, key: str | None = None
+        self, now: float, admit: Callable[[Request], bool | None] | None = None, key: str | None = None
     ) -> Request | None:
         """The next request to send: one pinned to `key` first, then an eligible retry, else fresh work.
 
         `admit(request) -> bool`, when given, skips requests that cannot go
         now (their connection pool is full, a budget they need has no room);
         fresh work is then searched a little way past the head (`_POOL_SCAN`),
-        so one busy pool or budget does not stall the others.
+        so one busy pool or budget does not stall the others. `admit` returns
+        None to stop the search: what holds this request back holds all.
         """
         if self._pinned_n and key is not None:
             pinned = self._pop_pinned(key, now, admit)
@@ -171,9 +174,12 @@ class WorkQueues:
                 req = heapq.heappop(dlq)
             else:
                 for i in range(min(len(main), _POOL_SCAN)):
-                    if admit(main[i]):
+                    ok = admit(main[i])
+                    if ok:
                         req = main[i]
                         del main[i]
+                        break
+                    if ok is None:  # what stops it stops every request behind it too
                         break
             if req is None:
                 return None

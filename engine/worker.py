@@ -84,6 +84,12 @@ class KeyWorker:
         self.key_budgets = key_budgets or {}  # this key's own named budgets (key scope)
         self.key_weighted = key_weighted  # the key's budget counts weight, not requests
         self._plan: list[tuple[WindowLimiter, int]] = []  # what the request just admitted spends
+        # Token budgets every request spends from: one that holds a request back holds all.
+        self._token_gates: frozenset[WindowLimiter] = frozenset()
+        if self.budgets is not None:
+            self._token_gates = frozenset(
+                self.budgets.limiter_for(b, self.key_budgets) for b in self.budgets.covering if b.tokens
+            )
         self._plan_now = 0.0
         self._wake_at = math.inf  # the earliest a skipped request's budgets have room
         self.gates = gates
@@ -299,23 +305,28 @@ class KeyWorker:
             plan.append((self.budgets.limiter_for(spec, self.key_budgets), route.cost(spec)))
         return plan
 
-    def _admit(self, req: Request) -> bool:
-        """Whether `req` can go now with this key (its pool has room, all its budgets do)."""
+    def _admit(self, req: Request) -> bool | None:
+        """Whether `req` can go now with this key (its pool has room, all its budgets do);
+        None when a token budget every request spends from holds it back: the requests
+        behind it wait too (a smaller prompt would only overtake it, and a big one could
+        starve while small ones keep the bucket from filling)."""
         pool_ok = self.host.pool_ok
         if pool_ok is not None and not pool_ok(req.pool):
             return False
         plan = self.spend_plan(req)
         now = self._plan_now
-        ready = now
+        ready, holder = now, None
         for lim, cost in plan:
             free = lim.next_free(now, cost)
             if free > ready:
-                ready = free
+                ready, holder = free, lim
         if ready <= now:
             self._plan = plan
             return True
         if ready < self._wake_at:
             self._wake_at = ready
+        if holder is not None and holder in self._token_gates:
+            return None
         return False
 
     async def _wait_for_work(self) -> None:

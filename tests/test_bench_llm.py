@@ -130,7 +130,7 @@ def test_a_row_counts_what_the_ledger_holds_not_what_the_client_says():
     ledger, book = Ledger(), PromptBook()
     common = {"method": "POST", "path": "/v1/chat/completions", "bucket": "chat"}
     for at, key, status, outcome, cost in (
-        (1.0, "a", 200, "ok", 300.0),
+        (0.0, "a", 200, "ok", 300.0),  # the first arrival: the window starts here
         (2.0, "a", 200, "ok", 300.0),
         (3.0, "a", 429, "rate_limited", 0.0),
         (4.0, "q", 429, "insufficient_quota", 0.0),
