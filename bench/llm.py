@@ -622,7 +622,8 @@ def ledger_row(scenario: LLMScenario, stub: Any, work: Sequence[Prompt], run: LL
     capacity_end = first + elapsed
     if scenario.api == "anthropic":
         # output tokens of each accepted prompt (the stub settles them at its output ratio)
-        from stubs.llm_common import prompt_identity
+        # the stubs' own prompt identity (tests/stubs, on sys.path since `load_stubs`)
+        prompt_identity = importlib.import_module("stubs.llm_common").prompt_identity
 
         by_id = {
             prompt_identity({"system": "", "messages": p.body("anthropic")["messages"]}): p for p in work

@@ -427,11 +427,12 @@ class Engine:
         return limiters
 
     def capacity_tps(self) -> float:
-        """Requests per second the keys allow (advertised limits included), host limit applied.
+        """Requests per second the keys allow (advertised limits included), host limit applied;
+        where a token budget binds, what it lets through at the requests' settled cost so far.
 
         A key still waiting for its server to advertise a limit counts for nothing: its
         placeholder limit is no capacity (0 in all: not known yet)."""
-        total = sum(w.limiter.capacity_tps for w in self.workers if not w.discovering)
+        total = sum(w.live_rate(0.0) for w in self.workers if not w.discovering)
         if self.host_limiter is not None:
             total = min(total, self.host_limiter.capacity_tps)
         return total
@@ -442,17 +443,18 @@ class Engine:
         Keys that are paused, blocked or cooling down count for nothing. The
         limiter spaces sends by (window + headroom) / limit, so the headroom
         is part of the rate: the nominal limit would promise a few percent
-        more than can be sent.
+        more than can be sent. A key whose token budget binds counts what that
+        budget lets through at the requests' settled cost so far (`KeyWorker.live_rate`).
         """
         h = self.headroom.seconds()
         total = 0.0
         for w in self.workers:
             if w.can_send(now):
-                total += min(p.limit / (p.window_s + h) for p in w.limiter.policies)
+                total += w.live_rate(h)
         if self.host_limiter is not None and self.host_gate is not None:
             if self.host_gate.open_at > now:
                 return 0.0
-            total = min(total, min(p.limit / (p.window_s + h) for p in self.host_limiter.policies))
+            total = min(total, self.host_limiter.live_rate(h))
         return total
 
     def next_gate_open(self, now: float) -> float | None:

@@ -296,6 +296,7 @@ class WindowLimiter:
         "_timer",
         "spent",
         "returned",
+        "sends",
     )
 
     def __init__(
@@ -326,6 +327,7 @@ class WindowLimiter:
         self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self.spent = 0  # cost units reserved by every send so far
+        self.sends = 0  # and how many sends
         self.returned = 0  # and given back when the server charged less (`refund`)
 
     def _add(self, policy: Policy, now: float) -> None:
@@ -392,6 +394,7 @@ class WindowLimiter:
         self._last_cost = cost
         self._recent.append((at, cost))
         self.spent += cost
+        self.sends += 1
         return stamp
 
     def sends_since(self, t: float) -> list[float]:
@@ -543,6 +546,16 @@ class WindowLimiter:
         for meter in self._meters:
             meter.refund(stamp, units, now)
 
+    def policies_now(self) -> tuple[Policy, ...]:
+        """The policies as enforced now: a bucket as its server's headers set it (`follow`),
+        the others as given (a retuned estimate is ours, not the server's)."""
+        return tuple(
+            Policy(m.limit, m.policy.window_s, PolicyKind.BUCKET, m.rate * m.policy.window_s)
+            if isinstance(m, _Bucket)
+            else m.policy
+            for m in self._meters
+        )
+
     def bucket(self) -> Policy | None:
         """The tightest bucket policy, as the limiter enforces it now (for display)."""
         buckets = [m for m in self._meters if isinstance(m, _Bucket)]
@@ -570,6 +583,15 @@ class WindowLimiter:
     def window_turns(self) -> tuple[tuple[Policy, float | None], ...]:
         """Each policy with the end of its current fixed window (loop time); None for the other kinds."""
         return tuple((m.policy, m.end if isinstance(m, _Fixed) else None) for m in self._meters)
+
+    def live_rate(self, h: float) -> float:
+        """Cost units per second it lets through now: a window spaces sends by (W + h) / N,
+        a bucket refills at its rate (as retuned or followed)."""
+        return min(m.rate if isinstance(m, _Bucket) else m.limit / (m.window + h) for m in self._meters)
+
+    def settled_cost(self) -> float | None:
+        """What one send has cost on average once settled (None before the first)."""
+        return (self.spent - self.returned) / self.sends if self.sends else None
 
     @property
     def capacity_tps(self) -> float:

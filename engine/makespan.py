@@ -214,7 +214,9 @@ class MakespanMeter:
     def _limits(self, lim: WindowLimiter, skip: Policy | None = None) -> Limits:
         turns = self._turns.get(id(lim), ())
         pairs = [
-            (p, turns[i] if i < len(turns) else None) for i, p in enumerate(lim.policies) if p is not skip
+            (now, turns[i] if i < len(turns) else None)
+            for i, (p, now) in enumerate(zip(lim.policies, lim.policies_now(), strict=True))
+            if p is not skip
         ]
         return Limits(tuple(p for p, _ in pairs), tuple(t for _, t in pairs))
 
@@ -232,7 +234,9 @@ class MakespanMeter:
         if not final and self._least is not None and now - self._least[0] < 1.0:
             return Makespan(self.jobs, elapsed, self._least[1])
         # The limits the engine knows: told and advertised (a limit learned from rejections is ours, not the server's).
-        keys = [self._limits(w.limiter, skip=w.learned_limit) for w in host.workers]
+        # A key the server refused for good (a bad key, no quota) allows nothing.
+        live = [w for w in host.workers if not w.blocked] or list(host.workers)
+        keys = [self._limits(w.limiter, skip=w.learned_limit) for w in live]
         demands: list[tuple[Sequence[Limits], float]] = [(keys, self.key_units)]
         if host.host_limiter is not None:
             demands.append(([self._limits(host.host_limiter)], self.requests))
@@ -241,7 +245,7 @@ class MakespanMeter:
             if shared is not None:
                 demands.append(([self._limits(shared)], units))
             else:
-                demands.append(([self._limits(w.key_budgets[name]) for w in host.workers], units))
+                demands.append(([self._limits(w.key_budgets[name]) for w in live], units))
         least = least_time(demands, rtt_s)
         self._least = (now, least)
         return Makespan(self.jobs, elapsed, least)

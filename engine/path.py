@@ -361,6 +361,8 @@ class RequestPath:
             reserved = route.cost(spec)
             if used is not None and used < reserved:
                 lim.refund(stamp, reserved - used, now)
+                if req.units is not None:  # what it cost, for the makespan's count of the job's units
+                    req.units = {**req.units, spec.unit: used}
 
     def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
         name = quota.name

@@ -190,6 +190,17 @@ class KeyWorker:
             return self.limiter.next_free(now)
         return max(lim.next_free(now) for lim in self.limiters)
 
+    def live_rate(self, h: float) -> float:
+        """Requests per second this key lets through now: its own limit's, or fewer where a
+        token budget every request spends from binds (its refill over what one request has
+        cost once settled, on average so far)."""
+        rate = self.limiter.live_rate(h)
+        for lim in self._token_gates:
+            cost = lim.settled_cost()
+            if cost:
+                rate = min(rate, lim.live_rate(h) / cost)
+        return rate
+
     def can_send(self, now: float) -> bool:
         """Not paused, not blocked and no closed gate: the key counts toward capacity now."""
         return not (self.paused or self.blocked) and self.gate_open_at() <= now

@@ -449,3 +449,18 @@ async def test_no_secret_reaches_the_new_screens():
             for secret in SECRETS.values():
                 assert secret not in text and secret[-8:] not in text
             assert not re.search(r"[A-Za-z0-9]{32}", text)
+
+
+@async_test
+async def test_a_snapshot_before_the_key_detail_composed_is_no_crash():
+    """The live feed hands every open screen each snapshot; one may land between the push of the
+    key detail and its compose (seen by hand on a busy box: NoMatches '#detail-fill')."""
+    snap = reported_snapshot()
+    app = make_app(host=FakeHost(snap))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = KeyDetailScreen("k1", snap, lambda: ["k1"])
+        app.push_screen(screen)
+        screen.snapshot = dataclasses.replace(snap, elapsed_s=snap.elapsed_s + 1)  # before compose
+        await pilot.pause()
+        assert isinstance(app.screen, KeyDetailScreen)
+        assert "18/20 (90%)" in screen_text(app)

@@ -94,8 +94,8 @@ class ClusterScreen(Screen[None]):
         self.snapshot = self._initial
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
-        if snap is None:
-            return
+        if snap is None or not self.query("#cluster-head"):
+            return  # none yet, or it came before the screen composed (on_mount shows it)
         head = self.query_one("#cluster-head", Static)
         view = snap.cluster
         table = self.query_one(DataTable)

@@ -97,8 +97,8 @@ class ErrorsScreen(Screen[None]):
                 self.watch_snapshot(self.snapshot)
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
-        if snap is None:
-            return
+        if snap is None or not self.query("#errors-head"):
+            return  # none yet, or it came before the screen composed (on_mount shows it)
         table = self.query_one(DataTable)
         total = sum(row.count for row in snap.errors)
         self.query_one("#errors-head", Static).update(

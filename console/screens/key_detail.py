@@ -292,6 +292,8 @@ class KeyDetailScreen(Screen[None]):
         self._render_all()
 
     def _render_all(self) -> None:
+        if not self.query("#detail-fill"):
+            return  # a snapshot that came before the screen composed: on_mount renders it
         snap = self.snapshot
         row = next((key for key in snap.keys if key.label == self.label), None) if snap else None
         head = self.query_one("#detail-head", Static)
