@@ -308,8 +308,10 @@ class RequestPath:
                 if short >= 2:
                     reset = q.reset_in_s + transit if q.reset_from_time else q.reset_in_s
                     bound = min(bound, q.limit * reset / (short - 1))
+        first_window = bound < math.inf and worker.window_bound == math.inf
         worker.window_bound = bound
         window = bound if bound < math.inf else None
+        moved = []
         for q in quotas:
             if not q.follow or q.limit is None or q.remaining is None:
                 continue
@@ -318,12 +320,15 @@ class RequestPath:
                 continue
             before = limiter.bucket()
             if limiter.follow(now, q.limit, q.limit - q.remaining, limiter.spent_since(sent_at), window):
-                if before is not None and before.limit != q.limit:
-                    self.event(
-                        EventKind.SETTING,
-                        f"{worker.label}: the server's {q.name} limit is {q.limit:,} (was {before.limit:,}); adopted it",
-                    )
+                if before is not None and (before.limit != q.limit or first_window):
+                    was = f" (was {before.limit:,})" if before.limit != q.limit else ""
+                    moved.append(f"{q.name} {q.limit:,}{was}")
             worker.note_quota(q, now + q.reset_in_s if q.reset_in_s is not None else None)
+        if moved:
+            refill = f", refilled over {bound:.1f} s" if bound < math.inf else ""
+            self.event(
+                EventKind.SETTING, f"{worker.label}: the server's limits: {', '.join(moved)}{refill}; adopted"
+            )
 
     def _limiter_for_follow(self, worker: KeyWorker, unit: str | None) -> WindowLimiter | None:
         if unit == "requests":

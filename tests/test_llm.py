@@ -218,3 +218,31 @@ def test_a_refund_gives_back_what_the_server_did_not_charge():
     window.record(0.0, 2)
     window.refund(first, 2, 0.0)
     assert window.used(0.0) == (3, 10)
+
+
+def test_a_real_api_preset_without_a_target_is_one_line_and_exit_2(tmp_path):
+    """The simulator speaks the seed's conventions: `--preset openai` against it would only be refused."""
+    import subprocess
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratedeck.runner.cli",
+            "--no-ui",
+            "--preset",
+            "openai",
+            "--keys",
+            "sk-proj-0123456789abcdef",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "ratedeck: command line: --target: the openai preset is for the real API: give its URL with "
+        "--target ('ratedeck presets openai' shows the recipe)"
+    )
+    assert "0123456789abcdef" not in proc.stdout + proc.stderr

@@ -70,6 +70,15 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     options from the flags; raises ConfigError (one line) for anything wrong."""
     cfg, source = load_run_config(args)
     check_store(cfg)
+    if cfg.preset not in (None, "seed") and cfg.target.url is None and not cfg.server:
+        # The simulator speaks the seed's conventions (a key parameter): a real API's preset
+        # against it only ever meets refusals.
+        raise ConfigError(
+            "command line",
+            "--target",
+            f"the {cfg.preset} preset is for the real API: give its URL with --target "
+            f"('ratedeck presets {cfg.preset}' shows the recipe)",
+        )
     thresholds = []
     for i, expression in enumerate(cfg.fail_on):
         try:
