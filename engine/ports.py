@@ -295,6 +295,15 @@ class StoreUnavailable(RatedeckError):
 
 
 @dataclass(frozen=True, slots=True)
+class Ask:
+    """One budget a lease spends from: its name in the store, its policies as enforced now, the cost."""
+
+    budget: str
+    policies: tuple[Policy, ...]
+    cost: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     """Send times the store reserved for this member, in its loop clock, earliest first.
 
@@ -309,6 +318,7 @@ class Grant:
     retry_at: float | None = None
     fresh: bool = False
     epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
+    tickets: tuple[Any, ...] = ()  # one per time: what `give_back` needs of it (the store's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +340,7 @@ class SharedState(Protocol):
 
     async def lease(
         self,
-        budget: str,
-        policies: Sequence[Policy],
+        asks: Sequence[Ask],
         count: int,
         headroom_s: float,
         slack_s: float,
@@ -340,9 +349,17 @@ class SharedState(Protocol):
         horizon_s: float,
         hold_s: float,
     ) -> Grant:
-        """Up to `count` send times of `budget` (all `policies` together) at least `slack_s`
+        """Up to `count` send times at which every budget of `asks` has room for its cost (all
+        or none, all policies together), each reserved before the answer, at least `slack_s`
         usable each; none further ahead than `horizon_s`. `hold_s`: see `ClusterMember._hold_s`."""
         ...
+
+    async def give_back(self, ticket: Any, budget: str, units: int) -> None:
+        """`units` of `budget` a granted send (`ticket`) reserved were not charged: free them."""
+
+    async def sync(self, budget: str, policy: Policy, counted: int, until: float | None) -> None:
+        """The server counted `counted` units of `budget`'s `policy` (until `until`, loop time,
+        for a sliding window): raise the shared count to it, never lower it."""
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
 

@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.ports import Grant, Poll, StoreUnavailable
+from ratedeck.engine.ports import Ask, Grant, Poll, StoreUnavailable
 from ratedeck.engine.snapshot import ClusterView, MemberRow
 
 from . import redis_scripts
@@ -146,6 +146,20 @@ def _us(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000 + 0.999999))  # whole µs, rounded up
 
 
+def _policy_args(p: Policy) -> list[Any]:
+    return [_kind(p), max(1, int(p.limit)), _us(p.window_s), repr(float(p.drain))]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A granted slot as `give_back` needs it: its time and headroom on Redis's clock (µs), and
+    per budget its sequence number and what was asked (cost, policies)."""
+
+    at_us: int
+    h_us: int
+    seqs: dict[str, tuple[int, Ask]]
+
+
 @dataclass
 class _Offset:
     """Bounds of (Redis time - loop time), seconds, from recent round trips."""
@@ -168,6 +182,8 @@ class RedisShared:
         self.client = client if client is not None else connect(self.url)
         self._grant = self.client.register_script(redis_scripts.GRANT)
         self._close_gate = self.client.register_script(redis_scripts.CLOSE_GATE)
+        self._refund = self.client.register_script(redis_scripts.REFUND)
+        self._sync = self.client.register_script(redis_scripts.SYNC)
         self._clock: Callable[[], float] = time.monotonic
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=32)  # (at, lo, hi)
         self.offset = _Offset()
@@ -209,14 +225,22 @@ class RedisShared:
         sec, usec = await self._call(self.client.time)
         self._note(int(sec) * 1_000_000 + int(usec), t0, self._clock())
 
-    # -- budgets
+    # -- budgets (every Redis key name is made here, from `budget_key`)
     def budget_key(self, budget: str) -> str:
         return f"{self.ns}:b:{{{budget}}}"
 
+    def meta_key(self, budget: str) -> str:
+        """A budget's hash: its last slot granted and its grant sequence."""
+        return f"{self.budget_key(budget)}:m"
+
+    def policy_key(self, budget: str, policy: Policy) -> str:
+        """One policy's count: named by its kind and window (not its limit, which members learn),
+        so members that know different policies of a key share the ones they have in common."""
+        return f"{self.budget_key(budget)}:{_kind(policy)}{_us(policy.window_s)}"
+
     async def lease(
         self,
-        budget: str,
-        policies: Sequence[Policy],
+        asks: Sequence[Ask],
         count: int,
         headroom_s: float,
         slack_s: float,
@@ -228,30 +252,71 @@ class RedisShared:
         if self.offset.width == float("inf"):
             await self._time_sample()
         u = self.offset.width
+        h_us = _us(headroom_s + slack_s + u)
         args: list[Any] = [
             count,
-            1,
-            _us(headroom_s + slack_s + u),
+            h_us,
             _us(pace_s),
             repr(float(spacing)),
             _us(horizon_s),
             _us(hold_s),
+            len(asks),
         ]
-        for p in policies:
-            args += [_kind(p), p.limit, _us(p.window_s), repr(float(p.drain))]
+        keys = [self.epoch_key()]
+        for ask in asks:
+            keys.append(self.meta_key(ask.budget))
+            args += [max(0, int(ask.cost)), len(ask.policies)]
+            for p in ask.policies:
+                keys.append(self.policy_key(ask.budget, p))
+                args += _policy_args(p)
         t0 = self._clock()
-        out = await self._call(self._grant, keys=[self.budget_key(budget), self.epoch_key()], args=args)
+        out = await self._call(self._grant, keys=keys, args=args)
         t1 = self._clock()
         now_us, status, fresh, next_us = (int(x) for x in out[:4])
         self._note(now_us, t0, t1)
         lo = self.offset.lo
         if status == 0:
-            raise StoreUnavailable("a request costs more than the key's limit allows")  # config bug: loud
-        self.last_grant_us = tuple(int(t) for t in out[5:])
+            which = asks[int(out[5]) - 1].budget if len(out) > 5 and 0 < int(out[5]) <= len(asks) else "?"
+            # a config bug: loud (the budget named by its fingerprint)
+            raise StoreUnavailable(f"a request costs more than budget {which}'s limit allows")
+        per = 1 + len(asks)
+        rows = [out[i : i + per] for i in range(6, len(out), per)]
+        self.last_grant_us = tuple(int(r[0]) for r in rows)
+        tickets = tuple(
+            _Ticket(int(r[0]), h_us, {a.budget: (int(seq), a) for a, seq in zip(asks, r[1:], strict=True)})
+            for r in rows
+        )
         # + 1 us: a worker may take a lease up to LEASE_EARLY_S (1 us) before its time
         times = tuple(t / 1_000_000 - lo + 1e-6 for t in self.last_grant_us)
         retry_at = None if times else next_us / 1_000_000 - lo - horizon_s
-        return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh), epoch=_text(out[4]))
+        return Grant(
+            times,
+            usable_s=slack_s,
+            retry_at=retry_at,
+            fresh=bool(fresh),
+            epoch=_text(out[4]),
+            tickets=tickets,
+        )
+
+    async def give_back(self, ticket: Any, budget: str, units: int) -> None:
+        if not isinstance(ticket, _Ticket) or budget not in ticket.seqs or units <= 0:
+            return
+        seq, ask = ticket.seqs[budget]
+        keys = [self.policy_key(budget, p) for p in ask.policies]
+        args: list[Any] = [seq, max(0, int(ask.cost)), int(units), ticket.at_us, ticket.h_us]
+        for p in ask.policies:
+            args += _policy_args(p)
+        await self._call(self._refund, keys=keys, args=args)
+
+    async def sync(self, budget: str, policy: Policy, counted: int, until: float | None) -> None:
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+        until_us = _us(until + self.offset.lo) if until is not None else 0  # the earlier end: never longer
+        await self._call(
+            self._sync,
+            keys=[self.policy_key(budget, policy)],
+            args=[*_policy_args(policy), max(0, int(counted)), until_us],
+        )
 
     def epoch_key(self) -> str:
         return f"{self.ns}:epoch"
