@@ -206,6 +206,19 @@ class GateWatcher(Protocol):
     def gate_closed(self, gate: CooldownGate, reason: str) -> None: ...
 
 
+class BudgetWatcher(Protocol):
+    """Told what the server charged and counted, for budgets a store shares (a cluster member)."""
+
+    def gave_back(self, worker: Any, limiter: Any, ticket: Any, units: int) -> None:
+        """A send on a lease (`ticket`) was charged `units` less in `limiter`'s budget."""
+
+    def synced(
+        self, worker: Any, limiter: Any, policy: Policy, counted: int, at: float, until: float | None
+    ) -> None:
+        """The server counted `counted` of `limiter`'s budget under `policy`, for a send at `at`
+        (loop time; a fixed window's count is that window's), counting until `until` if known."""
+
+
 class Cooldown(Protocol):
     """How the request path honours a server's delay (Retry-After and the like).
 
@@ -357,9 +370,10 @@ class SharedState(Protocol):
     async def give_back(self, ticket: Any, budget: str, units: int) -> None:
         """`units` of `budget` a granted send (`ticket`) reserved were not charged: free them."""
 
-    async def sync(self, budget: str, policy: Policy, counted: int, until: float | None) -> None:
-        """The server counted `counted` units of `budget`'s `policy` (until `until`, loop time,
-        for a sliding window): raise the shared count to it, never lower it."""
+    async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
+        """The server counted `counted` units of `budget`'s `policy` for a send at `at` (loop
+        time), counting until `until` (a sliding window's, if known): raise the shared count to
+        it, never lower it below what members hold."""
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
 

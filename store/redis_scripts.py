@@ -294,20 +294,22 @@ return given or 0
 #: Raise one policy's shared count to what the server says it counted (never lower it: members
 #: hold grants the server has not seen yet). KEYS[1]: the policy's key; ARGV: kind, limit,
 #: window_us, drain, counted, until_us (when a sliding window's count stops, 0: a window from
-#: now). Returns the units added.
+#: now), at_us (when the counted send was made: a fixed window's count is that window's).
+#: Returns the units added.
 SYNC = r"""
 local key = KEYS[1]
 local kind, limit, window, drain = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local counted, until_us = tonumber(ARGV[5]), tonumber(ARGV[6])
+local counted, until_us, at = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local function num(x) return string.format('%.0f', x) end
 if kind == 'f' then
-  local w = num(math.floor(now / window))
+  if at <= 0 or at > now then at = now end
+  local w = num(math.floor(at / window))
   local used = tonumber(redis.call('HGET', key, w) or '0')
   if counted <= used then return 0 end
   redis.call('HSET', key, w, counted)
-  local want = math.ceil(((math.floor(now / window) + 1) * window - now) / 1000) + 1000
+  local want = math.ceil(((math.floor(at / window) + 1) * window - now) / 1000) + 1000
   if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end
   return counted - used
 elseif kind == 's' then

@@ -308,14 +308,15 @@ class RedisShared:
             args += _policy_args(p)
         await self._call(self._refund, keys=keys, args=args)
 
-    async def sync(self, budget: str, policy: Policy, counted: int, until: float | None) -> None:
+    async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
         if self.offset.width == float("inf"):
             await self._time_sample()
-        until_us = _us(until + self.offset.lo) if until is not None else 0  # the earlier end: never longer
+        lo = self.offset.lo
+        until_us = _us(until + lo) if until is not None else 0  # the earlier end: never longer
         await self._call(
             self._sync,
             keys=[self.policy_key(budget, policy)],
-            args=[*_policy_args(policy), max(0, int(counted)), until_us],
+            args=[*_policy_args(policy), max(0, int(counted)), until_us, _us(at + lo)],
         )
 
     def epoch_key(self) -> str:
