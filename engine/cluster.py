@@ -190,7 +190,11 @@ class ClusterMember:
         try:
             # sends a second the plan's budgets allow, each at its cost
             rate = min(min(p.rate for p in lim.current_policies()) / max(1, cost) for lim, cost in plan)
-            count = 1 if leases.single else max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
+            count = (
+                1
+                if leases.single or leases.plan is not None
+                else max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
+            )
             h = engine.headroom.seconds()
             grant = await self.shared.lease(
                 self.asks(worker, plan),

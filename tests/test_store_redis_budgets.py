@@ -237,18 +237,21 @@ def test_three_members_share_binances_weight_per_ip_and_never_exceed_it(redis_se
             finally:
                 for t in transports:
                     await t.close()
-            return snaps, stub, start, stub.now()
+            return snaps, stub, start, stub.now(), [p for e in engines for p in e.problems]
 
-    snaps, stub, start, end = asyncio.run(main())
+    snaps, stub, start, end, problems = asyncio.run(main())
     state = stub.state
     windows = {w: used for (_ip, i, w), used in state.weight.items() if i == 0}
     # the server's own count is the truth: never over 90 in a window, no 429, no ban
     assert windows and max(windows.values()) <= 90, windows
     assert stub.ledger.refused() == [], stub.ledger.counts()
     assert all(s.sent > 5 for s in snaps), [s.sent for s in snaps]  # every member took part
-    assert not any("not shared" in p for s in snaps for p in s.problems)
+    assert problems == []  # no "not shared" notice, nothing failed
     # and the budget was used: the whole windows inside the run at 70% or more together
     whole = [w for w in windows if w * 3 >= start + 3 and (w + 1) * 3 <= end - 1]
+    print(
+        f"binance, 3 members, 90/3s per IP: windows {sorted(windows.items())}; sent {[s.sent for s in snaps]}"
+    )
     assert whole and sum(windows[w] for w in whole) >= 0.7 * 90 * len(whole), (windows, whole)
 
 
@@ -258,7 +261,9 @@ def test_three_members_share_one_openai_keys_tokens(redis_server, tmp_path):  # 
     seconds = 15.0
 
     async def main():
-        async with await start_openai(keys=[key], rpm=500, tpm=30_000, minute_s=minute_s, latency=0.3) as stub:
+        async with await start_openai(
+            keys=[key], rpm=500, tpm=30_000, minute_s=minute_s, latency=0.3
+        ) as stub:
             engines, transports = [], []
             for i in range(3):
                 lines = prompts(2000, "/v1/chat/completions", seed=11 + i)
