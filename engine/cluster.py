@@ -393,6 +393,7 @@ class ClusterMember:
                     view = await self.shared.read_cluster()
                     at = round(engine.clock() - engine.started_at, 1)
                     self.view = dataclasses.replace(view, read_at_s=at)
+                    self.adopt_learned(engine.clock())
             except StoreUnavailable as exc:
                 self._went_down(str(exc))
                 continue
@@ -453,11 +454,54 @@ class ClusterMember:
                     "budget": self.budget_ids.get(w.label, ""),
                     "sent": w.sent,
                     "state": str(w.state(now)),
-                    "leases_dropped": w.leases.dropped if w.leases is not None else 0,
+                    "leases_dropped": sum(s.dropped for s in w.all_leases()),
+                    # shared with every member (the store keeps the newest per budget)
+                    "learned": self._learned(w, now),
                 }
                 for w in engine.workers
             ],
         }
+
+    def _learned(self, w: KeyWorker, now: float) -> dict[str, Any]:
+        """What this member learned of key `w` (estimate, server counts, headroom), stamped with
+        the wall time it last changed, for the store's hash of the key."""
+        est = w.estimate
+        out: dict[str, Any] = {"headroom_ms": round(self.engine.headroom.seconds() * 1000, 1)}
+        if est is not None and est.moved_at is not None:
+            out.update(
+                estimate=est.value,
+                window_s=est.window_s,
+                reason=est.reason,
+                moved_at=self.engine.wall_time(est.moved_at),
+            )
+        if w.server_remaining is not None:
+            out["remaining"] = w.server_remaining
+        if w.server_limit is not None:
+            out["limit"] = w.server_limit
+        return out
+
+    def adopt_learned(self, now: float) -> None:
+        """Adopt another member's estimate of a key we share when it moved later than ours
+        (last writer wins: the grants stay exact whatever the estimate; it only paces us)."""
+        view = self.view
+        if view is None:
+            return
+        by_budget = {r.budget: r for r in view.keys}
+        for w in self.engine.workers:
+            row = by_budget.get(self.budget_ids.get(w.label, ""))
+            est = w.estimate
+            if row is None or row.member == self.member or est is None or row.estimate_limit is None:
+                continue
+            ours = self.engine.wall_time(est.moved_at) if est.moved_at is not None else -math.inf
+            if row.estimate_limit != est.value and self._wall(now) - row.age_s > ours:
+                if w.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
+                    self.engine.event(
+                        EventKind.SETTING,
+                        f"{w.label}: limit estimate {row.estimate} from another member ({row.reason})",
+                    )
+
+    def _wall(self, now: float) -> float:
+        return self.engine.wall_time(now)
 
     def lease_totals(self) -> tuple[int, int, int]:
         """(granted, used, dropped) leases over all keys."""

@@ -437,6 +437,21 @@ class KeyWorker:
             self._retune()
         return moved, explained
 
+    def adopt_estimate(self, value: int, reason: str, now: float) -> bool:
+        """Another member's estimate of this shared key (newer than ours): take it, within the
+        ceiling; a level above what held here is unconfirmed (probed one at a time). True if it moved."""
+        est = self.estimate
+        if est is None:
+            return False
+        value = max(1, min(int(value), est.ceiling))
+        if value == est.value:
+            return False
+        est.value = value
+        est.confirmed = min(est.confirmed, value)
+        est.reason, est.moved_at = reason[:80], now
+        self._retune()
+        return True
+
     def climb(self, now: float) -> bool:
         """Let the estimate climb (a window without a 429); True when it moved."""
         est = self.estimate

@@ -61,7 +61,7 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
 from ratedeck.engine.ports import Ask, Grant, Poll, StoreUnavailable
-from ratedeck.engine.snapshot import ClusterView, MemberRow
+from ratedeck.engine.snapshot import ClusterView, MemberRow, SharedKeyRow
 
 from . import redis_scripts
 from .base import StoreError
@@ -72,6 +72,20 @@ NAMESPACE = "ratedeck"
 GROUP = "ratedeck"
 #: How long a command may take before the store counts as unreachable.
 COMMAND_TIMEOUT_S = 1.0
+
+
+def budget_prefix(namespace: str, budget: str) -> str:
+    """Every Redis key of a budget starts with this (its grants' counts, its learned state)."""
+    return f"{namespace}:b:{{{budget}}}"
+
+
+def learned_key(namespace: str, budget: str) -> str:
+    """A key's learned state: a hash, one field per member (its JSON), the newest read wins."""
+    return f"{budget_prefix(namespace, budget)}:learned"
+
+
+#: How long a member's learned state of a key outlives its last publish.
+LEARNED_TTL_S = 60.0
 
 
 def check_url(url: str) -> str:
@@ -227,7 +241,7 @@ class RedisShared:
 
     # -- budgets (every Redis key name is made here, from `budget_key`)
     def budget_key(self, budget: str) -> str:
-        return f"{self.ns}:b:{{{budget}}}"
+        return budget_prefix(self.ns, budget)
 
     def meta_key(self, budget: str) -> str:
         """A budget's hash: its last slot granted and its grant sequence."""
@@ -355,6 +369,13 @@ class RedisShared:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(f"{self.ns}:member:{member}", body, px=int(ttl_s * 1000))
         pipe.zadd(self.members_key(), {member: expires_ms})
+        at = round(time.time(), 3)
+        for row in summary.get("keys") or ():
+            learned, budget = row.get("learned"), row.get("budget")
+            if isinstance(learned, dict) and budget:
+                key = learned_key(self.ns, str(budget))
+                pipe.hset(key, member, json.dumps({**learned, "at": at}, separators=(",", ":")))
+                pipe.pexpire(key, int(LEARNED_TTL_S * 1000))
         await self._call(pipe.execute)
 
     async def read_cluster(self) -> ClusterView:
@@ -391,7 +412,31 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
                 continue
             if isinstance(summary, dict):
                 members.append(summary)
-    return {"members": members, "queues": await queue_depths(client, namespace)}
+    budgets = sorted(
+        {
+            str(k["budget"])
+            for m in members
+            for k in (m.get("keys") or ())
+            if isinstance(k, dict) and k.get("budget")
+        }
+    )
+    learned: dict[str, dict[str, Any]] = {}
+    if budgets:
+        pipe = client.pipeline(transaction=False)
+        for b in budgets:
+            pipe.hgetall(learned_key(namespace, b))
+        for b, raw in zip(budgets, await pipe.execute(), strict=True):
+            docs = {}
+            for who, body in (raw or {}).items():
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    docs[_text(who)] = doc
+            if docs:
+                learned[b] = docs
+    return {"members": members, "queues": await queue_depths(client, namespace), "learned": learned}
 
 
 async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
@@ -423,6 +468,17 @@ def _int(value: Any) -> int:
         return 0
 
 
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None or isinstance(value, bool) else _int(value)
+
+
 def cluster_view(view: dict[str, Any]) -> ClusterView:
     """`read_cluster`'s answer as the engine's plain `ClusterView` (members sorted by id)."""
     rows = []
@@ -449,12 +505,35 @@ def cluster_view(view: dict[str, Any]) -> ClusterView:
             )
         )
     q = view.get("queues") or {}
+    now = time.time()
+    keys = []
+    for budget, docs in sorted((view.get("learned") or {}).items()):
+        newest = max(docs.items(), key=lambda kv: _float(kv[1].get("at")))
+        with_est = [kv for kv in docs.items() if kv[1].get("estimate") is not None]
+        est_who, est = max(with_est, key=lambda kv: _float(kv[1].get("moved_at"))) if with_est else ("", {})
+        doc = newest[1]
+        limit = _opt_int(est.get("estimate"))
+        window = _float(est.get("window_s"))
+        keys.append(
+            SharedKeyRow(
+                budget=budget,
+                member=est_who or newest[0],
+                age_s=round(max(0.0, now - _float(est.get("moved_at") if est else doc.get("at"))), 1),
+                estimate=f"{limit}/{window:g}s" if limit is not None and window > 0 else "",
+                estimate_limit=limit,
+                reason=str(est.get("reason", ""))[:80],
+                remaining=_opt_int(doc.get("remaining")),
+                limit=_opt_int(doc.get("limit")),
+                headroom_ms=_float(doc.get("headroom_ms")) if doc.get("headroom_ms") is not None else None,
+            )
+        )
     return ClusterView(
         members=tuple(sorted(rows, key=lambda r: r.member)),
         waiting=_int(q.get("main")),
         claimed=_int(q.get("claimed")),
         uncertain=_int(q.get("uncertain")),
         graveyard=_int(q.get("graveyard")),
+        keys=tuple(keys),
     )
 
 
@@ -472,6 +551,12 @@ def format_cluster(view: dict[str, Any]) -> str:
             f"sent {m.get('sent')}, ok {m.get('succeeded')}, 429 {m.get('rejected_429')}, "
             f"queue {m.get('main_depth')}+{m.get('dlq_depth')}, store {m.get('store')}, "
             f"leases used {leases.get('used', 0)}/{leases.get('granted', 0)}"
+        )
+    for row in cluster_view(view).keys:
+        lines.append(
+            f"key {row.budget}: estimate {row.estimate or '-'} ({row.reason or '-'}, {row.member}), "
+            f"server remaining {row.remaining if row.remaining is not None else '-'}"
+            f"/{row.limit if row.limit is not None else '-'}, headroom {row.headroom_ms} ms"
         )
     return "\n".join(lines)
 

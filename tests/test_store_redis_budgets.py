@@ -298,3 +298,47 @@ def test_three_members_share_one_openai_keys_tokens(redis_server, tmp_path):  # 
     assert all(s.succeeded > 3 for s in snaps), [s.succeeded for s in snaps]
     assert refused <= 3, refused
     assert share >= 0.85, (used, cap)
+
+
+def test_learned_state_is_shared_per_key_and_the_newest_estimate_wins(redis_server):  # noqa: F811
+    async def main():
+        a, b = _shared(redis_server.url, "learned"), _shared(redis_server.url, "learned")
+        now = time.time()
+
+        def summary(member, learned):
+            return {"member": member, "keys": [{"label": "k1", "budget": "fp1", "learned": learned}]}
+
+        try:
+            await a.publish(
+                "a",
+                summary(
+                    "a",
+                    {"estimate": 40, "window_s": 1.0, "reason": "lowered by a 429 at 40", "moved_at": now},
+                ),
+                3.0,
+            )
+            await b.publish(
+                "b",
+                summary(
+                    "b",
+                    {
+                        "estimate": 50,
+                        "window_s": 1.0,
+                        "reason": "told",
+                        "moved_at": now - 5,
+                        "remaining": 7,
+                        "limit": 50,
+                    },
+                ),
+                3.0,
+            )
+            return await a.read_cluster()
+        finally:
+            await a.close()
+            await b.close()
+
+    view = asyncio.run(main())
+    (row,) = view.keys
+    # the estimate that moved last (a's), the counts last published (b's)
+    assert (row.budget, row.estimate, row.estimate_limit, row.member) == ("fp1", "40/1s", 40, "a")
+    assert (row.remaining, row.limit) == (7, 50) and row.age_s < 5
