@@ -39,11 +39,13 @@ import secrets
 import socket
 from typing import Any
 
+from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
 
 from .gate import CooldownGate
 from .leases import LeasedSlots
-from .ports import ClusterHost, Grant, Poll, SharedState, StoreUnavailable
+from .limiter import WindowLimiter
+from .ports import Ask, ClusterHost, Grant, Poll, SharedState, StoreUnavailable
 from .snapshot import ClusterView
 from .worker import KeyWorker
 
@@ -69,13 +71,22 @@ def _target_host(url: str | None) -> str:
         return "embedded"
 
 
-def budget_name(target_url: str | None, secret: str) -> str:
-    """A key's budget as the store names it: a fingerprint of the target's host and the key, never the key.
+def budget_name(target_url: str | None, secret: str | None, budget: str = "") -> str:
+    """A budget as the store names it: a fingerprint of the target's host, the key and the
+    budget's name, never the key. Every budget's store name is made here.
 
-    Members that use the same key at the same host share one budget; 16 hex
-    digits of SHA-256 say nothing usable about a key.
+    `secret` and no `budget`: a key's own limits; `secret` and `budget`: the key's share of a
+    key-scope `[[budgets]]`; no `secret`: a host-wide budget (`budget` is its name, or
+    `host_limits` for `keys.host_limits`). Members that use the same key at the same host
+    share one budget; 16 hex digits of SHA-256 say nothing usable about a key.
     """
-    text = f"ratedeck-budget\0{_target_host(target_url)}\0{secret}"
+    host = _target_host(target_url)
+    if secret is None:
+        text = f"ratedeck-host-budget\0{host}\0{budget}"
+    elif budget:
+        text = f"ratedeck-budget\0{host}\0{secret}\0{budget}"
+    else:
+        text = f"ratedeck-budget\0{host}\0{secret}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
@@ -115,7 +126,6 @@ class ClusterMember:
         budget_ids: dict[str, str],
         gate_ids: dict[str, str],
         *,
-        unshared_limits: bool = False,
         member: str | None = None,
         lease_ahead_s: float = 0.25,
         horizon_s: float = 1.0,
@@ -127,7 +137,6 @@ class ClusterMember:
         retry_s: float = 0.25,
     ):
         self.engine = engine
-        self.unshared_limits = unshared_limits  # host limits, [[budgets]] or weights: each member's own
         self.shared = shared
         self.budget_ids = budget_ids  # key label -> budget name in the store (a fingerprint)
         self.gate_ids = gate_ids  # gate name -> its name in the store
@@ -150,26 +159,45 @@ class ClusterMember:
         self._closing = False
 
     # -- the workers' side
-    def want(self, worker: KeyWorker, now: float) -> None:
-        """`worker` has work and too few leases: fetch more, unless a fetch runs or the budget is full."""
-        leases = worker.leases
+    def want(self, worker: KeyWorker, now: float, leases: LeasedSlots | None = None) -> None:
+        """`worker` has work and too few leases (for `leases`' plan): fetch more, unless a fetch
+        runs or the budget is full."""
+        leases = leases if leases is not None else worker.leases
         if leases is None or leases.fetching or self.down_since is not None or now < leases.retry_at:
             return
         leases.fetching = True
-        self._spawn(self._fetch(worker))
+        worker.fetching += 1
+        self._spawn(self._fetch(worker, leases))
 
-    async def _fetch(self, worker: KeyWorker) -> None:
-        leases = worker.leases
-        assert leases is not None
+    def plan_of(self, worker: KeyWorker, leases: LeasedSlots) -> list[tuple[WindowLimiter, int]]:
+        """The limiters a lease of `leases` spends from, and the cost in each."""
+        if leases.plan is not None:
+            return leases.plan
+        return [(lim, 1) for lim in worker.limiters]
+
+    def asks(self, worker: KeyWorker, plan: list[tuple[WindowLimiter, int]]) -> list[Ask]:
+        """The plan as the store is asked it: each budget's store name, policies as enforced now, cost."""
+        out: list[Ask] = []
+        for lim, cost in plan:
+            name = worker.store_names.get(lim)
+            if name is not None:
+                out.append(Ask(name, lim.current_policies(), cost))
+        return out
+
+    async def _fetch(self, worker: KeyWorker, leases: LeasedSlots) -> None:
         engine = self.engine
+        plan = self.plan_of(worker, leases)
         try:
-            policies = worker.limiter.policies
-            rate = min(p.rate for p in policies)
-            count = max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
+            # sends a second the plan's budgets allow, each at its cost
+            rate = min(min(p.rate for p in lim.current_policies()) / max(1, cost) for lim, cost in plan)
+            count = (
+                1
+                if leases.single or leases.plan is not None
+                else max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
+            )
             h = engine.headroom.seconds()
             grant = await self.shared.lease(
-                self.budget_ids[worker.label],
-                policies,
+                self.asks(worker, plan),
                 count,
                 h,
                 self.slack_s,
@@ -177,13 +205,14 @@ class ClusterMember:
                 # even pacing spaces the cluster's sends as the limiter would one member's
                 worker.limiter.min_spacing if worker.limiter.pacing is Pacing.EVEN else 0.0,
                 self.horizon_s,
-                self._hold_s(worker, h),
+                self._hold_s(plan, h),
             )
         except StoreUnavailable as exc:
             self._went_down(str(exc))
             return
         finally:
             leases.fetching = False
+            worker.fetching -= 1
             worker.poke()  # whatever happened, the worker looks again (it waits for this)
         if self._epoch(grant.epoch, engine.clock()):
             leases.add(grant)
@@ -194,7 +223,7 @@ class ClusterMember:
                 EventKind.INFO, f"{worker.label}: the store had no record of its budget; started afresh"
             )
 
-    def _hold_s(self, worker: KeyWorker, h: float) -> float:
+    def _hold_s(self, plan: list[tuple[WindowLimiter, int]], h: float) -> float:
         """How long a budget the store has no record of must stay shut, told by a member that sent on it.
 
         The store's state may have been lost (a restart without persistence):
@@ -205,15 +234,48 @@ class ClusterMember:
         A member that has not sent within that time asks for no wait. Old
         leases cannot outlive `confirm_s` after the restart (see `confirm_s`).
         """
-        policies = worker.limiter.policies
-        longest = max((p.window_s for p in policies if p.kind is PolicyKind.SLIDING), default=0.0)
-        for p in policies:
-            if p.kind is PolicyKind.BUCKET:
-                longest = max(longest, p.limit / p.rate)
+        longest = 0.0
+        for lim, _cost in plan:
+            for p in lim.policies:
+                if p.kind is not PolicyKind.BUCKET:  # a sliding or a fixed window
+                    longest = max(longest, p.window_s)
+                elif p.kind is PolicyKind.BUCKET:
+                    longest = max(longest, p.limit / p.rate)
         hold = longest + h + self.slack_s + self.confirm_s
-        if worker.limiter.spent_since(self.engine.clock() - hold) > 0:
+        since = self.engine.clock() - hold
+        if any(lim.spent_since(since) > 0 for lim, _cost in plan):
             return hold
         return 0.0
+
+    # -- what the server said, and what it did not charge
+    def gave_back(self, worker: KeyWorker, limiter: WindowLimiter, ticket: Any, units: int) -> None:
+        """A send on a lease (`ticket`) was charged `units` less in `limiter`'s budget: free them
+        in the store too (fire and forget: a lost give-back wastes units, never overruns)."""
+        name = worker.store_names.get(limiter)
+        if ticket is None or name is None or units <= 0 or self.down_since is not None:
+            return
+        self._spawn(self._call_quietly(self.shared.give_back(ticket, name, units)))
+
+    def synced(
+        self,
+        worker: KeyWorker,
+        limiter: WindowLimiter,
+        policy: Policy,
+        counted: int,
+        at: float,
+        until: float | None,
+    ) -> None:
+        """The server counted `counted` of `limiter`'s budget (`policy`): raise the shared count."""
+        name = worker.store_names.get(limiter)
+        if name is None or counted <= 0 or self.down_since is not None:
+            return
+        self._spawn(self._call_quietly(self.shared.sync(name, policy, counted, at, until)))
+
+    async def _call_quietly(self, call: Any) -> None:
+        try:
+            await call
+        except StoreUnavailable as exc:
+            self._went_down(str(exc))
 
     # -- gates
     def gate_closed(self, gate: CooldownGate, reason: str) -> None:
@@ -235,16 +297,16 @@ class ClusterMember:
         same = epoch is not None and epoch == self.epoch
         if not same and self.epoch is not None:
             for w in self.engine.workers:
-                if w.leases is not None:
-                    w.leases.clear()
+                for slots in w.all_leases():
+                    slots.clear()
             self.engine.event(
                 EventKind.INFO, f"store {self.shared.shown} started afresh (state lost): leases dropped"
             )
         self.epoch = epoch
         until = now + self.confirm_s if epoch is not None else -math.inf
         for w in self.engine.workers:
-            if w.leases is not None:
-                w.leases.valid_until = until
+            for slots in w.all_leases():
+                slots.valid_until = until
         return same or self.epoch is not None
 
     def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
@@ -265,8 +327,8 @@ class ClusterMember:
         engine = self.engine
         now = engine.clock()
         for w in engine.workers:
-            if w.leases is not None:
-                w.leases.clear()  # held leases may predate a lost state: not used after an outage
+            for slots in w.all_leases():
+                slots.clear()  # held leases may predate a lost state: not used after an outage
         engine.store_gate.hold(now + 3600.0, "store unreachable")
         self.last_problem = problem
         if self.down_since is None:
@@ -285,19 +347,13 @@ class ClusterMember:
         engine.store_gate.release(now)
         engine.event(EventKind.INFO, f"store {self.shared.shown} reachable again after {now - since:.1f}s")
         for w in engine.workers:
-            if w.leases is not None:
-                w.leases.retry_at = 0.0
+            for slots in w.all_leases():
+                slots.retry_at = 0.0
             w.poke()
 
     # -- running
     def start(self) -> None:
         self.shared.bind(self.engine.clock)
-        if self.unshared_limits:
-            # Only each key's own limits are granted by the store (one unit a request).
-            self.engine.problem(
-                "shared store: host limits, [[budgets]] and weights are kept by each member alone, "
-                "not shared; only each key's own limits are"
-            )
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
         self._runner.add_done_callback(self._runner_ended)
 
@@ -337,6 +393,7 @@ class ClusterMember:
                     view = await self.shared.read_cluster()
                     at = round(engine.clock() - engine.started_at, 1)
                     self.view = dataclasses.replace(view, read_at_s=at)
+                    self.adopt_learned(engine.clock())
             except StoreUnavailable as exc:
                 self._went_down(str(exc))
                 continue
@@ -397,18 +454,61 @@ class ClusterMember:
                     "budget": self.budget_ids.get(w.label, ""),
                     "sent": w.sent,
                     "state": str(w.state(now)),
-                    "leases_dropped": w.leases.dropped if w.leases is not None else 0,
+                    "leases_dropped": sum(s.dropped for s in w.all_leases()),
+                    # shared with every member (the store keeps the newest per budget)
+                    "learned": self._learned(w, now),
                 }
                 for w in engine.workers
             ],
         }
 
+    def _learned(self, w: KeyWorker, now: float) -> dict[str, Any]:
+        """What this member learned of key `w` (estimate, server counts, headroom), stamped with
+        the wall time it last changed, for the store's hash of the key."""
+        est = w.estimate
+        out: dict[str, Any] = {"headroom_ms": round(self.engine.headroom.seconds() * 1000, 1)}
+        if est is not None and est.moved_at is not None:
+            out.update(
+                estimate=est.value,
+                window_s=est.window_s,
+                reason=est.reason,
+                moved_at=self.engine.wall_time(est.moved_at),
+            )
+        if w.server_remaining is not None:
+            out["remaining"] = w.server_remaining
+        if w.server_limit is not None:
+            out["limit"] = w.server_limit
+        return out
+
+    def adopt_learned(self, now: float) -> None:
+        """Adopt another member's estimate of a key we share when it moved later than ours
+        (last writer wins: the grants stay exact whatever the estimate; it only paces us)."""
+        view = self.view
+        if view is None:
+            return
+        by_budget = {r.budget: r for r in view.keys}
+        for w in self.engine.workers:
+            row = by_budget.get(self.budget_ids.get(w.label, ""))
+            est = w.estimate
+            if row is None or row.member == self.member or est is None or row.estimate_limit is None:
+                continue
+            ours = self.engine.wall_time(est.moved_at) if est.moved_at is not None else -math.inf
+            if row.estimate_limit != est.value and self._wall(now) - row.age_s > ours:
+                if w.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
+                    self.engine.event(
+                        EventKind.SETTING,
+                        f"{w.label}: limit estimate {row.estimate} from another member ({row.reason})",
+                    )
+
+    def _wall(self, now: float) -> float:
+        return self.engine.wall_time(now)
+
     def lease_totals(self) -> tuple[int, int, int]:
         """(granted, used, dropped) leases over all keys."""
         granted = used = dropped = 0
         for w in self.engine.workers:
-            if w.leases is not None:
-                granted += w.leases.granted
-                used += w.leases.used
-                dropped += w.leases.dropped
+            for slots in w.all_leases():
+                granted += slots.granted
+                used += slots.used
+                dropped += slots.dropped
         return granted, used, dropped

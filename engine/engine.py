@@ -215,9 +215,20 @@ class Engine:
                 shared_state,
                 {w.label: budget_name(cfg.target.url, w.spec.secret) for w in self.workers},
                 gate_names(cfg.target.url, {w.label: w.spec.secret for w in self.workers}),
-                unshared_limits=bool(cfg.host_policies or cfg.budgets or cfg.key_weighted),
             )
+            # Every budget is granted by the store: each key's own limits, the host's, the
+            # named ones (host scope: one for every member; key scope: one per key).
+            url = cfg.target.url
+            host_names = {name: budget_name(url, None, name) for name in self.budgets.host}
             for w in self.workers:
+                names = w.store_names
+                names[w.limiter] = self.cluster.budget_ids[w.label]
+                if self.host_limiter is not None:
+                    names[self.host_limiter] = budget_name(url, None, "host_limits")
+                for name, lim in self.budgets.host.items():
+                    names[lim] = host_names[name]
+                for name, lim in w.key_budgets.items():
+                    names[lim] = budget_name(url, w.spec.secret, name)
                 w.gates = (*w.gates, self.store_gate)
                 w.leases = LeasedSlots()
                 w.want_leases = self.cluster.want
@@ -251,6 +262,7 @@ class Engine:
             self.redact,
             learn_policy=e.learn_policy,
             free_statuses=cfg.target.free_statuses,
+            budget_watcher=self.cluster,
         )
         self.path.no_limit = self.no_limit
         self.path.discovered = self.limits_discovered

@@ -4,25 +4,44 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 from .ports import Grant
 
 
 class LeasedSlots:
-    """The send times one key holds from the store: `next_at(now)` the earliest usable, `take` one."""
+    """The send times one key holds from the store for one plan (the budgets a request spends
+    from and what it costs in each): `next_at(now)` the earliest usable, `take` one.
 
-    __slots__ = ("times", "fetching", "retry_at", "valid_until", "granted", "used", "dropped")
+    `plan` is None for a key whose every request spends the same (its limiters, 1 each);
+    `single` asks one slot at a time (a plan whose cost varies per request, like tokens).
+    """
 
-    def __init__(self) -> None:
-        self.times: deque[tuple[float, float]] = deque()  # (from, until), loop clock
+    __slots__ = (
+        "times",
+        "fetching",
+        "retry_at",
+        "valid_until",
+        "granted",
+        "used",
+        "dropped",
+        "plan",
+        "single",
+    )
+
+    def __init__(self, plan: list[tuple[Any, int]] | None = None, single: bool = False) -> None:
+        self.plan = plan
+        self.single = single
+        self.times: deque[tuple[float, float, Any]] = deque()  # (from, until, ticket), loop clock
         self.fetching = False
         self.valid_until = math.inf  # none is used after this: the store's epoch was not confirmed since
         self.retry_at = 0.0  # no fetch before this (the store said the budget is full until then)
         self.granted = self.used = self.dropped = 0
 
     def add(self, grant: Grant) -> None:
-        for t in grant.times:
-            self.times.append((t, t + grant.usable_s))
+        tickets = grant.tickets or (None,) * len(grant.times)
+        for t, ticket in zip(grant.times, tickets, strict=True):
+            self.times.append((t, t + grant.usable_s, ticket))
         self.granted += len(grant.times)
 
     def next_at(self, now: float) -> float:
@@ -36,9 +55,10 @@ class LeasedSlots:
             self.dropped += 1
         return times[0][0] if times else math.inf
 
-    def take(self) -> None:
-        self.times.popleft()
+    def take(self) -> Any:
+        """Use the earliest lease; returns its ticket (what a give-back to the store needs)."""
         self.used += 1
+        return self.times.popleft()[2]
 
     def clear(self) -> None:
         self.dropped += len(self.times)

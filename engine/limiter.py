@@ -42,11 +42,12 @@ class Stamp:
     limiter's current headroom applies. Shared by every meter it was spent in.
     """
 
-    __slots__ = ("t", "extra")
+    __slots__ = ("t", "extra", "ticket")
 
     def __init__(self, t: float):
         self.t = t
         self.extra: float | None = None
+        self.ticket: Any = None  # the store's grant it was sent on (a shared budget), if any
 
 
 class _Sliding:
@@ -555,6 +556,24 @@ class WindowLimiter:
             else m.policy
             for m in self._meters
         )
+
+    def current_policies(self) -> tuple[Policy, ...]:
+        """The policies as enforced now (retuned, synced or followed limits; the windows as given)."""
+        out = []
+        for m in self._meters:
+            p = m.policy
+            if isinstance(m, _Bucket):
+                out.append(Policy(max(1, m.limit), p.window_s, PolicyKind.BUCKET, m.rate * p.window_s))
+            elif m.limit != p.limit:
+                out.append(Policy(max(1, m.limit), p.window_s, p.kind))
+            else:
+                out.append(p)
+        return tuple(out)
+
+    def policy_for(self, window_s: float | None) -> Policy:
+        """The policy a server's count for `window_s` speaks of (else the tightest), as enforced now."""
+        meter = self._meter_for(window_s)
+        return self.current_policies()[self._meters.index(meter)]
 
     def bucket(self) -> Policy | None:
         """The tightest bucket policy, as the limiter enforces it now (for display)."""

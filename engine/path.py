@@ -34,7 +34,7 @@ from .gate import CooldownGate
 from .headroom import HeadroomController
 from .limiter import WindowLimiter
 from .metrics import Metrics
-from .ports import Cooldown, Endings, EventSink, GateWatcher, SendStamp
+from .ports import BudgetWatcher, Cooldown, Endings, EventSink, GateWatcher, SendStamp
 from .queues import Graveyard, WorkQueues
 from .request import Request
 from .settings import KeySpec
@@ -93,6 +93,7 @@ class RequestPath:
         *,
         learn_policy: bool,
         free_statuses: tuple[int, ...] = (),
+        budget_watcher: BudgetWatcher | None = None,
     ) -> None:
         self.transport = transport
         self.queues = queues
@@ -106,6 +107,7 @@ class RequestPath:
         self.rng = rng
         self.learn_policy = learn_policy
         self.free_statuses = frozenset(free_statuses)
+        self.budget_watcher = budget_watcher  # a cluster member: budgets a store shares
         self._finish = ends.finish
         self._key_refused = ends.key_refused
         self.event = events.event
@@ -279,6 +281,13 @@ class RequestPath:
                 sent_at=sent_at,
             )
             worker.note_quota(quota, reset_at)
+            if self.budget_watcher is not None:
+                used = quota.used
+                if used is None and quota.remaining is not None and quota.limit is not None:
+                    used = max(0, quota.limit - quota.remaining)
+                if used is not None:
+                    policy = limiter.policy_for(quota.window_s)
+                    self.budget_watcher.synced(worker, limiter, policy, used, sent_at, reset_at)
             if extra > 0 and limiter is worker.limiter and worker.note_shared(extra, quota.limit, now):
                 share = worker.estimate.shared_share if worker.estimate is not None else None
                 self.event(
@@ -320,6 +329,10 @@ class RequestPath:
                 continue
             before = limiter.bucket()
             if limiter.follow(now, q.limit, q.limit - q.remaining, limiter.spent_since(sent_at), window):
+                bucket = limiter.bucket()
+                if self.budget_watcher is not None and bucket is not None:
+                    counted = q.limit - q.remaining
+                    self.budget_watcher.synced(worker, limiter, bucket, counted, sent_at, None)
                 if before is not None and (before.limit != q.limit or first_window):
                     was = f" (was {before.limit:,})" if before.limit != q.limit else ""
                     moved.append(f"{q.name} {q.limit:,}{was}")
@@ -349,11 +362,18 @@ class RequestPath:
         as free (`target.free_statuses`), else the part of a settled budget's reservation
         beyond the real use the answer reports (`settle`, like usage.output_tokens)."""
         route = self.budgets.route(req)
+        ticket = getattr(stamp, "ticket", None)
+        watcher = self.budget_watcher if ticket is not None else None
         if result.status in self.free_statuses:
+            back = []
             if not any(b.exclusive for b in route.budgets):
-                worker.limiter.refund(stamp, route.weight if worker.key_weighted else 1, now)
+                back.append((worker.limiter, route.weight if worker.key_weighted else 1))
             for spec in route.budgets:
-                self.budgets.limiter_for(spec, worker.key_budgets).refund(stamp, route.cost(spec), now)
+                back.append((self.budgets.limiter_for(spec, worker.key_budgets), route.cost(spec)))
+            for lim, units in back:
+                lim.refund(stamp, units, now)
+                if watcher is not None:
+                    watcher.gave_back(worker, lim, ticket, units)
             return
         if result.kind is not oc.OK:
             return
@@ -368,6 +388,8 @@ class RequestPath:
                 lim.refund(stamp, reserved - used, now)
                 if req.units is not None:  # what it cost, for the makespan's count of the job's units
                     req.units = {**req.units, spec.unit: used}
+                if watcher is not None:
+                    watcher.gave_back(worker, lim, ticket, reserved - used)
 
     def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
         name = quota.name

@@ -206,6 +206,19 @@ class GateWatcher(Protocol):
     def gate_closed(self, gate: CooldownGate, reason: str) -> None: ...
 
 
+class BudgetWatcher(Protocol):
+    """Told what the server charged and counted, for budgets a store shares (a cluster member)."""
+
+    def gave_back(self, worker: Any, limiter: Any, ticket: Any, units: int) -> None:
+        """A send on a lease (`ticket`) was charged `units` less in `limiter`'s budget."""
+
+    def synced(
+        self, worker: Any, limiter: Any, policy: Policy, counted: int, at: float, until: float | None
+    ) -> None:
+        """The server counted `counted` of `limiter`'s budget under `policy`, for a send at `at`
+        (loop time; a fixed window's count is that window's), counting until `until` if known."""
+
+
 class Cooldown(Protocol):
     """How the request path honours a server's delay (Retry-After and the like).
 
@@ -295,6 +308,15 @@ class StoreUnavailable(RatedeckError):
 
 
 @dataclass(frozen=True, slots=True)
+class Ask:
+    """One budget a lease spends from: its name in the store, its policies as enforced now, the cost."""
+
+    budget: str
+    policies: tuple[Policy, ...]
+    cost: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     """Send times the store reserved for this member, in its loop clock, earliest first.
 
@@ -309,6 +331,7 @@ class Grant:
     retry_at: float | None = None
     fresh: bool = False
     epoch: str = ""  # the store's epoch the grant belongs to (see `ClusterMember.confirm_s`)
+    tickets: tuple[Any, ...] = ()  # one per time: what `give_back` needs of it (the store's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +353,7 @@ class SharedState(Protocol):
 
     async def lease(
         self,
-        budget: str,
-        policies: Sequence[Policy],
+        asks: Sequence[Ask],
         count: int,
         headroom_s: float,
         slack_s: float,
@@ -340,9 +362,18 @@ class SharedState(Protocol):
         horizon_s: float,
         hold_s: float,
     ) -> Grant:
-        """Up to `count` send times of `budget` (all `policies` together) at least `slack_s`
+        """Up to `count` send times at which every budget of `asks` has room for its cost (all
+        or none, all policies together), each reserved before the answer, at least `slack_s`
         usable each; none further ahead than `horizon_s`. `hold_s`: see `ClusterMember._hold_s`."""
         ...
+
+    async def give_back(self, ticket: Any, budget: str, units: int) -> None:
+        """`units` of `budget` a granted send (`ticket`) reserved were not charged: free them."""
+
+    async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
+        """The server counted `counted` units of `budget`'s `policy` for a send at `at` (loop
+        time), counting until `until` (a sliding window's, if known): raise the shared count to
+        it, never lower it below what members hold."""
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None: ...
 
@@ -420,6 +451,8 @@ class ClusterHost(Protocol[W_co]):
     def in_flight(self) -> int: ...
 
     def clock(self) -> float: ...
+
+    def wall_time(self, t: float) -> float: ...
 
     def redact(self, text: str, limit: int | None = None) -> str: ...
 

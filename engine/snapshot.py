@@ -199,6 +199,27 @@ class MemberRow:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedKeyRow:
+    """What the members last learned of one shared key (or budget), from its hash in the store.
+
+    Last writer wins (no exactness at stake: the grants stay exact whatever this says):
+    `budget` is its store name (a fingerprint), `member` who wrote it, `age_s` how long ago;
+    `estimate` the learned limit ("40/1s", "" if none) and `reason`; `remaining`/`limit` the
+    server's last count; `headroom_ms` the writer's headroom.
+    """
+
+    budget: str
+    member: str = ""
+    age_s: float = 0.0
+    estimate: str = ""
+    estimate_limit: int | None = None
+    reason: str = ""
+    remaining: int | None = None
+    limit: int | None = None
+    headroom_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterView:
     """The cluster as its members published it, read from the shared store at most once a second.
 
@@ -214,6 +235,7 @@ class ClusterView:
     uncertain: int = 0
     graveyard: int = 0
     read_at_s: float = 0.0
+    keys: tuple[SharedKeyRow, ...] = ()  # what members learned of each shared key (last writer wins)
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,8 +139,22 @@ class KeyWorker:
         self._waker = Waker()
         # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
         # the times it granted.
+        # With budgets (routing), each plan has its own (`plan_leases`); `leases` is then only
+        # the switch and the default plan's. `store_names`: each limiter's budget in the store.
         self.leases: LeasedSlots | None = None
-        self.want_leases: Callable[[KeyWorker, float], None] | None = None
+        self.plan_leases: dict[tuple[tuple[str, int], ...], LeasedSlots] = {}
+        self.store_names: dict[WindowLimiter, str] = {}
+        self.want_leases: Callable[[KeyWorker, float, LeasedSlots], None] | None = None
+        self.fetching = 0  # lease fetches in flight for this key (one at a time with budgets)
+        self._plan_slots: LeasedSlots | None = None
+        self._asked = False
+        self._route_tokens = False
+
+    def all_leases(self) -> list[LeasedSlots]:
+        """Every lease holder of this key (its default plan's and each plan's)."""
+        if self.leases is None:
+            return []
+        return [self.leases, *self.plan_leases.values()]
 
     # -- waking
     def poke(self) -> None:
@@ -223,7 +237,11 @@ class KeyWorker:
                 blocked = True
             elif (slot_at := self.next_free(now)) > now:
                 blocked, until = True, slot_at
-            elif self.leases is not None and (lease_at := self.leases.next_at(now)) > now + LEASE_EARLY_S:
+            elif (
+                self.leases is not None
+                and self.budgets is None
+                and (lease_at := self.leases.next_at(now)) > now + LEASE_EARLY_S
+            ):
                 if lease_at < math.inf:
                     blocked, until = True, lease_at
                 elif not len(queues):
@@ -232,7 +250,7 @@ class KeyWorker:
                     continue
                 else:
                     assert self.want_leases is not None
-                    self.want_leases(self, now)  # pokes this worker when the grant comes
+                    self.want_leases(self, now, self.leases)  # pokes this worker when the grant comes
                     retry_at = self.leases.retry_at
                     blocked, until = True, (retry_at if retry_at > now else None)
             else:
@@ -246,7 +264,7 @@ class KeyWorker:
             if self.budgets is None:
                 req = queues.pop_ready(now, host.pool_ok_req, self.label)
             else:
-                self._plan_now, self._wake_at = now, math.inf
+                self._plan_now, self._wake_at, self._asked = now, math.inf, False
                 req = queues.pop_ready(now, self._admit, self.label)
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
@@ -279,9 +297,11 @@ class KeyWorker:
                     lim.record(now, 1, stamp)
                 stamps = (stamp,)
             if self.leases is not None:
-                self.leases.take()
-                if len(self.leases) <= 1 and len(queues) and self.want_leases is not None:
-                    self.want_leases(self, now)  # the next grant comes before these run out
+                slots = self.leases if self.budgets is None else self._plan_slots
+                assert slots is not None
+                stamps[0].ticket = slots.take()
+                if len(slots) <= 1 and not slots.single and len(queues) and self.want_leases is not None:
+                    self.want_leases(self, now, slots)  # the next grant comes before these run out
             self.in_flight += 1
             self.sent += 1
             self._sends.append(now)
@@ -312,9 +332,27 @@ class KeyWorker:
         if not any(spec.exclusive for spec in route.budgets):
             plan.append((self.limiter, route.weight if self.key_weighted else 1))
         plan.extend((lim, 1) for lim in self.limiters[1:])
+        tokens = False
         for spec in route.budgets:
             plan.append((self.budgets.limiter_for(spec, self.key_budgets), route.cost(spec)))
+            tokens = tokens or spec.tokens
+        self._route_tokens = tokens
         return plan
+
+    def _slots_for(self, plan: list[tuple[WindowLimiter, int]]) -> LeasedSlots:
+        """The leases held for `plan` (a new, empty holder the first time)."""
+        names = self.store_names
+        sig = tuple((names.get(lim, "?"), cost) for lim, cost in plan)
+        slots = self.plan_leases.get(sig)
+        if slots is None:
+            if len(self.plan_leases) > 64:  # plans of one request each (tokens): forget the spent ones
+                for k in [k for k, s in self.plan_leases.items() if not len(s) and not s.fetching]:
+                    del self.plan_leases[k]
+            from .leases import LeasedSlots
+
+            slots = self.plan_leases[sig] = LeasedSlots(plan, single=self._route_tokens)
+            slots.valid_until = self.leases.valid_until if self.leases is not None else math.inf
+        return slots
 
     def _admit(self, req: Request) -> bool | None:
         """Whether `req` can go now with this key (its pool has room, all its budgets do);
@@ -331,6 +369,21 @@ class KeyWorker:
             free = lim.next_free(now, cost)
             if free > ready:
                 ready, holder = free, lim
+        if ready <= now and self.leases is not None:
+            # A shared store grants the plan's budgets together: a lease for this plan, or none
+            slots = self._slots_for(plan)
+            lease_at = slots.next_at(now)
+            if lease_at > now + LEASE_EARLY_S:
+                if lease_at == math.inf:
+                    if not self._asked and not self.fetching and self.want_leases is not None:
+                        self._asked = True  # one fetch a turn: the first request without a lease
+                        self.want_leases(self, now, slots)
+                    lease_at = slots.retry_at if slots.retry_at > now else math.inf
+                if lease_at < self._wake_at:
+                    self._wake_at = lease_at
+                # a token budget every request spends from: the ones behind wait for this lease too
+                return None if any(lim in self._token_gates for lim, _ in plan) else False
+            self._plan_slots = slots
         if ready <= now:
             self._plan = plan
             return True
@@ -406,6 +459,21 @@ class KeyWorker:
         if moved:
             self._retune()
         return moved, explained
+
+    def adopt_estimate(self, value: int, reason: str, now: float) -> bool:
+        """Another member's estimate of this shared key (newer than ours): take it, within the
+        ceiling; a level above what held here is unconfirmed (probed one at a time). True if it moved."""
+        est = self.estimate
+        if est is None:
+            return False
+        value = max(1, min(int(value), est.ceiling))
+        if value == est.value:
+            return False
+        est.value = value
+        est.confirmed = min(est.confirmed, value)
+        est.reason, est.moved_at = reason[:80], now
+        self._retune()
+        return True
 
     def climb(self, now: float) -> bool:
         """Let the estimate climb (a window without a 429); True when it moved."""

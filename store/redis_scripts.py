@@ -1,4 +1,4 @@
-"""The Lua scripts Redis runs for ratedeck: one grant of a key's budget, one shared gate.
+"""The Lua scripts Redis runs for ratedeck: a grant of budgets, a refund, a sync, a shared gate.
 
 Each runs atomically in Redis, on Redis's clock (`TIME`), in whole
 microseconds (Unix time in µs fits a Lua double exactly). See
@@ -7,93 +7,139 @@ microseconds (Unix time in µs fits a Lua double exactly). See
 
 from __future__ import annotations
 
-#: Grant up to `count` send times of one budget, all its policies together.
+#: Grant up to `count` send times of one or more budgets together, all their policies at once.
 #:
-#: KEYS[2]: the store's epoch (set at the first grant after Redis starts empty; a restart
-#: that lost the state shows as a new epoch). KEYS[1]: the budget's prefix, `rd:b:{id}`; its keys are `<prefix>:m` (a hash: the last
-#: slot, sequence, bucket levels), `<prefix>:s<i>` (a sorted set per sliding window: one
-#: member per unit granted, scored by the time it stops counting) and `<prefix>:f<i>:<n>`
-#: (a counter per fixed window n). All share the `{id}` hash tag.
-#: ARGV: count, cost, headroom_us, pace_us, spacing, horizon_us, hold_us, then four per
-#: policy: kind (s|f|b), limit, window_us, drain (a bucket's units per window).
-#: Returns {now_us, status, fresh, next_us, epoch, t1, t2, ...}: status 1 granted t1.. (maybe none,
-#: when the next slot, `next_us`, is beyond the horizon), 0 never (a cost above a limit).
+#: Every Redis key the call touches is in KEYS (none is named inside the script), so a hash
+#: tag shared by a host's budgets keeps a call in one slot of a Redis Cluster:
+#: KEYS[1]: the store's epoch (set at the first grant after Redis starts empty; a restart that
+#: lost the state shows as a new epoch); then per budget: its meta hash (`last` slot, `seq`)
+#: and one key per policy: a sorted set for a sliding window (one member `seq:cost` per
+#: grant, scored by the time it stops counting), a hash for a fixed window (window number ->
+#: units), a hash for a bucket (`l` level, `a` as of).
+#: ARGV: count, headroom_us, pace_us, spacing, horizon_us, hold_us, nbudgets, then per
+#: budget: cost, npolicies, then four per policy: kind (s|f|b), limit, window_us, drain.
+#: A slot is granted only when every budget has room for its cost: all or none.
+#: Returns {now_us, status, fresh, next_us, epoch, nbudgets, t1, seq1_1..seq1_B, t2, ...}:
+#: status 1 granted t1.. (maybe none, when the next slot, `next_us`, is beyond the horizon),
+#: 0 never (a cost above a limit; the 6th value is the budget's index).
 GRANT = r"""
-local pre = KEYS[1]
 local count = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local h = tonumber(ARGV[3])
-local pace = tonumber(ARGV[4])
-local spacing = tonumber(ARGV[5])
-local horizon = tonumber(ARGV[6])
-local hold = tonumber(ARGV[7])
+local h = tonumber(ARGV[2])
+local pace = tonumber(ARGV[3])
+local spacing = tonumber(ARGV[4])
+local horizon = tonumber(ARGV[5])
+local hold = tonumber(ARGV[6])
+local nb = tonumber(ARGV[7])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local meta = pre .. ':m'
 
 local function num(x) return string.format('%.0f', x) end
 
-local policies = {}
-local gap = 0
+-- the budgets, their policies and what the lease costs in each
+local budgets = {}
+local a, k = 8, 2
 local longest = 0
-for i = 1, (#ARGV - 7) / 4 do
-  local b = 7 + (i - 1) * 4
-  local p = {kind = ARGV[b + 1], limit = tonumber(ARGV[b + 2]), window = tonumber(ARGV[b + 3]),
-             drain = tonumber(ARGV[b + 4]), i = i}
-  policies[i] = p
-  if p.kind == 'b' then
-    p.rate = p.drain / p.window
-    if cost > p.limit - p.rate * h then return {now, 0, 0, 0, ''} end
-    local fill = math.ceil(p.limit / p.rate)
-    if fill > longest then longest = fill end
-  else
-    if cost > p.limit then return {now, 0, 0, 0, ''} end
-    -- even pacing: each slot at least (W + pace) * spacing * cost / N after the last
-    local g = (p.window + pace) * spacing * cost / p.limit
-    if g > gap then gap = g end
-    if p.window > longest then longest = p.window end
+for b = 1, nb do
+  local bud = {meta = KEYS[k], cost = tonumber(ARGV[a]), policies = {}, gap = 0}
+  local np = tonumber(ARGV[a + 1])
+  a, k = a + 2, k + 1
+  for i = 1, np do
+    local p = {kind = ARGV[a], limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]),
+               drain = tonumber(ARGV[a + 3]), key = KEYS[k]}
+    a, k = a + 4, k + 1
+    local cost = bud.cost
+    if p.kind == 'b' then
+      p.rate = p.drain / p.window
+      if cost > p.limit - p.rate * h then return {now, 0, 0, 0, '', b} end
+      local fill = math.ceil(p.limit / p.rate)
+      if fill > longest then longest = fill end
+      local st = redis.call('HMGET', p.key, 'l', 'a')
+      p.level, p.at = tonumber(st[1] or '0'), tonumber(st[2] or '0')
+    else
+      if cost > p.limit then return {now, 0, 0, 0, '', b} end
+      -- even pacing: each slot at least (W + pace) * spacing * cost / N after the budget's last
+      local g = (p.window + pace) * spacing * cost / p.limit
+      if g > bud.gap then bud.gap = g end
+      if p.window > longest then longest = p.window end
+    end
+    if p.kind == 's' then
+      -- one member per grant, "seq:cost", scored by when it stops counting; kept in order here
+      redis.call('ZREMRANGEBYSCORE', p.key, '-inf', num(now))
+      local r = redis.call('ZRANGEBYSCORE', p.key, '(' .. num(now), '+inf', 'WITHSCORES')
+      p.ends, p.costs = {}, {}
+      for j = 1, #r, 2 do
+        p.ends[#p.ends + 1] = tonumber(r[j + 1])
+        p.costs[#p.costs + 1] = tonumber(string.match(r[j], ':(%d+)$') or '1')
+      end
+    elseif p.kind == 'f' then
+      p.used = {}
+      if redis.call('HLEN', p.key) > 8 then  -- forget windows long past
+        local cur = math.floor((now - h) / p.window)
+        for _, f in ipairs(redis.call('HKEYS', p.key)) do
+          if tonumber(f) < cur - 1 then redis.call('HDEL', p.key, f) end
+        end
+      end
+    end
+    bud.policies[i] = p
   end
-  if p.kind == 's' then
-    redis.call('ZREMRANGEBYSCORE', pre .. ':s' .. i, '-inf', num(now))
-  end
+  budgets[b] = bud
 end
 
-redis.call('SET', KEYS[2], num(now), 'NX')
-local epoch = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], num(now), 'NX')
+local epoch = redis.call('GET', KEYS[1])
 local fresh = 0
-local last = redis.call('HGET', meta, 'last')
-if last then
-  last = tonumber(last)
-else
-  -- no record of this budget: first use, or its state was lost; the member says how long to wait
-  fresh = 1
-  last = now + hold - gap
+local start = now
+for _, bud in ipairs(budgets) do
+  local last = redis.call('HGET', bud.meta, 'last')
+  if last then
+    bud.last = tonumber(last)
+  else
+    -- no record of this budget: first use, or its state was lost; the member says how long to wait
+    fresh = 1
+    bud.last = now + hold - bud.gap
+  end
+  local s0 = math.ceil(bud.last + bud.gap)
+  if s0 > start then start = s0 end
+end
+
+local function fixed_used(p, w)
+  local u = p.used[w]
+  if u == nil then
+    u = tonumber(redis.call('HGET', p.key, num(w)) or '0')
+    p.used[w] = u
+  end
+  return u
 end
 
 local function level_at(p, s)
-  local level = tonumber(redis.call('HGET', meta, 'l' .. p.i) or '0')
-  local at = tonumber(redis.call('HGET', meta, 'a' .. p.i) or '0')
-  if s > at then
-    level = level - p.rate * (s - at)
+  local level = p.level
+  if s > p.at then
+    level = level - p.rate * (s - p.at)
     if level < 0 then level = 0 end
   end
   return level
 end
 
 -- the earliest time >= s at which policy p has room for `cost`
-local function earliest(p, s)
+local function earliest(p, s, cost)
   if p.kind == 's' then
-    local zs = pre .. ':s' .. p.i
-    local busy = redis.call('ZCOUNT', zs, '(' .. num(s), '+inf')
+    local busy = 0
+    for j = 1, #p.ends do
+      if p.ends[j] > s then busy = busy + p.costs[j] end
+    end
     local excess = busy + cost - p.limit
     if excess <= 0 then return s end
-    local r = redis.call('ZRANGEBYSCORE', zs, '(' .. num(s), '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
-    return tonumber(r[2])
+    for j = 1, #p.ends do
+      if p.ends[j] > s then
+        excess = excess - p.costs[j]
+        if excess <= 0 then return p.ends[j] end
+      end
+    end
+    return s  -- not reached: cost <= limit
   elseif p.kind == 'f' then
     local t = s
     for w = math.floor((s - h) / p.window), math.floor((s + h) / p.window) do
-      local used = tonumber(redis.call('GET', pre .. ':f' .. p.i .. ':' .. num(w)) or '0')
-      if used + cost > p.limit then
+      if fixed_used(p, w) + cost > p.limit then
         local c = (w + 1) * p.window + h
         if c > t then t = c end
       end
@@ -107,49 +153,70 @@ local function earliest(p, s)
   end
 end
 
-local function record(p, s)
+local function record(p, s, cost, seq)
   if p.kind == 's' then
-    local zs = pre .. ':s' .. p.i
-    for _ = 1, cost do
-      local seq = redis.call('HINCRBY', meta, 'seq', 1)
-      redis.call('ZADD', zs, num(s + p.window + h), seq)
-    end
-    redis.call('PEXPIRE', zs, math.ceil((s + p.window + h - now) / 1000) + 1000)
+    local e = s + p.window + h
+    redis.call('ZADD', p.key, num(e), seq .. ':' .. cost)
+    redis.call('PEXPIRE', p.key, math.ceil((e - now) / 1000) + 1000)
+    local j = #p.ends
+    while j >= 1 and p.ends[j] > e do j = j - 1 end
+    table.insert(p.ends, j + 1, e)
+    table.insert(p.costs, j + 1, cost)
   elseif p.kind == 'f' then
+    local to = 0
     for w = math.floor((s - h) / p.window), math.floor((s + h) / p.window) do
-      local k = pre .. ':f' .. p.i .. ':' .. num(w)
-      redis.call('INCRBY', k, cost)
-      redis.call('PEXPIRE', k, math.ceil(((w + 1) * p.window + h - now) / 1000) + 1000)
+      p.used[w] = fixed_used(p, w) + cost
+      redis.call('HINCRBY', p.key, num(w), cost)
+      to = (w + 1) * p.window + h
     end
+    local ttl = redis.call('PTTL', p.key)
+    local want = math.ceil((to - now) / 1000) + 1000
+    if ttl < want then redis.call('PEXPIRE', p.key, want) end
   else
-    local level = level_at(p, s) + cost
-    redis.call('HSET', meta, 'l' .. p.i, tostring(level), 'a' .. p.i, num(s))
+    p.level = level_at(p, s) + cost
+    if s > p.at then p.at = s end
+    redis.call('HSET', p.key, 'l', tostring(p.level), 'a', num(p.at))
+    redis.call('PEXPIRE', p.key, math.ceil((p.at - now + p.level / p.rate) / 1000) + 1000)
   end
 end
 
-local out = {now, 1, fresh, 0, epoch}
-local s = math.ceil(last + gap)
+local out = {now, 1, fresh, 0, epoch, nb}
+local s = start
 if s < now then s = now end
 for _ = 1, count do
   local settled = false
   for _ = 1, 64 do
     local s2 = s
-    for i = 1, #policies do
-      local e = earliest(policies[i], s2)
-      if e > s2 then s2 = e end
+    for _, bud in ipairs(budgets) do
+      for _, p in ipairs(bud.policies) do
+        local e = earliest(p, s2, bud.cost)
+        if e > s2 then s2 = e end
+      end
     end
     if s2 == s then settled = true break end
     s = s2
   end
   if not settled or s > now + horizon then break end
-  for i = 1, #policies do record(policies[i], s) end
   out[#out + 1] = s
-  last = s
-  s = math.ceil(s + gap)
+  for _, bud in ipairs(budgets) do
+    local seq = redis.call('HINCRBY', bud.meta, 'seq', 1)
+    for _, p in ipairs(bud.policies) do record(p, s, bud.cost, seq) end
+    out[#out + 1] = seq
+    bud.last = s
+  end
+  -- the next slot: every budget's pace after this one
+  local nxt = s
+  for _, bud in ipairs(budgets) do
+    local c = math.ceil(s + bud.gap)
+    if c > nxt then nxt = c end
+  end
+  s = nxt
 end
 out[4] = s
-redis.call('HSET', meta, 'last', num(last))
-redis.call('PEXPIRE', meta, math.ceil((last - now + longest + h) / 1000) + 1000)
+for _, bud in ipairs(budgets) do
+  redis.call('HSET', bud.meta, 'last', num(bud.last))
+  redis.call('PEXPIRE', bud.meta, math.ceil((bud.last - now + longest + h) / 1000) + 1000)
+end
 return out
 """
 
@@ -167,4 +234,108 @@ if cur then
 end
 redis.call('SET', KEYS[1], string.format('%.0f', until_us) .. ' ' .. ARGV[2], 'PX', math.ceil((until_us - now) / 1000))
 return 1
+"""
+
+#: Give back `back` units of one budget's granted slot (the server charged less: a settled
+#: reservation, a free status). KEYS: the budget's policy keys (as the grant had them);
+#: ARGV: seq, cost, back, s_us, h_us, then four per policy: kind, limit, window_us, drain.
+#: Only what is still counted is given back; returns the units given back in the first policy.
+REFUND = r"""
+local seq, cost, back = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local s, h = tonumber(ARGV[4]), tonumber(ARGV[5])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local function num(x) return string.format('%.0f', x) end
+if back > cost then back = cost end
+local given = nil
+for i = 1, #KEYS do
+  local b = 6 + (i - 1) * 4
+  local kind, limit, window, drain = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local key = KEYS[i]
+  local done = 0
+  if kind == 's' then
+    local member = seq .. ':' .. cost
+    local score = redis.call('ZSCORE', key, member)
+    if score then
+      redis.call('ZREM', key, member)
+      if cost - back > 0 then redis.call('ZADD', key, score, seq .. ':' .. (cost - back)) end
+      done = back
+    end
+  elseif kind == 'f' then
+    for w = math.floor((s - h) / window), math.floor((s + h) / window) do
+      local used = redis.call('HGET', key, num(w))
+      if used then
+        local left = tonumber(used) - back
+        if left < 0 then left = 0 end
+        redis.call('HSET', key, num(w), left)
+        done = back
+      end
+    end
+  else
+    local st = redis.call('HMGET', key, 'l', 'a')
+    if st[1] then
+      local rate = drain / window
+      local level, at = tonumber(st[1]), tonumber(st[2] or '0')
+      if now > at then
+        level = level - rate * (now - at)
+        at = now
+      end
+      level = level - back
+      if level < 0 then level = 0 end
+      redis.call('HSET', key, 'l', tostring(level), 'a', num(at))
+      done = back
+    end
+  end
+  if given == nil then given = done end
+end
+return given or 0
+"""
+
+#: Raise one policy's shared count to what the server says it counted (never lower it: members
+#: hold grants the server has not seen yet). KEYS[1]: the policy's key; ARGV: kind, limit,
+#: window_us, drain, counted, until_us (when a sliding window's count stops, 0: a window from
+#: now), at_us (when the counted send was made: a fixed window's count is that window's).
+#: Returns the units added.
+SYNC = r"""
+local key = KEYS[1]
+local kind, limit, window, drain = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local counted, until_us, at = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local function num(x) return string.format('%.0f', x) end
+if kind == 'f' then
+  if at <= 0 or at > now then at = now end
+  local w = num(math.floor(at / window))
+  local used = tonumber(redis.call('HGET', key, w) or '0')
+  if counted <= used then return 0 end
+  redis.call('HSET', key, w, counted)
+  local want = math.ceil(((math.floor(at / window) + 1) * window - now) / 1000) + 1000
+  if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end
+  return counted - used
+elseif kind == 's' then
+  local busy = 0
+  local r = redis.call('ZRANGEBYSCORE', key, '(' .. num(now), '+inf')
+  for j = 1, #r do busy = busy + tonumber(string.match(r[j], ':(%d+)$') or '1') end
+  if counted <= busy then return 0 end
+  local e = now + window
+  if until_us > now and until_us < e then e = until_us end
+  redis.call('ZADD', key, num(e), 'g' .. num(now) .. '-' .. busy .. ':' .. (counted - busy))
+  if redis.call('PTTL', key) < math.ceil((e - now) / 1000) + 1000 then
+    redis.call('PEXPIRE', key, math.ceil((e - now) / 1000) + 1000)
+  end
+  return counted - busy
+else
+  local rate = drain / window
+  local st = redis.call('HMGET', key, 'l', 'a')
+  local level, at = tonumber(st[1] or '0'), tonumber(st[2] or '0')
+  if now > at then
+    level = level - rate * (now - at)
+    if level < 0 then level = 0 end
+    at = now
+  end
+  if counted <= level then return 0 end
+  redis.call('HSET', key, 'l', tostring(counted), 'a', num(at))
+  redis.call('PEXPIRE', key, math.ceil(counted / rate / 1000) + 1000)
+  return math.ceil(counted - level)
+end
 """

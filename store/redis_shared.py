@@ -60,8 +60,8 @@ from urllib.parse import urlsplit
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.ports import Grant, Poll, StoreUnavailable
-from ratedeck.engine.snapshot import ClusterView, MemberRow
+from ratedeck.engine.ports import Ask, Grant, Poll, StoreUnavailable
+from ratedeck.engine.snapshot import ClusterView, MemberRow, SharedKeyRow
 
 from . import redis_scripts
 from .base import StoreError
@@ -72,6 +72,20 @@ NAMESPACE = "ratedeck"
 GROUP = "ratedeck"
 #: How long a command may take before the store counts as unreachable.
 COMMAND_TIMEOUT_S = 1.0
+
+
+def budget_prefix(namespace: str, budget: str) -> str:
+    """Every Redis key of a budget starts with this (its grants' counts, its learned state)."""
+    return f"{namespace}:b:{{{budget}}}"
+
+
+def learned_key(namespace: str, budget: str) -> str:
+    """A key's learned state: a hash, one field per member (its JSON), the newest read wins."""
+    return f"{budget_prefix(namespace, budget)}:learned"
+
+
+#: How long a member's learned state of a key outlives its last publish.
+LEARNED_TTL_S = 60.0
 
 
 def check_url(url: str) -> str:
@@ -146,6 +160,20 @@ def _us(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000 + 0.999999))  # whole µs, rounded up
 
 
+def _policy_args(p: Policy) -> list[Any]:
+    return [_kind(p), max(1, int(p.limit)), _us(p.window_s), repr(float(p.drain))]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A granted slot as `give_back` needs it: its time and headroom on Redis's clock (µs), and
+    per budget its sequence number and what was asked (cost, policies)."""
+
+    at_us: int
+    h_us: int
+    seqs: dict[str, tuple[int, Ask]]
+
+
 @dataclass
 class _Offset:
     """Bounds of (Redis time - loop time), seconds, from recent round trips."""
@@ -168,6 +196,8 @@ class RedisShared:
         self.client = client if client is not None else connect(self.url)
         self._grant = self.client.register_script(redis_scripts.GRANT)
         self._close_gate = self.client.register_script(redis_scripts.CLOSE_GATE)
+        self._refund = self.client.register_script(redis_scripts.REFUND)
+        self._sync = self.client.register_script(redis_scripts.SYNC)
         self._clock: Callable[[], float] = time.monotonic
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=32)  # (at, lo, hi)
         self.offset = _Offset()
@@ -209,14 +239,22 @@ class RedisShared:
         sec, usec = await self._call(self.client.time)
         self._note(int(sec) * 1_000_000 + int(usec), t0, self._clock())
 
-    # -- budgets
+    # -- budgets (every Redis key name is made here, from `budget_key`)
     def budget_key(self, budget: str) -> str:
-        return f"{self.ns}:b:{{{budget}}}"
+        return budget_prefix(self.ns, budget)
+
+    def meta_key(self, budget: str) -> str:
+        """A budget's hash: its last slot granted and its grant sequence."""
+        return f"{self.budget_key(budget)}:m"
+
+    def policy_key(self, budget: str, policy: Policy) -> str:
+        """One policy's count: named by its kind and window (not its limit, which members learn),
+        so members that know different policies of a key share the ones they have in common."""
+        return f"{self.budget_key(budget)}:{_kind(policy)}{_us(policy.window_s)}"
 
     async def lease(
         self,
-        budget: str,
-        policies: Sequence[Policy],
+        asks: Sequence[Ask],
         count: int,
         headroom_s: float,
         slack_s: float,
@@ -228,30 +266,72 @@ class RedisShared:
         if self.offset.width == float("inf"):
             await self._time_sample()
         u = self.offset.width
+        h_us = _us(headroom_s + slack_s + u)
         args: list[Any] = [
             count,
-            1,
-            _us(headroom_s + slack_s + u),
+            h_us,
             _us(pace_s),
             repr(float(spacing)),
             _us(horizon_s),
             _us(hold_s),
+            len(asks),
         ]
-        for p in policies:
-            args += [_kind(p), p.limit, _us(p.window_s), repr(float(p.drain))]
+        keys = [self.epoch_key()]
+        for ask in asks:
+            keys.append(self.meta_key(ask.budget))
+            args += [max(0, int(ask.cost)), len(ask.policies)]
+            for p in ask.policies:
+                keys.append(self.policy_key(ask.budget, p))
+                args += _policy_args(p)
         t0 = self._clock()
-        out = await self._call(self._grant, keys=[self.budget_key(budget), self.epoch_key()], args=args)
+        out = await self._call(self._grant, keys=keys, args=args)
         t1 = self._clock()
         now_us, status, fresh, next_us = (int(x) for x in out[:4])
         self._note(now_us, t0, t1)
         lo = self.offset.lo
         if status == 0:
-            raise StoreUnavailable("a request costs more than the key's limit allows")  # config bug: loud
-        self.last_grant_us = tuple(int(t) for t in out[5:])
+            which = asks[int(out[5]) - 1].budget if len(out) > 5 and 0 < int(out[5]) <= len(asks) else "?"
+            # a config bug: loud (the budget named by its fingerprint)
+            raise StoreUnavailable(f"a request costs more than budget {which}'s limit allows")
+        per = 1 + len(asks)
+        rows = [out[i : i + per] for i in range(6, len(out), per)]
+        self.last_grant_us = tuple(int(r[0]) for r in rows)
+        tickets = tuple(
+            _Ticket(int(r[0]), h_us, {a.budget: (int(seq), a) for a, seq in zip(asks, r[1:], strict=True)})
+            for r in rows
+        )
         # + 1 us: a worker may take a lease up to LEASE_EARLY_S (1 us) before its time
         times = tuple(t / 1_000_000 - lo + 1e-6 for t in self.last_grant_us)
         retry_at = None if times else next_us / 1_000_000 - lo - horizon_s
-        return Grant(times, usable_s=slack_s, retry_at=retry_at, fresh=bool(fresh), epoch=_text(out[4]))
+        return Grant(
+            times,
+            usable_s=slack_s,
+            retry_at=retry_at,
+            fresh=bool(fresh),
+            epoch=_text(out[4]),
+            tickets=tickets,
+        )
+
+    async def give_back(self, ticket: Any, budget: str, units: int) -> None:
+        if not isinstance(ticket, _Ticket) or budget not in ticket.seqs or units <= 0:
+            return
+        seq, ask = ticket.seqs[budget]
+        keys = [self.policy_key(budget, p) for p in ask.policies]
+        args: list[Any] = [seq, max(0, int(ask.cost)), int(units), ticket.at_us, ticket.h_us]
+        for p in ask.policies:
+            args += _policy_args(p)
+        await self._call(self._refund, keys=keys, args=args)
+
+    async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+        lo = self.offset.lo
+        until_us = _us(until + lo) if until is not None else 0  # the earlier end: never longer
+        await self._call(
+            self._sync,
+            keys=[self.policy_key(budget, policy)],
+            args=[*_policy_args(policy), max(0, int(counted)), until_us, _us(at + lo)],
+        )
 
     def epoch_key(self) -> str:
         return f"{self.ns}:epoch"
@@ -289,6 +369,13 @@ class RedisShared:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(f"{self.ns}:member:{member}", body, px=int(ttl_s * 1000))
         pipe.zadd(self.members_key(), {member: expires_ms})
+        at = round(time.time(), 3)
+        for row in summary.get("keys") or ():
+            learned, budget = row.get("learned"), row.get("budget")
+            if isinstance(learned, dict) and budget:
+                key = learned_key(self.ns, str(budget))
+                pipe.hset(key, member, json.dumps({**learned, "at": at}, separators=(",", ":")))
+                pipe.pexpire(key, int(LEARNED_TTL_S * 1000))
         await self._call(pipe.execute)
 
     async def read_cluster(self) -> ClusterView:
@@ -325,7 +412,31 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
                 continue
             if isinstance(summary, dict):
                 members.append(summary)
-    return {"members": members, "queues": await queue_depths(client, namespace)}
+    budgets = sorted(
+        {
+            str(k["budget"])
+            for m in members
+            for k in (m.get("keys") or ())
+            if isinstance(k, dict) and k.get("budget")
+        }
+    )
+    learned: dict[str, dict[str, Any]] = {}
+    if budgets:
+        pipe = client.pipeline(transaction=False)
+        for b in budgets:
+            pipe.hgetall(learned_key(namespace, b))
+        for b, raw in zip(budgets, await pipe.execute(), strict=True):
+            docs = {}
+            for who, body in (raw or {}).items():
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    docs[_text(who)] = doc
+            if docs:
+                learned[b] = docs
+    return {"members": members, "queues": await queue_depths(client, namespace), "learned": learned}
 
 
 async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
@@ -357,6 +468,17 @@ def _int(value: Any) -> int:
         return 0
 
 
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None or isinstance(value, bool) else _int(value)
+
+
 def cluster_view(view: dict[str, Any]) -> ClusterView:
     """`read_cluster`'s answer as the engine's plain `ClusterView` (members sorted by id)."""
     rows = []
@@ -383,12 +505,35 @@ def cluster_view(view: dict[str, Any]) -> ClusterView:
             )
         )
     q = view.get("queues") or {}
+    now = time.time()
+    keys = []
+    for budget, docs in sorted((view.get("learned") or {}).items()):
+        newest = max(docs.items(), key=lambda kv: _float(kv[1].get("at")))
+        with_est = [kv for kv in docs.items() if kv[1].get("estimate") is not None]
+        est_who, est = max(with_est, key=lambda kv: _float(kv[1].get("moved_at"))) if with_est else ("", {})
+        doc = newest[1]
+        limit = _opt_int(est.get("estimate"))
+        window = _float(est.get("window_s"))
+        keys.append(
+            SharedKeyRow(
+                budget=budget,
+                member=est_who or newest[0],
+                age_s=round(max(0.0, now - _float(est.get("moved_at") if est else doc.get("at"))), 1),
+                estimate=f"{limit}/{window:g}s" if limit is not None and window > 0 else "",
+                estimate_limit=limit,
+                reason=str(est.get("reason", ""))[:80],
+                remaining=_opt_int(doc.get("remaining")),
+                limit=_opt_int(doc.get("limit")),
+                headroom_ms=_float(doc.get("headroom_ms")) if doc.get("headroom_ms") is not None else None,
+            )
+        )
     return ClusterView(
         members=tuple(sorted(rows, key=lambda r: r.member)),
         waiting=_int(q.get("main")),
         claimed=_int(q.get("claimed")),
         uncertain=_int(q.get("uncertain")),
         graveyard=_int(q.get("graveyard")),
+        keys=tuple(keys),
     )
 
 
@@ -406,6 +551,12 @@ def format_cluster(view: dict[str, Any]) -> str:
             f"sent {m.get('sent')}, ok {m.get('succeeded')}, 429 {m.get('rejected_429')}, "
             f"queue {m.get('main_depth')}+{m.get('dlq_depth')}, store {m.get('store')}, "
             f"leases used {leases.get('used', 0)}/{leases.get('granted', 0)}"
+        )
+    for row in cluster_view(view).keys:
+        lines.append(
+            f"key {row.budget}: estimate {row.estimate or '-'} ({row.reason or '-'}, {row.member}), "
+            f"server remaining {row.remaining if row.remaining is not None else '-'}"
+            f"/{row.limit if row.limit is not None else '-'}, headroom {row.headroom_ms} ms"
         )
     return "\n".join(lines)
 

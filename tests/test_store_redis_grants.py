@@ -17,6 +17,7 @@ from redis_server import redis_server  # noqa: F401 (a fixture)
 
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.engine.cluster import LeasedSlots
+from ratedeck.engine.ports import Ask
 from ratedeck.store.redis_shared import RedisShared
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
@@ -34,7 +35,7 @@ async def _member(url: str, seed: int, policies, stop_at: float, grants: list, n
     try:
         while time.monotonic() < stop_at:
             grant = await shared.lease(
-                "k", policies, rng.randint(1, 5), headroom, SLACK_S, headroom, 0.9, 0.3, 0.0
+                [Ask("k", tuple(policies))], rng.randint(1, 5), headroom, SLACK_S, headroom, 0.9, 0.3, 0.0
             )
             calls += 1
             h_us = int((headroom + SLACK_S) * 1e6)
@@ -131,7 +132,7 @@ def test_a_cost_above_the_limit_is_refused_not_granted(redis_server):  # noqa: F
         shared = RedisShared(redis_server.url, namespace="refuse")
         shared.bind(time.monotonic)
         try:
-            await shared.lease("k", [Policy(1, 1.0)], 2, 0.0, SLACK_S, 0.0, 1.0, 0.3, 0.0)
+            await shared.lease([Ask("k", (Policy(1, 1.0),))], 2, 0.0, SLACK_S, 0.0, 1.0, 0.3, 0.0)
             return None
         except StoreUnavailable as exc:
             return str(exc)
@@ -151,7 +152,7 @@ def test_grant_times_map_to_the_members_clock_never_early(redis_server):  # noqa
         shared = RedisShared(redis_server.url, namespace="clock")
         shared.bind(time.monotonic)
         try:
-            grant = await shared.lease("k", [Policy(50, 1.0)], 5, 0.0, SLACK_S, 0.0, 0.9, 0.3, 0.0)
+            grant = await shared.lease([Ask("k", (Policy(50, 1.0),))], 5, 0.0, SLACK_S, 0.0, 0.9, 0.3, 0.0)
             raw = shared.last_grant_us
             return grant, raw, shared.offset
         finally:

@@ -46,8 +46,9 @@ class FakeShared:
         if self.down:
             raise StoreUnavailable("ConnectionError: refused")
 
-    async def lease(self, budget, policies, count, headroom_s, slack_s, pace_s, spacing, horizon_s, hold_s):
+    async def lease(self, asks, count, headroom_s, slack_s, pace_s, spacing, horizon_s, hold_s):
         self._check()
+        budget = asks[0].budget  # the seed preset: each key's own limits only
         now = self.clock()
         fresh = budget not in self.last
         if fresh:
@@ -64,6 +65,12 @@ class FakeShared:
         # the leases carry a microsecond of margin, as RedisShared's do (LEASE_EARLY_S)
         leases = tuple(t + 1e-6 for t in times)
         return Grant(leases, slack_s, None if times else s - horizon_s, fresh, self.epoch)
+
+    async def give_back(self, ticket, budget, units):
+        self._check()
+
+    async def sync(self, budget, policy, counted, at, until):
+        self._check()
 
     async def close_gate(self, gate, until, reason):
         self._check()

@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ratedeck.engine.snapshot import ClusterView, MemberRow, Snapshot
+from ratedeck.engine.snapshot import ClusterView, MemberRow, SharedKeyRow, Snapshot
 
 from ..widgets import numbers
 from ..widgets.gates import plural
@@ -45,7 +45,24 @@ def queues_text(view: ClusterView) -> str:
         f" [b]{numbers.count(view.waiting)}[/] waiting [$text-muted]·[/] [b]{numbers.count(view.claimed)}[/] claimed"
         f" [$text-muted]·[/] {uncertain} uncertain [$text-muted]·[/] {numbers.count(view.graveyard)} graveyard"
         f" [$text-muted]· read at {numbers.duration(view.read_at_s)}[/]"
-    )
+    ) + "".join(f"\n{shared_key_text(row)}" for row in view.keys)
+
+
+def shared_key_text(row: SharedKeyRow) -> str:
+    """Markup for what the members learned of one shared key (shown only when there is some)."""
+    parts = [f"[$text-muted]key {row.budget[:8]}[/]"]
+    if row.estimate:
+        parts.append(
+            f"estimate [b]{row.estimate}[/] ({row.reason or 'learned'}, {row.member}, {row.age_s:g}s ago)"
+        )
+    if row.remaining is not None:
+        parts.append(
+            f"server remaining {numbers.count(row.remaining)}"
+            + (f"/{numbers.count(row.limit)}" if row.limit else "")
+        )
+    if row.headroom_ms is not None:
+        parts.append(f"headroom {row.headroom_ms:g} ms")
+    return " [$text-muted]·[/] ".join(parts)
 
 
 def member_cells(row: MemberRow) -> list[object]:
