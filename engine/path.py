@@ -328,7 +328,11 @@ class RequestPath:
             if limiter is None:
                 continue
             before = limiter.bucket()
-            if limiter.follow(now, q.limit, q.limit - q.remaining, limiter.spent_since(sent_at), window):
+            # What the server may not have counted: ours sent since the answered request, and
+            # since a headroom before it (one sent earlier may have reached it later: a new
+            # connection's handshake, a late loop).
+            since = limiter.spent_since(sent_at - self.headroom.seconds())
+            if limiter.follow(now, q.limit, q.limit - q.remaining, since, window):
                 bucket = limiter.bucket()
                 if self.budget_watcher is not None and bucket is not None:
                     counted = q.limit - q.remaining
