@@ -56,6 +56,7 @@ __all__ = [
     "StoreUnavailable",
     "budget_name",
     "gate_names",
+    "host_fingerprint",
     "member_id",
 ]
 
@@ -69,21 +70,29 @@ def _target_host(url: str | None) -> str:
         return "embedded"
 
 
+def host_fingerprint(target_url: str | None) -> str:
+    """16 hex digits of SHA-256 of the target's host: the part of every store name members of one host share."""
+    return hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
+
+
 def budget_name(target_url: str | None, secret: str) -> str:
-    """A key's budget as the store names it: a fingerprint of the target's host and the key, never the key.
+    """A key's budget as the store names it, `<host>/<key>`: fingerprints of the target's host and of
+    the host and key together, never the key.
 
     Members that use the same key at the same host share one budget; 16 hex
-    digits of SHA-256 say nothing usable about a key.
+    digits of SHA-256 say nothing usable about a key. The host's part comes
+    first: a store on a Redis Cluster keeps every name of one host in one slot
+    (`store/redis_shared.py`), so one grant may touch a key's and the host's budgets together.
     """
     text = f"ratedeck-budget\0{_target_host(target_url)}\0{secret}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{host_fingerprint(target_url)}/{key}"
 
 
 def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict[str, str]:
-    """Store names of the gates members share: each key's (its budget's) and the target host's."""
+    """Store names of the gates members share: each key's (its budget's) and the target host's (`<host>/host`)."""
     names = {label: budget_name(target_url, secret) for label, secret in secrets_by_label.items()}
-    host = hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
-    names["host"] = f"host-{host}"
+    names["host"] = f"{host_fingerprint(target_url)}/host"
     return names
 
 

@@ -77,7 +77,17 @@ class _Sent:
 class _Extra:
     """What only some requests carry: a pool, a shape, a library caller's hooks, a key."""
 
-    __slots__ = ("cancelled", "call", "on_done", "pool", "shape", "idempotency_key", "pin", "units", "line_id")
+    __slots__ = (
+        "cancelled",
+        "call",
+        "on_done",
+        "pool",
+        "shape",
+        "idempotency_key",
+        "pin",
+        "units",
+        "line_id",
+    )
 
     def __init__(self) -> None:
         self.cancelled = False  # the caller gave up: never send it again (ends as shed)

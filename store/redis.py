@@ -1,6 +1,7 @@
 """`RedisStore`: the work of many processes in Redis Streams, and what they share (`redis_shared`).
 
-Work (keys under `<ns>:w:`, `ns` = "ratedeck" by default):
+Work (keys under `<ns>:{q:<ns>}:`, `ns` = "ratedeck" by default: one hash tag, so
+every transaction on the streams touches one slot of a Redis Cluster):
 
 - `main`: a stream of pending jobs (fields `id`, `key`, `item` as JSON) with one
   consumer group, `ratedeck`; `claim` reads new entries for a member
@@ -50,8 +51,10 @@ from .redis_shared import (
     cancel_lost,
     check_url,
     connect,
+    failures,
     queue_depths,
     unavailable,
+    work_key,
 )
 
 #: An entry pending this long without a refresh belongs to a dead member.
@@ -97,17 +100,15 @@ class RedisStore(WorkStore):
         return self._client
 
     def _k(self, name: str) -> str:
-        return f"{self.ns}:w:{name}"
+        return work_key(self.ns, name)
 
     async def _do(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:
-            from redis.exceptions import RedisError
-
             if cancel_lost(exc):
                 raise asyncio.CancelledError from exc
-            if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
+            if isinstance(exc, failures()):
                 raise StoreError(f"Redis did not answer ({unavailable(exc)})") from None
             raise
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 #: Grant up to `count` send times of one budget, all its policies together.
 #:
 #: KEYS[2]: the store's epoch (set at the first grant after Redis starts empty; a restart
-#: that lost the state shows as a new epoch). KEYS[1]: the budget's prefix, `rd:b:{id}`; its keys are `<prefix>:m` (a hash: the last
+#: that lost the state shows as a new epoch). KEYS[1]: the budget's prefix, `ratedeck:{h:<host>}:b:<key>`; its keys are `<prefix>:m` (a hash: the last
 #: slot, sequence, bucket levels), `<prefix>:s<i>` (a sorted set per sliding window: one
 #: member per unit granted, scored by the time it stops counting) and `<prefix>:f<i>:<n>`
-#: (a counter per fixed window n). All share the `{id}` hash tag.
+#: (a counter per fixed window n). All share the `{h:<host>}` hash tag (one slot of a cluster).
 #: ARGV: count, cost, headroom_us, pace_us, spacing, horizon_us, hold_us, then four per
 #: policy: kind (s|f|b), limit, window_us, drain (a bucket's units per window).
 #: Returns {now_us, status, fresh, next_us, epoch, t1, t2, ...}: status 1 granted t1.. (maybe none,
@@ -168,3 +168,6 @@ end
 redis.call('SET', KEYS[1], string.format('%.0f', until_us) .. ' ' .. ARGV[2], 'PX', math.ceil((until_us - now) / 1000))
 return 1
 """
+
+#: Redis's clock, from the node that holds KEYS[1] (a cluster's masters each have their own).
+TIME = "return redis.call('TIME')"
