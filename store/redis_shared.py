@@ -309,6 +309,14 @@ class RedisShared:
                 raise unavailable(exc) from None
             raise
 
+    async def _ensure_offset(self) -> None:
+        """Bounds of the clocks' offset, before a first use: a second round trip when the first was
+        slow (it connects: to every master of a cluster), so the first grants' margin stays small."""
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+            if self.offset.width > 0.02:
+                await self._time_sample()
+
     async def _time_sample(self) -> None:
         """Redis's time, from the master that holds the host's budgets (the clock its grants use)."""
         t0 = self._clock()
@@ -341,8 +349,7 @@ class RedisShared:
         hold_s: float,
     ) -> Grant:
         self._name = budget
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        await self._ensure_offset()
         u = self.offset.width
         args: list[Any] = [
             count,
@@ -380,8 +387,7 @@ class RedisShared:
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None:
         self._name = self._name or gate
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        await self._ensure_offset()
         until_us = _us(until + self.offset.hi)  # the later end of what `until` may be on Redis's clock
         await self._call(self._close_gate, keys=[self.gate_key(gate)], args=[until_us, reason[:120]])
 
@@ -393,8 +399,7 @@ class RedisShared:
         if not by_tag:
             return Poll({}, None)
         self._name = self._name or gates[0]
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        await self._ensure_offset()
         found = {}
         epochs: list[str | None] = []
         for names in by_tag.values():

@@ -155,3 +155,59 @@ def redis_cluster():
     """A fresh 3-master cluster for one test."""
     with RedisCluster() as cluster:
         yield cluster
+
+
+class ClusterAsOne:
+    """A cluster used where the tests of one server use a `RedisServer`: `url`, and `stop`/`start`
+    kill and restart the master that holds one hash tag (by default the embedded simulator's host,
+    where members on it keep their budgets), empty: its state lost, as a lone server's would be."""
+
+    def __init__(self, cluster: RedisCluster, tag_key: str | None = None):
+        from ratedeck.engine.cluster import host_fingerprint
+
+        self.cluster = cluster
+        self.victim = cluster.owner(tag_key or f"{{h:{host_fingerprint(None)}}}")
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    def stop(self) -> None:
+        self.cluster.stop(self.victim)
+
+    def start(self) -> None:
+        self.cluster.start(self.victim)
+
+
+_SHARED: list[RedisCluster] = []
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """One cluster for the session (every test that takes it gets it emptied and whole)."""
+    if not _SHARED:
+        _SHARED.append(RedisCluster().start_all())
+    yield _SHARED[0]
+    while _SHARED:
+        _SHARED.pop().close()
+
+
+def _reset(cluster: RedisCluster) -> None:
+    for n in cluster.nodes:
+        if n.proc is None:
+            n.start()
+    cluster.wait_ok()
+    for n in cluster.nodes:
+        _ask(n.port, "flushall")
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_any(request):
+    """A lone redis-server, then the shared 3-master cluster (emptied): the same test on both."""
+    if request.param == "single":
+        with RedisServer() as server:
+            yield server
+    else:
+        cluster = request.getfixturevalue("shared_cluster")
+        _reset(cluster)
+        yield ClusterAsOne(cluster)
