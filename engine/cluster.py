@@ -338,6 +338,12 @@ class ClusterMember:
                 now = engine.clock()
                 self._epoch(polled.epoch, now)
                 self._apply_gates(polled.gates, now)
+            except StoreUnavailable as exc:
+                self._went_down(str(exc))
+                continue
+            # The snapshots may live elsewhere (another master of a cluster): without them the
+            # view goes stale, and the budgets, which the poll just reached, are still granted.
+            try:
                 if now >= next_publish:
                     next_publish = now + self.publish_s
                     await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
@@ -347,8 +353,7 @@ class ClusterMember:
                     at = round(engine.clock() - engine.started_at, 1)
                     self.view = dataclasses.replace(view, read_at_s=at)
             except StoreUnavailable as exc:
-                self._went_down(str(exc))
-                continue
+                self.last_problem = str(exc)
             await asyncio.sleep(self.poll_s)
 
     def _spawn(self, coro: Any) -> None:

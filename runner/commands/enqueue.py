@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     try:
         added, pending = asyncio.run(add())
     except StoreError as exc:
-        return fail(f"enqueue: nothing added: {exc}")
+        return fail(f"enqueue: {store.url}: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
     return 0
 
