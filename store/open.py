@@ -31,5 +31,5 @@ def open_store(url: str) -> WorkStore | None:
 
         return RedisStore.open(text)
     raise StoreError(
-        "not a store; use memory, sqlite:PATH, redis://host:port/db or redis+cluster://host:port,host:port"
+        "not a store; use memory, sqlite:PATH or redis://host:port/db (a cluster: redis+cluster://host:port,...)"
     )
