@@ -149,7 +149,6 @@ def connect(url: str) -> Any:
     from redis.backoff import NoBackoff
 
     text = check_url(url)
-    timeouts = {"socket_timeout": COMMAND_TIMEOUT_S, "socket_connect_timeout": COMMAND_TIMEOUT_S}
     try:
         if is_cluster(text):
             from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -162,9 +161,15 @@ def connect(url: str) -> Any:
                 ssl=text.lower().startswith("rediss+"),
                 require_full_coverage=False,
                 retry=Retry(NoBackoff(), 1),  # once more: a MOVED after a change of slots
-                **timeouts,
+                socket_timeout=COMMAND_TIMEOUT_S,
+                socket_connect_timeout=COMMAND_TIMEOUT_S,
             )
-        return aioredis.Redis.from_url(text, retry=Retry(NoBackoff(), 0), **timeouts)
+        return aioredis.Redis.from_url(
+            text,
+            socket_timeout=COMMAND_TIMEOUT_S,
+            socket_connect_timeout=COMMAND_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+        )
     except ValueError as exc:
         raise StoreError(f"not a Redis URL ({exc})") from None
 
