@@ -44,6 +44,16 @@ lately, so sends from before and after the loss never share a window. Redis's
 clock is the one clock: if it is stepped (NTP), grants near the step may overlap.
 
 Names in Redis carry a fingerprint of the key (`budget_name`), never the key.
+
+**A Redis Cluster** (`redis+cluster://host:port,...`, `connect`): a script
+must touch one slot, so every key carries a hash tag. The engine names a
+budget or gate `<host>/<name>` (fingerprints); every key of one target host
+(its keys' budgets, its own budgets, its gates, its epoch) is under
+`{h:<host>}` (`budget_key`, `gate_key`, `epoch_key`), so a grant that spends
+several budgets at once passes them all in KEYS and stays one atomic call on
+one master. The work and the member snapshots are under `{q:<namespace>}`
+(`work_key`). Each master has its own epoch, and its own clock: `TIME` is read
+from the master of the host's tag. On one server the tags change nothing.
 """
 
 from __future__ import annotations

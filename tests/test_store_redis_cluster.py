@@ -47,8 +47,8 @@ def _member(url: str, target: str, ns: str) -> tuple[Engine, SimulatedTransport]
 
 
 def _hosts_on_two_masters(cluster: RedisCluster) -> tuple[str, str, str, int]:
-    """Two target URLs whose budgets live on different masters, a namespace (its queue and
-    snapshots) on neither one's... no: on a master other than the first's; and the first's master."""
+    """Two target URLs whose budgets live on different masters, a namespace whose queue and
+    snapshots are not on the first one's master, and that master (the one the test kills)."""
     owners: dict[int, str] = {}
     for i in range(200):
         url = f"http://api{i}.test:8080/v1"
