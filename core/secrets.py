@@ -120,6 +120,9 @@ def safe_url(url: str | None) -> str:
         return ""
     try:
         parts = urlsplit(str(url))
+        if "," in parts.netloc or parts.scheme.endswith("+cluster"):  # redis+cluster://h:p,h:p: as written,
+            # without user:password@ (several hosts: no single host and port to parse)
+            return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
         hostname = parts.hostname or ""
         port = parts.port
     except ValueError:

@@ -58,6 +58,7 @@ __all__ = [
     "StoreUnavailable",
     "budget_name",
     "gate_names",
+    "host_fingerprint",
     "member_id",
 ]
 
@@ -71,14 +72,22 @@ def _target_host(url: str | None) -> str:
         return "embedded"
 
 
+def host_fingerprint(target_url: str | None) -> str:
+    """16 hex digits of SHA-256 of the target's host: the part of every store name members of one host share."""
+    return hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
+
+
 def budget_name(target_url: str | None, secret: str | None, budget: str = "") -> str:
-    """A budget as the store names it: a fingerprint of the target's host, the key and the
-    budget's name, never the key. Every budget's store name is made here.
+    """A budget as the store names it, `<host>/<budget>`: fingerprints of the target's host,
+    and of the host, the key and the budget's name together, never the key. Every budget's
+    store name is made here.
 
     `secret` and no `budget`: a key's own limits; `secret` and `budget`: the key's share of a
     key-scope `[[budgets]]`; no `secret`: a host-wide budget (`budget` is its name, or
     `host_limits` for `keys.host_limits`). Members that use the same key at the same host
-    share one budget; 16 hex digits of SHA-256 say nothing usable about a key.
+    share one budget; 16 hex digits of SHA-256 say nothing usable about a key. The host's
+    part comes first: a store on a Redis Cluster keeps every name of one host in one slot
+    (`store/redis_shared.py`), so one grant may touch a key's and the host's budgets together.
     """
     host = _target_host(target_url)
     if secret is None:
@@ -87,14 +96,14 @@ def budget_name(target_url: str | None, secret: str | None, budget: str = "") ->
         text = f"ratedeck-budget\0{host}\0{secret}\0{budget}"
     else:
         text = f"ratedeck-budget\0{host}\0{secret}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{host_fingerprint(target_url)}/{key}"
 
 
 def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict[str, str]:
-    """Store names of the gates members share: each key's (its budget's) and the target host's."""
+    """Store names of the gates members share: each key's (its budget's) and the target host's (`<host>/host`)."""
     names = {label: budget_name(target_url, secret) for label, secret in secrets_by_label.items()}
-    host = hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
-    names["host"] = f"host-{host}"
+    names["host"] = f"{host_fingerprint(target_url)}/host"
     return names
 
 
@@ -385,6 +394,12 @@ class ClusterMember:
                 now = engine.clock()
                 self._epoch(polled.epoch, now)
                 self._apply_gates(polled.gates, now)
+            except StoreUnavailable as exc:
+                self._went_down(str(exc))
+                continue
+            # The snapshots may live elsewhere (another master of a cluster): without them the
+            # view goes stale, and the budgets, which the poll just reached, are still granted.
+            try:
                 if now >= next_publish:
                     next_publish = now + self.publish_s
                     await self.shared.publish(self.member, self.summary(), ttl_s=max(3.0, 3 * self.publish_s))
@@ -395,8 +410,7 @@ class ClusterMember:
                     self.view = dataclasses.replace(view, read_at_s=at)
                     self.adopt_learned(engine.clock())
             except StoreUnavailable as exc:
-                self._went_down(str(exc))
-                continue
+                self.last_problem = str(exc)
             await asyncio.sleep(self.poll_s)
 
     def _spawn(self, coro: Any) -> None:

@@ -343,6 +343,14 @@ def store_lines(store: StoreReport) -> list[str]:
     if store.recovered:
         what = "sent again with their Idempotency-Key" if store.retried_uncertain else "now uncertain"
         lines[-1] += f"; resumed {store.recovered} jobs a stopped run held ({what})"
+    if store.persistence == "none":
+        lines.append(
+            "             kept across a restart: nothing (appendonly no, save ''): a restart loses the work"
+        )
+    if store.lost_claims:
+        lines.append(
+            f"             lost {store.lost_claims} claimed jobs: the store lost its state while this run held them"
+        )
     return lines
 
 

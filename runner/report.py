@@ -251,6 +251,9 @@ def store_report(s: StoreReport, snap: Snapshot) -> dict:
         "resumed_retried": s.retried_uncertain and s.recovered > 0,
         "journaled": s.journaled,
         "balance_ok": s.problem is None and s.unjournaled == 0 and s.journaled == ended(snap),
+        # what a restart of the store keeps ("none": a restart loses the work), and jobs a loss took
+        "persistence": s.persistence or "file",
+        "lost_claims": s.lost_claims,
     }
 
 

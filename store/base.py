@@ -155,6 +155,15 @@ class WorkStore(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    #: Jobs this process had claimed when the store lost its state (a restart with nothing kept):
+    #: gone from the store, so their endings can no longer be accounted for there.
+    lost_claims: int = 0
+
+    async def persistence(self) -> str | None:
+        """What a restart of the store keeps: None when that is not a question (a file, fsync'd),
+        "none" when a restart loses the work, "unknown" when the server would not say."""
+        return None
+
     def shared(self) -> SharedState | None:
         """What members share besides work (key budgets, gates, snapshots), if the store is
         shared by many processes (Redis); None for a store one process works alone."""
@@ -172,3 +181,5 @@ class StoreReport:
     journaled: int  # endings of this run written to the store
     unjournaled: int  # endings of this run the store did not take (a write problem)
     problem: str | None = None  # the store failed at the end (counts are then empty)
+    persistence: str | None = None  # what a restart of the store keeps (`WorkStore.persistence`)
+    lost_claims: int = 0  # jobs this run had claimed when the store lost its state

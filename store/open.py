@@ -11,7 +11,8 @@ def open_store(url: str) -> WorkStore | None:
     """The store `url` names: None for `memory` (the engine's own queues), else a `WorkStore`.
 
     `sqlite:PATH` (created if missing; its directory must exist and be
-    writable), `redis://host:port/db`. Raises `StoreError` with one line
+    writable), `redis://host:port/db`, `redis+cluster://host:port,host:port` (a Redis Cluster:
+    any one reachable node finds the rest). Raises `StoreError` with one line
     naming the problem.
     """
     text = url.strip()
@@ -21,7 +22,7 @@ def open_store(url: str) -> WorkStore | None:
         from .sqlite import SqliteStore
 
         return SqliteStore.open(text.removeprefix("sqlite:"))
-    if text.startswith(("redis://", "rediss://", "unix://")):
+    if text.lower().startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         import importlib.util
 
         if importlib.util.find_spec("redis") is None:  # an extra since issue 23
@@ -29,4 +30,6 @@ def open_store(url: str) -> WorkStore | None:
         from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
 
         return RedisStore.open(text)
-    raise StoreError("not a store; use memory, sqlite:PATH or redis://host:port/db")
+    raise StoreError(
+        "not a store; use memory, sqlite:PATH or redis://host:port/db (a cluster: redis+cluster://host:port,...)"
+    )

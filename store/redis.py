@@ -1,6 +1,7 @@
 """`RedisStore`: the work of many processes in Redis Streams, and what they share (`redis_shared`).
 
-Work (keys under `<ns>:w:`, `ns` = "ratedeck" by default):
+Work (keys under `<ns>:{q:<ns>}:`, `ns` = "ratedeck" by default: one hash tag, so
+every transaction on the streams touches one slot of a Redis Cluster):
 
 - `main`: a stream of pending jobs (fields `id`, `key`, `item` as JSON) with one
   consumer group, `ratedeck`; `claim` reads new entries for a member
@@ -50,8 +51,10 @@ from .redis_shared import (
     cancel_lost,
     check_url,
     connect,
+    failures,
     queue_depths,
     unavailable,
+    work_key,
 )
 
 #: An entry pending this long without a refresh belongs to a dead member.
@@ -81,6 +84,9 @@ class RedisStore(WorkStore):
         self._group_ready = False
         self._scanned = 0  # entries the last `_take_dead` took from dead members
         self._closing = False  # loops end by this, not only by a cancel (which a client may lose)
+        self._epoch: str | None = None  # the work's epoch as this process first saw it
+        self.lost_claims = 0
+        self._lost_ids: set[int] = set()  # job ids held when the state was lost
 
     @classmethod
     def open(cls, url: str) -> RedisStore:
@@ -97,19 +103,69 @@ class RedisStore(WorkStore):
         return self._client
 
     def _k(self, name: str) -> str:
-        return f"{self.ns}:w:{name}"
+        return work_key(self.ns, name)
 
     async def _do(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:
-            from redis.exceptions import RedisError
-
             if cancel_lost(exc):
                 raise asyncio.CancelledError from exc
-            if isinstance(exc, (RedisError, OSError, asyncio.TimeoutError)):
+            if isinstance(exc, failures()):
                 raise StoreError(f"Redis did not answer ({unavailable(exc)})") from None
             raise
+
+    async def _check_epoch(self) -> None:
+        """Before a claim or a write: has the store lost its state since we claimed (the epoch, set
+        once under the queue's tag, changed)? Then the jobs we hold are gone from it: counted as
+        lost, forgotten, never acknowledged or finished against the new state (job ids start again)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self._k("epoch"), uuid.uuid4().hex, nx=True)
+        pipe.get(self._k("epoch"))
+        _set, raw = await self._do(pipe.execute)
+        epoch = _text(raw)
+        if self._epoch is not None and epoch != self._epoch:
+            self.lost_claims += sum(len(h) for h in self._held.values())
+            self._lost_ids.update(j for h in self._held.values() for j in h)
+            self._held.clear()
+            self._reclaimed.clear()
+            self._group_ready = False
+        self._epoch = epoch
+
+    async def persistence(self) -> str:
+        """ "none" when a restart loses the work (`appendonly no` and `save ""` on the server, or on
+        any master of a cluster), "snapshots" (`save` only), "appendonly"; "unknown" when the
+        server refuses CONFIG (a managed service)."""
+        from redis.exceptions import ResponseError
+
+        kept = {"none": 0, "snapshots": 1, "appendonly": 2}
+        try:
+            if hasattr(self.client, "get_primaries"):  # a cluster: every master says
+                await self._do(self.client.initialize)  # the masters, learnt from any node
+                nodes = self.client.get_primaries()
+                aof = await self._do(self.client.config_get, "appendonly", target_nodes=nodes)
+                save = await self._do(self.client.config_get, "save", target_nodes=nodes)
+                answers = [(aof[n.name], save[n.name]) for n in nodes]
+            else:
+                answers = [
+                    (
+                        await self._do(self.client.config_get, "appendonly"),
+                        await self._do(self.client.config_get, "save"),
+                    )
+                ]
+        except (StoreError, ResponseError):
+            return "unknown"
+        if not answers:
+            return "unknown"
+        worst = "appendonly"
+        for aof, save in answers:
+            this = (
+                "appendonly"
+                if _text(aof.get("appendonly", "")) == "yes"
+                else ("snapshots" if _text(save.get("save", "")).strip() else "none")
+            )
+            worst = min(worst, this, key=kept.__getitem__)
+        return worst
 
     async def check(self) -> None:
         """Reach the server now: `StoreError` (one line) when it does not answer."""
@@ -171,6 +227,7 @@ class RedisStore(WorkStore):
                 await asyncio.sleep(RETRY_S)
 
     async def _claim(self, member: str, n: int) -> list[Job]:
+        await self._check_epoch()
         await self._group()
         self._start_refresher()
         jobs = self._reclaimed[:n]
@@ -243,7 +300,12 @@ class RedisStore(WorkStore):
     async def finish(self, member: str, endings: Sequence[Finished]) -> None:
         if not endings:
             return
+        await self._check_epoch()
         held = self._held.get(member, {})
+        # a lost state took the jobs held before it: never written against the new one
+        endings = [f for f in endings if f.job_id in held or f.job_id not in self._lost_ids]
+        if not endings:
+            return
         pipe = self.client.pipeline(transaction=True)
         ids = [held[f.job_id] for f in endings if f.job_id in held]
         if ids:

@@ -339,3 +339,6 @@ else
   return math.ceil(counted - level)
 end
 """
+
+#: Redis's clock, from the node that holds KEYS[1] (a cluster's masters each have their own).
+TIME = "return redis.call('TIME')"

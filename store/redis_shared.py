@@ -44,6 +44,16 @@ lately, so sends from before and after the loss never share a window. Redis's
 clock is the one clock: if it is stepped (NTP), grants near the step may overlap.
 
 Names in Redis carry a fingerprint of the key (`budget_name`), never the key.
+
+**A Redis Cluster** (`redis+cluster://host:port,...`, `connect`): a script
+must touch one slot, so every key carries a hash tag. The engine names a
+budget or gate `<host>/<name>` (fingerprints); every key of one target host
+(its keys' budgets, its own budgets, its gates, its epoch) is under
+`{h:<host>}` (`budget_key`, `gate_key`, `epoch_key`), so a grant that spends
+several budgets at once passes them all in KEYS and stays one atomic call on
+one master. The work and the member snapshots are under `{q:<namespace>}`
+(`work_key`). Each master has its own epoch, and its own clock: `TIME` is read
+from the master of the host's tag. On one server the tags change nothing.
 """
 
 from __future__ import annotations
@@ -74,9 +84,49 @@ GROUP = "ratedeck"
 COMMAND_TIMEOUT_S = 1.0
 
 
+#: Schemes of a Redis Cluster URL: `redis+cluster://host:port,host:port,...` (TLS: `rediss+cluster`).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def is_cluster(url: str) -> bool:
+    return url.strip().split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """A cluster URL's startup nodes (any one reachable is enough), user and password; else `StoreError`."""
+    scheme, _, rest = url.strip().partition("://")
+    netloc, _, path = rest.partition("/")
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    if path not in ("", "0"):
+        raise StoreError("a Redis Cluster has only database 0; write redis+cluster://host:port,host:port")
+    userinfo, at, hosts = netloc.rpartition("@")
+    user = password = None
+    if at:
+        u, colon, pw = userinfo.partition(":")
+        user, password = (u or None), (pw if colon else None)
+    nodes = []
+    for part in hosts.split(","):
+        if not part.strip():
+            continue
+        try:
+            where = urlsplit(f"redis://{part.strip()}")
+            host, port = where.hostname, where.port
+        except ValueError as exc:
+            raise StoreError(f"not a Redis Cluster URL ({exc})") from None
+        if not host:
+            raise StoreError("no host; write redis+cluster://host:port,host:port")
+        if port is not None and not 0 < port < 65536:
+            raise StoreError("port out of range")
+        nodes.append((host, port or 6379))
+    if not nodes:
+        raise StoreError("no host; write redis+cluster://host:port,host:port")
+    return nodes, user, password
+
+
 def budget_prefix(namespace: str, budget: str) -> str:
-    """Every Redis key of a budget starts with this (its grants' counts, its learned state)."""
-    return f"{namespace}:b:{{{budget}}}"
+    """Every Redis key of a budget starts with this (its grants' counts, its learned state):
+    `<ns>:{h:<host>}:b:<key>` for a name `<host>/<key>`, one hash tag per target host (`tag`)."""
+    return f"{namespace}:{{{tag(budget)}}}:b:{_leaf(budget)}"
 
 
 def learned_key(namespace: str, budget: str) -> str:
@@ -89,15 +139,19 @@ LEARNED_TTL_S = 60.0
 
 
 def check_url(url: str) -> str:
-    """`url` if it names a Redis server (redis://host:port/db, rediss://, unix://), else `StoreError`."""
+    """`url` if it names a Redis server (redis://host:port/db, rediss://, unix://) or a Redis Cluster
+    (redis+cluster://host:port,host:port), else `StoreError`."""
     text = url.strip()
+    if is_cluster(text):
+        cluster_nodes(text)
+        return text
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
         raise StoreError(f"not a Redis URL ({exc})") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise StoreError("not a Redis URL; write redis://host:port/db")
+        raise StoreError("not a Redis URL; write redis://host:port/db or redis+cluster://host:port,host:port")
     if parts.scheme != "unix" and not parts.hostname:
         raise StoreError("no host; write redis://host:port/db")
     if port is not None and not 0 < port < 65536:
@@ -109,20 +163,47 @@ def check_url(url: str) -> str:
 
 
 def connect(url: str) -> Any:
-    """A redis-py asyncio client for `url` with short timeouts and no retries (the caller retries)."""
+    """A redis-py asyncio client for `url` with short timeouts and no retries (the caller retries).
+
+    A cluster URL gives a `RedisCluster` that learns every node from any one
+    that answers; it accepts slots no master holds (a master down), so the
+    keys on the other masters go on.
+    """
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    text = check_url(url)
     try:
+        if is_cluster(text):
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+            nodes, user, password = cluster_nodes(text)
+            return RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in nodes],
+                username=user,
+                password=password,
+                ssl=text.lower().startswith("rediss+"),
+                require_full_coverage=False,
+                retry=Retry(NoBackoff(), 1),  # once more: a MOVED after a change of slots
+                socket_timeout=COMMAND_TIMEOUT_S,
+                socket_connect_timeout=COMMAND_TIMEOUT_S,
+            )
         return aioredis.Redis.from_url(
-            check_url(url),
+            text,
             socket_timeout=COMMAND_TIMEOUT_S,
             socket_connect_timeout=COMMAND_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),
         )
     except ValueError as exc:
         raise StoreError(f"not a Redis URL ({exc})") from None
+
+
+def failures() -> tuple[type[BaseException], ...]:
+    """What a client raises when the store does not answer (a cluster's own errors included)."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 
 
 def unavailable(exc: BaseException) -> StoreUnavailable:
@@ -132,9 +213,7 @@ def unavailable(exc: BaseException) -> StoreUnavailable:
 
 
 def _is_store_failure(exc: BaseException) -> bool:
-    from redis.exceptions import RedisError
-
-    return isinstance(exc, (RedisError, OSError, asyncio.TimeoutError))
+    return isinstance(exc, failures())
 
 
 def cancel_lost(exc: BaseException) -> bool:
@@ -146,6 +225,46 @@ def cancel_lost(exc: BaseException) -> bool:
     """
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0 and not isinstance(exc, asyncio.CancelledError)
+
+
+def tag(name: str) -> str:
+    """The hash tag of a name the engine gives the store: `h:<host>` for `<host>/<rest>` (every
+    budget and gate of one target host: one slot), else the name itself."""
+    host, sep, _rest = name.partition("/")
+    return f"h:{host}" if sep else name
+
+
+def _leaf(name: str) -> str:
+    return name.partition("/")[2] or name
+
+
+def work_key(namespace: str, name: str) -> str:
+    """A key of the shared work (`main`, `seq`, `sending`, ...) or the members' snapshots: one tag
+    per queue (a namespace), so a transaction on the streams touches one slot."""
+    return f"{namespace}:{{q:{namespace}}}:{name}"
+
+
+class _Script:
+    """A Lua script called by its SHA, sent whole (`EVAL`) to a node that does not know it yet.
+
+    Unlike redis-py's `Script`, it never loads a script on every master first
+    (a master that is down would fail the call for keys it does not hold).
+    """
+
+    def __init__(self, client: Any, text: str):
+        import hashlib
+
+        self.client = client
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        from redis.exceptions import NoScriptError
+
+        try:
+            return await self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(self.text, len(keys), *keys, *args)
 
 
 def _text(raw: Any) -> str:
@@ -194,10 +313,12 @@ class RedisShared:
         self.shown = safe_url(self.url) or "redis"
         self.ns = namespace
         self.client = client if client is not None else connect(self.url)
-        self._grant = self.client.register_script(redis_scripts.GRANT)
-        self._close_gate = self.client.register_script(redis_scripts.CLOSE_GATE)
-        self._refund = self.client.register_script(redis_scripts.REFUND)
-        self._sync = self.client.register_script(redis_scripts.SYNC)
+        self._grant = _Script(self.client, redis_scripts.GRANT)
+        self._close_gate = _Script(self.client, redis_scripts.CLOSE_GATE)
+        self._refund = _Script(self.client, redis_scripts.REFUND)
+        self._sync = _Script(self.client, redis_scripts.SYNC)
+        self._time = _Script(self.client, redis_scripts.TIME)
+        self._name = ""  # the last budget or gate asked about: its host's slot answers `TIME` and pings
         self._clock: Callable[[], float] = time.monotonic
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=32)  # (at, lo, hi)
         self.offset = _Offset()
@@ -234,13 +355,32 @@ class RedisShared:
                 raise unavailable(exc) from None
             raise
 
+    async def _ensure_offset(self) -> None:
+        """Bounds of the clocks' offset, before a first use: a second round trip when the first was
+        slow (it connects: to every master of a cluster), so the first grants' margin stays small."""
+        if self.offset.width == float("inf"):
+            await self._time_sample()
+            if self.offset.width > 0.02:
+                await self._time_sample()
+
     async def _time_sample(self) -> None:
+        """Redis's time, from the master that holds the host's budgets (the clock its grants use)."""
         t0 = self._clock()
-        sec, usec = await self._call(self.client.time)
+        if self._name:
+            sec, usec = await self._call(self._time, keys=[self.epoch_key(self._name)])
+        else:
+            sec, usec = await self._call(self.client.time)
         self._note(int(sec) * 1_000_000 + int(usec), t0, self._clock())
 
-    # -- budgets (every Redis key name is made here, from `budget_key`)
+    # -- budgets: every Redis key name is made here, from `budget_key`; every key of one target
+    # host carries one hash tag (`tag`), so each script call touches one slot of a Redis Cluster
+    # (on one server the tags change nothing).
     def budget_key(self, budget: str) -> str:
+        """The prefix of a budget's keys: `<ns>:{h:<host>}:b:<key>` for a name `<host>/<key>`.
+
+        A script that spends several budgets at once (a key's and its host's)
+        passes each one's keys in KEYS: the names share the `<host>/` part, so
+        the keys share a slot."""
         return budget_prefix(self.ns, budget)
 
     def meta_key(self, budget: str) -> str:
@@ -263,8 +403,8 @@ class RedisShared:
         horizon_s: float,
         hold_s: float,
     ) -> Grant:
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        self._name = asks[0].budget if asks else self._name
+        await self._ensure_offset()
         u = self.offset.width
         h_us = _us(headroom_s + slack_s + u)
         args: list[Any] = [
@@ -276,7 +416,7 @@ class RedisShared:
             _us(hold_s),
             len(asks),
         ]
-        keys = [self.epoch_key()]
+        keys = [self.epoch_key(self._name)]
         for ask in asks:
             keys.append(self.meta_key(ask.budget))
             args += [max(0, int(ask.cost)), len(ask.policies)]
@@ -323,8 +463,8 @@ class RedisShared:
         await self._call(self._refund, keys=keys, args=args)
 
     async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        self._name = self._name or budget
+        await self._ensure_offset()
         lo = self.offset.lo
         until_us = _us(until + lo) if until is not None else 0  # the earlier end: never longer
         await self._call(
@@ -333,41 +473,54 @@ class RedisShared:
             args=[*_policy_args(policy), max(0, int(counted)), until_us, _us(at + lo)],
         )
 
-    def epoch_key(self) -> str:
-        return f"{self.ns}:epoch"
+    def epoch_key(self, name: str) -> str:
+        """The epoch of the store that holds `name` (each master of a cluster has its own: a master
+        restarted empty is a new epoch for the hosts it holds, not for the others)."""
+        return f"{self.ns}:{{{tag(name)}}}:epoch"
 
     # -- gates
     def gate_key(self, gate: str) -> str:
-        return f"{self.ns}:g:{gate}"
+        return f"{self.ns}:{{{tag(gate)}}}:g:{_leaf(gate)}"
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None:
-        if self.offset.width == float("inf"):
-            await self._time_sample()
+        self._name = self._name or gate
+        await self._ensure_offset()
         until_us = _us(until + self.offset.hi)  # the later end of what `until` may be on Redis's clock
         await self._call(self._close_gate, keys=[self.gate_key(gate)], args=[until_us, reason[:120]])
 
     async def poll(self, gates: Sequence[str]) -> Poll:
-        if self.offset.width == float("inf"):
-            await self._time_sample()
-        values = await self._call(self.client.mget, [self.epoch_key(), *(self.gate_key(g) for g in gates)])
+        """The gates and the epoch: one `MGET` per host (a member has one target host: one call)."""
+        by_tag: dict[str, list[str]] = {}
+        for g in gates:
+            by_tag.setdefault(tag(g), []).append(g)
+        if not by_tag:
+            return Poll({}, None)
+        self._name = self._name or gates[0]
+        await self._ensure_offset()
         found = {}
-        for gate, raw in zip(gates, values[1:], strict=True):
-            if raw is None:
-                continue
-            head, _, reason = _text(raw).partition(" ")
-            if head.isdigit():
-                found[gate] = (int(head) / 1_000_000 - self.offset.lo, reason)
-        return Poll(found, _text(values[0]) if values[0] is not None else None)
+        epochs: list[str | None] = []
+        for names in by_tag.values():
+            keys = [self.epoch_key(names[0]), *(self.gate_key(g) for g in names)]
+            values = await self._call(self.client.mget, keys)
+            epochs.append(_text(values[0]) if values[0] is not None else None)
+            for gate, raw in zip(names, values[1:], strict=True):
+                if raw is None:
+                    continue
+                head, _, reason = _text(raw).partition(" ")
+                if head.isdigit():
+                    found[gate] = (int(head) / 1_000_000 - self.offset.lo, reason)
+        epoch = None if None in epochs else "|".join(e for e in epochs if e is not None)
+        return Poll(found, epoch)
 
     # -- members
     def members_key(self) -> str:
-        return f"{self.ns}:members"
+        return work_key(self.ns, "members")
 
     async def publish(self, member: str, summary: dict[str, Any], ttl_s: float) -> None:
         body = json.dumps(summary, separators=(",", ":"))
         expires_ms = int((time.time() + ttl_s) * 1000)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(f"{self.ns}:member:{member}", body, px=int(ttl_s * 1000))
+        pipe.set(work_key(self.ns, f"member:{member}"), body, px=int(ttl_s * 1000))
         pipe.zadd(self.members_key(), {member: expires_ms})
         at = round(time.time(), 3)
         for row in summary.get("keys") or ():
@@ -382,7 +535,9 @@ class RedisShared:
         return cluster_view(await self._call(read_cluster, self.client, self.ns))
 
     async def ping(self) -> None:
-        await self._call(self.client.ping)
+        """The master that holds our host's budgets answers (any node, before we know the host)."""
+        if not self._name:
+            await self._call(self.client.ping)
         await self._time_sample()
 
     async def close(self) -> None:
@@ -400,12 +555,12 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
     `claimed`, `uncertain`, `graveyard`) when a work store uses the namespace.
     """
     now_ms = int(time.time() * 1000)
-    key = f"{namespace}:members"
+    key = work_key(namespace, "members")
     await client.zremrangebyscore(key, "-inf", now_ms)
     ids = [m.decode() if isinstance(m, bytes) else m for m in await client.zrange(key, 0, -1)]
     members = []
     if ids:
-        for raw in await client.mget([f"{namespace}:member:{m}" for m in ids]):
+        for raw in await client.mget([work_key(namespace, f"member:{m}") for m in ids]):
             try:
                 summary = json.loads(raw) if raw is not None else None
             except ValueError:  # not a member's summary: left out, never a failure of the store
@@ -441,16 +596,15 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
 
 async def queue_depths(client: Any, namespace: str = NAMESPACE) -> dict[str, int]:
     """The work streams' depths: `main` (waiting to be claimed), `claimed`, `uncertain`, `graveyard`."""
-    w = f"{namespace}:w:"
     pipe = client.pipeline(transaction=False)
-    pipe.xlen(w + "main")
-    pipe.xlen(w + "uncertain")
-    pipe.xlen(w + "graveyard")
+    pipe.xlen(work_key(namespace, "main"))
+    pipe.xlen(work_key(namespace, "uncertain"))
+    pipe.xlen(work_key(namespace, "graveyard"))
     main, uncertain, graveyard = await pipe.execute()
     claimed = 0
     if main:
         try:
-            claimed = int((await client.xpending(w + "main", GROUP))["pending"])
+            claimed = int((await client.xpending(work_key(namespace, "main"), GROUP))["pending"])
         except Exception:  # no group yet
             claimed = 0
     return {

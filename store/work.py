@@ -67,6 +67,11 @@ CLAIM_MAX = 256
 #: Jobs are marked sending (and queued) this far ahead of the keys' capacity: enough that a
 #: mark's commit never starves the limiter, few enough that a kill -9 strands few.
 MARK_AHEAD_S = 0.1
+#: What a member says once when its store keeps nothing across a restart.
+NOT_KEPT = (
+    "keeps nothing across a restart (appendonly no, save ''): a restart loses every job, ending and budget;"
+    " set appendonly yes"
+)
 #: At least this many are marked at once (one commit each time), at most `CLAIM_MAX`.
 MARK_MIN = 4
 
@@ -295,6 +300,7 @@ class Journal:
         self._closing = False
         self._task: asyncio.Task | None = None
         self._windows: dict[str, list[float]] = {}  # the last ones saved
+        self._lost_told = 0  # lost claims already told
 
     def finished(self, req: Request, ending: Ending) -> None:
         """The finish watcher: note the ending (no I/O here: this is the engine's path)."""
@@ -329,6 +335,7 @@ class Journal:
                 pass
             self._wake.clear()
             await self.flush()
+            self.note_lost()
             await self.save_windows()
 
     async def save_windows(self) -> None:
@@ -355,6 +362,16 @@ class Journal:
                 self.engine.problem(self.problem)
             return
         self.written += len(batch)
+
+    def note_lost(self) -> None:
+        """Say (once per loss) how many claimed jobs a store that lost its state took with it."""
+        lost = self.store.lost_claims
+        if lost > self._lost_told:
+            self.engine.problem(
+                f"store {self.store.url} lost its state (restarted empty): {lost - self._lost_told} jobs"
+                " this run had claimed are gone from it and can no longer be accounted for there"
+            )
+            self._lost_told = lost
 
 
 def last_sends(
@@ -390,6 +407,7 @@ class StoreRun:
         self.recovered = 0
         self.left_claimed = 0  # claimed by earlier runs, not taken back (no --resume)
         self.windows: dict[str, tuple[float, list[float]]] = {}  # the last run's sends, per key
+        self.persistence: str | None = None  # what a restart of the store keeps (read at the start)
 
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
@@ -399,6 +417,7 @@ class StoreRun:
             else:
                 self.left_claimed = (await self.store.counts()).claimed
             self.windows = await self.store.load_windows()
+            self.persistence = await self.store.persistence()
         except StoreError as exc:
             raise ConfigError("--store", self.store.url, str(exc)) from None
 
@@ -416,6 +435,8 @@ class StoreRun:
         if seeded:
             engine.event(EventKind.INFO, f"each key starts from the last run's window: {seeded} sends")
         self.journal.start()
+        if self.persistence == "none":
+            engine.problem(f"store {self.store.url}: {NOT_KEPT}")
         if self.recovered:
             what = (
                 "sent again with the same Idempotency-Key"
@@ -456,4 +477,6 @@ class StoreRun:
             journaled=journal.written if journal is not None else 0,
             unjournaled=len(journal.waiting) if journal is not None else 0,
             problem=problem or (journal.problem if journal is not None else None),
+            persistence=self.persistence,
+            lost_claims=self.store.lost_claims,
         )

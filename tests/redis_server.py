@@ -41,7 +41,7 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """One redis-server process on 127.0.0.1 (`port` kept across `stop`/`start`)."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, *, persist: bool = False):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -51,6 +51,11 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="ratedeck-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.persist = persist  # appendonly yes (a restart keeps the state), else no persistence at all
+
+    def args(self) -> list[str]:
+        """More arguments for redis-server (a cluster node's)."""
+        return []
 
     @property
     def url(self) -> str:
@@ -66,9 +71,9 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.persist else "no",
         ]
-        args += ["--dir", self.dir, "--protected-mode", "yes"]
+        args += ["--dir", self.dir, "--protected-mode", "yes", *self.args()]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + READY_S
         while not _ping(self.port):

@@ -14,7 +14,8 @@ import sys
 import time
 
 import pytest
-from redis_server import free_port, redis_server  # noqa: F401 (a fixture)
+from redis_cluster import redis_any, shared_cluster  # noqa: F401 (fixtures)
+from redis_server import RedisServer, free_port, redis_server  # noqa: F401 (a fixture)
 from test_report_schema import validate
 
 from ratedeck.config import load_config
@@ -63,11 +64,11 @@ def audit(transport: SimulatedTransport) -> tuple[int, int]:
 # ---------------------------------------------------------------- work streams
 
 
-def test_claim_finish_and_a_dead_members_entries_reclaimed(redis_server):  # noqa: F811
+def test_claim_finish_and_a_dead_members_entries_reclaimed(redis_any):  # noqa: F811
     async def main():
-        a = RedisStore(redis_server.url, namespace="w1", claim_timeout_s=0.6)
-        b = RedisStore(redis_server.url, namespace="w1", claim_timeout_s=0.6)
-        c = RedisStore(redis_server.url, namespace="w1", claim_timeout_s=0.6)
+        a = RedisStore(redis_any.url, namespace="w1", claim_timeout_s=0.6)
+        b = RedisStore(redis_any.url, namespace="w1", claim_timeout_s=0.6)
+        c = RedisStore(redis_any.url, namespace="w1", claim_timeout_s=0.6)
         assert await a.enqueue([{"n": i} for i in range(12)]) == 12
         got_a = await a.claim("a", 4)
         got_b = await b.claim("b", 4)
@@ -106,10 +107,10 @@ def test_claim_finish_and_a_dead_members_entries_reclaimed(redis_server):  # noq
     asyncio.run(main())
 
 
-def test_without_an_idempotency_key_a_dead_members_jobs_become_uncertain(redis_server):  # noqa: F811
+def test_without_an_idempotency_key_a_dead_members_jobs_become_uncertain(redis_any):  # noqa: F811
     async def main():
-        a = RedisStore(redis_server.url, namespace="w2", claim_timeout_s=0.3)
-        c = RedisStore(redis_server.url, namespace="w2", claim_timeout_s=0.3)
+        a = RedisStore(redis_any.url, namespace="w2", claim_timeout_s=0.3)
+        c = RedisStore(redis_any.url, namespace="w2", claim_timeout_s=0.3)
         await a.enqueue([{"n": i} for i in range(4)])
         await a.claim("a", 3)
         await a.mark_sending("a", [1, 2])  # job 3 was claimed, never marked: never sent
@@ -167,11 +168,11 @@ def test_cli_unreachable_redis_exits_2_with_one_line():
 # ---------------------------------------------------------------- members together
 
 
-def test_two_members_share_the_budget_and_a_gate(redis_server):  # noqa: F811
+def test_two_members_share_the_budget_and_a_gate(redis_any):  # noqa: F811
     async def main():
         transport = SimulatedTransport(seed_settings())
-        a = member(redis_server.url, transport, "m1")
-        b = member(redis_server.url, transport, "m1")
+        a = member(redis_any.url, transport, "m1")
+        b = member(redis_any.url, transport, "m1")
         a.start()
         b.start()
         try:
@@ -191,7 +192,7 @@ def test_two_members_share_the_budget_and_a_gate(redis_server):  # noqa: F811
             assert k1.sent == sent_then  # b sent nothing on k1 while a's Retry-After held
             assert b.by_label["k2"].sent > 0
             # the cluster view: both members, their counts, no secret
-            shared = RedisShared(redis_server.url, namespace="m1")
+            shared = RedisShared(redis_any.url, namespace="m1")
             view = await read_cluster(shared.client, "m1")
             await shared.close()
             assert len(view["members"]) == 2
@@ -255,10 +256,11 @@ def test_two_members_each_see_the_other_in_their_snapshot(redis_server):  # noqa
 
 
 @pytest.mark.parametrize("outage_s", [1.0, 0.0])
-def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_server, outage_s):  # noqa: F811
+def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_any, outage_s):  # noqa: F811
     """Down long (every send before it is out of the window) or restarted at once (the state
-    lost while sends before it still count: the first grant waits them out)."""
-    server = redis_server
+    lost while sends before it still count: the first grant waits them out). On the cluster:
+    the master that holds the host's budgets, killed and restarted empty."""
+    server = redis_any
 
     async def main():
         transport = SimulatedTransport(seed_settings())
@@ -301,7 +303,10 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
             assert worst <= 20 and rejected == 0  # across the loss of the state too
 
     _killed, resumed_s = asyncio.run(main())
-    assert resumed_s < 2.5  # about 1.7 s: a ping, then the longest window and the leases' horizon
+    # About 1.7 s on one server: a ping, then the longest window and the leases' horizon. A
+    # cluster's master restarted on its port rejoins first (its slots answer again once the
+    # client refreshes its map after a failed call): about 1 s more.
+    assert resumed_s < (2.5 if isinstance(redis_any, RedisServer) else 4.0), resumed_s
 
 
 def test_the_docs_member_commands_load_as_written():

@@ -13,6 +13,7 @@ import random
 import time
 
 import pytest
+from redis_cluster import redis_any, shared_cluster  # noqa: F401 (fixtures)
 from redis_server import redis_server  # noqa: F401 (a fixture)
 
 from ratedeck.core.policy import Policy, parse_policy
@@ -35,7 +36,14 @@ async def _member(url: str, seed: int, policies, stop_at: float, grants: list, n
     try:
         while time.monotonic() < stop_at:
             grant = await shared.lease(
-                [Ask("k", tuple(policies))], rng.randint(1, 5), headroom, SLACK_S, headroom, 0.9, 0.3, 0.0
+                [Ask("host0/k", tuple(policies))],
+                rng.randint(1, 5),
+                headroom,
+                SLACK_S,
+                headroom,
+                0.9,
+                0.3,
+                0.0,
             )
             calls += 1
             h_us = int((headroom + SLACK_S) * 1e6)
@@ -86,8 +94,8 @@ def _max_occupancy(grants: list, window_us: int) -> int:
     return best
 
 
-def test_sliding_window_never_exceeded_by_many_members(redis_server):  # noqa: F811
-    grants = _run_members(redis_server.url, [parse_policy("10/200ms")])
+def test_sliding_window_never_exceeded_by_many_members(redis_any):  # noqa: F811
+    grants = _run_members(redis_any.url, [parse_policy("10/200ms")])
     times = [t for t, _h, _m in grants]
     assert len(times) >= 40  # 1.5 s of 10/200ms: the budget was really contended
     assert len({m for _t, _h, m in grants}) >= 4  # shared out, not one member's
@@ -98,9 +106,9 @@ def test_sliding_window_never_exceeded_by_many_members(redis_server):  # noqa: F
     assert len(times) >= 0.8 * span * 10 / 0.224
 
 
-def test_several_policies_together(redis_server):  # noqa: F811
+def test_several_policies_together(redis_any):  # noqa: F811
     policies = [parse_policy("10/200ms"), parse_policy("30/1s fixed"), parse_policy("6@20/s")]
-    grants = _run_members(redis_server.url, policies)
+    grants = _run_members(redis_any.url, policies)
     times = [t for t, _h, _m in grants]
     assert _max_in_sliding(times, 200_000) <= 10
     per_window: dict[int, int] = {}

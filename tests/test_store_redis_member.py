@@ -205,12 +205,13 @@ def test_budget_names_are_fingerprints_not_keys():
 
     secret = "sk_live_abcdefghijklmnop"
     name = budget_name("https://api.example.com/v1/x", secret)
-    assert len(name) == 16 and secret not in name and "abcd" not in name
+    host, _, key = name.partition("/")
+    assert len(host) == len(key) == 16 and secret not in name and "abcd" not in name
     assert name == budget_name("https://api.example.com/v2/other", secret)  # same host: one budget
     assert name != budget_name("https://other.example.com/v1/x", secret)
     assert name != budget_name("https://api.example.com/v1/x", secret + "x")
     names = gate_names("https://api.example.com/v1/x", {"k1": secret})
-    assert names["k1"] == name and names["host"].startswith("host-") and secret not in str(names)
+    assert names["k1"] == name and names["host"] == f"{host}/host" and secret not in str(names)
     assert Policy(1, 1.0)  # (the policy type the lease takes)
 
 

@@ -19,7 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a JSONL workload (one object of parameters per line, as a workload file is read) and add"
         " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
     )
-    p.add_argument("--store", metavar="URL", required=True, help="sqlite:PATH or redis://host:port/db")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        required=True,
+        help="sqlite:PATH, redis://host:port/db or redis+cluster://host:port,host:port",
+    )
     p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
     p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
     p.add_argument("file", metavar="FILE", help="JSONL workload file")
@@ -55,7 +60,7 @@ def main(argv: list[str]) -> int:
     try:
         added, pending = asyncio.run(add())
     except StoreError as exc:
-        return fail(f"enqueue: nothing added: {exc}")
+        return fail(f"enqueue: {store.url}: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
     return 0
 
