@@ -76,6 +76,7 @@ Rules:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from typing import Any
@@ -216,14 +217,8 @@ class RangeTracker:
         self.lo_doubt = recent[3] - recent[0] if len(recent) >= 4 else 0.0
 
     def copy(self) -> RangeTracker:
-        """An independent tracker in the same state (its deques copied)."""
-        twin = RangeTracker.__new__(RangeTracker)
-        for name in RangeTracker.__slots__:
-            setattr(twin, name, getattr(self, name))
-        twin._buckets = deque(self._buckets, maxlen=self._buckets.maxlen)
-        twin._recent = deque(self._recent, maxlen=self._recent.maxlen)
-        twin._mins = deque(self._mins, maxlen=self._mins.maxlen)
-        return twin
+        """An independent tracker in the same state (once per run: when hints first arrive)."""
+        return copy.deepcopy(self)
 
     @property
     def in_window(self) -> int:
