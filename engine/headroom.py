@@ -76,7 +76,6 @@ Rules:
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import deque
 from typing import Any
@@ -215,10 +214,6 @@ class RangeTracker:
         # m <= 2 (a sum of up to three delays: two legs and the server's time) the
         # gap to the 4th smallest is at least the doubt.
         self.lo_doubt = recent[3] - recent[0] if len(recent) >= 4 else 0.0
-
-    def copy(self) -> RangeTracker:
-        """An independent tracker in the same state (once per run: when hints first arrive)."""
-        return copy.deepcopy(self)
 
     @property
     def in_window(self) -> int:
@@ -488,9 +483,7 @@ class HeadroomController:
         self.hints_used = self.hints_ignored = 0
         self.budget = BudgetProber(rejection_budget)
         self._net = RangeTracker(window_s)  # round trips less usable server time
-        # Whole round trips. While no answer has carried a usable hint they are the same
-        # samples as `_net`'s: None until then (one tracker fed, not two), a copy from then on.
-        self._raw: RangeTracker | None = None
+        self._raw = RangeTracker(window_s)  # whole round trips
         self._probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
         self._server_mean: float | None = None  # moving mean of usable server time (s)
         self._hint_share = 0.0  # moving share of answers with a usable hint
@@ -559,8 +552,7 @@ class HeadroomController:
     @property
     def rtt_spread_ms(self) -> float | None:
         """The spread of whole round trips (network and server time together)."""
-        raw = self._raw if self._raw is not None else self._net
-        return raw.spread * 1000.0 if raw.n else None
+        return self._raw.spread * 1000.0 if self._raw.n else None
 
     @property
     def network_spread_ms(self) -> float | None:
@@ -732,11 +724,7 @@ class HeadroomController:
         net = rtt_s - server_s if usable and server_s is not None else rtt_s
         if self._first_t is None:
             self._first_t = now
-        raw = self._raw
-        if raw is None and usable:
-            raw = self._raw = self._net.copy()  # the two part here
-        if raw is not None:
-            raw.add(rtt_s, now)
+        self._raw.add(rtt_s, now)
         if self._net.add(net, now):
             self._estimate()
         if remaining is not None:

@@ -7,7 +7,6 @@ import base64
 import json
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -328,10 +327,7 @@ class HttpTransport(TransportBase):
             return method, url, json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
         return method, url, encode(fields), {**headers, "Content-Type": _FORM}
 
-    def send(self, key: KeySpec, req: Request, nonce: int | None) -> Coroutine[Any, Any, Outcome]:
-        """The attempt's own coroutine, prepared now: the exchange itself for an idempotent
-        method (no coroutine wrapping it: one frame less for every resume of the attempt's
-        task, on every request), `_write` for a write, an answered one when signing failed."""
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         client = self._client or self._open()
         t = self.target
         self._mask.add(key.secret)
@@ -340,20 +336,14 @@ class HttpTransport(TransportBase):
         try:
             method, url, data, headers = self._prepare(key, req, nonce)
         except SigningError as exc:
-            return _ready(Outcome(CLIENT_ERROR, error=f"not signed: {exc}"))
+            return Outcome(CLIENT_ERROR, error=f"not signed: {exc}")
         except (
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
-            return _ready(Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}"))
+            return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
         if method in _IDEMPOTENT_METHODS:
-            return self._exchange(client, method, url, data, headers)
-        return self._write(client, method, url, data, headers, req)
-
-    async def _write(
-        self, client: Client, method: str, url: URL, data: Any, headers: Any, req: Request
-    ) -> Outcome:
-        """A write: what settle.decide needs to tell a failed write from an uncertain one."""
-        t = self.target
+            return await self._exchange(client, method, url, data, headers)
+        # A write: what settle.decide needs to tell a failed write from an uncertain one.
         out = await self._exchange(client, method, url, data, headers)
         out.write = True
         out.keyed = bool(req.idempotency_key)
@@ -498,11 +488,6 @@ class HttpTransport(TransportBase):
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 #: A connection that failed this way never carried the request (engine/client.describe names them).
 _NOT_SENT = ("connection refused", "cannot connect")
-
-
-async def _ready(outcome: Outcome) -> Outcome:
-    """An outcome known before anything was sent, as the coroutine `send` returns."""
-    return outcome
 
 
 def _put(headers: dict[str, str], name: str, value: str) -> None:
