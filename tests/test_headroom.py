@@ -120,3 +120,21 @@ def test_unsettled_extras_keep_the_fallback_and_a_fixed_headroom_has_none():
     assert h.extra_for(0.01, t) is not None
     h.set_fixed(20)
     assert h.extra_for(0.01, t) is None and h.effective_ms == 20
+
+
+def test_whole_round_trips_part_from_the_network_s_once_hints_arrive():
+    # Without hints the two are the same samples (one tracker is fed); the first usable hint
+    # splits them, and each keeps what it had seen before.
+    h = HeadroomController()
+    t = 0.0
+    for i in range(200):
+        t += 0.01
+        h.observe_rtt(0.100 + (i % 5) * 0.010, t)
+    assert h.rtt_spread_ms == pytest.approx(40.0)
+    assert h.network_spread_ms is None
+    for i in range(400):
+        t += 0.01
+        # 120..200 ms round trips, of which 60..100 ms is the server's: the network's 60..100.
+        h.observe_rtt(0.120 + (i % 5) * 0.020, t, server_s=0.060 + (i % 5) * 0.010)
+    assert h.rtt_spread_ms == pytest.approx(100.0)  # whole round trips, 100 (before the hints) .. 200
+    assert h.network_spread_ms == pytest.approx(80.0)  # 60 .. 140 (the hint-less ones still in the window)
