@@ -22,9 +22,10 @@ input + output); a request with no JSON object body costs no tokens.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from ratedeck.core.hooks import load_callable
 
 #: The built-in estimate's name.
 CHARS_4 = "chars/4"
@@ -121,13 +122,6 @@ def _whole(value: Any, name: str) -> int:
 
 def load_hook(spec: str) -> Callable[[Mapping[str, Any]], Any]:
     """`module:function` imported; ValueError saying why when it cannot be."""
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
+    if ":" not in spec:
         raise ValueError(f'must be "{CHARS_4}" or a hook "module:function", got {spec!r}')
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load the cost hook {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not callable(fn):
-        raise ValueError(f"the cost hook {spec!r} is not a function")
-    return fn
+    return load_callable(spec, "cost hook")

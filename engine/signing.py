@@ -24,11 +24,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote_plus
+
+from ratedeck.core.hooks import load_callable
 
 
 @dataclass(slots=True)
@@ -85,11 +86,7 @@ def signer_for(name: str) -> Signer:
         return sign_binance
     if name == "kraken":
         return sign_kraken
-    module, _, attr = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SigningError(f"signing hook {name!r} cannot be loaded ({type(exc).__name__})") from None
-    if not callable(fn):
-        raise SigningError(f"signing hook {name!r} is not a function")
-    return fn
+        return load_callable(name, "signing hook")
+    except ValueError as exc:
+        raise SigningError(str(exc)) from None
