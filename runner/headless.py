@@ -341,7 +341,7 @@ def store_lines(store: StoreReport) -> list[str]:
         f"             journaled {store.journaled} endings of this run",
     ]
     if store.recovered:
-        what = "sent again with their Idempotency-Key" if store.retried_uncertain else "now uncertain"
+        what = "sent again" if store.retried_uncertain else "now uncertain"
         lines[-1] += f"; resumed {store.recovered} jobs a stopped run held ({what})"
     if store.persistence == "none":
         lines.append(

@@ -16,7 +16,8 @@ the keys' capacity), and keeps the queue no deeper than that: a killed run's
 marked jobs are those in flight, queued, or ended in the last tick's unwritten
 batch, a few more than were on the wire. `--resume` takes them back
 (`WorkStore.recover`): sent again with the same Idempotency-Key when the target
-has one, else reported as uncertain; claimed jobs never marked go back to
+has one, or as they are where a repeat does nothing twice (`target.safe_writes`,
+an LLM prompt: its answer was lost with the run), else reported as uncertain; claimed jobs never marked go back to
 pending, as they were. Nothing is sent twice without that key, and nothing is
 dropped.
 
@@ -409,11 +410,18 @@ class StoreRun:
         self.windows: dict[str, tuple[float, list[float]]] = {}  # the last run's sends, per key
         self.persistence: str | None = None  # what a restart of the store keeps (read at the start)
 
+    @property
+    def _retry(self) -> bool:
+        """Whether jobs a killed run may have sent go out again on --resume: with the same
+        Idempotency-Key, or where a repeat does nothing twice (an LLM prompt: `safe_writes`)."""
+        t = self.cfg.target
+        return t.idempotency or t.safe_writes
+
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
         try:
             if self.cfg.resume:
-                self.recovered = await self.store.recover(self.member, retry=self.cfg.target.idempotency)
+                self.recovered = await self.store.recover(self.member, retry=self._retry)
             else:
                 self.left_claimed = (await self.store.counts()).claimed
             self.windows = await self.store.load_windows()
@@ -438,9 +446,12 @@ class StoreRun:
         if self.persistence == "none":
             engine.problem(f"store {self.store.url}: {NOT_KEPT}")
         if self.recovered:
+            t = self.cfg.target
             what = (
                 "sent again with the same Idempotency-Key"
-                if self.cfg.target.idempotency
+                if t.idempotency
+                else "sent again (target.safe_writes: a repeat does nothing twice)"
+                if t.safe_writes
                 else "not sent again: reported uncertain"
             )
             engine.event(
@@ -473,7 +484,7 @@ class StoreRun:
             url=self.store.url,
             counts=counts,
             recovered=self.recovered,
-            retried_uncertain=self.cfg.target.idempotency,
+            retried_uncertain=self._retry,
             journaled=journal.written if journal is not None else 0,
             unjournaled=len(journal.waiting) if journal is not None else 0,
             problem=problem or (journal.problem if journal is not None else None),

@@ -365,3 +365,40 @@ def test_a_live_run_s_uncertain_ending_is_journaled_as_uncertain(tmp_path):
         await s.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("target", "retried"),
+    [({}, False), ({"idempotency": True}, True), ({"safe_writes": True}, True)],
+)
+def test_resume_sends_a_killed_run_s_jobs_again_where_a_repeat_does_nothing_twice(tmp_path, target, retried):
+    """An LLM prompt (`target.safe_writes`) a killed run may have sent: its answer went with the run,
+    so --resume sends it again; a plain POST stays uncertain (a repeat could write twice)."""
+    import random
+
+    from ratedeck.config import load_config
+    from ratedeck.store.work import StoreRun
+
+    async def scenario() -> None:
+        path = str(tmp_path / "w.db")
+        s = SqliteStore.open(path)
+        await s.enqueue([{"job": i} for i in range(3)])
+        dead = await s.claim("dead", 3)
+        await s.mark_sending("dead", [j.id for j in dead])
+        await s.close()
+        cfg = load_config(
+            overrides={
+                "target": {"url": "http://127.0.0.1:9/x", "method": "POST", **target},
+                "keys": {"secrets": ["first-key-0123456789"], "limits": ["20/1s"]},
+                "run": {"store": f"sqlite:{path}", "resume": True},
+            }
+        )
+        store = SqliteStore.open(path)
+        run_ = StoreRun(cfg, store, random.Random(1))
+        await run_.prepare()
+        c = await store.counts()
+        assert run_.recovered == 3
+        assert (c.pending, c.uncertain) == ((3, 0) if retried else (0, 3))
+        await store.close()
+
+    run(scenario())
