@@ -56,7 +56,8 @@ class RedisProcess:
         if binary is None:
             raise SystemExit("bench cluster: redis-server is not installed (apt-get install redis-server)")
         self.port = _free_port()
-        while cluster and not _port_free(self.port + 10000):  # the cluster bus port too
+        # a cluster node also listens on port + 10000 (its bus): that one must be free too
+        while cluster and not (self.port + 10000 < 65536 and _port_free(self.port + 10000)):
             self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="ratedeck-bench-redis-")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -314,11 +315,15 @@ def run(
     # the counting's own INFO calls are not the members'
     delta.pop("info", None)
     per_member_s = sum(delta.values()) / members / calls_s
-    published_rows = [
+    published_rows: list[dict[str, Any]] = [
         {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases", "elapsed_s")}
         for m in published
     ]
-    budget_calls = [round(m["store_calls"] / m["elapsed_s"], 1) for m in published_rows if m.get("elapsed_s")]
+    budget_calls = [
+        round(float(m["store_calls"] or 0) / float(m["elapsed_s"]), 1)
+        for m in published_rows
+        if m.get("elapsed_s")
+    ]
     return {
         "members": members,
         "duration_s": duration_s,
