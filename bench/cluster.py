@@ -1,6 +1,7 @@
 """Many processes, one set of keys: members sharing budgets through Redis, against the simulator.
 
-    python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL]
+    python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL | --cluster]
+        [--latency 5:45 --processing 20:80] [--no-same-rate]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
 (unless `--redis` names one), the simulator (`ratedeck serve`, seed mode: 5
@@ -8,6 +9,10 @@ keys x 20/s, counting every key's windows itself), fills the store's queue
 with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
 share. Then one `--store memory` process alone on the same keys, for CPU.
+`--latency`/`--processing` put the simulator behind that jitter each way and
+that server time (issue 25: `--latency 5:45 --processing 20:80`); `--cluster`
+starts a 3-master Redis Cluster instead of one server. The Redis calls are
+counted on the server(s) (`INFO commandstats` before and after the members).
 
 It prints, and writes as JSON with `--json FILE`: the simulator's audit (the
 most accepted in any window, 429s), the combined sustained share of capacity
@@ -46,13 +51,19 @@ def _free_port() -> int:
 class RedisProcess:
     """redis-server on 127.0.0.1, no persistence, a temporary directory; stopped by its PID."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("bench cluster: redis-server is not installed (apt-get install redis-server)")
         self.port = _free_port()
+        # a cluster node also listens on port + 10000 (its bus): that one must be free too
+        while cluster and not (self.port + 10000 < 65536 and _port_free(self.port + 10000)):
+            self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="ratedeck-bench-redis-")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{self.port}.conf"]
+            args += ["--cluster-require-full-coverage", "no"]
         self.proc = subprocess.Popen([*args, "--dir", self.dir], stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not self._ping():
@@ -78,6 +89,73 @@ class RedisProcess:
             os.kill(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RedisClusterProcesses:
+    """Three cluster-enabled masters on loopback, slots spread by `redis-cli --cluster create`."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes: list[RedisProcess] = []
+        try:
+            for _ in range(masters):
+                self.nodes.append(RedisProcess(cluster=True))
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            subprocess.run(
+                ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+            deadline = time.monotonic() + 20
+            while not all(self._ok(n.port) for n in self.nodes):
+                if time.monotonic() > deadline:
+                    raise SystemExit("bench cluster: the Redis Cluster was not ok within 20 s")
+                time.sleep(0.1)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ok(self, port: int) -> bool:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
+        ).stdout
+        return "cluster_state:ok" in out and f"cluster_size:{len(self.nodes)}" in out
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.close()
+
+
+def command_counts(url: str) -> dict[str, int]:
+    """Calls per command so far (`INFO commandstats`), summed over every master of a cluster."""
+    import redis
+
+    from ratedeck.store.redis_shared import cluster_nodes, is_cluster
+
+    addrs = cluster_nodes(url)[0] if is_cluster(url) else [None]
+    total: dict[str, int] = {}
+    for addr in addrs:
+        client = redis.Redis(host=addr[0], port=addr[1]) if addr else redis.Redis.from_url(url)
+        try:
+            for name, row in client.info("commandstats").items():
+                cmd = name.removeprefix("cmdstat_")
+                total[cmd] = total.get(cmd, 0) + int(row["calls"])
+        finally:
+            client.close()
+    return total
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -175,11 +253,28 @@ def member_summaries(url: str) -> list[dict[str, Any]]:
     return asyncio.run(read())
 
 
-def run(members: int, duration_s: float, redis_url: str | None) -> dict[str, Any]:
+def run(
+    members: int,
+    duration_s: float,
+    redis_url: str | None,
+    *,
+    latency: str | None = None,
+    processing: str | None = None,
+    cluster: bool = False,
+    same_rate: bool = True,
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
-    redis = None if redis_url else RedisProcess()
+    redis: RedisProcess | RedisClusterProcesses | None = None
+    if not redis_url:
+        redis = RedisClusterProcesses() if cluster else RedisProcess()
     url = redis_url or (redis.url if redis else "")
     capacity = 100.0  # seed: 5 keys x 20/s
+    serve = ["--mode", "seed"]
+    if latency:
+        serve += ["--latency", latency]
+    if processing:
+        serve += ["--processing", processing]
+    at_share: dict[str, Any] = {}
     try:
         jobs = workdir / "jobs.jsonl"
         total = int(capacity * duration_s * 1.5)
@@ -187,18 +282,23 @@ def run(members: int, duration_s: float, redis_url: str | None) -> dict[str, Any
             for i in range(total):
                 fh.write(json.dumps({"job": i}) + "\n")
         subprocess.run(_ratedeck("enqueue", "--store", url, str(jobs)), check=True, capture_output=True)
-        with Simulator(["--mode", "seed"]) as sim:
+        with Simulator(serve) as sim:
+            before = command_counts(url)
+            t0 = time.monotonic()
             shared = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
+            calls_s = time.monotonic() - t0
+            after = command_counts(url)
             stats = sim.stats()
         published = member_summaries(url)
-        with Simulator(["--mode", "seed"]) as sim:
+        with Simulator(serve) as sim:
             alone = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
             alone_stats = sim.stats()
         # CPU per request falls with the rate (a process's fixed costs spread over more
         # requests): the fair baseline also runs at one member's share of the keys.
-        with Simulator(["--mode", "seed"]) as sim:
-            share_rate = (stats["totals"]["accepted"] / duration_s) / members
-            at_share = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
+        if same_rate:
+            with Simulator(serve) as sim:
+                share_rate = (stats["totals"]["accepted"] / duration_s) / members
+                at_share = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
     finally:
         if redis is not None:
             redis.close()
@@ -207,12 +307,28 @@ def run(members: int, duration_s: float, redis_url: str | None) -> dict[str, Any
         per = m["cpu_us_per_request"]
         for name, base in (
             ("cpu_vs_memory", alone["cpu_us_per_request"]),
-            ("cpu_vs_memory_same_rate", at_share["cpu_us_per_request"]),
+            ("cpu_vs_memory_same_rate", at_share.get("cpu_us_per_request")),
         ):
             m[name] = round(per / base, 2) if per and base else None
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta = {k: v for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
+    # the counting's own INFO calls are not the members'
+    delta.pop("info", None)
+    per_member_s = sum(delta.values()) / members / calls_s
+    published_rows: list[dict[str, Any]] = [
+        {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases", "elapsed_s")}
+        for m in published
+    ]
+    budget_calls = [
+        round(float(m["store_calls"] or 0) / float(m["elapsed_s"]), 1)
+        for m in published_rows
+        if m.get("elapsed_s")
+    ]
     return {
         "members": members,
         "duration_s": duration_s,
+        "store": "cluster" if cluster else "redis",
+        "server": " ".join(serve),
         "capacity_tps": capacity,
         "audit_max_in_window": worst,
         "audit_ok": stats.get("audit_ok"),
@@ -221,11 +337,19 @@ def run(members: int, duration_s: float, redis_url: str | None) -> dict[str, Any
         "sustained_share": stats["share"]["sustained"],
         "share_all": stats["share"]["all"],
         "per_member": shared,
-        "memory_alone": {**alone, "sustained_share": alone_stats["share"]["sustained"]},
+        "redis_calls": delta,
+        # every command Redis ran (those inside the grant scripts included), per member per second
+        "redis_commands_per_member_s": round(per_member_s, 1),
+        # the budgets' and gates' round trips (grants, polls, summaries, clock samples): the
+        # member's own count (`RedisShared.calls`), per second of its run
+        "budget_calls_per_member_s": budget_calls,
+        "memory_alone": {
+            **alone,
+            "sustained_share": alone_stats["share"]["sustained"],
+            "rejected_429_server": alone_stats["totals"]["rejected_429"],
+        },
         "memory_at_member_rate": at_share,
-        "published": [
-            {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases")} for m in published
-        ],
+        "published": published_rows,
         "logs": str(workdir),
     }
 
@@ -237,15 +361,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=3, help="processes sharing the keys (default 3)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     parser.add_argument("--redis", help="a running Redis to use (default: start one on a free port)")
+    parser.add_argument("--cluster", action="store_true", help="start a 3-master Redis Cluster instead")
+    parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: seed's own)")
+    parser.add_argument("--processing", help="the simulator's server time in ms, LOW:HIGH (default none)")
+    parser.add_argument(
+        "--no-same-rate", action="store_true", help="skip the memory store at one member's rate (CPU only)"
+    )
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     if args.members < 1 or not 10 <= args.duration <= 600:
         parser.error("--members must be at least 1 and --duration 10 to 600 s")
-    result = run(args.members, args.duration, args.redis)
+    if args.cluster and args.redis:
+        parser.error("--cluster starts its own cluster: not with --redis")
+    result = run(
+        args.members,
+        args.duration,
+        args.redis,
+        latency=args.latency,
+        processing=args.processing,
+        cluster=args.cluster,
+        same_rate=not args.no_same_rate,
+    )
     print(
-        f"{args.members} members x {args.duration:g} s on 5 keys x 20/s: "
-        f"max in any window {result['audit_max_in_window']}/20, 429s {result['rejected_429']}, "
-        f"sustained {result['sustained_share']} of capacity"
+        f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "
+        f"({result['server']}): max in any window {result['audit_max_in_window']}/20, "
+        f"429s {result['rejected_429']}, sustained {result['sustained_share']} of capacity"
+    )
+    calls = ", ".join(f"{k} {v}" for k, v in list(result["redis_calls"].items())[:12])
+    print(
+        f"  Redis round trips per member per second for budgets and gates: "
+        f"{result['budget_calls_per_member_s']}; commands Redis ran per member per second "
+        f"(scripts' own included, work queue too): {result['redis_commands_per_member_s']} ({calls}, ...)"
     )
     for i, m in enumerate(result["per_member"]):
         print(
@@ -260,13 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     alone = result["memory_alone"]
     print(
         f"  memory store alone: {alone['succeeded']} ok, {alone['cpu_us_per_request']} us CPU/request, "
-        f"sustained {alone['sustained_share']}"
+        f"sustained {alone['sustained_share']}, 429s {alone['rejected_429_server']}"
     )
     same = result["memory_at_member_rate"]
-    print(
-        f"  memory store at one member's rate: {same['succeeded']} ok, {same['throughput_tps']}/s, "
-        f"{same['cpu_us_per_request']} us CPU/request"
-    )
+    if same:
+        print(
+            f"  memory store at one member's rate: {same['succeeded']} ok, {same['throughput_tps']}/s, "
+            f"{same['cpu_us_per_request']} us CPU/request"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
