@@ -245,7 +245,9 @@ def test_three_members_share_binances_weight_per_ip_and_never_exceed_it(redis_se
     # the server's own count is the truth: never over 90 in a window, no 429, no ban
     assert windows and max(windows.values()) <= 90, windows
     assert stub.ledger.refused() == [], stub.ledger.counts()
-    assert all(s.sent > 5 for s in snaps), [s.sent for s in snaps]  # every member took part
+    # every member took part (how the grants split among them follows whose loop asks first: on
+    # a loaded box one member may get only a couple; the budget is what must hold)
+    assert all(s.sent > 0 for s in snaps), [s.sent for s in snaps]
     assert problems == []  # no "not shared" notice, nothing failed
     # and the budget was used: the whole windows inside the run at 70% or more together
     whole = [w for w in windows if w * 3 >= start + 3 and (w + 1) * 3 <= end - 1]
