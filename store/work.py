@@ -244,7 +244,18 @@ class StoreWorkload(Workload):
                     self.jobs.pop(req.id, None)
                     self._unqueued.append(job.id)
                     return False
-                await asyncio.sleep(0.25)
+                try:
+                    await asyncio.sleep(0.25)
+                except asyncio.CancelledError:
+                    self.jobs.pop(req.id, None)
+                    self._unqueued.append(job.id)
+                    raise
+            except asyncio.CancelledError:
+                # The run stopped during the mark: the request was made but is queued nowhere,
+                # so the give-back at the end must name its job (else it stays "in flight").
+                self.jobs.pop(req.id, None)
+                self._unqueued.append(job.id)
+                raise
         self._marked.update(ids[1:])
         return True
 

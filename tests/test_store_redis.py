@@ -290,7 +290,7 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
             server.start()  # same port, empty: the budgets' state is lost
             sent_a, sent_b = a.metrics.sent, b.metrics.sent
             back = time.monotonic()
-            await until(lambda: a.metrics.sent > sent_a + 5 and b.metrics.sent > sent_b + 5, 4)
+            await until(lambda: a.metrics.sent > sent_a + 5 and b.metrics.sent > sent_b + 5, 8)
             resumed_s = time.monotonic() - back
             if outage_s:
                 assert any("reachable again" in e.text for e in a.snapshot().events)
@@ -305,8 +305,8 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
     _killed, resumed_s = asyncio.run(main())
     # About 1.7 s on one server: a ping, then the longest window and the leases' horizon. A
     # cluster's master restarted on its port rejoins first (its slots answer again once the
-    # client refreshes its map after a failed call): about 1 s more.
-    assert resumed_s < (2.5 if isinstance(redis_any, RedisServer) else 4.0), resumed_s
+    # client refreshes its map after a failed call, with the client's backoff): 3 to 4.5 s seen.
+    assert resumed_s < (2.5 if isinstance(redis_any, RedisServer) else 6.0), resumed_s
 
 
 def test_the_docs_member_commands_load_as_written():

@@ -402,3 +402,52 @@ def test_resume_sends_a_killed_run_s_jobs_again_where_a_repeat_does_nothing_twic
         await store.close()
 
     run(scenario())
+
+
+def test_a_stop_during_a_mark_still_gives_the_job_back(tmp_path):
+    """The run stopped while a job's `sending` mark was being written (the write finishes in its
+    thread, the source's task is cancelled): the request was made but queued nowhere, and the
+    give-back at the end must still name its job, or it stays "in flight" (seen once in CI)."""
+    import types
+
+    from ratedeck.engine.request import Request
+    from ratedeck.store.work import StoreWorkload
+
+    async def scenario() -> None:
+        s = SqliteStore.open(str(tmp_path / "w.db"))
+        await s.enqueue([{"job": i} for i in range(3)])
+        source = StoreWorkload(s, "me", 10.0, batch=3, idempotent=False)
+        assert await source.refill()
+        item = next(source.items)
+        req = Request(1, 0.0, float("inf"), item)
+        source.made(req)
+        marked = asyncio.Event()
+        real = s.mark_sending
+
+        async def slow_mark(member, ids):
+            await real(member, ids)  # written...
+            marked.set()
+            await asyncio.Event().wait()  # ...and the stop cancels the task before it returns
+
+        s.mark_sending = slow_mark  # type: ignore[method-assign]
+        sink = types.SimpleNamespace(
+            live_capacity=lambda now: 10.0,
+            clock=lambda: 0.0,
+            queue_max=100,
+            queues=types.SimpleNamespace(fresh=lambda: 0),
+            problem=lambda text: None,
+            stopping=False,
+        )
+        task = asyncio.ensure_future(source.before_submit(req, sink))
+        await marked.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        back = await source.unsent_of(set())
+        assert source.jobs == {} and sorted(back) == [1, 2, 3]
+        await s.release("me", back)
+        c = await s.counts()
+        assert (c.pending, c.claimed) == (3, 0)
+        await s.close()
+
+    run(scenario())
