@@ -58,6 +58,9 @@ class KeyRow:
     # Of the key's own limit and its budgets, the one nearest full now (its name; "" with no
     # budgets): for an LLM key, the unit that binds (requests, tokens, output-tokens).
     binding: str = ""
+    # The key's buckets as the server's headers state them (LLM APIs: "requests 500, tokens
+    # 30,000 per 6.0 s"; "" until they are followed).
+    followed: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -594,7 +594,19 @@ class KeyWorker:
             self.refused_message,
             *self._estimate_fields(now),
             self._binding(now),
+            self._followed(),
         )
+
+    def _followed(self) -> str:
+        """The key's buckets as the server's headers set them, once its refill window is known."""
+        if self.window_bound == math.inf:
+            return ""
+        parts = []
+        for name, lim in (("requests", self.limiter), *self.key_budgets.items()):
+            bucket = lim.bucket()
+            if bucket is not None:
+                parts.append(f"{name} {bucket.limit:,}")
+        return f"{', '.join(parts)} per {self.window_bound:.1f} s" if parts else ""
 
     def _binding(self, now: float) -> str:
         """Of the key's own limit and its budgets, the one nearest full now ("" with no budgets)."""

@@ -314,4 +314,5 @@ def estimate_fields(k: KeyRow, elapsed_s: float) -> dict[str, Any]:
         "shared_share": k.shared_share,
         "shared": shared_text(k),
         "binding": k.binding or None,
+        "limits_followed": k.followed or None,
     }

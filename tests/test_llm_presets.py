@@ -31,6 +31,8 @@ def test_openai_uses_the_live_keys_token_capacity_and_leaves_the_key_with_no_quo
     tokens = {b.owner: b for b in snap.budgets if b.name == "tokens"}
     assert tokens["k1"].per_min == pytest.approx(30_000 * 60 / 6.0, rel=0.02)  # the tier, learned
     assert tokens["k1"].settled == tokens["k1"].reserved  # OpenAI keeps the admission charge
+    k1 = next(k for k in snap.keys if k.label == "k1")
+    assert k1.followed.startswith("requests 500, tokens 30,000 per 6.") and k1.followed.endswith(" s")
 
 
 def test_anthropic_settles_output_tokens_and_retries_529s():

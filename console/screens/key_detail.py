@@ -63,6 +63,8 @@ def limit_text(row: KeyRow) -> str:
     """The limit the key was given, and one learned from the server's rejections."""
     told = escape(row.told_limit) or "[$text-muted]none given[/]"
     learned = row.learned_limit
+    if row.followed:
+        return f"[b]{escape(row.followed)}[/] [$text-muted](the server's headers; told {told})[/]"
     if learned:
         return f"told {told}, [b $text-warning]learned {escape(learned)}[/] [$text-muted](from rejections)[/]"
     return f"[b]{told}[/]"
