@@ -532,7 +532,10 @@ class RedisShared:
         await self._call(pipe.execute)
 
     async def read_cluster(self) -> ClusterView:
-        return cluster_view(await self._call(read_cluster, self.client, self.ns))
+        # Only our own host's learned state: another host's budgets may live on a master that is
+        # down, and a call there would stall this client's own calls while it finds its way back.
+        tags = {tag(self._name)} if self._name else set()
+        return cluster_view(await self._call(read_cluster, self.client, self.ns, tags))
 
     async def ping(self) -> None:
         """The master that holds our host's budgets answers (any node, before we know the host)."""
@@ -547,12 +550,16 @@ class RedisShared:
             pass
 
 
-async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any]:
+async def read_cluster(
+    client: Any, namespace: str = NAMESPACE, tags: set[str] | None = None
+) -> dict[str, Any]:
     """The cluster as members last published it: `members` (their summaries) and the shared queues.
 
     A member whose summary expired (stopped, killed) is left out and
     forgotten. `queues` has the work streams' depths (`main` waiting,
     `claimed`, `uncertain`, `graveyard`) when a work store uses the namespace.
+    `learned` has the keys' shared learned state: of the hosts in `tags` only
+    (a member reads its own host's), every key's with None.
     """
     now_ms = int(time.time() * 1000)
     key = work_key(namespace, "members")
@@ -572,7 +579,7 @@ async def read_cluster(client: Any, namespace: str = NAMESPACE) -> dict[str, Any
             str(k["budget"])
             for m in members
             for k in (m.get("keys") or ())
-            if isinstance(k, dict) and k.get("budget")
+            if isinstance(k, dict) and k.get("budget") and (tags is None or tag(str(k["budget"])) in tags)
         }
     )
     learned: dict[str, dict[str, Any]] = {}
