@@ -534,7 +534,7 @@ class RedisShared:
     async def read_cluster(self) -> ClusterView:
         # Only our own host's learned state: another host's budgets may live on a master that is
         # down, and a call there would stall this client's own calls while it finds its way back.
-        tags = {tag(self._name)} if self._name else set()
+        tags = {tag(self._name)} if self._name else None  # None: before any call, every host's
         return cluster_view(await self._call(read_cluster, self.client, self.ns, tags))
 
     async def ping(self) -> None:
