@@ -547,16 +547,6 @@ class WindowLimiter:
         for meter in self._meters:
             meter.refund(stamp, units, now)
 
-    def policies_now(self) -> tuple[Policy, ...]:
-        """The policies as enforced now: a bucket as its server's headers set it (`follow`),
-        the others as given (a retuned estimate is ours, not the server's)."""
-        return tuple(
-            Policy(m.limit, m.policy.window_s, PolicyKind.BUCKET, m.rate * m.policy.window_s)
-            if isinstance(m, _Bucket)
-            else m.policy
-            for m in self._meters
-        )
-
     def current_policies(self) -> tuple[Policy, ...]:
         """The policies as enforced now (retuned, synced or followed limits; the windows as given)."""
         out = []
@@ -575,12 +565,15 @@ class WindowLimiter:
         meter = self._meter_for(window_s)
         return self.current_policies()[self._meters.index(meter)]
 
+    def _tightest_bucket(self) -> _Bucket | None:
+        buckets = [m for m in self._meters if isinstance(m, _Bucket)]
+        return min(buckets, key=lambda b: b.rate) if buckets else None
+
     def bucket(self) -> Policy | None:
         """The tightest bucket policy, as the limiter enforces it now (for display)."""
-        buckets = [m for m in self._meters if isinstance(m, _Bucket)]
-        if not buckets:
+        m = self._tightest_bucket()
+        if m is None:
             return None
-        m = min(buckets, key=lambda b: b.rate)
         window = m.policy.window_s
         return Policy(m.limit, window, PolicyKind.BUCKET, m.rate * window)
 
@@ -589,10 +582,9 @@ class WindowLimiter:
         fully in `window_s` (None: as before), `counted` by the server before `since` more of
         ours (`_Bucket.follow`), lower or higher than ours. Applies to the tightest bucket
         policy; False when there is none."""
-        buckets = [m for m in self._meters if isinstance(m, _Bucket)]
-        if not buckets:
+        meter = self._tightest_bucket()
+        if meter is None:
             return False
-        meter = min(buckets, key=lambda b: b.rate)
         rate = limit / window_s if window_s is not None and window_s > 0 else None
         if rate is None and meter.limit != limit:
             rate = meter.rate * limit / meter.limit  # a new size, refilled over the same window
@@ -615,4 +607,4 @@ class WindowLimiter:
     @property
     def capacity_tps(self) -> float:
         """Long-run cost units per second the policies allow together (as retuned or followed)."""
-        return min(m.rate if isinstance(m, _Bucket) else m.limit / m.window for m in self._meters)
+        return self.live_rate(0.0)

@@ -214,8 +214,10 @@ class MakespanMeter:
     def _limits(self, lim: WindowLimiter, skip: Policy | None = None) -> Limits:
         turns = self._turns.get(id(lim), ())
         pairs = [
-            (now, turns[i] if i < len(turns) else None)
-            for i, (p, now) in enumerate(zip(lim.policies, lim.policies_now(), strict=True))
+            # a bucket as its server's headers set it (followed); the others as given (a retuned
+            # estimate is ours, not the server's)
+            (now if now.kind is PolicyKind.BUCKET else p, turns[i] if i < len(turns) else None)
+            for i, (p, now) in enumerate(zip(lim.policies, lim.current_policies(), strict=True))
             if p is not skip
         ]
         return Limits(tuple(p for p, _ in pairs), tuple(t for _, t in pairs))

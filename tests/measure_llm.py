@@ -14,21 +14,16 @@ of the last answers are not counted against it), 429s by code, duplicates.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from measure_jobs import run_job
 from stubs.anthropic import start_anthropic
 from stubs.openai import start_openai
-
-from ratedeck.config import load_config
-from ratedeck.engine.engine import Engine
-from ratedeck.engine.transport import http_transport
 
 OPENAI_KEYS = [
     "sk-proj-alpha000000000000000001",
@@ -85,27 +80,10 @@ class Result:
 
 
 async def run(
-    preset: str, url: str, lines: list[dict], seconds: float, keys: list[str], **overrides
+    preset: str, url: str, lines: list[dict], seconds: float | None, keys: list[str], **overrides
 ) -> object:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "prompts.jsonl"
-        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-        overrides.setdefault("engine", {})["graveyard_path"] = str(Path(tmp) / "graveyard.jsonl")
-        cfg = load_config(
-            preset=preset,
-            overrides={
-                "target": {"url": url},
-                "workload": {"file": str(path)},
-                "keys": {"secrets": keys},
-                **overrides,
-            },
-        )
-        transport = http_transport(cfg, url)
-        engine = Engine(cfg, transport)
-        try:
-            return await engine.run(seconds)
-        finally:
-            await transport.close()
+    """`measure_jobs.run_job` with these keys: the preset as shipped, a workload file of `lines`."""
+    return await run_job(preset, url, lines, seconds, keys={"secrets": keys}, **overrides)
 
 
 def _sending(stub, started: float) -> tuple[float, float]:
