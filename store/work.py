@@ -386,23 +386,36 @@ class Journal:
             self._lost_told = lost
 
 
+#: How late a save of the windows may come on a busy machine: a kill -9 may have come this long
+#: after the last one, not just the one tick the journal aims for (its writes take time too).
+LATE_SAVE_S = 1.0
+
+
 def last_sends(
-    windows: dict[str, tuple[float, list[float]]], now: float, burst_limits: dict[str, int] | None = None
+    windows: dict[str, tuple[float, list[float]]],
+    now: float,
+    burst_limits: dict[str, list[tuple[int, float]]] | None = None,
 ) -> dict[str, list[float]]:
-    """The sends a store kept per key, with what the run may have sent after it last saved:
-    it saved every `FLUSH_EVERY_S`, and a kill -9 lost at most the sends of one such tick
-    (and the write under way). They count as sent at the latest they can have been: at the
-    key's pace, two ticks' share of its last second plus one; a key that sends in bursts
-    (`burst_limits`: its limit, by key) may have spent all its window had left."""
+    """The sends a store kept per key, with what the run may have sent after it last saved.
+
+    A kill -9 lost the sends since the last save: the journal saves every `FLUSH_EVERY_S`,
+    but a busy machine may keep it waiting, so the kill may have come up to `LATE_SAVE_S`
+    later (never after `now`). The lost sends count as made at that latest moment. At the
+    key's pace they are two ticks' share of its last second, plus one; a key that sends in
+    bursts (`burst_limits`: its limits and windows, by key) may have spent every slot its
+    windows had free by then, the slots of sends that left a window included."""
     out: dict[str, list[float]] = {}
     for key, (saved_at, times) in windows.items():
         if not times:
             continue
         recent = [t for t in times if t > saved_at - 1.0]  # its pace over the last second
         lost = math.ceil(len(recent) * 2 * FLUSH_EVERY_S) + 1
+        at = min(now, saved_at + LATE_SAVE_S)
         if burst_limits is not None and key in burst_limits:
-            lost = max(lost, burst_limits[key] - len(times))
-        at = min(now, saved_at + 2 * FLUSH_EVERY_S)
+            free = min(
+                limit - sum(1 for t in times if t > at - window_s) for limit, window_s in burst_limits[key]
+            )
+            lost = max(lost, free)
         out[key] = [*times, *([at] * lost)]
     return out
 
@@ -447,8 +460,9 @@ class StoreRun:
         burst = None
         if engine.pacing is Pacing.BURST:
             burst = {
-                (fingerprint(k.secret) or k.label): min(k.policies, key=lambda p: p.rate).limit
+                (fingerprint(k.secret) or k.label): [(p.limit, p.window_s) for p in k.policies]
                 for k in self.cfg.keys
+                if k.policies  # a limit not told yet: learned from the server, by pace meanwhile
             }
         seeded = engine.seed_sends(last_sends(self.windows, time.time(), burst))
         if seeded:

@@ -297,6 +297,25 @@ def test_a_claim_cut_short_by_the_stop_is_still_given_back(tmp_path):
     run(scenario())
 
 
+def test_a_burst_key_s_lost_sends_count_the_slots_its_window_freed_after_the_last_save():
+    """A key that sent in bursts and saved a full window just before its sends left it may
+    have sent a whole new burst before the kill: those count, at the latest the kill can
+    have come (a save a second late on a busy machine, never after the resume)."""
+    from ratedeck.store.work import LATE_SAVE_S, last_sends
+
+    saved_at = 1000.0
+    times = [saved_at - 2.95] * 60  # a burst of 60, the whole of 60/3s, about to leave the window
+    kept = {"k": (saved_at, times)}
+    sends = last_sends(kept, saved_at + 30, {"k": [(60, 3.0)]})["k"]
+    late = [t for t in sends if t > saved_at]
+    assert len(late) == 60 and set(late) == {saved_at + LATE_SAVE_S}  # the freed window, spent again
+    soon = last_sends(kept, saved_at + 0.03, {"k": [(60, 3.0)]})["k"]
+    assert set(t for t in soon if t > saved_at) == {saved_at + 0.03}  # never after the resume
+    assert len(soon) == 60 + 1  # by then the old burst is still in the window: the pace's one
+    even = last_sends(kept, saved_at + 30)["k"]  # evenly paced: two ticks' share of its last second
+    assert len(even) == 61
+
+
 def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path):
     """The journal keeps each key's last sends; the next run's limiter starts from them, with
     what the dead run may have sent after its last save: its first send waits for the window
