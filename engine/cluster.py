@@ -367,7 +367,17 @@ class ClusterMember:
         self._runner.add_done_callback(self._runner_ended)
 
     def _runner_ended(self, task: asyncio.Task[None]) -> None:
-        # A bug here must not pass silently: without polls, leases stop after `confirm_s`.
+        # A bug here must not pass silently: without polls, leases stop after `confirm_s`, and a
+        # member down would never come back. So it is told (once) and the polls start again.
+        self._task_ended(task)
+        if not self._closing and not task.cancelled() and task.exception() is not None:
+            asyncio.get_running_loop().call_later(self.retry_s, self._restart)
+
+    def _restart(self) -> None:
+        if not self._closing:
+            self.start()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
             self.engine.problem(f"cluster: {type(exc).__name__}: {self.engine.redact(str(exc), 200)}")
@@ -420,7 +430,7 @@ class ClusterMember:
 
     def _spawned_ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._runner_ended(task)
+        self._task_ended(task)
 
     async def close(self) -> None:
         """Stop polling, publish a last summary (best effort), close the connection."""

@@ -51,7 +51,7 @@ from .redis_shared import (
     cancel_lost,
     check_url,
     connect,
-    failures,
+    is_store_failure,
     queue_depths,
     unavailable,
     work_key,
@@ -111,7 +111,7 @@ class RedisStore(WorkStore):
         except Exception as exc:
             if cancel_lost(exc):
                 raise asyncio.CancelledError from exc
-            if isinstance(exc, failures()):
+            if is_store_failure(exc):
                 raise StoreError(f"Redis did not answer ({unavailable(exc)})") from None
             raise
 

@@ -212,8 +212,15 @@ def unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__)
 
 
-def _is_store_failure(exc: BaseException) -> bool:
-    return isinstance(exc, failures())
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether `exc` says the store did not answer: a client's error, or a write on a connection
+    closed under it. redis-py 8.1 lets the transport's own error through when a connection it
+    shares between commands was closed (a peer's reset, or the cluster client closing every
+    connection after a `CLUSTERDOWN`): `'NoneType' object has no attribute 'writelines'` or
+    `... is not callable` (redis/redis-py#4287). Seen here when a master restarted."""
+    if isinstance(exc, failures()):
+        return True
+    return isinstance(exc, (AttributeError, TypeError)) and "'NoneType' object" in str(exc)
 
 
 def cancel_lost(exc: BaseException) -> bool:
@@ -351,7 +358,7 @@ class RedisShared:
         except Exception as exc:
             if cancel_lost(exc):
                 raise asyncio.CancelledError from exc
-            if _is_store_failure(exc):
+            if is_store_failure(exc):
                 raise unavailable(exc) from None
             raise
 
@@ -744,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratedeck: {safe_url(args[0]) or 'the URL'}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if not _is_store_failure(exc):
+        if not is_store_failure(exc):
             raise
         print(f"ratedeck: {safe_url(args[0])}: Redis did not answer ({unavailable(exc)})", file=sys.stderr)
         return 2

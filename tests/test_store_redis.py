@@ -32,12 +32,13 @@ from ratedeck.store.redis_shared import RedisShared, format_cluster, read_cluste
 pytestmark = pytest.mark.slow
 
 
-async def until(cond, timeout_s: float, step_s: float = 0.02) -> float:
-    """Wait until `cond()` holds (returns how long it took); fails the test at the deadline."""
+async def until(cond, timeout_s: float, step_s: float = 0.02, why=None) -> float:
+    """Wait until `cond()` holds (returns how long it took); fails the test at the deadline,
+    with what `why()` says of the state then."""
     start = time.monotonic()
     while not cond():
         if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"not within {timeout_s}s")
+            raise AssertionError(f"not within {timeout_s}s" + (f": {why()}" if why is not None else ""))
         await asyncio.sleep(step_s)
     return time.monotonic() - start
 
@@ -52,6 +53,20 @@ def member(url: str, transport, ns: str, rate: float = 100.0, pacing: str = "eve
         },
     )
     return Engine(cfg, transport, shared_state=RedisShared(url, namespace=ns))
+
+
+def _members_state(*args) -> str:
+    """Each member's sends since, store state and last events (what a stalled resume shows)."""
+    engines, before = args[: len(args) // 2], args[len(args) // 2 :]
+    out = []
+    for e, sent in zip(engines, before, strict=True):
+        c = e.cluster
+        events = " | ".join(f"{ev.at_s} {ev.text}" for ev in list(e.events)[-6:])
+        out.append(
+            f"member sent {e.metrics.sent - sent} since, down_since={c.down_since}, problem={c.last_problem!r},"
+            f" epoch={c.epoch}, leases={c.lease_totals()}, events: {events}"
+        )
+    return " || ".join(out)
 
 
 def audit(transport: SimulatedTransport) -> tuple[int, int]:
@@ -290,7 +305,11 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
             server.start()  # same port, empty: the budgets' state is lost
             sent_a, sent_b = a.metrics.sent, b.metrics.sent
             back = time.monotonic()
-            await until(lambda: a.metrics.sent > sent_a + 5 and b.metrics.sent > sent_b + 5, 8)
+            await until(
+                lambda: a.metrics.sent > sent_a + 5 and b.metrics.sent > sent_b + 5,
+                8,
+                why=lambda: _members_state(a, b, sent_a, sent_b),
+            )
             resumed_s = time.monotonic() - back
             if outage_s:
                 assert any("reachable again" in e.text for e in a.snapshot().events)
@@ -355,3 +374,14 @@ def test_a_cancel_hidden_as_a_client_timeout_still_cancels(which):
             await task
 
     asyncio.run(main())
+
+
+def test_a_connection_closed_under_a_command_counts_as_the_store_not_answering():
+    """redis-py lets a transport's error through when the connection was closed under a command
+    (seen when a cluster master restarted: the member's poll loop died on it and never resumed)."""
+    from ratedeck.store.redis_shared import is_store_failure
+
+    assert is_store_failure(AttributeError("'NoneType' object has no attribute 'writelines'"))
+    assert is_store_failure(TypeError("'NoneType' object is not callable"))
+    assert not is_store_failure(AttributeError("'Engine' object has no attribute 'cluster'"))
+    assert not is_store_failure(ValueError("bad"))

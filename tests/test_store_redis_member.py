@@ -241,3 +241,36 @@ def test_the_cluster_view_is_read_at_most_once_a_second_and_shown_in_the_snapsho
 
     reads = run_virtual(main())
     assert 5 <= reads <= 6  # once a second over 5 s (the first at the start), not at every 0.1 s poll
+
+
+def test_a_poll_loop_killed_by_an_unexpected_error_is_told_and_starts_again():
+    """A client's bug (not a store failure) ends the poll loop: told once as a problem, and the
+    loop starts again, so a member that went down still comes back when the store does."""
+    shared = FakeShared(gap=0.05)
+    broken = {"polls": 2}
+    poll = shared.poll
+
+    async def flaky_poll(gates):
+        if broken["polls"] > 0:
+            broken["polls"] -= 1
+            raise RuntimeError("a bug in the client")
+        return await poll(gates)
+
+    shared.poll = flaky_poll
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(1.5)
+        assert broken["polls"] == 0  # both failures met, each ending the loop
+        assert engine.problems == ["cluster: RuntimeError: a bug in the client"]  # told once
+        shared.down = True
+        await asyncio.sleep(1.0)
+        assert engine.cluster.down_since is not None
+        held = sum(_sends_by_key(engine).values())
+        shared.down = False
+        await asyncio.sleep(1.0)
+        assert engine.cluster.down_since is None and sum(_sends_by_key(engine).values()) > held + 20
+        await engine.stop()
+
+    run_virtual(main())
