@@ -1,7 +1,7 @@
 """Many processes, one set of keys: members sharing budgets through Redis, against the simulator.
 
     python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL | --cluster]
-        [--latency 5:45 --processing 20:80] [--no-same-rate]
+        [--latency 5:45 --processing 20:80] [--server-timing] [--no-same-rate]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
 (unless `--redis` names one), the simulator (`ratedeck serve`, seed mode: 5
@@ -10,7 +10,8 @@ with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
 share. Then one `--store memory` process alone on the same keys, for CPU.
 `--latency`/`--processing` put the simulator behind that jitter each way and
-that server time (issue 25: `--latency 5:45 --processing 20:80`); `--cluster`
+that server time (issue 25: `--latency 5:45 --processing 20:80`), and
+`--server-timing` has it say that time on every answer (`Server-Timing`); `--cluster`
 starts a 3-master Redis Cluster instead of one server. The Redis calls are
 counted on the server(s) (`INFO commandstats` before and after the members).
 
@@ -262,6 +263,7 @@ def run(
     processing: str | None = None,
     cluster: bool = False,
     same_rate: bool = True,
+    server_timing: bool = False,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
     redis: RedisProcess | RedisClusterProcesses | None = None
@@ -274,6 +276,8 @@ def run(
         serve += ["--latency", latency]
     if processing:
         serve += ["--processing", processing]
+    if server_timing:
+        serve += ["--server-timing"]
     at_share: dict[str, Any] = {}
     try:
         jobs = workdir / "jobs.jsonl"
@@ -365,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: seed's own)")
     parser.add_argument("--processing", help="the simulator's server time in ms, LOW:HIGH (default none)")
     parser.add_argument(
+        "--server-timing", action="store_true", help="the simulator says its server time (Server-Timing)"
+    )
+    parser.add_argument(
         "--no-same-rate", action="store_true", help="skip the memory store at one member's rate (CPU only)"
     )
     parser.add_argument("--json", help="also write the result here")
@@ -381,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         processing=args.processing,
         cluster=args.cluster,
         same_rate=not args.no_same_rate,
+        server_timing=args.server_timing,
     )
     print(
         f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "

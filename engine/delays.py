@@ -458,7 +458,8 @@ def server_time_s(headers: Mapping[str, str]) -> float | None:
     """How long the server says it spent on a request (seconds), from any hint it sent.
 
     Read: Server-Timing (largest dur, ms), X-Response-Time (ms, or with a unit),
-    X-Runtime (seconds, Rails) and X-Envoy-Upstream-Service-Time (ms). The largest
+    X-Runtime (seconds, Rails), X-Envoy-Upstream-Service-Time (ms) and OpenAI's
+    openai-processing-ms ("time taken processing your API request"). The largest
     usable value wins (each is a span of server time; none may be counted twice).
     Unusable ones (negative, NaN, not a number, over an hour) are ignored; None
     when nothing usable was sent. Whether it fits the round trip is for the
@@ -470,6 +471,7 @@ def server_time_s(headers: Mapping[str, str]) -> float | None:
             _ms_text(headers.get("X-Response-Time")),
             _span_s(_number(headers.get("X-Runtime")), 1.0),
             _span_s(_number(headers.get("X-Envoy-Upstream-Service-Time")), 0.001),
+            _span_s(_number(headers.get("openai-processing-ms")), 0.001),
         ]
     except Exception:  # a header mapping that misbehaves gives no hint
         return None
@@ -497,7 +499,9 @@ def remaining_count(headers: Mapping[str, str]) -> int | None:
     return int(min(counts)) if counts and min(counts) < 1e12 else None
 
 
-_HINT_NAMES = frozenset({"server-timing", "x-response-time", "x-runtime", "x-envoy-upstream-service-time"})
+_HINT_NAMES = frozenset(
+    {"server-timing", "x-response-time", "x-runtime", "x-envoy-upstream-service-time", "openai-processing-ms"}
+)
 _HINT_PREFIXES = ("x-ratelimit-", "ratelimit", "x-mbx-", "anthropic-ratelimit-")
 
 

@@ -35,6 +35,7 @@ def test_hint_readers_are_skipped_only_when_no_header_could_feed_them():
         "X-Response-Time",
         "x-runtime",
         "X-Envoy-Upstream-Service-Time",
+        "openai-processing-ms",
         "X-RateLimit-Remaining",
         "RateLimit",
         "RateLimit-Policy",

@@ -69,6 +69,7 @@ def test_openai_headers_fall_as_tokens_are_charged_and_refill_with_the_clock() -
             assert usage["prompt_tokens"] == 10 and 0 < usage["completion_tokens"] <= 20
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
             assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-limit-tokens"]) == ("3", "100")
+            assert h["openai-processing-ms"] == "0"  # its time on the request, on its (stopped) clock
             assert (h["x-ratelimit-remaining-requests"], h["x-ratelimit-remaining-tokens"]) == ("2", "70")
             assert parse_duration(h["x-ratelimit-reset-requests"]) == 2.0  # 1 request at 3 per 6 s
             assert abs(parse_duration(h["x-ratelimit-reset-tokens"]) - 1.8) < 1e-9  # 30 at 100 per 6 s

@@ -44,6 +44,8 @@ def test_server_timing_takes_the_largest_usable_dur(header, seconds):
         ({"X-Response-Time": "0.5s"}, 0.5),
         ({"X-Runtime": "0.020"}, 0.020),
         ({"X-Envoy-Upstream-Service-Time": "7"}, 0.007),
+        ({"openai-processing-ms": "412"}, 0.412),
+        ({"openai-processing-ms": "412", "Server-Timing": "app;dur=5"}, 0.412),
         ({"X-Runtime": "0.02", "Server-Timing": "app;dur=5"}, 0.02),
         ({"X-Runtime": "-1", "Server-Timing": "app;dur=5"}, 0.005),
         ({"X-Response-Time": "soon"}, None),

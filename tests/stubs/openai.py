@@ -215,6 +215,8 @@ class OpenAIState:
         record(200, "ok", cost=cost, detail=identity)
         headers = self.headers(key, now)
         await work(self.latency, self.hold)
+        # as OpenAI's answers say it: the server's own time on the request, in whole ms
+        headers["openai-processing-ms"] = str(max(0, round((self.clock() - now) * 1000)))
         completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
         self.seq += 1
         answer = {
