@@ -110,7 +110,7 @@ def test_openai_empty_token_bucket_refuses_with_rate_limit_exceeded_and_a_matchi
             status, _, _ = await post(s, url, big, auth)
             assert status == 200
             assert stub.ledger.counts(key=OAI) == {"ok": 2, "rate_limited": 1}
-            assert stub.ledger.charged(key=OAI) == 200  # the refused one cost nothing
+            assert stub.ledger.charged(key=OAI) == 200  # the refused one cost no token
             assert stub.state.book.refusals[OAI] == {"rate_limit_exceeded": 1}
             assert stub.state.book.duplicates(OAI) == 1
 
@@ -127,6 +127,31 @@ def test_openai_requests_bucket_refuses_first_with_type_requests() -> None:
             status, err, h = await post(s, url, chat(4, 1), auth)
             assert status == 429 and err["error"]["type"] == "requests"
             assert "try again in 6s." in err["error"]["message"] and h["x-ratelimit-reset-requests"] == "6s"
+
+    run(body)
+
+
+def test_openai_a_refused_request_counts_against_the_requests_per_minute() -> None:
+    """OpenAI: "unsuccessful requests contribute to your per-minute limit, so continuously
+    resending a request won't work". The wait a refusal tells counts the refusal itself: a
+    client that waits as told gets through, one that resends sooner is refused again."""
+
+    async def body() -> None:
+        clock = FakeClock(T0)
+        stub = await start_openai(clock=clock, keys=[OAI], rpm=1, tpm=10_000, minute_s=6.0)
+        auth = {"Authorization": f"Bearer {OAI}"}
+        async with stub, aiohttp.ClientSession() as s:
+            url = f"{stub.url}/v1/chat/completions"
+            assert (await post(s, url, chat(4, 1), auth))[0] == 200
+            clock.advance(3.0)
+            status, err, h = await post(s, url, chat(4, 1), auth)  # half a request refilled: refused
+            assert status == 429 and "try again in 6s." in err["error"]["message"]
+            assert h["x-ratelimit-reset-requests"] == "6s"  # the refusal spent the half refilled
+            clock.advance(3.0)  # a full request would be back by now, had the refusal cost nothing
+            assert (await post(s, url, chat(4, 1), auth))[0] == 429
+            clock.advance(6.0)  # as the second refusal told
+            assert (await post(s, url, chat(4, 1), auth))[0] == 200
+            assert stub.ledger.counts(key=OAI) == {"ok": 2, "rate_limited": 2}
 
     run(body)
 

@@ -319,7 +319,7 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
             await a.stop()
             await b.stop()
             worst, rejected = audit(transport)
-            assert worst <= 20 and rejected == 0  # across the loss of the state too
+            assert worst <= 20 and rejected == 0, (worst, rejected)  # across the loss of the state too
 
     _killed, resumed_s = asyncio.run(main())
     # About 1.7 s on one server: a ping, then the longest window and the leases' horizon. A

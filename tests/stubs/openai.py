@@ -196,6 +196,13 @@ class OpenAIState:
             wait = bucket.wait_for(amount, now)
             if wait > 0:
                 used = bucket.capacity - bucket.remaining(now)
+                # "unsuccessful requests contribute to your per-minute limit, so continuously
+                # resending a request won't work" (OpenAI's help on 429s): a refusal spends a
+                # request too, down to an empty bucket, never its tokens; the wait it tells
+                # counts that (a client that waits as told gets through)
+                r.refill(now)
+                r.level = max(0.0, r.level - 1.0)
+                wait = max(wait, bucket.wait_for(amount, now))
                 self.book.refusals[key]["rate_limit_exceeded"] += 1
                 record(429, "rate_limited", detail=f"rate_limit_exceeded:{label}")
                 return error(
