@@ -58,7 +58,7 @@ class RedisProcess:
             raise SystemExit("bench cluster: redis-server is not installed (apt-get install redis-server)")
         self.port = _free_port()
         # a cluster node also listens on port + 10000 (its bus): that one must be free too
-        while cluster and not (self.port + 10000 < 65536 and _port_free(self.port + 10000)):
+        while cluster and not (self.port + 10000 < 65536 and port_free(self.port + 10000)):
             self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="ratedeck-bench-redis-")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -92,7 +92,8 @@ class RedisProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port` (a cluster node's bus port must be free too)."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

@@ -252,11 +252,11 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
             + "; ".join(f"{key_name(k)} {refusal(k)}" for k in refused)
         )
     for k in snap.keys:
+        out = out_of_quota(k)  # refusal() then says "out of quota (...)" itself
         lines.append(
-            f"  {k.label:>4} {k.masked}  {'out' if out_of_quota(k) else k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
+            f"  {k.label:>4} {k.masked}  {'out' if out else k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
-            + (f"  refused: {refusal(k)}" if k.state == "blocked" and not out_of_quota(k) else "")
-            + (f"  {refusal(k)}" if out_of_quota(k) else "")
+            + (f"  {'' if out else 'refused: '}{refusal(k)}" if k.state == "blocked" else "")
             + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )
     lines += token_key_lines(snap)

@@ -232,32 +232,31 @@ class StoreWorkload(Workload):
         # As many as the queue has room for now: marked jobs wait in the queue, not here.
         room = max(1, min(ahead, sink.queue_max) - sink.queues.fresh())
         ids = [job.id, *self._buffer.peek(room - 1)]
-        while True:
-            try:
-                await self.store.mark_sending(self.member, ids)
-                break
-            except StoreError as exc:
-                if self.mark_problem is None:
-                    self.mark_problem = f"cannot mark jobs sending: {exc}"
-                    sink.problem(self.mark_problem)
-                if sink.stopping:
-                    self.jobs.pop(req.id, None)
-                    self._unqueued.append(job.id)
-                    return False
+        try:
+            while True:
                 try:
+                    await self.store.mark_sending(self.member, ids)
+                    break
+                except StoreError as exc:
+                    if self.mark_problem is None:
+                        self.mark_problem = f"cannot mark jobs sending: {exc}"
+                        sink.problem(self.mark_problem)
+                    if sink.stopping:
+                        self._unqueue(req, job)
+                        return False
                     await asyncio.sleep(0.25)
-                except asyncio.CancelledError:
-                    self.jobs.pop(req.id, None)
-                    self._unqueued.append(job.id)
-                    raise
-            except asyncio.CancelledError:
-                # The run stopped during the mark: the request was made but is queued nowhere,
-                # so the give-back at the end must name its job (else it stays "in flight").
-                self.jobs.pop(req.id, None)
-                self._unqueued.append(job.id)
-                raise
+        except asyncio.CancelledError:
+            # The run stopped during the mark: the request was made but is queued nowhere,
+            # so the give-back at the end must name its job (else it stays "in flight").
+            self._unqueue(req, job)
+            raise
         self._marked.update(ids[1:])
         return True
+
+    def _unqueue(self, req: Request, job: Job) -> None:
+        """`req` will not be queued: its job goes back with the never-sent ones at the end."""
+        self.jobs.pop(req.id, None)
+        self._unqueued.append(job.id)
 
     async def unsent_of(self, never_sent: set[int]) -> list[int]:
         """The jobs claimed and never sent: in a claim the stop cut short, still in the

@@ -13,13 +13,14 @@ down until it is back. Stopped by PID (never by name), also when the start fails
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
 from redis_server import RedisServer, free_port
+
+from ratedeck.bench.cluster import port_free
 
 READY_S = 20.0
 
@@ -65,7 +66,7 @@ class RedisCluster:
         while len(ports) < masters:
             p = free_port()
             # a node also listens on port + 10000 (the cluster bus): both must be free
-            if p not in ports and p + 10000 < 65536 and _free(p + 10000):
+            if p not in ports and p + 10000 < 65536 and port_free(p + 10000):
                 ports.append(p)
         self.nodes = [_Node(p, self.dir) for p in ports]
 
@@ -139,15 +140,6 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture
