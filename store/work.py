@@ -259,8 +259,8 @@ class StoreWorkload(Workload):
         self._unqueued.append(job.id)
 
     async def unsent_of(self, never_sent: set[int]) -> list[int]:
-        """The jobs claimed and never sent: in a claim the stop cut short, still in the
-        buffer, or made into one of the requests `never_sent` (queued with no attempt)."""
+        """The jobs claimed and never done: in a claim the stop cut short, still in the buffer,
+        or made into one of the requests `never_sent` (queued, no attempt of it may have landed)."""
         ids = [job.id for job in await self._claim] if self._claim is not None else []
         ids += self._buffer.drain()
         ids += [self.jobs.pop(rid).id for rid in never_sent if rid in self.jobs]
@@ -496,8 +496,10 @@ class StoreRun:
                 await journal.stop()
             if engine is not None:
                 queued = engine.queued()
+                # a request still queued was never sent, or every attempt was answered with a
+                # definite "not done" (a refused key, a 429): its job goes back to pending
                 await self.store.release(
-                    self.member, await self.source.unsent_of({r.id for r in queued if not r.attempts})
+                    self.member, await self.source.unsent_of({r.id for r in queued if not r.unsure})
                 )
             counts = await self.store.counts()
         except StoreError as exc:

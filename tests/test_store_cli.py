@@ -37,13 +37,20 @@ class JobTarget:
     Jobs divisible by 10 are refused with a 400 (retrying cannot help: they are buried),
     unless `refuse_tens` is off. With `limit`, each API key (the Authorization header)
     may send at most `limit` requests in any `window_s`; one more is a 429, counted in
-    `rejected` and not recorded as delivered (the server did nothing with it).
+    `rejected` and not recorded as delivered (the server did nothing with it). With
+    `refuse_keys`, every request is a 401 (every key refused), counted in `refused`.
     """
 
     def __init__(
-        self, delay_s: float = 0.3, limit: int | None = None, window_s: float = 1.0, refuse_tens: bool = True
+        self,
+        delay_s: float = 0.3,
+        limit: int | None = None,
+        window_s: float = 1.0,
+        refuse_tens: bool = True,
+        refuse_keys: bool = False,
     ):
         self.delay_s = delay_s
+        self.refuse_keys, self.refused = refuse_keys, 0
         self.limit, self.window_s, self.refuse_tens = limit, window_s, refuse_tens
         self.windows: dict[str, deque[float]] = defaultdict(deque)
         self.rejected = 0
@@ -97,6 +104,10 @@ class JobTarget:
         if request.method == "POST":
             fields.update(await request.post())
         job = int(fields["job"])
+        if self.refuse_keys:
+            with self._lock:
+                self.refused += 1
+            return web.json_response({"error": "invalid api key"}, status=401)
         if self.limit is not None:
             now, sent = time.monotonic(), self.windows[request.headers.get("Authorization", "")]
             while sent and sent[0] <= now - self.window_s:
@@ -174,6 +185,21 @@ def _kill_mid_run(cfg: Path, db: Path, target: JobTarget, at: int = JOBS // 3) -
         proc.kill()
         proc.wait(10)
     assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.slow
+def test_a_run_every_key_refused_fails_and_leaves_every_job_pending(tmp_path):
+    """Every key refused (401): the run fails, and the jobs it sent go back to pending, not
+    "in flight": a 401 says the server did nothing, so the next run (no --resume) sends them."""
+    db, report = tmp_path / "work.db", tmp_path / "report.json"
+    with JobTarget(refuse_keys=True) as target:
+        cfg = _config(tmp_path, target, idempotent=False)
+        _enqueue(tmp_path, db, 20)
+        proc = _run(cfg, db, report)
+        refused = target.refused
+    assert proc.returncode == 1 and "every key was refused" in proc.stderr, proc.stderr
+    assert refused >= 1
+    assert {state for state, _ in _states(db).values()} == {"pending"}
 
 
 @pytest.mark.slow
