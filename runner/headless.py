@@ -86,7 +86,15 @@ def _latency(name: str, lat: LatencySummary) -> str:
 
 def _capacity(tps: float) -> str:
     """The keys' capacity as the start line says it; none given: the server's answers tell it."""
-    return f"capacity {tps:g} req/s" if tps else "capacity from the server's first answers (no limit given)"
+    return (
+        f"capacity {readable(tps)} req/s"
+        if tps
+        else "capacity from the server's first answers (no limit given)"
+    )
+
+
+def _keys(n: int) -> str:
+    return f"{n} key" if n == 1 else f"{n} keys"
 
 
 def metrics_block(snap: Snapshot) -> list[str]:
@@ -748,7 +756,7 @@ async def _run_sharded(
         return EXIT_USAGE
     where = "embedded simulator" if cfg.target.url is None else "target"
     _say(
-        f"ratedeck: {len(cfg.keys)} keys in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
+        f"ratedeck: {_keys(len(cfg.keys))} in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
         f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )
@@ -812,7 +820,7 @@ async def _run(
     assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
-        f"ratedeck: {len(cfg.keys)} keys, {_capacity(cfg.capacity_tps)}, {where} {session.shown_target}"
+        f"ratedeck: {_keys(len(cfg.keys))}, {_capacity(cfg.capacity_tps)}, {where} {session.shown_target}"
         + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
         out,
     )

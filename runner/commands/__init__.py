@@ -25,7 +25,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "completion": ("completion", "'completion bash' or 'completion zsh': a shell completion script"),
     "presets": (
         "presets",
-        "the built-in presets for real APIs (github, stripe, binance, kraken) and what each sets",
+        "the built-in presets for real APIs (github, stripe, binance, kraken, openai, anthropic) and what each sets",
     ),
 }
 COMMANDS = {name: text for name, (_, text) in TABLE.items()}
@@ -33,7 +33,7 @@ SUBCOMMANDS = tuple(COMMANDS)
 #: The module of the command with no name.
 RUN = "run"
 
-EXIT_CODES = "0 ok, 1 nothing worked (no answer, every key refused, or no success), 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 interrupted"
+EXIT_CODES = "0 ok, 1 nothing worked (no answer, every key refused, or no success), 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 stopped at once by a second Ctrl-C, or interrupted while starting"
 
 
 def command_module(name: str) -> str:
