@@ -1,7 +1,7 @@
 """The pre-actor cooldown, kept only to be compared against (`tests/test_gates.py`, the escalation rows).
 
 The engine honours a server's delay by closing the budget's gate for every
-sender (`ratedeck.engine.path.SharedGates`). Before that design, a delay held
+sender (`ratedeck.engine.path.request_path.SharedGates`). Before that design, a delay held
 back only the request that was told to wait; every other request of the same
 key went on into the closed window, and an escalating server doubled its
 penalty each time. `Engine(cfg, transport, cooldown=PerRequestCooldown())` runs it.

@@ -4,7 +4,7 @@ Each strategy works the same N jobs against a fresh in-process server of the
 scenario's policy kind (`server/policy_transport.py`: the HTTP simulator knows
 sliding windows only), on the wall clock, one after another. The row's
 makespan ratio is the time from its start to its last success over the least
-time the scenario's limits allow for the same jobs (`engine/makespan.py`:
+time the scenario's limits allow for the same jobs (`engine/observe/makespan.py`:
 bursts counted, plus one mean round trip): 1.0 is as fast as the rules allow.
 
 Strategies: `ratedeck` (the job fed by backpressure, as a workload file with
@@ -30,7 +30,7 @@ from typing import Any
 from ratedeck.core.loops import new_loop
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.makespan import Limits, least_time
+from ratedeck.engine.observe.makespan import Limits, least_time
 from ratedeck.server.policy_transport import PolicyTransport
 
 from .scenarios import JOB_SCENARIOS, JobScenario

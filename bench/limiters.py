@@ -7,7 +7,7 @@ the last `limit` sends is the engine's sliding window (`WindowLimiter`, burst
 pacing), and the improved client's latency buffer is that limiter's headroom.
 Only the seed's own rules stay here: the original's fixed interval, and the
 improved one's buffer, average latency x 1.1 clamped to 30..50 ms (where
-ratedeck measures the spread instead: engine/headroom.py).
+ratedeck measures the spread instead: engine/limits/headroom.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ratedeck.core.policy import Policy
-from ratedeck.engine.limiter import WindowLimiter
+from ratedeck.engine.limits.limiter import WindowLimiter
 
 #: The seed's checks are strict (a send exactly a window after the oldest is refused); the
 #: engine's slot frees at that instant. A nanosecond more keeps the seed's rule.

@@ -52,7 +52,7 @@ def _peak_rss_mb() -> float:
 def ratedeck_acquire(ops: int) -> float:
     """`next_free` + `record` on a fake clock that always has a free slot (20/1s, even pacing)."""
     from ratedeck.core.policy import Policy
-    from ratedeck.engine.limiter import WindowLimiter
+    from ratedeck.engine.limits.limiter import WindowLimiter
 
     lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even")
     t, step = 0.0, 0.06
@@ -144,7 +144,7 @@ def limiter_micro(ops: int = 200_000, repeats: int = 7) -> list[dict[str, Any]]:
 async def bare_aiohttp(spec: RunSpec) -> dict[str, Any]:
     """`keys x in_flight` tasks, each a tight loop of GETs on one keep-alive session.
 
-    Tuned as the engine's own client is (engine/client.py), so the comparison is fair
+    Tuned as the engine's own client is (engine/http/client.py), so the comparison is fair
     (issue 23): no per-request URL parse (a prebuilt `yarl.URL` per key, only the query
     varies), no per-request `ClientTimeout` timer (no timeout at all: the endpoint answers),
     no cookie jar (`DummyCookieJar`), the body read once.

@@ -242,7 +242,7 @@ def statuses(value: Any) -> tuple[int, ...]:
 
 def cost_estimate(value: Any) -> str:
     """ "chars/4", or a hook "module:function" that can be imported now."""
-    from ratedeck.engine.costs import CHARS_4, load_hook
+    from ratedeck.engine.limits.costs import CHARS_4, load_hook
 
     out = nonempty(value)
     if out != CHARS_4:
@@ -292,7 +292,7 @@ def keys(table: dict[str, Any], source: str, default_limits: tuple[str, ...]) ->
     if len(set(secrets)) != len(secrets):
         raise ConfigError(source, "keys.secrets", "the same key is listed twice")
     # No limit given (by a flag, the file or a preset): none is invented. The engine starts each
-    # key cautiously and adopts what the server advertises (engine/estimate.py).
+    # key cautiously and adopts what the server advertises (engine/limits/estimate.py).
     given = table.get("limits", list(default_limits))
     default = policies(given, source, "keys.limits") if given != [] else ()
     by_key = table.get("limits_by_key", {})

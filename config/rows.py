@@ -225,7 +225,7 @@ ROWS: tuple[Row, ...] = (
         "target.signing",
         "string",
         p.signing,
-        'sign requests: "binance", "kraken" or a hook "module:function" (engine/signing.py)',
+        'sign requests: "binance", "kraken" or a hook "module:function" (engine/http/signing.py)',
         "engine",
         optional=True,
     ),
@@ -301,7 +301,7 @@ ROWS: tuple[Row, ...] = (
         "engine",
         _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
     ),
-    # The HTTP client's network settings (engine/client.py; docs/configuration.md#the-network).
+    # The HTTP client's network settings (engine/http/client.py; docs/configuration.md#the-network).
     Row(
         "target.connect_timeout_s",
         "duration",
@@ -669,7 +669,7 @@ ROWS: tuple[Row, ...] = (
         "string",
         p.cost_estimate,
         "a request's input tokens for token budgets: \"chars/4\" (a quarter of the prompt's "
-        'characters) or a hook "module:function" that gets the JSON body (engine/costs.py)',
+        'characters) or a hook "module:function" that gets the JSON body (engine/limits/costs.py)',
         "engine",
     ),
     Row(

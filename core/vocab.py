@@ -75,7 +75,7 @@ class Pacing(StrEnum):
 class HeadroomMode(StrEnum):
     """Where the headroom comes from when it is not a fixed number of milliseconds."""
 
-    ADAPTIVE = "adaptive"  # learned from the answers (engine/headroom.py)
+    ADAPTIVE = "adaptive"  # learned from the answers (engine/limits/headroom.py)
 
 
 class Arrival(StrEnum):

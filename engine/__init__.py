@@ -7,7 +7,7 @@ Everything a program needs is exported here; the submodules are the
 engine's own parts and may change.
 
 The names load on first use (PEP 562), so importing one part, such as
-`ratedeck.engine.limiter` for the bench's peers, does not load the whole
+`ratedeck.engine.limits.limiter` for the bench's peers, does not load the whole
 engine and its HTTP client.
 """
 
@@ -17,6 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ratedeck.engine.http.outcome import Outcome
+    from ratedeck.engine.http.transport import HttpTransport, Response, Transport, TransportBase
+    from ratedeck.engine.snapshot import Snapshot
+
     from .commands import (
         Command,
         PauseAll,
@@ -30,10 +34,7 @@ if TYPE_CHECKING:
     )
     from .engine import Engine, UnknownKey
     from .library import CallError, CallExpired, CallFailed, CallShed, RateDeck, RateLimited
-    from .outcome import Outcome
     from .settings import ConfigError, EngineSettings, KeySpec
-    from .snapshot import Snapshot
-    from .transport import HttpTransport, Response, Transport, TransportBase
 
 #: Each exported name and the module that defines it.
 _HOMES = {
@@ -54,15 +55,15 @@ _HOMES = {
     "CallShed": "library",
     "RateDeck": "library",
     "RateLimited": "library",
-    "Outcome": "outcome",
+    "Outcome": "http.outcome",
     "ConfigError": "settings",
     "EngineSettings": "settings",
     "KeySpec": "settings",
     "Snapshot": "snapshot",
-    "HttpTransport": "transport",
-    "Response": "transport",
-    "Transport": "transport",
-    "TransportBase": "transport",
+    "HttpTransport": "http.transport",
+    "Response": "http.transport",
+    "Transport": "http.transport",
+    "TransportBase": "http.transport",
 }
 
 __all__ = [

@@ -6,7 +6,7 @@
   its key's, each budget whose `paths` match its path, and any it names.
   A budget in `weight` units spends the request's weight; one in `tokens`,
   `input_tokens` or `output_tokens` what its body is estimated to cost
-  (engine/costs.py); else 1. A budget with `settle` gives back, once the
+  (engine/limits/costs.py); else 1. A budget with `settle` gives back, once the
   answer comes, what it reserved beyond the use the answer reports (Anthropic
   settles output tokens to `usage.output_tokens`).
 - A **path rule** says what a request to a path costs and needs: its weight,
@@ -38,7 +38,7 @@ MAX_WEIGHT = 1_000_000
 
 #: What a budget may count: requests, a request's weight, or tokens estimated from its body.
 BUDGET_UNITS = ("requests", "weight", "tokens", "input_tokens", "output_tokens")
-#: The units estimated from a request's body (engine/costs.py).
+#: The units estimated from a request's body (engine/limits/costs.py).
 TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")
 
 

@@ -29,9 +29,25 @@ from ratedeck.core.paths import run_graveyard_path
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
+from ratedeck.engine.cluster.member import ClusterMember, budget_name, gate_names
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.http.probe import Probe
+from ratedeck.engine.http.transport import Transport
+from ratedeck.engine.limits.budgets import Budgets
+from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
+from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.leases import LeasedSlots
+from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.observe.events import EventLog
+from ratedeck.engine.observe.makespan import MakespanMeter
+from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.path.request_path import RequestPath, SharedGates
+from ratedeck.engine.path.settle import SettleRules
+from ratedeck.engine.path.worker import UNKNOWN_LIMIT, KeyWorker
+from ratedeck.engine.snapshot import BudgetRow, GateRow, Snapshot
+from ratedeck.engine.sources.multicall import source_from_config
+from ratedeck.engine.sources.workload import bursts_in_time
 
-from .budgets import Budgets
-from .cluster import ClusterMember, budget_name, gate_names
 from .commands import (
     Command,
     PauseAll,
@@ -43,26 +59,10 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .estimate import ADDITIVE, PROBING
-from .events import EventLog
-from .gate import CooldownGate
-from .headroom import HeadroomController
-from .leases import LeasedSlots
-from .limiter import WindowLimiter
-from .makespan import MakespanMeter
-from .metrics import Metrics
-from .multicall import source_from_config
-from .path import RequestPath, SharedGates
 from .ports import Cooldown, FinishWatcher, SharedState, Source
-from .probe import Probe
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
 from .settings import GRAVEYARD_AUTO, EngineSettings, HoldsEngineSettings, engine_settings
-from .settle import SettleRules
-from .snapshot import BudgetRow, GateRow, Snapshot
-from .transport import Transport
-from .worker import UNKNOWN_LIMIT, KeyWorker
-from .workload import bursts_in_time
 
 
 def engine_clock(loop: asyncio.AbstractEventLoop):
@@ -127,7 +127,7 @@ class Engine:
             rejection_budget=e.rejection_budget,
             policy_window_s=min((p.window_s for k in cfg.keys for p in k.policies), default=1.0),
         )
-        # A cheap endpoint timed for the network's spread (engine/probe.py); off without a probe_url.
+        # A cheap endpoint timed for the network's spread (engine/http/probe.py); off without a probe_url.
         self.probe: Probe | None = None
         if cfg.target.probe_url:
             self.probe = Probe(

@@ -26,13 +26,13 @@ from typing import Any
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.vocab import Ending
+from ratedeck.engine.http import outcome as oc
+from ratedeck.engine.http.transport import Transport, TransportBase, http_transport
+from ratedeck.engine.snapshot import Snapshot
 
-from . import outcome as oc
 from .engine import Engine
 from .request import CallFn, Request
 from .settings import ConfigError, EngineSettings, HoldsEngineSettings, KeySpec, engine_settings
-from .snapshot import Snapshot
-from .transport import Transport, TransportBase, http_transport
 
 
 class CallError(RatedeckError):

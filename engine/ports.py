@@ -29,10 +29,10 @@ from typing import Any, Protocol, TypeVar
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.snapshot import ClusterView, MessageStats
 
-from .gate import CooldownGate
 from .request import CallFn, Request
-from .snapshot import ClusterView, MessageStats
 
 #: A key worker, as the request path knows it (the path's own implementation picks the type).
 W_contra = TypeVar("W_contra", contravariant=True)

@@ -15,8 +15,7 @@ from ratedeck.core.numbers import MAX_RATE
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
 from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
-
-from .api_rules import BudgetSpec, OutcomeRule, PathRule
+from ratedeck.engine.api_rules import BudgetSpec, OutcomeRule, PathRule
 
 
 class ConfigError(RatedeckError, ValueError):
@@ -63,7 +62,7 @@ class TargetConfig:
     follow_redirects: bool = False
     probe_url: str | None = None
     probe_rate: float = 10.0
-    # The HTTP client's network settings (engine/client.py).
+    # The HTTP client's network settings (engine/http/client.py).
     connect_timeout_s: float | None = (
         None  # opening a connection (TCP, TLS, proxy); None: timeout_s bounds it
     )
@@ -143,7 +142,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class CostConfig:
-    """How a request's tokens are estimated from its body ([costs], engine/costs.py)."""
+    """How a request's tokens are estimated from its body ([costs], engine/limits/costs.py)."""
 
     estimate: str = "chars/4"  # or a hook "module:function" returning the input tokens
     max_tokens: int = 1024  # output tokens reserved when the body names no max_tokens
@@ -161,7 +160,7 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class MessagesConfig:
-    """Messages that need several calls each, behind an entry throttle ([messages], engine/multicall.py)."""
+    """Messages that need several calls each, behind an entry throttle ([messages], engine/sources/multicall.py)."""
 
     calls: int = 1
     pattern: MessagePattern = MessagePattern.PARALLEL

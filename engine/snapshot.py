@@ -10,7 +10,21 @@ from dataclasses import dataclass, field
 
 from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, OutcomeKind, Phase
 
-from .makespan import Makespan
+
+@dataclass(frozen=True, slots=True)
+class Makespan:
+    """A job's makespan: `jobs` done in `elapsed_s`, where the limits allowed `least_s` at best."""
+
+    jobs: int = 0
+    elapsed_s: float = 0.0
+    least_s: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        """elapsed / least (1.0: as fast as the rules allow); None before any job is done."""
+        if self.jobs == 0 or self.least_s <= 0:
+            return None
+        return self.elapsed_s / self.least_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +61,7 @@ class KeyRow:
     recent_errors: tuple[ErrorRow, ...] = ()  # this key's last failed attempts, newest last (count 1 each)
     refused_status: int | None = None  # a blocked key: the status that refused it (401, 403, ...)
     refused_message: str = ""  # and the server's message with it, secrets masked
-    # The key's limit as an estimate (engine/estimate.py): "20/1s", why it is that, how long
+    # The key's limit as an estimate (engine/limits/estimate.py): "20/1s", why it is that, how long
     # ago it last moved (None: never), how it climbs ("additive" or "probing") and the share of
     # the last counted window someone else used (None: none seen).
     limit_estimate: str | None = None
@@ -125,7 +139,7 @@ class LatencySummary:
     buckets: tuple[tuple[float, int], ...] = ()  # (upper bound ms, cumulative count), metrics.BUCKET_EDGES_MS
     # The whole histogram, sparse: (bin, count) for every bin in use (metrics.LatencyHistogram's
     # bins). Only an engine that runs as one of several processes fills it: percentiles of
-    # several processes together are then exact (engine/merge.py).
+    # several processes together are then exact (engine/observe/merge.py).
     hist: tuple[tuple[int, int], ...] = ()
 
 
@@ -149,7 +163,7 @@ class ErrorRow:
 
 @dataclass(frozen=True, slots=True)
 class MessageStats:
-    """A message run's part of a snapshot (engine/multicall.py).
+    """A message run's part of a snapshot (engine/sources/multicall.py).
 
     A message ends in one place: generated == completed + failed + shed +
     queued + in_progress.
@@ -302,7 +316,7 @@ class Snapshot:
     # cooldown gates: one per key, plus "host" with a host-wide limit
     gates: tuple[GateRow, ...] = ()
     budgets: tuple[BudgetRow, ...] = ()  # named budgets, host ones first
-    # what the headroom is made of (engine/headroom.py)
+    # what the headroom is made of (engine/limits/headroom.py)
     # "round trip", "hints", "probe", "budget probing", "remaining counts" or "fixed"
     headroom_source: str = "round trip"
     rtt_spread_ms: float | None = None  # whole round trips: network and server time together

@@ -23,13 +23,13 @@ from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Ending, EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.engine import Engine
+from ratedeck.engine.http.outcome import Outcome
+from ratedeck.engine.http.transport import Response, Transport, http_transport
 from ratedeck.engine.jsonl import JsonLines
-from ratedeck.engine.outcome import Outcome
 from ratedeck.engine.ports import ResultsHost
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
-from ratedeck.engine.transport import Response, Transport, http_transport
 from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 

@@ -3,7 +3,7 @@
 One asyncio loop runs on one core. When ratedeck itself is the bottleneck
 (many keys, fast limits), `ShardedHost` runs N `ProcessHost`s, each a whole
 engine over its share of the keys on its own loop, and merges their
-snapshots (`engine/merge.py`) for the console and the report. It has the
+snapshots (`engine/observe/merge.py`) for the console and the report. It has the
 face of every host: `snapshot()`, `send()`, `stop()`, `abort()`.
 
 How the run is split (`shard_configs`, pure):
@@ -43,7 +43,7 @@ from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Phase, PolicyKind
 from ratedeck.engine.commands import Command, PauseKey, ResumeKey, SetArrivalRate
-from ratedeck.engine.merge import merge_snapshots
+from ratedeck.engine.observe.merge import merge_snapshots
 from ratedeck.engine.settings import GRAVEYARD_AUTO
 from ratedeck.engine.snapshot import Snapshot
 
@@ -51,7 +51,7 @@ from .process_host import ProcessHost
 from .protocol import RunFacts
 
 #: A shard publishes its snapshot this often: the console pulls every 0.25 s, and a shard's
-#: snapshot carries whole histograms (see engine/merge.py), so not more often.
+#: snapshot carries whole histograms (see engine/observe/merge.py), so not more often.
 SHARD_PUBLISH_S = 0.25
 
 

@@ -50,8 +50,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
-from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import BudgetRow, ClusterView, KeyRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, ClusterView, KeyRow, LatencySummary, Makespan, Snapshot
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate

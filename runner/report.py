@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, MessageStats, Snapshot
+from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, Makespan, MessageStats, Snapshot
 from ratedeck.store.work import StoreReport
 
 SCHEMA_VERSION = 1
@@ -304,7 +303,7 @@ def shared_text(k: KeyRow) -> str | None:
 
 
 def estimate_fields(k: KeyRow, elapsed_s: float) -> dict[str, Any]:
-    """A key's limit estimate as the report gives it (engine/estimate.py), at the end of its row."""
+    """A key's limit estimate as the report gives it (engine/limits/estimate.py), at the end of its row."""
     ago = k.estimate_moved_ago_s
     return {
         "limit_estimate": k.limit_estimate,

@@ -23,10 +23,10 @@ from collections import deque
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import PolicyKind
-from ratedeck.engine.outcome import Outcome, classify
+from ratedeck.engine.http.outcome import Outcome, classify
+from ratedeck.engine.http.transport import TransportBase
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
-from ratedeck.engine.transport import TransportBase
 
 
 class _Meter:

@@ -21,12 +21,12 @@ import random
 import selectors
 from collections.abc import Callable
 
-from ratedeck.engine.delays import answer_hints, read_quotas, response_delay
-from ratedeck.engine.outcome import TIMEOUT, Outcome, classify
+from ratedeck.engine.http.delays import answer_hints, read_quotas, response_delay
+from ratedeck.engine.http.outcome import TIMEOUT, Outcome, classify
+from ratedeck.engine.http.transport import TransportBase
 from ratedeck.engine.ports import ProbeGet
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
-from ratedeck.engine.transport import TransportBase
 
 from .rules import SPENT, RateRules, server_timing
 from .settings import ServerSettings

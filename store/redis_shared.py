@@ -9,7 +9,7 @@ a key's policies together, on Redis's clock (`TIME`), never the members':
 sliding windows keep one sorted-set member per unit, scored by the time the
 unit stops counting (`t + W + h`); fixed windows keep a counter per window of
 the Unix clock; a bucket keeps its level and when. The member passes its
-headroom `h` in, and the same rules as `engine/limiter.py` apply: a sliding
+headroom `h` in, and the same rules as `engine/limits/limiter.py` apply: a sliding
 slot frees at `t + W + h`, a send at `t` counts in every fixed window that
 `[t - h, t + h]` touches, a bucket keeps `rate * h` free; sends are spaced
 `(W + pace) * spacing / N` (even pacing) across all members.

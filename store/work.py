@@ -47,7 +47,7 @@ from ratedeck.engine.settings import (
     TargetConfig,
     WorkloadConfig,
 )
-from ratedeck.engine.workload import KeyPins, Workload, fed_depth
+from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth
 
 from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store

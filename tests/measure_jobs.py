@@ -27,7 +27,7 @@ from stubs.kraken import start_kraken
 
 from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.transport import http_transport
+from ratedeck.engine.http.transport import http_transport
 
 KRAKEN_KEYS = {
     f"KRAKENKEY{i}00000000000000000000": base64.b64encode(

@@ -155,7 +155,7 @@ class ClusterAsOne:
     where members on it keep their budgets), empty: its state lost, as a lone server's would be."""
 
     def __init__(self, cluster: RedisCluster, tag_key: str | None = None):
-        from ratedeck.engine.cluster import host_fingerprint
+        from ratedeck.engine.cluster.member import host_fingerprint
 
         self.cluster = cluster
         self.victim = cluster.owner(tag_key or f"{{h:{host_fingerprint(None)}}}")

@@ -19,7 +19,7 @@ from stubs.stripe import start_stripe
 from ratedeck.config import load_config
 from ratedeck.core.vocab import Ending
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.transport import http_transport
+from ratedeck.engine.http.transport import http_transport
 from ratedeck.runner.report import build_report
 from ratedeck.runner.thresholds import evaluate, parse
 
@@ -231,7 +231,7 @@ def test_key_lines_are_checked_before_anything_is_sent(tmp_path):
 
     import random
 
-    from ratedeck.engine.workload import Workload
+    from ratedeck.engine.sources.workload import Workload
 
     def check(lines):
         cfg = load_config(**cfg_for(lines))

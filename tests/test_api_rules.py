@@ -7,7 +7,7 @@ import pytest
 from ratedeck.config import build_config, load_config, to_toml_dict
 from ratedeck.core.vocab import OutcomeKind
 from ratedeck.engine.api_rules import PathTable, first_match, parse_outcome_rules, parse_paths
-from ratedeck.engine.signing import SignInput, encode, sign_binance, sign_kraken
+from ratedeck.engine.http.signing import SignInput, encode, sign_binance, sign_kraken
 
 GITHUB_RULES = parse_outcome_rules(
     [
@@ -148,7 +148,7 @@ def test_a_signing_hook_signs_each_request_when_it_leaves_and_its_errors_never_s
     from aiohttp import web
 
     from ratedeck.engine.engine import Engine
-    from ratedeck.engine.transport import http_transport
+    from ratedeck.engine.http.transport import http_transport
 
     (tmp_path / "my_signer.py").write_text(
         "import hashlib\n"

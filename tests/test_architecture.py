@@ -115,7 +115,7 @@ def test_every_layer_type_checks():
 
 
 def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
-    """From its launch a request's path runs in engine/path.py (and what it calls) and enters
+    """From its launch a request's path runs in engine/path/request_path.py (and what it calls) and enters
     engine/engine.py only to hand the request's end back (`Engine.finish`): calls into
     engine.py made from the request path's modules are counted while a run sends."""
     from engine_helpers import seed_engine
@@ -123,7 +123,9 @@ def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
     from ratedeck.server.simulated import run_virtual
 
     engine, _ = seed_engine(workload={"total": 60}, engine={"graveyard_path": ""})
-    path_files = {str(REPO / "engine" / name) for name in ("path.py", "worker.py", "settle.py")}
+    path_files = {
+        str(REPO / "engine" / "path" / name) for name in ("request_path.py", "worker.py", "settle.py")
+    }
     engine_file = str(REPO / "engine" / "engine.py")
     entries: dict[str, int] = {}
 

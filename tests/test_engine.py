@@ -233,7 +233,7 @@ def test_errors_are_grouped_by_status_and_cause_with_the_last_text_per_key(tmp_p
 
 def test_each_key_reports_its_own_last_failed_attempts(tmp_path):
     """The key detail lists a key's own recent errors: newest last, each its own, at most RECENT_ERRORS."""
-    from ratedeck.engine.worker import RECENT_ERRORS
+    from ratedeck.engine.path.worker import RECENT_ERRORS
 
     engine, _ = seed_engine(tmp_path, transport_kw={"fail_every": 3}, workload={"total": 300})
     snap = run_virtual(engine.run(10.0))

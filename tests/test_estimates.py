@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import seed_engine
 
 from ratedeck.core.policy import Policy
-from ratedeck.engine.estimate import HOLD_NEVER_HELD_S, HOLD_S, PROBING, KeyEstimate
+from ratedeck.engine.limits.estimate import HOLD_NEVER_HELD_S, HOLD_S, PROBING, KeyEstimate
 from ratedeck.server.rules import RateRules
 from ratedeck.server.settings import ServerSettings, parse_other_load, standard_settings
 from ratedeck.server.simulated import run_virtual

@@ -10,8 +10,10 @@ from engine_helpers import seed_engine
 from ratedeck.bench.cooldown import PerRequestCooldown
 from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
-from ratedeck.engine import outcome as oc
-from ratedeck.engine.delays import (
+from ratedeck.engine.engine import Engine
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.http import outcome as oc
+from ratedeck.engine.http.delays import (
     advertised_policies,
     json_field_hook,
     parse_retry_after,
@@ -19,9 +21,7 @@ from ratedeck.engine.delays import (
     response_delay,
     x_ratelimit_delay,
 )
-from ratedeck.engine.engine import Engine
-from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.transport import TransportBase
+from ratedeck.engine.http.transport import TransportBase
 from ratedeck.server.settings import ServerSettings
 from ratedeck.server.simulated import run_virtual
 

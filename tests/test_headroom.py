@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ratedeck.engine.headroom import HeadroomController
+from ratedeck.engine.limits.headroom import HeadroomController
 
 
 def feed(h, n, start, rtt, spacing=0.01):

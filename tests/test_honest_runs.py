@@ -24,9 +24,9 @@ from ratedeck.config import load_config
 from ratedeck.console.screens.key_detail import head_text
 from ratedeck.console.widgets.keys_table import state_text
 from ratedeck.core.vocab import KeyState, OutcomeKind
-from ratedeck.engine.outcome import Outcome
+from ratedeck.engine.http.outcome import Outcome
+from ratedeck.engine.path.settle import SettleRules, Tally, decide
 from ratedeck.engine.request import Request
-from ratedeck.engine.settle import SettleRules, Tally, decide
 from ratedeck.engine.snapshot import KeyRow
 from ratedeck.runner.cli import main
 from ratedeck.runner.commands.config import shown_config

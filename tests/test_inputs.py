@@ -24,7 +24,7 @@ from ratedeck.console.themes import load_themes
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.core.secrets import redact, safe_url
 from ratedeck.core.seed_server import SEED_KEYS
-from ratedeck.engine.delays import (
+from ratedeck.engine.http.delays import (
     MAX_DELAY_S,
     advertised_policies,
     json_field_hook,

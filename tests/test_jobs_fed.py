@@ -20,9 +20,8 @@ from ratedeck.config import load_config
 from ratedeck.core.policy import parse_policy
 from ratedeck.engine.commands import SetArrivalRate, SetBackpressure
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.makespan import Makespan
-from ratedeck.engine.snapshot import Snapshot
-from ratedeck.engine.workload import read_jsonl
+from ratedeck.engine.snapshot import Makespan, Snapshot
+from ratedeck.engine.sources.workload import read_jsonl
 from ratedeck.runner.headless import summary_lines
 from ratedeck.runner.report import build_report
 from ratedeck.server.policy_transport import PolicyTransport
@@ -208,7 +207,7 @@ def test_a_fed_job_with_a_ttl_queues_no_more_than_the_keys_send_before_it_passes
 
 
 def test_a_fed_job_bursts_unless_a_request_would_expire_waiting_a_window():
-    from ratedeck.engine.workload import bursts_in_time, fed_depth
+    from ratedeck.engine.sources.workload import bursts_in_time, fed_depth
 
     def cfg(limit: str, ttl: float):
         return load_config(

@@ -58,7 +58,7 @@ def test_each_key_reports_its_fingerprint_and_its_own_percentiles(tmp_path):
 def test_a_key_s_percentiles_are_the_run_histogram_s_within_two_percent():
     import random
 
-    from ratedeck.engine.metrics import KeyLatency, LatencyHistogram
+    from ratedeck.engine.observe.metrics import KeyLatency, LatencyHistogram
 
     rng = random.Random(7)
     key, run = KeyLatency(refresh_s=1.0), LatencyHistogram()

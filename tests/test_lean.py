@@ -6,11 +6,11 @@ import functools
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from ratedeck.engine.delays import has_hints
+from ratedeck.engine.http.delays import has_hints
+from ratedeck.engine.http.transport import AttemptDeadlines, HttpTransport
 from ratedeck.engine.queues import WorkQueues
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec, TargetConfig
-from ratedeck.engine.transport import AttemptDeadlines, HttpTransport
 
 
 def run_async(test):

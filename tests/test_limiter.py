@@ -3,7 +3,7 @@
 import pytest
 
 from ratedeck.core.policy import Policy, PolicyError, parse_policy
-from ratedeck.engine.limiter import WindowLimiter
+from ratedeck.engine.limits.limiter import WindowLimiter
 
 
 def grant_all(lim, start, count):

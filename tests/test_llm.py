@@ -12,9 +12,9 @@ import pytest
 
 from ratedeck.config.load import build_config
 from ratedeck.core.policy import parse_policy
-from ratedeck.engine.costs import CostModel, output_tokens, prompt_tokens
-from ratedeck.engine.delays import go_duration_bound, json_field_hook, read_quotas, rfc3339_bound
-from ratedeck.engine.limiter import WindowLimiter
+from ratedeck.engine.http.delays import go_duration_bound, json_field_hook, read_quotas, rfc3339_bound
+from ratedeck.engine.limits.costs import CostModel, output_tokens, prompt_tokens
+from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.settings import ConfigError
 
 # ---------------------------------------------------------------- token estimates

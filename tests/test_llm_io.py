@@ -25,11 +25,11 @@ from stubs.openai import start_openai
 
 from ratedeck.config import load_config
 from ratedeck.core.vocab import Ending
-from ratedeck.engine.outcome import OK, Outcome
+from ratedeck.engine.http.outcome import OK, Outcome
+from ratedeck.engine.http.transport import HttpTransport, Response
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import ConfigError, KeySpec, TargetConfig
-from ratedeck.engine.transport import HttpTransport, Response
-from ratedeck.engine.workload import Workload, read_jsonl, take_shape
+from ratedeck.engine.sources.workload import Workload, read_jsonl, take_shape
 from ratedeck.runner.replay import read_requests, workload_file
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from ratedeck.core.policy import parse_policy
-from ratedeck.engine.makespan import (
+from ratedeck.engine.observe.makespan import (
     Limits,
     Makespan,
     least_time,

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from ratedeck.core.policy import parse_policy
-from ratedeck.engine.limiter import WindowLimiter
+from ratedeck.engine.limits.limiter import WindowLimiter
 
 
 def server_sliding(limit, window):

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_report_schema import validate
 
 from ratedeck.core.seed_server import SEED_KEYS
-from ratedeck.engine.metrics import BUCKET_EDGES_MS
+from ratedeck.engine.observe.metrics import BUCKET_EDGES_MS
 from ratedeck.engine.snapshot import ErrorRow, GateRow, KeyRow, LatencySummary, Snapshot
 from ratedeck.runner.prometheus import Scrape, families, serve_metrics
 
@@ -262,7 +262,7 @@ def test_a_scrape_costs_under_2_percent_of_a_second():
 
 
 def test_histogram_buckets_count_the_engine_s_bins():
-    from ratedeck.engine.metrics import LatencyHistogram
+    from ratedeck.engine.observe.metrics import LatencyHistogram
 
     h = LatencyHistogram()
     for ms in (0.5, 0.99, 3, 9.99, 10, 49, 800, 1500, 59_000, 61_000):

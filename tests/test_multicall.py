@@ -242,7 +242,7 @@ def test_bad_messages_settings_name_the_key(table, key):
 
 def test_messages_section_selects_the_message_workload():
     from ratedeck.config import build_config, to_toml_dict
-    from ratedeck.engine.multicall import MessageWorkload
+    from ratedeck.engine.sources.multicall import MessageWorkload
 
     # No arrival rate given: messages arrive at the keys' capacity divided by the calls each needs.
     keys = {"secrets": [f"key-{i:03d}" for i in range(5)], "limits": ["20/1s"]}

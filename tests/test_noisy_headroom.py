@@ -17,8 +17,8 @@ import pytest
 
 from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.headroom import HeadroomController, RemainingJudge
-from ratedeck.engine.probe import MAX_FAILURES, Probe
+from ratedeck.engine.http.probe import MAX_FAILURES, Probe
+from ratedeck.engine.limits.headroom import HeadroomController, RemainingJudge
 from ratedeck.server.settings import ServerSettings, standard_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
 

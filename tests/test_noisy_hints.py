@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratedeck.engine.delays import answer_hints, remaining_count, server_time_s, server_timing_s
-from ratedeck.engine.headroom import hint_fits, network_rtt
+from ratedeck.engine.http.delays import answer_hints, remaining_count, server_time_s, server_timing_s
+from ratedeck.engine.limits.headroom import hint_fits, network_rtt
 
 
 @pytest.mark.parametrize(

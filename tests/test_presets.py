@@ -20,7 +20,7 @@ from stubs.stripe import start_stripe
 
 from ratedeck.config import load_config
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.transport import http_transport
+from ratedeck.engine.http.transport import http_transport
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from ratedeck.core.numbers import (
 )
 from ratedeck.core.policy import MAX_LIMIT, MAX_WINDOW_S, MIN_WINDOW_S, Policy, PolicyError, parse_policy
 from ratedeck.core.secrets import MASK, redact
-from ratedeck.engine.delays import (
+from ratedeck.engine.http.delays import (
     MAX_DELAY_S,
     advertised_policies,
     json_field_hook,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratedeck.engine.delays import Quota, read_quotas
+from ratedeck.engine.http.delays import Quota, read_quotas
 
 NOW = 1_700_000_000.0
 

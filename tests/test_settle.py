@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ratedeck.core.vocab import Ending, OutcomeKind
-from ratedeck.engine.outcome import Outcome, classify
+from ratedeck.engine.http.outcome import Outcome, classify
+from ratedeck.engine.path.settle import Scope, SettleRules, Tally, decide
 from ratedeck.engine.request import Request
-from ratedeck.engine.settle import Scope, SettleRules, Tally, decide
 from ratedeck.server.simulated import run_virtual
 
 RULES = SettleRules(max_attempts=5, backoff_base_s=0.05, backoff_cap_s=2.0)

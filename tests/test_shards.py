@@ -12,8 +12,8 @@ from test_report_schema import accounted
 from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Phase, PolicyKind
-from ratedeck.engine.merge import merge_latency, merge_snapshots
-from ratedeck.engine.metrics import LatencyHistogram
+from ratedeck.engine.observe.merge import merge_latency, merge_snapshots
+from ratedeck.engine.observe.metrics import LatencyHistogram
 from ratedeck.engine.snapshot import ClusterView, Event, GateRow, KeyRow, MemberRow, Snapshot
 from ratedeck.host.shards import ShardError, parse_procs, shard_configs, split_policy
 from ratedeck.runner.cli import main

@@ -28,8 +28,8 @@ from stubs.openai import start_openai
 from ratedeck.config import load_config
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.engine.engine import Engine
+from ratedeck.engine.http.transport import http_transport
 from ratedeck.engine.ports import Ask, StoreUnavailable
-from ratedeck.engine.transport import http_transport
 from ratedeck.store.redis_shared import RedisShared
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)

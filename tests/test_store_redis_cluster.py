@@ -20,7 +20,7 @@ from redis_server import free_port
 from test_store_redis import audit, until
 
 from ratedeck.config import load_config
-from ratedeck.engine.cluster import host_fingerprint
+from ratedeck.engine.cluster.member import host_fingerprint
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport

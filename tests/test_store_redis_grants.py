@@ -17,7 +17,7 @@ from redis_cluster import redis_any, shared_cluster  # noqa: F401 (fixtures)
 from redis_server import redis_server  # noqa: F401 (a fixture)
 
 from ratedeck.core.policy import Policy, parse_policy
-from ratedeck.engine.cluster import LeasedSlots
+from ratedeck.engine.cluster.member import LeasedSlots
 from ratedeck.engine.ports import Ask
 from ratedeck.store.redis_shared import RedisShared
 
@@ -134,7 +134,7 @@ def test_fixed_window_counts_sends_near_a_boundary_in_both(redis_server):  # noq
 
 
 def test_a_cost_above_the_limit_is_refused_not_granted(redis_server):  # noqa: F811
-    from ratedeck.engine.cluster import StoreUnavailable
+    from ratedeck.engine.cluster.member import StoreUnavailable
 
     async def main():
         shared = RedisShared(redis_server.url, namespace="refuse")
@@ -175,7 +175,7 @@ def test_grant_times_map_to_the_members_clock_never_early(redis_server):  # noqa
 
 
 def test_leased_slots_drop_what_is_too_late_to_use():
-    from ratedeck.engine.cluster import Grant
+    from ratedeck.engine.cluster.member import Grant
 
     slots = LeasedSlots()
     slots.add(Grant((1.0, 1.1, 1.2), usable_s=0.004))

@@ -1,4 +1,4 @@
-"""The engine's side of a shared store (`engine/cluster.py`) on virtual time, with a store in memory.
+"""The engine's side of a shared store (`engine/cluster/member.py`) on virtual time, with a store in memory.
 
 `FakeShared` grants every `gap` seconds from its own record, like the Redis
 script does for one policy, and can fail or lose its state on demand: the
@@ -13,7 +13,7 @@ import asyncio
 from ratedeck.config import load_config
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import KeyState
-from ratedeck.engine.cluster import Grant, Poll, StoreUnavailable
+from ratedeck.engine.cluster.member import Grant, Poll, StoreUnavailable
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import seed_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
@@ -201,7 +201,7 @@ def test_a_shared_gate_closes_ours_and_ours_is_shared():
 
 
 def test_budget_names_are_fingerprints_not_keys():
-    from ratedeck.engine.cluster import budget_name, gate_names
+    from ratedeck.engine.cluster.member import budget_name, gate_names
 
     secret = "sk_live_abcdefghijklmnop"
     name = budget_name("https://api.example.com/v1/x", secret)

@@ -325,7 +325,7 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
     from ratedeck.config import load_config
     from ratedeck.core.secrets import fingerprint
     from ratedeck.engine.engine import Engine
-    from ratedeck.engine.transport import http_transport
+    from ratedeck.engine.http.transport import http_transport
     from ratedeck.store.work import FLUSH_EVERY_S, last_sends
 
     secrets = ["first-key-0123456789", "second-key-0123456789"]

@@ -1,4 +1,4 @@
-"""The HTTP transport (engine/transport.py on aiohttp's client, engine/client.py) against
+"""The HTTP transport (engine/http/transport.py on aiohttp's client, engine/http/client.py) against
 real servers on loopback: aiohttp apps for well-formed HTTP, raw asyncio sockets for what
 breaks it, a forward/CONNECT proxy written here, TLS with a CA made here (openssl CLI).
 
@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from ratedeck.engine.outcome import CLIENT_ERROR, CONNECTION, OK
+from ratedeck.engine.http.outcome import CLIENT_ERROR, CONNECTION, OK
+from ratedeck.engine.http.transport import ERROR_BODY_BYTES, HttpTransport
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import ConfigError, KeySpec, TargetConfig
-from ratedeck.engine.transport import ERROR_BODY_BYTES, HttpTransport
 
 KEY = KeySpec(label="k1", secret="key-000000000001", policies=())
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
@@ -682,7 +682,7 @@ async def test_a_refused_connection_is_named():
 
 @run_async
 async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
-    from ratedeck.engine.probe import Probe
+    from ratedeck.engine.http.probe import Probe
 
     async def limited(request):
         return web.Response(status=429)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from ratedeck.engine.outcome import CLIENT_ERROR
+from ratedeck.engine.http.outcome import CLIENT_ERROR
+from ratedeck.engine.http.transport import HttpTransport
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec, TargetConfig
-from ratedeck.engine.transport import HttpTransport
 
 KEY = KeySpec(label="k1", secret="key-000000000001", policies=())
 URL = "http://127.0.0.1:9/api"  # never reached: nothing here is sent

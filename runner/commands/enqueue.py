@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from ratedeck.config import ConfigError, RunConfig, load_config
-from ratedeck.engine.workload import KeyPins, read_jsonl
+from ratedeck.engine.sources.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
 

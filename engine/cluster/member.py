@@ -41,13 +41,12 @@ from typing import Any
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
-
-from .gate import CooldownGate
-from .leases import LeasedSlots
-from .limiter import WindowLimiter
-from .ports import Ask, ClusterHost, Grant, Poll, SharedState, StoreUnavailable
-from .snapshot import ClusterView
-from .worker import KeyWorker
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.limits.leases import LeasedSlots
+from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.path.worker import KeyWorker
+from ratedeck.engine.ports import Ask, ClusterHost, Grant, Poll, SharedState, StoreUnavailable
+from ratedeck.engine.snapshot import ClusterView
 
 __all__ = [
     "ClusterMember",

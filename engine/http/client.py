@@ -52,7 +52,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from aiohttp.http_exceptions import LineTooLong
 from yarl import URL
 
-from .settings import TargetConfig
+from ratedeck.engine.settings import TargetConfig
 
 IDLE_S = 4.0  # reuse a connection idle at most this long (Node closes at 5 s, nginx at 75 s)
 DNS_TTL_S = 10  # aiohttp's default: a changed DNS answer is seen within 10 s

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ratedeck.core.policy import Policy
+from ratedeck.engine.api_rules import BudgetSpec, PathTable
+from ratedeck.engine.request import Request
+from ratedeck.engine.settings import EngineSettings
 
-from .api_rules import BudgetSpec, PathTable
 from .costs import CostModel, Units
 from .limiter import WindowLimiter
-from .request import Request
-from .settings import EngineSettings
 
 MakeLimiter = Callable[[tuple[Policy, ...]], WindowLimiter]
 
@@ -58,7 +58,7 @@ class Budgets:
         # With no budgets and no path rules every request is alike: the workers skip routing.
         self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted)
         self.covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
-        # Token budgets: a request's tokens are estimated once from its body (engine/costs.py).
+        # Token budgets: a request's tokens are estimated once from its body (engine/limits/costs.py).
         self.costs = (
             CostModel(cfg.costs.estimate, cfg.costs.max_tokens)
             if any(b.tokens for b in cfg.budgets)

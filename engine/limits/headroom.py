@@ -16,14 +16,14 @@ stamp. So the evidence comes in grades:
   paid for as if it were jitter: safe, not tight.
 - hints: an answer that says how long the server spent on it
   (`Server-Timing` dur, `X-Response-Time`, `X-Runtime`,
-  `X-Envoy-Upstream-Service-Time`; see engine/delays.py) gives the
+  `X-Envoy-Upstream-Service-Time`; see engine/http/delays.py) gives the
   network's share of its own round trip: rtt - server time. A hint is used
   only when it fits: finite, not negative and not larger than the round
   trip. Any other hint is ignored, and that answer counts with its whole
   round trip, which can only widen: a nonsense hint never makes us send
   faster than the round trip alone allows.
 - probe: a cheap, unlimited endpoint timed on its own connection
-  (engine/probe.py) measures the network's spread directly; once it has
+  (engine/http/probe.py) measures the network's spread directly; once it has
   `PROBE_READY` samples it replaces a round-trip estimate that is wider.
 
 The seed instead used average latency x 1.1 clamped to 30..50 ms, which

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING
 
 from ratedeck.core.throttle import parse_throttle
 from ratedeck.core.vocab import Excess, MessagePattern
+from ratedeck.engine.jsonl import JsonLines
+from ratedeck.engine.limits.waker import Waker
+from ratedeck.engine.request import Request
+from ratedeck.engine.settings import EngineSettings
+from ratedeck.engine.snapshot import MessageStats
 
-from .jsonl import JsonLines
-from .request import Request
-from .settings import EngineSettings
-from .snapshot import MessageStats
-from .waker import Waker
 from .workload import Workload, read_jsonl
 
 if TYPE_CHECKING:
-    from .ports import Source, SourceSink
+    from ratedeck.engine.ports import Source, SourceSink
 
 PATTERNS = tuple(MessagePattern)
 EXCESS = tuple(Excess)

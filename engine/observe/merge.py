@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratedeck.core.vocab import Phase
+from ratedeck.engine.snapshot import Event, GateRow, LatencySummary, Snapshot
 
 from .makespan import merge_makespans
 from .metrics import quantiles_of
-from .snapshot import Event, GateRow, LatencySummary, Snapshot
 
 #: How far a phase has gone: the merged phase is the least advanced part's.
 _PHASE_ORDER = (Phase.STARTING, Phase.RUNNING, Phase.DRAINING, Phase.STOPPED)

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Ending, PolicyKind
+from ratedeck.engine.snapshot import Makespan
 
 if TYPE_CHECKING:
-    from .budgets import Budgets
-    from .limiter import WindowLimiter
-    from .request import Request
-    from .worker import KeyWorker
+    from ratedeck.engine.limits.budgets import Budgets
+    from ratedeck.engine.limits.limiter import WindowLimiter
+    from ratedeck.engine.path.worker import KeyWorker
+    from ratedeck.engine.request import Request
 
 _EPS = 1e-9
 
@@ -106,22 +107,6 @@ def least_time(demands: Iterable[tuple[Sequence[Limits], float]], rtt_s: float =
     from them); the slowest sets the pace, plus one round trip (`rtt_s`) for the last answer."""
     slowest = max((time_for(group, units) for group, units in demands), default=0.0)
     return slowest + max(0.0, rtt_s)
-
-
-@dataclass(frozen=True, slots=True)
-class Makespan:
-    """A job's makespan: `jobs` done in `elapsed_s`, where the limits allowed `least_s` at best."""
-
-    jobs: int = 0
-    elapsed_s: float = 0.0
-    least_s: float = 0.0
-
-    @property
-    def ratio(self) -> float | None:
-        """elapsed / least (1.0: as fast as the rules allow); None before any job is done."""
-        if self.jobs == 0 or self.least_s <= 0:
-            return None
-        return self.elapsed_s / self.least_s
 
 
 def merge_makespans(parts: Sequence[Makespan | None]) -> Makespan | None:

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING
 
 from ratedeck.core.secrets import fingerprint
 from ratedeck.core.vocab import Arrival
-
-from .request import Request, Shape
-from .settings import ConfigError, EngineSettings, KeySpec
-from .waker import Waker
+from ratedeck.engine.limits.waker import Waker
+from ratedeck.engine.request import Request, Shape
+from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
 
 if TYPE_CHECKING:
-    from .ports import SourceSink
-    from .snapshot import MessageStats
+    from ratedeck.engine.ports import SourceSink
+    from ratedeck.engine.snapshot import MessageStats
 
 
 class Workload:

@@ -7,8 +7,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ratedeck.core.vocab import EventKind
-
-from .snapshot import Event
+from ratedeck.engine.snapshot import Event
 
 
 class EventLog:

@@ -526,7 +526,7 @@ class WindowLimiter:
 
     def retune(self, policy: Policy, limit: int) -> bool:
         """Enforce `policy` (one of ours) at `limit` from now on: a key's estimate moved
-        (engine/estimate.py). Its window keeps what was sent; False when no meter keeps it."""
+        (engine/limits/estimate.py). Its window keeps what was sent; False when no meter keeps it."""
         for meter in self._meters:
             if meter.policy is policy and isinstance(meter, _Sliding):
                 meter.limit = max(1, limit)
@@ -578,7 +578,7 @@ class WindowLimiter:
         return Policy(m.limit, window, PolicyKind.BUCKET, m.rate * window)
 
     def follow(self, now: float, limit: int, counted: int, since: int, window_s: float | None) -> bool:
-        """An LLM API's bucket as its headers state it (engine/path.py): `limit` units, refilled
+        """An LLM API's bucket as its headers state it (engine/path/request_path.py): `limit` units, refilled
         fully in `window_s` (None: as before), `counted` by the server before `since` more of
         ours (`_Bucket.follow`), lower or higher than ours. Applies to the tightest bucket
         policy; False when there is none."""

@@ -14,8 +14,7 @@ from collections import Counter, deque
 from itertools import accumulate
 
 from ratedeck.core.vocab import OutcomeKind
-
-from .snapshot import ErrorRow, LatencySummary
+from ratedeck.engine.snapshot import ErrorRow, LatencySummary
 
 _FINE_MS = 1000  # below this, buckets of 0.1 ms
 _FINE_BINS = _FINE_MS * 10

@@ -15,14 +15,21 @@ from yarl import URL
 
 from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
+from ratedeck.engine.api_rules import PathRule, PathTable, first_match
+from ratedeck.engine.http.delays import (
+    DelayHook,
+    answer_hints,
+    has_hints,
+    json_field_hook,
+    read_quotas,
+    response_delay,
+)
+from ratedeck.engine.http.outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
+from ratedeck.engine.ports import ProbeGet
+from ratedeck.engine.request import Request, Shape
+from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
 
-from .api_rules import PathRule, PathTable, first_match
 from .client import BodyTooLarge, Client, describe, open_client, probe_get, read_capped
-from .delays import DelayHook, answer_hints, has_hints, json_field_hook, read_quotas, response_delay
-from .outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
-from .ports import ProbeGet
-from .request import Request, Shape
-from .settings import EngineSettings, KeySpec, TargetConfig
 from .signing import SigningError, SignInput, encode, signer_for
 
 USER_AGENT = f"ratedeck/{version()}"
@@ -66,7 +73,7 @@ class Transport(Protocol):
 
     def prober(self) -> ProbeGet | None:
         """The transport's own way to time `target.probe_url` (a simulated network); None: the
-        engine's probe sends a plain GET (engine/probe.py)."""
+        engine's probe sends a plain GET (engine/http/probe.py)."""
         ...
 
 

@@ -26,21 +26,21 @@ from typing import Any
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.http import outcome as oc
+from ratedeck.engine.http.delays import Quota, advertised_policies
+from ratedeck.engine.http.transport import Transport
+from ratedeck.engine.limits.budgets import Budgets
+from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.ports import BudgetWatcher, Cooldown, Endings, EventSink, GateWatcher, SendStamp
+from ratedeck.engine.queues import Graveyard, WorkQueues
+from ratedeck.engine.request import Request
+from ratedeck.engine.settings import KeySpec
+from ratedeck.engine.snapshot import ErrorRow
 
-from . import outcome as oc
-from .budgets import Budgets
-from .delays import Quota, advertised_policies
-from .gate import CooldownGate
-from .headroom import HeadroomController
-from .limiter import WindowLimiter
-from .metrics import Metrics
-from .ports import BudgetWatcher, Cooldown, Endings, EventSink, GateWatcher, SendStamp
-from .queues import Graveyard, WorkQueues
-from .request import Request
-from .settings import KeySpec
 from .settle import Scope, SettleRules, Tally, Verdict, decide
-from .snapshot import ErrorRow
-from .transport import Transport
 from .worker import KeyWorker
 
 

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ratedeck.core.vocab import Ending, OutcomeKind
-
-from .outcome import Outcome
-from .request import Request
+from ratedeck.engine.http.outcome import Outcome
+from ratedeck.engine.request import Request
 
 
 class Tally(StrEnum):

@@ -463,7 +463,7 @@ def server_time_s(headers: Mapping[str, str]) -> float | None:
     usable value wins (each is a span of server time; none may be counted twice).
     Unusable ones (negative, NaN, not a number, over an hour) are ignored; None
     when nothing usable was sent. Whether it fits the round trip is for the
-    caller to judge (see engine/headroom.py).
+    caller to judge (see engine/limits/headroom.py).
     """
     try:
         found = [

@@ -4,7 +4,7 @@ A round trip to the rate-limited target carries the server's processing time
 with it, and its spread pays for that as if it were network jitter. A probe
 to an endpoint that does almost nothing (`/health`, a static file) on its
 own connection measures the network's spread directly; the headroom then
-uses it (engine/headroom.py, `observe_network`).
+uses it (engine/limits/headroom.py, `observe_network`).
 
 Rules:
 - off unless `target.probe_url` is set; never derived from the target URL,
@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from ratedeck.engine.settings import TargetConfig
+
 from .client import probe_get
-from .settings import TargetConfig
 
 #: Failed probes in a row (no answer, or not 2xx) after which the probe gives up.
 MAX_FAILURES = 20

@@ -11,24 +11,24 @@ from typing import TYPE_CHECKING
 from ratedeck.core.policy import MAX_LIMIT, Policy
 from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState, OutcomeKind, PolicyKind
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.http.delays import advertised_policies
+from ratedeck.engine.http.outcome import Outcome
+from ratedeck.engine.limits.estimate import ADDITIVE, KeyEstimate
+from ratedeck.engine.limits.limiter import Stamp, WindowLimiter
+from ratedeck.engine.limits.waker import Waker
+from ratedeck.engine.observe.metrics import KeyLatency
+from ratedeck.engine.settings import KeySpec
+from ratedeck.engine.snapshot import ErrorRow, KeyRow
 
-from .delays import advertised_policies
-from .estimate import ADDITIVE, KeyEstimate
-from .gate import CooldownGate
-from .limiter import Stamp, WindowLimiter
-from .metrics import KeyLatency
-from .outcome import Outcome
-from .settings import KeySpec
 from .settle import Tally
-from .snapshot import ErrorRow, KeyRow
-from .waker import Waker
 
 if TYPE_CHECKING:
-    from .budgets import Budgets
-    from .delays import Quota
-    from .leases import LeasedSlots
-    from .ports import WorkerHost
-    from .request import Request
+    from ratedeck.engine.http.delays import Quota
+    from ratedeck.engine.limits.budgets import Budgets
+    from ratedeck.engine.limits.leases import LeasedSlots
+    from ratedeck.engine.ports import WorkerHost
+    from ratedeck.engine.request import Request
 
 
 #: What a key with no limit given enforces until the server advertises one: nothing (its worker
@@ -101,7 +101,7 @@ class KeyWorker:
         self.first_pending = learn_first
         if self.discovering or learn_first:
             self.max_in_flight = 1
-        # The shortest refill window the server's buckets proved (engine/path.py `_follow`).
+        # The shortest refill window the server's buckets proved (engine/path/request_path.py `_follow`).
         self.window_bound = math.inf
         self.use_nonce = use_nonce
         self.paused = False
@@ -121,7 +121,7 @@ class KeyWorker:
         self.server_limit: int | None = None
         self.server_reset_at: float | None = None
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
-        # The key's limit as an estimate that moves both ways (engine/estimate.py): the tightest
+        # The key's limit as an estimate that moves both ways (engine/limits/estimate.py): the tightest
         # sliding window it was told, enforced by the limiter's meter of that policy.
         sliding = [p for p in spec.policies if p.kind is PolicyKind.SLIDING]
         self._estimated: Policy | None = min(sliding, key=lambda p: p.rate) if sliding else None
@@ -137,7 +137,7 @@ class KeyWorker:
         self._probe_level = 0  # and our count in the window with it
         self._nonce = 0
         self._waker = Waker()
-        # A budget shared through a store (engine/cluster.py, engine/leases.py): sends only at
+        # A budget shared through a store (engine/cluster/member.py, engine/limits/leases.py): sends only at
         # the times it granted.
         # With budgets (routing), each plan has its own (`plan_leases`); `leases` is then only
         # the switch and the default plan's. `store_names`: each limiter's budget in the store.
@@ -348,7 +348,7 @@ class KeyWorker:
             if len(self.plan_leases) > 64:  # plans of one request each (tokens): forget the spent ones
                 for k in [k for k, s in self.plan_leases.items() if not len(s) and not s.fetching]:
                     del self.plan_leases[k]
-            from .leases import LeasedSlots
+            from ratedeck.engine.limits.leases import LeasedSlots
 
             slots = self.plan_leases[sig] = LeasedSlots(plan, single=self._route_tokens)
             slots.valid_until = self.leases.valid_until if self.leases is not None else math.inf
@@ -445,7 +445,7 @@ class KeyWorker:
         it, as many accepted requests as it allows: count ours that succeeded
         in that window (widened by the headroom, for their arrival times). The
         estimate falls to that count (by at most half), or back to the level
-        that held when a probe above it drew the 429 (engine/estimate.py).
+        that held when a probe above it drew the 429 (engine/limits/estimate.py).
         """
         est = self.estimate
         if est is None:

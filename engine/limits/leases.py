@@ -6,7 +6,7 @@ import math
 from collections import deque
 from typing import Any
 
-from .ports import Grant
+from ratedeck.engine.ports import Grant
 
 
 class LeasedSlots:

@@ -1,0 +1,1 @@
+"""What a send may spend: window limiters and their policies, estimates, headroom, budgets, leases, costs, gates."""
