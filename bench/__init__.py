@@ -235,7 +235,7 @@ def _progress(text: str) -> None:
 def run_scenarios(args: argparse.Namespace) -> list:
     """Every selected strategy against every selected scenario, each in fresh processes."""
     from .output import ScenarioResult, make_row
-    from .procs import BenchError, Simulator, run_child
+    from .procs import Simulator, run_child
     from .spec import RunSpec
 
     results = []
@@ -247,15 +247,12 @@ def run_scenarios(args: argparse.Namespace) -> list:
             results.append(run_jobs(name, chosen or list(JOB_STRATEGIES), args.loop, args.seed, _progress))
             continue
         if name in LLM_SCENARIOS:
-            from .llm import StubsMissing, run_llm
+            from .llm import run_llm
 
             llm = LLM_SCENARIOS[name]
             chosen = [s for s in args.strategies if s in LLM_STRATEGIES] if args.strategies_given else []
             seconds = args.duration if args.duration_given or args.quick else LLM_DURATION_S
-            try:
-                results.append(run_llm(name, chosen or list(llm.strategies), seconds, args.seed, _progress))
-            except StubsMissing as exc:
-                raise BenchError(str(exc)) from None
+            results.append(run_llm(name, chosen or list(llm.strategies), seconds, args.seed, _progress))
             continue
         scenario = SCENARIOS[name]
         result = ScenarioResult(name, scenario.summary, scenario.capacity_tps)

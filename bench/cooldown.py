@@ -1,4 +1,4 @@
-"""The pre-actor cooldown, kept only to be compared against (`tests/test_gates.py`, the escalation rows).
+"""The pre-actor cooldown, kept only to be compared against (`tests/engine/test_gates.py`, the escalation rows).
 
 The engine honours a server's delay by closing the budget's gate for every
 sender (`ratedeck.engine.path.request_path.SharedGates`). Before that design, a delay held

@@ -1,8 +1,8 @@
 """`ratedeck bench --scenarios llm`: prompts through OpenAI and Anthropic keys at the tokens-per-minute limit.
 
 Each strategy drives the same seeded prompts (20..2,000 characters, max_tokens
-50..400) against a fresh loopback stub (`tests/stubs/openai.py`,
-`tests/stubs/anthropic.py`) for the same duration, one after another. Every
+50..400) against a fresh loopback stub (`server/stubs/openai.py`,
+`server/stubs/anthropic.py`) for the same duration, one after another. Every
 number in the table comes from the stub's own ledger, never from the client:
 prompts served (accepted requests less duplicates), tokens charged, 429s,
 ``insufficient_quota`` answers, 529s, duplicate prompts, and the share of the
@@ -50,15 +50,12 @@ documented pauses are NOT scaled: the cookbook pauses 15 real seconds (2.5 of
 the stub's minutes) and LiteLLM cools a deployment for 5 real seconds; that is
 their true behaviour, and the table says so.
 
-The stubs live in the source tree (`tests/stubs`), not in the installed
-package: the group runs from a checkout (an editable install) and says so
-otherwise, as `tests/conftest.py` reaches them (`tests/` on `sys.path`).
+The stubs are the simulator's (`ratedeck.server.stubs`), installed with the package.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import math
 import os
@@ -76,6 +73,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from ratedeck.server.stubs.anthropic import start_anthropic
+from ratedeck.server.stubs.llm_common import prompt_identity
+from ratedeck.server.stubs.openai import start_openai
 
 from .scenarios import LLM_SCENARIOS, LLM_STRATEGIES, LLMScenario
 
@@ -102,10 +103,6 @@ _WORDS = (
     "rate limit token minute bucket prompt answer model key budget window refill share pause "
     "route deploy retry quota stream batch queue latency header request server client"
 ).split()
-
-
-class StubsMissing(Exception):
-    """The loopback stubs are not beside this package (an install without the source tree)."""
 
 
 # ----------------------------------------------------------------- prompts
@@ -162,18 +159,6 @@ def prompts(n: int, seed: int = 1) -> list[Prompt]:
 # ------------------------------------------------------------ the stubs
 
 
-def load_stubs() -> tuple[Any, Any]:
-    """The `stubs.openai` and `stubs.anthropic` modules of the source tree (`tests/` put on sys.path)."""
-    tests = Path(__file__).resolve().parents[1] / "tests"
-    if not (tests / "stubs" / "openai.py").is_file():
-        raise StubsMissing(
-            f"the LLM stubs are not at {tests / 'stubs'}: run from a checkout (pip install -e .)"
-        )
-    if str(tests) not in sys.path:
-        sys.path.insert(0, str(tests))
-    return importlib.import_module("stubs.openai"), importlib.import_module("stubs.anthropic")
-
-
 class StubThread:
     """A stub served by its own event loop in a thread, so the client's thread CPU is its own.
 
@@ -188,8 +173,7 @@ class StubThread:
         self.stub: Any = None
 
     def __enter__(self) -> Any:
-        openai, anthropic = load_stubs()
-        start = anthropic.start_anthropic if self.scenario.api == "anthropic" else openai.start_openai
+        start = start_anthropic if self.scenario.api == "anthropic" else start_openai
         self.thread.start()
         started: Future[Any] = asyncio.run_coroutine_threadsafe(start(**self.options), self.loop)
         self.stub = started.result(10.0)
@@ -622,9 +606,6 @@ def ledger_row(scenario: LLMScenario, stub: Any, work: Sequence[Prompt], run: LL
     capacity_end = first + elapsed
     if scenario.api == "anthropic":
         # output tokens of each accepted prompt (the stub settles them at its output ratio)
-        # the stubs' own prompt identity (tests/stubs, on sys.path since `load_stubs`)
-        prompt_identity = importlib.import_module("stubs.llm_common").prompt_identity
-
         by_id = {
             prompt_identity({"system": "", "messages": p.body("anthropic")["messages"]}): p for p in work
         }

@@ -304,7 +304,7 @@ GROUPS["jobs"] = tuple(JOB_SCENARIOS)
 
 @dataclass(frozen=True)
 class LLMScenario:
-    """Prompts through several keys of one LLM API stub (`bench/llm.py`, `tests/stubs/`).
+    """Prompts through several keys of one LLM API stub (`bench/llm.py`, `server/stubs/`).
 
     `api` is "openai" or "anthropic"; `rpm`/`tpm` (OpenAI) or `rpm`/`itpm`/`otpm`
     (Anthropic) are each key's limits per `minute_s` seconds (the stub's scaled

@@ -3,7 +3,7 @@
     python -m ratedeck.config.docs --write   # regenerate both
     python -m ratedeck.config.docs --check   # exit 1 when either is stale
 
-tests/test_config_schema.py fails when either file is not what this writes.
+tests/config/test_config_schema.py fails when either file is not what this writes.
 """
 
 from __future__ import annotations

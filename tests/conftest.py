@@ -1,10 +1,8 @@
 import os
-import sys
 import tempfile
-from pathlib import Path
 
-# Test helpers (engine_helpers, console_fixtures, fault_server) import as plain modules.
-sys.path.insert(0, str(Path(__file__).parent))
+# Real redis-server and Redis Cluster processes, as fixtures for any test that names them.
+pytest_plugins = ["tests.support.redis_server", "tests.support.redis_cluster"]
 
 # A run that names no graveyard and writes no report puts it under the XDG state
 # directory: the tests' runs (and their child processes) use one of their own.

@@ -1,0 +1,233 @@
+"""Anthropic Messages stub: requests, input and output tokens per minute as token buckets, 429 and 529.
+
+What the public docs say, and what this stub does with it
+(docs.anthropic.com/en/api/rate-limits, "Rate limits" and "Response headers";
+docs.anthropic.com/en/api/errors, HTTP errors 429 ``rate_limit_error`` and 529
+``overloaded_error``; docs.anthropic.com/en/api/versioning; the official pages were not in
+the searchable corpus, so header names and error shapes were checked against secondary
+pages quoting them, e.g. runcycles.io/troubleshoot/anthropic-rate-limit-error):
+
+- ``POST /v1/messages`` with ``x-api-key: KEY`` and ``anthropic-version`` (required: a
+  400 ``invalid_request_error`` without it). An unknown key: 401 ``authentication_error``.
+- Per key, three limits: requests (``rpm``), input tokens (``itpm``) and output tokens
+  (``otpm``) per minute, each a token bucket "continuously replenished up to your
+  maximum limit" (the docs' words); ``minute_s`` scales the minute.
+- Input tokens are charged at admission (estimated: characters / 4 of the system prompt
+  and the messages' text, rounded up). Output tokens are reserved from ``max_tokens`` at
+  the start and settled to the real output at the end: the unused part goes back to the
+  bucket (the docs: "OTPM rate limits are estimated based on max_tokens at the beginning
+  of each request and adjusted at the end of the request").
+- Every answer to a known key carries ``anthropic-ratelimit-requests-limit``,
+  ``-remaining``, ``-reset`` and the same for ``anthropic-ratelimit-input-tokens-*`` and
+  ``anthropic-ratelimit-output-tokens-*``; a reset is the RFC 3339 time the bucket is
+  fully replenished (with milliseconds, since the minute may be scaled).
+- Over a limit: 429 with ``retry-after`` (whole seconds, rounded up) and
+  ``{"type": "error", "error": {"type": "rate_limit_error", "message": ...}}``; the
+  refused request is charged nothing.
+- ``overload_share`` of requests (or an exact ``overload_pattern`` of booleans) answer
+  529 ``overloaded_error``, charging nothing (server load, not the key's limits).
+
+Where the docs are silent (stated choices): the limits are checked requests, input,
+output; ``output_tokens`` is ``ceil(max_tokens * output_ratio)`` (deterministic,
+<= max_tokens); the headers of a success are taken after the settle. The combined
+``anthropic-ratelimit-tokens-*`` headers are not sent.
+
+Ledger: one ``Record`` per request (``bucket="messages"``; ``cost`` = input + settled
+output tokens; ``detail`` = the prompt's identity when accepted, the error type when
+refused). ``state.book`` counts prompts per key (duplicates) and refusals by type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from .common import Clock, Ledger, Stub, mono_clock, serve, work
+from .llm_common import Bucket, PromptBook, content_text, estimate_tokens, prompt_identity
+
+PATH = "/v1/messages"
+
+
+def rfc3339(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class AnthropicState:
+    clock: Clock = mono_clock
+    keys: Iterable[str] = ("sk-ant-test",)
+    rpm: int = 50
+    itpm: int = 30_000
+    otpm: int = 8_000
+    minute_s: float = 60.0
+    overload_share: float = 0.0
+    overload_pattern: list[bool] | None = None
+    output_ratio: float = 0.5
+    model: str = "claude-sonnet-4-5"
+    latency: float = 0.0
+    hold: asyncio.Event | None = None
+    seed: int = 0
+    # Wall time minus the clock's: resets are wall-clock times, as the real API's are (a test's
+    # fake clock already reads wall-like times: 0).
+    wall_offset: float | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+    book: PromptBook = field(default_factory=PromptBook)
+
+    def __post_init__(self) -> None:
+        self.keys = list(self.keys)
+        t0 = self.clock()
+        self.buckets = {
+            k: {
+                "requests": Bucket(self.rpm, self.minute_s, updated=t0),
+                "input-tokens": Bucket(self.itpm, self.minute_s, updated=t0),
+                "output-tokens": Bucket(self.otpm, self.minute_s, updated=t0),
+            }
+            for k in self.keys
+        }
+        self.rng = random.Random(self.seed)
+        self.seq = 0
+        self.output_used: dict[str, int] = dict.fromkeys(self.keys, 0)  # settled output tokens, per key
+        if self.wall_offset is None:
+            self.wall_offset = time.time() - time.monotonic() if self.clock is mono_clock else 0.0
+
+    def allowed_capacity(
+        self, start: float, end: float, *, key: str | None = None, bucket: str | None = None
+    ) -> float:
+        """Units of ``bucket`` (default output-tokens) an ideal client could use in [start, end)."""
+        limit = {"requests": self.rpm, "input-tokens": self.itpm}.get(bucket or "", self.otpm)
+        n = 1 if key is not None else len(list(self.keys))
+        return n * (limit + limit * max(0.0, end - start) / self.minute_s)
+
+    def headers(self, key: str, now: float) -> dict[str, str]:
+        out = {}
+        offset = self.wall_offset or 0.0
+        for name, b in self.buckets[key].items():
+            out[f"anthropic-ratelimit-{name}-limit"] = str(int(b.capacity))
+            out[f"anthropic-ratelimit-{name}-remaining"] = str(b.remaining(now))
+            out[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + offset + b.full_in(now))
+        return out
+
+    def overloaded(self) -> bool:
+        if self.overload_pattern is not None:
+            return self.overload_pattern.pop(0) if self.overload_pattern else False
+        return self.overload_share > 0 and self.rng.random() < self.overload_share
+
+    async def handle(self, request: web.Request) -> web.Response:
+        now = self.clock()
+        key = request.headers.get("x-api-key", "")
+
+        def record(status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
+            self.ledger.add(
+                at=now,
+                key=key,
+                method=request.method,
+                path=request.path,
+                status=status,
+                outcome=outcome,
+                bucket="messages",
+                cost=cost,
+                detail=detail,
+            )
+
+        def error(
+            status: int, type_: str, message: str, headers: dict[str, str] | None = None
+        ) -> web.Response:
+            body = {"type": "error", "error": {"type": type_, "message": message}}
+            return web.json_response(body, status=status, headers=headers or {})
+
+        if key not in self.buckets:
+            record(401, "unauthorized")
+            return error(401, "authentication_error", "invalid x-api-key")
+        if request.method != "POST" or request.path != PATH:
+            record(404, "not_found")
+            return error(404, "not_found_error", f"Not found: {request.method} {request.path}")
+        if not request.headers.get("anthropic-version"):
+            record(400, "invalid_request", detail="anthropic-version")
+            return error(
+                400, "invalid_request_error", "anthropic-version: header is required", self.headers(key, now)
+            )
+        try:
+            body = await request.json()
+            messages = body["messages"]
+            max_tokens = int(body["max_tokens"])
+            if not isinstance(messages, list) or max_tokens < 1:
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            record(400, "invalid_request")
+            return error(
+                400,
+                "invalid_request_error",
+                "messages: field required; max_tokens: field required (>= 1)",
+                self.headers(key, now),
+            )
+
+        if self.overloaded():
+            self.book.refusals[key]["overloaded_error"] += 1
+            record(529, "overloaded", detail="overloaded_error")
+            return error(529, "overloaded_error", "Overloaded", self.headers(key, now))
+
+        system = body.get("system", "")
+        text = content_text(system) + "".join(
+            content_text(m.get("content")) for m in messages if isinstance(m, dict)
+        )
+        input_tokens = estimate_tokens(text)
+        b = self.buckets[key]
+        wants = {"requests": 1, "input-tokens": input_tokens, "output-tokens": max_tokens}
+        waits = {name: b[name].wait_for(amount, now) for name, amount in wants.items()}
+        over = [name for name, w in waits.items() if w > 0]
+        if over:
+            wait = max(waits.values())
+            self.book.refusals[key]["rate_limit_error"] += 1
+            record(429, "rate_limited", detail=f"rate_limit_error:{over[0]}")
+            headers = {"retry-after": str(max(1, math.ceil(wait))), **self.headers(key, now)}
+            kind = over[0].replace("-", " ")
+            return error(
+                429,
+                "rate_limit_error",
+                f"This request would exceed the rate limit for your organization of "
+                f"{int(b[over[0]].capacity)} {kind} per minute. For details, refer to: "
+                "https://docs.anthropic.com/en/api/rate-limits.",
+                headers,
+            )
+        for name, amount in wants.items():
+            b[name].take(amount, now)
+        identity = prompt_identity({"system": system, "messages": messages})
+        self.book.prompts[key][identity] += 1
+
+        await work(self.latency, self.hold)
+        output_tokens = min(max_tokens, math.ceil(max_tokens * self.output_ratio))
+        end = self.clock()
+        b["output-tokens"].give_back(max_tokens - output_tokens, end)  # the settle
+        self.output_used[key] += output_tokens
+        record(200, "ok", cost=input_tokens + output_tokens, detail=identity)
+        self.seq += 1
+        answer = {
+            "id": f"msg_stub{self.seq:012d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", self.model),
+            "content": [{"type": "text", "text": "stub " * output_tokens}],
+            "stop_reason": "max_tokens" if output_tokens == max_tokens else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        }
+        return web.Response(
+            text=json.dumps(answer), content_type="application/json", headers=self.headers(key, end)
+        )
+
+
+async def start_anthropic(*, clock: Clock = mono_clock, **options: Any) -> Stub:
+    """Start the Anthropic stub; options are `AnthropicState`'s (keys, rpm, itpm, otpm, minute_s, ...)."""
+    state = AnthropicState(clock=clock, **options)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    return await serve(app, ledger=state.ledger, clock=clock, state=state)

@@ -1,0 +1,265 @@
+"""The settings schema: one row per setting, and what is made from it (flags, TOML, docs, JSON schema)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratedeck.config import PRESETS, build_config, load_config, to_toml_dict
+from ratedeck.config.docs import KINDS, REFERENCE, SCHEMA, reference, schema, stale
+from ratedeck.config.flags import overrides_from_args
+from ratedeck.config.load import PRESET_DIR
+from ratedeck.config.rows import FIELDS, NO_SWITCH, ROWS
+from ratedeck.config.settings import RunnerSettings
+from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
+from ratedeck.engine.settings import EngineSettings
+from ratedeck.runner.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+FLAG_ROWS = [row for row in ROWS if row.flag is not None]
+
+
+# ---------------------------------------------------------------- generated files
+
+
+def test_the_generated_reference_and_schema_are_current():
+    """docs/config-reference.md and docs/config.schema.json are what the rows make now."""
+    assert stale(REPO) == [], "stale; run: python -m ratedeck.config.docs --write"
+
+
+def test_a_missing_or_edited_generated_file_is_stale(tmp_path):
+    assert set(stale(tmp_path)) == {REFERENCE, SCHEMA}
+    (tmp_path / "docs").mkdir()
+    (tmp_path / REFERENCE).write_text(reference())
+    (tmp_path / SCHEMA).write_text(json.dumps(schema(), indent=2) + "\n")
+    assert stale(tmp_path) == []
+    (tmp_path / REFERENCE).write_text(reference().replace("in_flight_per_key", "in_flight"))
+    assert stale(tmp_path) == [REFERENCE]
+
+
+def test_the_docs_command_checks_the_files():
+    out = subprocess.run(
+        [sys.executable, "-m", "ratedeck.config.docs", "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+
+
+# ---------------------------------------------------------------- one row: one flag, one key, one line
+
+
+def test_every_row_is_one_reference_line_and_one_schema_property():
+    text = reference()
+    props = schema()["properties"]
+    for row in ROWS:
+        assert row.kind in KINDS, row.path
+        assert text.count(f"| `{row.path}` |") == 1, row.path
+        table = props[row.section]["properties"] if row.section else props
+        assert row.key in table, row.path
+        if row.flag is not None:
+            assert f"`{row.flag.name}" in text, row.path
+
+
+def test_every_flag_row_is_a_flag_of_the_run_command():
+    parser = build_parser()
+    options = {s for action in parser._actions for s in action.option_strings}
+    names = [row.flag.name for row in FLAG_ROWS]
+    assert len(names) == len(set(names)), "two rows with one flag"
+    assert set(names) <= options
+
+
+#: A valid value of each kind, as typed on a command line.
+SAMPLES = {
+    "url": "https://api.example.com/v1/x",
+    "string": "X-Thing",
+    "path": "out.jsonl",
+    "integer": "3",
+    "duration": "2s",
+    "rate": "5",
+    "headroom": "20",
+    "table": "Accept: text/plain",
+    "strings": "k-1,k-2",
+    "limits": "10/1s",
+}
+
+
+@pytest.mark.parametrize("row", FLAG_ROWS, ids=lambda row: row.flag.name)
+def test_each_flag_sets_the_setting_of_its_row(row):
+    flag = row.flag
+    if flag.switch is not NO_SWITCH:
+        argv = [flag.name]
+    else:
+        value = flag.choices[-1] if flag.choices else SAMPLES[row.kind]
+        if row.path == "target.key_format":
+            value = "Token {key}"
+        argv = [flag.name, value]
+    section, key = row.path.split(".")
+    overrides = overrides_from_args(build_parser().parse_args(argv))
+    assert key in overrides[section], argv
+    if flag.switch is not NO_SWITCH:
+        assert overrides[section][key] == flag.switch
+
+
+def test_no_flag_sets_nothing():
+    assert overrides_from_args(build_parser().parse_args([])) == {}
+
+
+def test_the_rows_are_the_settings_objects_fields():
+    """Every field a layer receives has a row, and every row a field (or a table its layer reads)."""
+    sections = {"target", "engine", "workload", "messages", "console"}
+    for section in sections:
+        (cls,) = FIELDS[section]
+        rows = [row.key for row in ROWS if row.section == section]
+        assert rows == [f.name for f in dataclasses.fields(cls)], section
+    run = {row.key for row in ROWS if row.section == "run"}
+    not_in_file = {"preset", "key_sources"}  # set by --preset and [keys] secrets
+    assert run == {f.name for f in dataclasses.fields(RunnerSettings)} - not_in_file | {"seed"}
+    engine_parts = {f.name for f in dataclasses.fields(EngineSettings)}
+    assert {"budgets", "paths", "pools"} <= engine_parts
+    assert "cooldown" not in {row.key for row in ROWS}
+
+
+def test_choices_reach_the_engine_as_enums():
+    cfg = load_config(
+        preset="seed",
+        overrides={
+            "engine": {"pacing": "burst", "headroom": "adaptive"},
+            "workload": {"arrival": "poisson"},
+            "messages": {"pattern": "sequential", "excess": "shed"},
+        },
+    )
+    e = cfg.engine_settings
+    assert e.engine.pacing is Pacing.BURST and e.engine.headroom is HeadroomMode.ADAPTIVE
+    assert e.workload.arrival is Arrival.POISSON
+    assert e.messages.pattern is MessagePattern.SEQUENTIAL and e.messages.excess is Excess.SHED
+    saved = to_toml_dict(cfg)
+    assert saved["engine"]["pacing"] == "burst" and type(saved["engine"]["pacing"]) is str
+    assert load_config(preset="seed", overrides=saved).engine_settings == e
+
+
+def test_the_seed_preset_is_a_data_file_with_the_seed_keys():
+    assert (PRESET_DIR / "seed.toml").is_file()
+    assert list(PRESETS)[0] == "seed"
+    assert PRESETS["seed"]["keys"]["secrets"] == list(SEED_KEYS)
+
+
+# ---------------------------------------------------------------- the JSON schema
+
+
+def _types(value: Any) -> set[str]:
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int):
+        return {"integer", "number"}
+    if isinstance(value, float):
+        return {"number"}
+    if isinstance(value, str):
+        return {"string"}
+    if isinstance(value, list):
+        return {"array"}
+    if isinstance(value, dict):
+        return {"object"}
+    return {"null"}
+
+
+def problems(value: Any, schema: dict[str, Any], where: str = "") -> list[str]:
+    """The subset of JSON schema config.schema.json uses: type, enum, const, anyOf, properties, items."""
+    if "anyOf" in schema:
+        if all(problems(value, s, where) for s in schema["anyOf"]):
+            return [f"{where}: matches none of anyOf"]
+        return []
+    if "const" in schema and value != schema["const"]:
+        return [f"{where}: not {schema['const']!r}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} not one of {schema['enum']}"]
+    if "type" in schema:
+        wanted = {schema["type"]} if isinstance(schema["type"], str) else set(schema["type"])
+        if not wanted & _types(value):
+            return [f"{where}: {type(value).__name__} is not {sorted(wanted)}"]
+    out: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for k, v in value.items():
+            if k in props:
+                out += problems(v, props[k], f"{where}.{k}")
+            elif extra is False:
+                out.append(f"{where}.{k}: not allowed")
+            elif isinstance(extra, dict):
+                out += problems(v, extra, f"{where}.{k}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            out += problems(item, schema["items"], f"{where}[{i}]")
+    return out
+
+
+def test_the_checker_can_fail():
+    s = schema()
+    assert problems({"engine": {"in_flight": 3}}, s) == [".engine.in_flight: not allowed"]
+    assert problems({"engine": {"in_flight_per_key": "many"}}, s)
+    assert problems({"engine": {"pacing": "fast"}}, s)
+    assert problems({"bogus": {}}, s)
+
+
+@pytest.mark.parametrize("path", sorted(PRESET_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_the_schema_accepts_every_preset_file(path):
+    data = tomllib.loads(path.read_text())
+    data.pop("description")  # a preset's line for `ratedeck presets`, not a config setting
+    assert problems(data, schema()) == []
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_schema_accepts_a_saved_config(preset, monkeypatch):
+    monkeypatch.setenv("MY_KEYS", "key-a secret-a,key-b secret-b")
+    overrides = {
+        "keys": {"secrets": ["env:MY_KEYS"]},
+        "run": {"fail_on": ["rejected_429>0"], "report": "r.json"},
+    }
+    if preset != "seed":
+        overrides["target"] = {"url": "https://api.example.com/v1/x"}
+    saved = to_toml_dict(load_config(preset=preset, overrides=overrides))
+    assert problems(saved, schema()) == []
+
+
+def test_the_schema_accepts_a_saved_config_with_every_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work.jsonl").write_text('{"a": 1}\n')
+    cfg = build_config(
+        {
+            "target": {
+                "url": "https://api.example.com/v1/x",
+                "params": {"a": 1},
+                "probe_url": "https://api.example.com/health",
+            },
+            "keys": {"secrets": ["k-1", "k-2"], "limits_by_key": {"k2": ["5/1s"]}, "host_limits": ["30/1s"]},
+            "engine": {"headroom": 25, "graveyard_path": ""},
+            "workload": {"file": "work.jsonl", "total": 10},
+            "messages": {"calls": 2, "throttle": "auto"},
+            "pools": {"read": 4},
+            "budgets": [{"name": "orders", "limits": ["5/1s"]}],
+            "paths": {"/orders": {"budgets": ["orders"], "weight": 2}},
+            "run": {"duration_s": "5s", "plot": True, "seed": 3, "results": "res.jsonl"},
+            "console": {"theme": "ratedeck-light", "keymap": {"pause_key": "x"}},
+            "server": {"mode": "seed"},
+        }
+    )
+    saved = to_toml_dict(cfg)
+    assert {"pools", "budgets", "paths", "messages", "console", "server"} <= set(saved)
+    assert problems(saved, schema()) == []
+    assert build_config(saved | {"keys": saved["keys"] | {"secrets": ["k-1", "k-2"]}}).engine_settings == (
+        cfg.engine_settings
+    )
+
+
+def test_the_reference_names_every_section():
+    text = reference()
+    for section in ("[target]", "[keys]", "[engine]", "[workload]", "[messages]", "[run]", "[console]"):
+        assert re.search(rf"^## {re.escape(section)}$", text, re.M), section

@@ -1,0 +1,144 @@
+"""The layout holds: layers import downward, no module reaches into another's privates,
+the library imports no UI, and the linters and type checker pass."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = ("core", "engine", "server", "store", "config", "host", "runner", "bench", "console")
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[test]'")
+    return found
+
+
+def test_the_library_api_loads_no_ui_package():
+    code = (
+        "import sys, ratedeck.engine\n"
+        "from ratedeck.engine import RateDeck\n"
+        "from ratedeck.config import load_config\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'plotext', 'rich'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_library_exports_what_it_documents():
+    import ratedeck.engine as api
+
+    assert "RateDeck" in api.__all__ and all(hasattr(api, name) for name in api.__all__)
+    assert (REPO / "engine" / "py.typed").is_file()
+
+
+_PUBLIC_UNDERSCORED = {"os._exit"}  # documented API whose name starts with _
+
+
+def private_reaches(tree: ast.AST) -> list[tuple[int, str]]:
+    """`other._name` where `other` is not self, cls or super(): a reach into someone's privates."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        name = node.attr
+        if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        if isinstance(owner, ast.Name) and f"{owner.id}.{name}" in _PUBLIC_UNDERSCORED:
+            continue
+        found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_private_reach_finder_finds_a_reach():
+    assert private_reaches(ast.parse("engine._check_finished()\nself._ok\n")) == [
+        (1, "engine._check_finished")
+    ]
+
+
+def test_no_module_reaches_into_another_s_private_names():
+    reaches = []
+    for layer in LAYERS:
+        for path in sorted((REPO / layer).rglob("*.py")):
+            for line, text in private_reaches(ast.parse(path.read_text(encoding="utf-8"))):
+                reaches.append(f"{path.relative_to(REPO)}:{line}: {text}")
+    assert reaches == []
+
+
+def test_import_contracts_hold():
+    proc = subprocess.run([_tool("lint-imports")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_ruff_lint_and_format_are_clean():
+    ruff = _tool("ruff")
+    lint = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0, lint.stdout[-3000:]
+    fmt = subprocess.run(
+        [ruff, "format", "--check", "."], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert fmt.returncode == 0, fmt.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_every_layer_type_checks():
+    """.ci/typecheck runs mypy over the whole `ratedeck` namespace: every layer, console and runner too."""
+    script = (REPO / ".ci" / "typecheck").read_text()
+    assert "-p ratedeck\n" in script and all(
+        f"{layer}" in script for layer in ("core engine server store config host runner bench console",)
+    )
+    proc = subprocess.run(
+        ["bash", str(REPO / ".ci" / "typecheck")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
+    """From its launch a request's path runs in engine/path/request_path.py (and what it calls) and enters
+    engine/engine.py only to hand the request's end back (`Engine.finish`): calls into
+    engine.py made from the request path's modules are counted while a run sends."""
+    from ratedeck.server.simulated import run_virtual
+    from tests.support.engine_helpers import seed_engine
+
+    engine, _ = seed_engine(workload={"total": 60}, engine={"graveyard_path": ""})
+    path_files = {
+        str(REPO / "engine" / "path" / name) for name in ("request_path.py", "worker.py", "settle.py")
+    }
+    engine_file = str(REPO / "engine" / "engine.py")
+    entries: dict[str, int] = {}
+
+    def profile(frame, event, _arg):
+        if event != "call" or frame.f_code.co_filename != engine_file:
+            return
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_filename in path_files:
+            entries[frame.f_code.co_name] = entries.get(frame.f_code.co_name, 0) + 1
+
+    sys.setprofile(profile)
+    try:
+        snap = run_virtual(engine.run(30))
+    finally:
+        sys.setprofile(None)
+    assert snap.succeeded == 60 and snap.sent >= 60
+    assert entries == {"finish": 60}, entries
