@@ -12,6 +12,10 @@ text the model reads, rounded up per piece (OpenAI's and Anthropic's own rule
 of thumb; rounding each piece up never counts less than the whole). The text
 is: each message's `content` (a string, or a list of parts with `text`), the
 `system` prompt (Anthropic), and `prompt`/`input` (completions, embeddings).
+An image part counts by its provider's rule for the body's `model`
+(engine/limits/images.py): OpenAI's `image_url` (Chat) and `input_image`
+(Responses, also inside `input` messages), Anthropic's `image` blocks (also
+inside a `tool_result`), never by the characters of its base64.
 Output: `max_tokens`, else `max_completion_tokens`, else `costs.max_tokens`.
 A hook (`"module:function"`) gets the body and returns the input tokens (a
 real tokenizer), or a dict of units to override.
@@ -27,6 +31,8 @@ from typing import Any
 
 from ratedeck.core.hooks import load_callable
 
+from .images import part_tokens
+
 #: The built-in estimate's name.
 CHARS_4 = "chars/4"
 
@@ -40,7 +46,7 @@ def _quarter(text: str) -> int:
     return -(-len(text) // 4)
 
 
-def _text_tokens(value: Any) -> int:
+def _text_tokens(value: Any, model: Any = None) -> int:
     """Estimated tokens of a content value: a string, a list of parts or strings."""
     if isinstance(value, str):
         return _quarter(value)
@@ -53,20 +59,36 @@ def _text_tokens(value: Any) -> int:
                 text = part.get("text")
                 if isinstance(text, str):
                     total += _quarter(text)
+                total += _image_tokens(part, model)
         return total
     return 0
 
 
+def _image_tokens(part: dict[str, Any], model: Any) -> int:
+    """An image part's tokens; images nested where the APIs allow them (a tool result, a
+    Responses `input` message) are counted too, their text is left as it was."""
+    tokens = part_tokens(part, model)
+    if tokens is not None:
+        return tokens
+    nested = part.get("content")
+    if isinstance(nested, list) and part.get("type") in ("tool_result", "message", None):
+        # One level: the APIs nest image parts no deeper.
+        return sum(part_tokens(p, model) or 0 for p in nested if isinstance(p, dict))
+    return 0
+
+
 def prompt_tokens(body: Mapping[str, Any]) -> int:
-    """A quarter of the characters of everything the model reads, rounded up per piece."""
-    total = _text_tokens(body.get("system"))
+    """A quarter of the characters of everything the model reads, rounded up per piece,
+    plus each image part by its provider's rule."""
+    model = body.get("model")
+    total = _text_tokens(body.get("system"), model)
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
             if isinstance(message, dict):
-                total += _text_tokens(message.get("content"))
+                total += _text_tokens(message.get("content"), model)
     for name in ("prompt", "input"):
-        total += _text_tokens(body.get(name))
+        total += _text_tokens(body.get(name), model)
     return total
 
 
