@@ -31,7 +31,9 @@ _REQUIRED = ("input", "output")
 def parse_price(fields: Any, source: str, where: str) -> Price:
     """One model's price table checked field by field."""
     if not isinstance(fields, Mapping):
-        raise ConfigError(source, where, f"must be a table of prices like {{input = 2.5, output = 10}}, got {show(fields)}")
+        raise ConfigError(
+            source, where, f"must be a table of prices like {{input = 2.5, output = 10}}, got {show(fields)}"
+        )
     for name in fields:
         if name not in _FIELDS:
             raise ConfigError(source, f"{where}.{name}", f"unknown field; known: {', '.join(_FIELDS)}")
@@ -39,9 +41,16 @@ def parse_price(fields: Any, source: str, where: str) -> Price:
         if name not in fields:
             raise ConfigError(source, f"{where}.{name}", "missing: a price in USD per million tokens")
     for name, value in fields.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
             raise ConfigError(
-                source, f"{where}.{name}", f"must be a price in USD per million tokens (a number >= 0), got {show(value)}"
+                source,
+                f"{where}.{name}",
+                f"must be a price in USD per million tokens (a number >= 0), got {show(value)}",
             )
     return Price(**{name: float(value) for name, value in fields.items()})
 
@@ -49,7 +58,9 @@ def parse_price(fields: Any, source: str, where: str) -> Price:
 def parse_prices(models: Any, source: str, section: str) -> dict[str, Price]:
     """`{model: Price}` from a table of model tables (`[models."x"]` or `[prices."x"]`)."""
     if not isinstance(models, Mapping):
-        raise ConfigError(source, section, f'must be a table of models, like [{section}."gpt-4o"], got {show(models)}')
+        raise ConfigError(
+            source, section, f'must be a table of models, like [{section}."gpt-4o"], got {show(models)}'
+        )
     prices: dict[str, Price] = {}
     for model, fields in models.items():
         if not isinstance(model, str) or not model.strip():
@@ -72,7 +83,9 @@ def read_price_file(path: str | Path) -> dict[str, Price]:
         raise ConfigError(shown, "file", f"cannot read: {exc}") from None
     for name in ("source", "read"):
         if name not in data:
-            raise ConfigError(shown, name, "missing: a price file says where its prices come from and when they were read")
+            raise ConfigError(
+                shown, name, "missing: a price file says where its prices come from and when they were read"
+            )
     return parse_prices(data.get("models", {}), shown, "models")
 
 

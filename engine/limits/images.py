@@ -240,9 +240,7 @@ ANTHROPIC_PATCH = 28
 
 # The models the page's 1568 px limit is documented for (dated snapshots and the
 # -0/-latest aliases included); the rest count at the larger one.
-_STANDARD = re.compile(
-    r"claude-3.*|claude-(?:(?:opus|sonnet)-4(?:-[0156])?|haiku-4-5)(?:-\d{8}|-latest)?"
-)
+_STANDARD = re.compile(r"claude-3.*|claude-(?:(?:opus|sonnet)-4(?:-[0156])?|haiku-4-5)(?:-\d{8}|-latest)?")
 
 
 def anthropic_native(model: Any) -> Native:

@@ -48,7 +48,9 @@ def test_the_shipped_prices_cover_the_common_models_and_their_snapshots():
 
 
 def test_a_users_prices_override_and_add_models():
-    table = load_prices({"prices": {"gpt-4o": {"input": 1, "output": 4}, "my-finetune": {"input": 0.5, "output": 2}}})
+    table = load_prices(
+        {"prices": {"gpt-4o": {"input": 1, "output": 4}, "my-finetune": {"input": 0.5, "output": 2}}}
+    )
     assert table.price_for("gpt-4o-2024-08-06") == Price(input=1.0, output=4.0)  # replaced whole
     assert table.price_for("my-finetune") == Price(input=0.5, output=2.0)
     assert table.price_for("gpt-4o-mini") == shipped_prices().price_for("gpt-4o-mini")
@@ -59,8 +61,14 @@ def test_a_users_prices_override_and_add_models():
 @pytest.mark.parametrize(
     ("prices", "message"),
     [
-        ({"gpt-4o": {"input": -1, "output": 4}}, 'my.toml: prices."gpt-4o".input: must be a price in USD per million tokens (a number >= 0), got -1'),
-        ({"gpt-4o": {"input": "cheap", "output": 4}}, "prices.\"gpt-4o\".input: must be a price in USD per million tokens (a number >= 0), got 'cheap'"),
+        (
+            {"gpt-4o": {"input": -1, "output": 4}},
+            'my.toml: prices."gpt-4o".input: must be a price in USD per million tokens (a number >= 0), got -1',
+        ),
+        (
+            {"gpt-4o": {"input": "cheap", "output": 4}},
+            "prices.\"gpt-4o\".input: must be a price in USD per million tokens (a number >= 0), got 'cheap'",
+        ),
         ({"gpt-4o": {"input": 1, "output": True}}, 'prices."gpt-4o".output: must be a price'),
         ({"gpt-4o": {"input": 1, "output": float("nan")}}, 'prices."gpt-4o".output: must be a price'),
         ({"gpt-4o": {"input": 1}}, 'prices."gpt-4o".output: missing'),
@@ -93,6 +101,8 @@ def test_a_broken_price_file_is_one_line_naming_it(tmp_path):
     twice = tmp_path / "twice"
     twice.mkdir()
     for name in ("a", "b"):
-        (twice / f"{name}.toml").write_text('source = "https://x"\nread = 2026-11-26\n[models."m"]\ninput = 1\noutput = 2\n')
+        (twice / f"{name}.toml").write_text(
+            'source = "https://x"\nread = 2026-11-26\n[models."m"]\ninput = 1\noutput = 2\n'
+        )
     with pytest.raises(ConfigError, match=r'b\.toml: models\."m": already priced'):
         shipped_prices(twice)

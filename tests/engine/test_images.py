@@ -231,13 +231,20 @@ def test_an_image_by_url_or_unreadable_counts_at_the_models_maximum():
     url = "https://example.com/cat.png"
     garbled = "data:image/png;base64,iVBORw0K"
     for ref in (url, garbled):
-        chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ref}}]}]}
+        chat = {
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ref}}]}],
+        }
         assert prompt_tokens(chat) == 85 + 8 * 170
         low = {"type": "image_url", "image_url": {"url": ref, "detail": "low"}}
         assert prompt_tokens({"model": "gpt-4o", "messages": [{"role": "user", "content": [low]}]}) == 85
     by_file = {"type": "input_image", "file_id": "file-123"}
     assert prompt_tokens({"model": "gpt-4.1-mini", "input": [by_file]}) == 2489
-    for source in ({"type": "url", "url": url}, {"type": "base64", "data": "@@@@"}, {"type": "file", "file_id": "f"}):
+    for source in (
+        {"type": "url", "url": url},
+        {"type": "base64", "data": "@@@@"},
+        {"type": "file", "file_id": "f"},
+    ):
         block = {"type": "image", "source": source}
         body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": [block]}]}
         assert prompt_tokens(body) == anthropic_max_tokens("claude-sonnet-4-5")
@@ -247,8 +254,22 @@ def test_text_is_counted_as_before_beside_an_image():
     text_only = {
         "model": "gpt-4o",
         "system": "x" * 9,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "z" * 5}]}, {"role": "user", "content": "y" * 8}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "z" * 5}]},
+            {"role": "user", "content": "y" * 8},
+        ],
     }
     assert prompt_tokens(text_only) == 3 + 2 + 2
-    with_image = {**text_only, "messages": [*text_only["messages"], {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri(png(512, 512)), "detail": "high"}}]}]}
+    with_image = {
+        **text_only,
+        "messages": [
+            *text_only["messages"],
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": data_uri(png(512, 512)), "detail": "high"}}
+                ],
+            },
+        ],
+    }
     assert prompt_tokens(with_image) == 7 + 85 + 170

@@ -48,7 +48,11 @@ def test_a_bad_price_is_refused():
 
 
 def test_openai_chat_usage_prices_cached_prompt_tokens_apart():
-    usage = {"prompt_tokens": 1_000_000, "completion_tokens": 200_000, "prompt_tokens_details": {"cached_tokens": 400_000}}
+    usage = {
+        "prompt_tokens": 1_000_000,
+        "completion_tokens": 200_000,
+        "prompt_tokens_details": {"cached_tokens": 400_000},
+    }
     # 600k x 2.50 + 400k x 1.25 + 200k x 10.00, per million
     assert cost_usd(GPT_4O, usage) == pytest.approx(1.50 + 0.50 + 2.00)
     assert cost_usd(GPT_4O, {"prompt_tokens": 1000, "completion_tokens": 0}) == pytest.approx(0.0025)
@@ -80,8 +84,13 @@ def test_anthropic_usage_prices_cache_reads_and_writes_apart_from_input():
     }
     # input excludes the cache: 100k x 3 + 500k x 0.30 + 200k x 3.75 (5-minute writes) + 10k x 15
     assert cost_usd(SONNET, usage) == pytest.approx(0.30 + 0.15 + 0.75 + 0.15)
-    split = {**usage, "cache_creation": {"ephemeral_5m_input_tokens": 50_000, "ephemeral_1h_input_tokens": 150_000}}
-    assert cost_usd(SONNET, split) == pytest.approx(0.30 + 0.15 + 50_000 * 3.75 / 1e6 + 150_000 * 6.00 / 1e6 + 0.15)
+    split = {
+        **usage,
+        "cache_creation": {"ephemeral_5m_input_tokens": 50_000, "ephemeral_1h_input_tokens": 150_000},
+    }
+    assert cost_usd(SONNET, split) == pytest.approx(
+        0.30 + 0.15 + 50_000 * 3.75 / 1e6 + 150_000 * 6.00 / 1e6 + 0.15
+    )
 
 
 def test_anthropic_cache_writes_with_no_listed_price_follow_the_documented_multipliers():
