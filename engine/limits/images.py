@@ -53,8 +53,9 @@ _DATA_URI = re.compile(r"data:[^,;]*(?:;[^,;]*)*;base64,", re.IGNORECASE)
 def header_bytes(data: str, chars: int = HEAD_CHARS) -> bytes:
     """The first bytes of base64 `data` (with or without a `data:...;base64,` prefix); b'' when garbled."""
     match = _DATA_URI.match(data)
-    text = data[match.end() :] if match else data
-    text = text[:chars].strip()
+    start = match.end() if match else 0
+    # Line breaks and spaces (MIME-style base64) are not data.
+    text = "".join(data[start : start + chars].split())
     text = text[: len(text) - len(text) % 4]
     try:
         return base64.b64decode(text, validate=True)
@@ -184,11 +185,15 @@ def openai_patches(width: int, height: int) -> int:
     """32px patches covering the image, scaled down to fit 1536 as the guide's example does."""
     if _patches(width, height) <= PATCH_CAP:
         return _patches(width, height)
-    shrink = math.sqrt(PATCH_CAP * PATCH**2 / (width * height))
+    # Never enlarged: a very thin image is over the cap by its padding, not its area.
+    shrink = min(1.0, math.sqrt(PATCH_CAP * PATCH**2 / (width * height)))
     w, h = width * shrink, height * shrink
     # Then to a whole number of patches across, so the count fits the cap.
-    fit = math.floor(w / PATCH) / (w / PATCH)
-    return min(PATCH_CAP, _patches(w * fit, h * fit))
+    across = math.floor(w / PATCH)
+    if across > 0:
+        fit = across / (w / PATCH)
+        w, h = w * fit, h * fit
+    return min(PATCH_CAP, _patches(w, h))
 
 
 def openai_image_tokens(model: Any, width: int, height: int, detail: Any = "auto") -> int:
@@ -255,8 +260,12 @@ def anthropic_image_tokens(model: Any, width: int, height: int) -> int:
     native = anthropic_native(model)
     scale = min(1.0, native.long_edge / max(width, height), math.sqrt(native.pixels / (width * height)))
     w, h = width * scale, height * scale
-    by_area = math.ceil(w * h / ANTHROPIC_PIXELS_PER_TOKEN)
-    by_patch = math.ceil(w / ANTHROPIC_PATCH) * math.ceil(h / ANTHROPIC_PATCH)
+    # The scaled area is at most the native pixels; the cap and the tolerance keep a float's
+    # last bit from adding a token or a row of patches.
+    by_area = min(
+        math.ceil(w * h / ANTHROPIC_PIXELS_PER_TOKEN), math.ceil(native.pixels / ANTHROPIC_PIXELS_PER_TOKEN)
+    )
+    by_patch = math.ceil(w / ANTHROPIC_PATCH - 1e-9) * math.ceil(h / ANTHROPIC_PATCH - 1e-9)
     return max(by_area, by_patch)
 
 

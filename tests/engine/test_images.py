@@ -115,6 +115,8 @@ def test_a_truncated_or_garbled_data_uri_is_unreadable_and_never_raises():
     assert data_size("data:image/png;base64,") is None
     assert data_size(data_uri(b"\xff\xd8\xff\xe0\x00")) is None  # a JPEG cut before its SOF
     assert data_size(data_uri(jpeg(10, 10)[:-20])) is None
+    wrapped = base64.encodebytes(png(300, 200)).decode()  # MIME-style, a line break every 76 characters
+    assert data_size("data:image/png;base64," + wrapped) == (300, 200)
 
 
 @given(st.binary(max_size=200))
@@ -159,6 +161,22 @@ def test_openai_maximum_is_the_largest_an_image_can_cost():
     for w, h in [(768, 2048), (2048, 2048), (20000, 100), (100, 20000), (5000, 3000), (513, 513)]:
         assert openai_image_tokens("gpt-4o", w, h, "high") <= openai_max_tokens("gpt-4o")
         assert openai_image_tokens("o4-mini", w, h) <= openai_max_tokens("o4-mini")
+
+
+sides = st.integers(min_value=1, max_value=30000)
+
+
+@given(sides, sides, st.sampled_from(["low", "high", "auto"]))
+def test_every_image_costs_at_least_a_token_and_at_most_the_models_maximum(w, h, detail):
+    for model in ("gpt-4o", "gpt-4o-mini", "o3", "gpt-4.1-mini", "o4-mini"):
+        assert 1 <= openai_image_tokens(model, w, h, detail) <= openai_max_tokens(model, detail)
+    for model in ("claude-sonnet-4-5", "claude-opus-4-7"):
+        assert 1 <= anthropic_image_tokens(model, w, h) <= anthropic_max_tokens(model)
+
+
+def test_a_very_thin_image_is_capped_not_shrunk_to_nothing():
+    assert images.openai_patches(1, 100000) == 1536
+    assert images.openai_patches(40, 1) == 2
 
 
 # ---------------------------------------------------------------- Anthropic's rule
