@@ -8,8 +8,11 @@ decoding only the first few KB of base64. An image whose size cannot be read
 (given by URL or file id, or a truncated or garbled data URI) counts at the
 most the model may bill for one image, so it is never under-reserved.
 
-OpenAI (platform.openai.com/docs/guides/images-vision, "Calculating costs",
-read through the search tool on 2026-11-26):
+OpenAI (platform.openai.com/docs/guides/images-vision, "Calculating costs";
+read through the search tool on 2026-11-26 as mirrored at
+openai-hd4n6.mintlify.app/docs/guides/images, with the per-model numbers the
+mirror cut off as quoted and measured on community.openai.com, threads 1262691
+and 1344040):
 - Tile models: `detail: "low"` costs the base tokens flat. `high`/`auto`: scale
   to fit 2048x2048, then (only if larger) so the shortest side is 768, count
   512px tiles; base + tiles x tile tokens. Base/tile: gpt-4o, gpt-4.1, gpt-4.5,
@@ -17,11 +20,15 @@ read through the search tool on 2026-11-26):
 - Patch models (gpt-4.1-mini, gpt-4.1-nano, o4-mini, gpt-5-mini, gpt-5-nano):
   32px patches, at most 1536 (a larger image is scaled down to fit), times the
   model's multiplier (1.62, 2.46, 1.72, 1.62, 2.46); `detail` does not apply.
+  (Thread 1344040 measures gpt-5-mini at 1.20 a patch: the documented 1.62
+  over-reserves it, the safe side.)
 - A model not named here counts by the gpt-4o rule.
 
-Anthropic (platform.claude.com/docs/en/build-with-claude/vision, read the same
-day): an image larger than the model's native resolution is first scaled down,
-keeping its aspect ratio, to a long edge of 1568 px and about 1,600 tokens
+Anthropic (platform.claude.com/docs/en/build-with-claude/vision and its earlier
+copy docs.anthropic.com/en/docs/vision, read the same day; Opus 4.7's limit as
+reported at its launch, the page's per-model list being cut off): an image
+larger than the model's native resolution is first scaled down, keeping its
+aspect ratio, to a long edge of 1568 px and about 1,600 tokens
 (~1.15 MP); Claude Opus 4.7 reads up to 2576 px and ~3.75 MP. It then costs
 about width x height / 750 tokens; the page's newer wording counts 28x28 px
 patches, ceil(w/28) x ceil(h/28). The larger of the two is reserved. A model
