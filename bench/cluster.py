@@ -10,7 +10,7 @@ with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
 share. Then one `--store memory` process alone on the same keys, for CPU.
 `--latency`/`--processing` put the simulator behind that jitter each way and
-that server time (issue 25: `--latency 5:45 --processing 20:80`), and
+that server time (the noisy server: `--latency 5:45 --processing 20:80`), and
 `--server-timing` has it say that time on every answer (`Server-Timing`); `--cluster`
 starts a 3-master Redis Cluster instead of one server. The Redis calls are
 counted on the server(s) (`INFO commandstats` before and after the members).

@@ -153,7 +153,7 @@ TABLE: tuple[Row, ...] = (
         latency="0:5",
         keys=MANY_KEYS,
     ),
-    # The noisy servers (issue 12): server time next to network jitter.
+    # The noisy servers: server time next to network jitter.
     Row(
         "noisy",
         "5 keys x 20/1s, 5..45 ms each way, 20..80 ms processing, no hints of any kind; /health",
@@ -184,7 +184,7 @@ TABLE: tuple[Row, ...] = (
         processing="20:80",
         flags=(*_QUIET, "--server-timing"),
     ),
-    # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
+    # The client's own CPU at scale (the simulator runs in its own process).
     Row(
         "many-keys-heavy",
         f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
@@ -214,7 +214,7 @@ TABLE: tuple[Row, ...] = (
         flags=("--retry-after", "--escalation"),
         told_limit=30,
     ),
-    # Issue 22: someone else on the same keys for a while, with nothing in the headers to say so.
+    # Someone else on the same keys for a while, with nothing in the headers to say so.
     Row(
         "shared-keys",
         "5 keys x 20/1s, and another user takes 8/s of each key from 10 s to 30 s after the first "
@@ -275,7 +275,7 @@ class JobScenario:
 #: Strategy name -> what it is, for the jobs group.
 JOB_STRATEGIES: dict[str, str] = {
     "ratedeck": "ratedeck, the job fed by backpressure (a workload file with no --rate)",
-    "ratedeck+rate": "ratedeck with --rate at the keys' capacity (a job's arrival rate before it was fed)",
+    "ratedeck+rate": "ratedeck with --rate at the keys' capacity (a fixed arrival rate instead of backpressure)",
     "aiolimiter": "AsyncLimiter(limit, limit / rate) per key, 8 senders per key, each 429's Retry-After waited out",
 }
 

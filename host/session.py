@@ -2,10 +2,9 @@
 
 Where the engine's loop runs:
 - `Session` runs everything on the caller's loop (headless runner, library, tests);
-- the console runs a `Session` in a child process (`process_host.ProcessHost`):
-  measured on 50 keys x 100/s, a thread of the console's own process lost
-  about 19% of throughput to rendering (one interpreter lock), a process
-  lost under 1%.
+- the console runs a `Session` in a child process (`process_host.ProcessHost`),
+  so rendering does not share the engine's interpreter lock
+  (docs/benchmarks.md, "console open vs headless").
 """
 
 from __future__ import annotations

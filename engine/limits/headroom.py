@@ -1,77 +1,11 @@
 """Headroom: the margin added to every window for client/server timing noise.
 
-The server stamps a request when it arrives, not when we send it. If one
-request's trip to the server is slow and a request N sends later is fast, the
-server sees the two closer together than we sent them. The headroom must
-cover the spread of that one-way delay, the way in, and nothing else.
-
-A round trip is way in + server time + way back; only the way in moves the
-stamp. So the evidence comes in grades:
-
-- round trip (always): the spread of round-trip times (max - min over the
-  last `window_s` seconds) bounds the spread of both legs *and* the server's
-  processing together. Assuming the network's jitter splits evenly between
-  the legs (as NTP does), the way in is about half of it:
-  `target = spread * jitter_share * safety`. Server processing variance is
-  paid for as if it were jitter: safe, not tight.
-- hints: an answer that says how long the server spent on it
-  (`Server-Timing` dur, `X-Response-Time`, `X-Runtime`,
-  `X-Envoy-Upstream-Service-Time`; see engine/http/delays.py) gives the
-  network's share of its own round trip: rtt - server time. A hint is used
-  only when it fits: finite, not negative and not larger than the round
-  trip. Any other hint is ignored, and that answer counts with its whole
-  round trip, which can only widen: a nonsense hint never makes us send
-  faster than the round trip alone allows.
-- probe: a cheap, unlimited endpoint timed on its own connection
-  (engine/http/probe.py) measures the network's spread directly; once it has
-  `PROBE_READY` samples it replaces a round-trip estimate that is wider.
-
-The seed instead used average latency x 1.1 clamped to 30..50 ms, which
-wastes capacity on slow but steady links and still fails on jittery ones:
-the mean says nothing about spread.
-
-The estimate is the fallback. Better evidence arrives with every answer:
-once request i is answered, its own (network) round trip bounds how late the
-server can have stamped it. With rtt_min the fastest seen lately,
-`d_in(i) - d_in_min <= rtt(i) - rtt_min` (the other leg, and the server's
-time, can only have been at or above their minimums). So the slot request i
-holds frees at `send(i) + W + (rtt(i) - rtt_min) + margin` (`extra_for`): a
-slow request pushes its own slot back, a fast one frees it early. This is
-exact for queueing spikes on the way in (which a symmetric split would
-under-cover), and on symmetric jitter it costs the mean round-trip excess
-instead of covering the worst case for every slot. When the jitter looks
-two-sided (the mean sits well inside the range) the per-request bound is
-also capped by the symmetric estimate; one-sided tails keep it whole.
-Requests not answered yet use the fallback.
-
-Safety: 1.25 on a spread measured from whole round trips (server time mixed
-in, in an unknown share); 1.05 when the spread is the network's alone (hints
-on nearly every answer, or a ready probe), after correcting that spread for
-the samples it is made of (`RangeTracker.sampled`), plus the 1 ms grain. The
-smaller hedge covers legs split 52/48 rather than evenly; worse asymmetry
-shows as rejections, and a rejection widens at once and sets a floor.
-
-Rules:
-- widen at once when the evidence says so, or on a rejection (x1.5, at least
-  +10 ms, once per burst: rejections of requests that were already in flight
-  do not compound); a rejection also sets a floor the evidence cannot undercut;
-- the initial value is only a prior: once `settle_s` seconds of evidence
-  exist (and no rejection came first), the estimate replaces it at once, and
-  so does a more direct estimate (hints, a ready probe) when it first arrives;
-- after that, narrow slowly (at most `narrow_ms_per_s`) when clean;
-- remaining counts (X-RateLimit-Remaining and kin), when answers carry them:
-  a whole stretch in which the server's remaining count never reached 0
-  means no window was ever full, a whole request of room, so the headroom
-  narrows one step (x0.9) at no cost; a 0 after such a step takes it back and
-  ends this narrowing. A 0 alone never widens: at full speed windows fill.
-- `rejection_budget = N`: with N = 0 nothing narrows below the evidence or a
-  rejection floor: no probing. With N > 0 the headroom is probed on purpose
-  (`BudgetProber`): x0.8 per clean stretch, back to the last clean value on a
-  rejection, then bisected between that and the failing value, then held 5%
-  above the best clean one. Narrowing stops once half the budget is spent
-  (the rest covers sends already committed at a narrow value, and the held
-  value's rare misses); at N spent the headroom returns to the evidence for
-  good. `rejections_spent` says how many 429s the run cost.
+The server stamps a request when it arrives, not when we send it, so the
+headroom covers the spread of the one-way delay on the way in. It is learned
+from round trips, server-time hints, a probe and remaining counts, widened on
+a rejection, and narrowed on purpose only within a rejection budget. The
+reasoning, the safety factors and the rules are in
+docs/how-it-stays-under-the-limit.md ("Headroom in detail").
 """
 
 from __future__ import annotations
@@ -752,7 +686,7 @@ class HeadroomController:
             target = net.sampled(net.body_spread) * 1000.0 * share * self.direct_safety
         else:
             # The whole range: with server time in the round trips, a spike may be
-            # either, and the wider estimate is what today's design stands on.
+            # either, and the wider estimate is the safe one.
             target = net.spread * 1000.0 * share * self.safety
         source = SOURCE_HINTS if direct else SOURCE_RTT
         if self._probe_ready():
