@@ -4,7 +4,7 @@
         [--latency 5:45 --processing 20:80] [--server-timing] [--no-same-rate]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
-(unless `--redis` names one), the simulator (`ratedeck serve`, seed mode: 5
+(unless `--redis` names one), the simulator (`ratedeck serve`, study mode: 5
 keys x 20/s, counting every key's windows itself), fills the store's queue
 with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
@@ -182,7 +182,7 @@ def run_members(
         args = _ratedeck(
             "--no-ui",
             "--preset",
-            "seed",
+            "study",
             "--target",
             target,
             "--store",
@@ -271,8 +271,8 @@ def run(
     if not redis_url:
         redis = RedisClusterProcesses() if cluster else RedisProcess()
     url = redis_url or (redis.url if redis else "")
-    capacity = 100.0  # seed: 5 keys x 20/s
-    serve = ["--mode", "seed"]
+    capacity = 100.0  # study: 5 keys x 20/s
+    serve = ["--mode", "study"]
     if latency:
         serve += ["--latency", latency]
     if processing:
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     parser.add_argument("--redis", help="a running Redis to use (default: start one on a free port)")
     parser.add_argument("--cluster", action="store_true", help="start a 3-master Redis Cluster instead")
-    parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: seed's own)")
+    parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: the study's own)")
     parser.add_argument("--processing", help="the simulator's server time in ms, LOW:HIGH (default none)")
     parser.add_argument(
         "--server-timing", action="store_true", help="the simulator says its server time (Server-Timing)"

@@ -224,7 +224,7 @@ def engine_config(spec: RunSpec, **engine: Any):
     workload = spec.extra.get("workload")
     if workload:
         overrides["workload"] = {**overrides["workload"], **workload}
-    return load_config(preset="seed", overrides=overrides)
+    return load_config(preset="study", overrides=overrides)
 
 
 def _engine_session(spec: RunSpec, **engine: Any):

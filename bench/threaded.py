@@ -1,4 +1,4 @@
-"""The seed's improved client design on threads, with `http.client` (no aiohttp import,
+"""The study's improved client design on threads, with `http.client` (no aiohttp import,
 so its memory figure is its own). See `baselines` for the design notes."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .work import DRAIN_S, MAX_ATTEMPTS, BenchRequest, NonceSource, arrival_gaps
 
 
 def run_improved_threads(spec: RunSpec) -> Tally:
-    """The seed's improved client design on threads with `http.client`."""
+    """The study's improved client design on threads with `http.client`."""
     parts = urlsplit(spec.url)
     host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/"
     main_q: queue.Queue[BenchRequest] = queue.Queue()
