@@ -38,7 +38,7 @@ from .scenarios import (
 EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
 QUICK_DURATION_S = 2.0
-LLM_DURATION_S = 40.0  # the llm group's default per strategy (issue 24); --duration overrides it
+LLM_DURATION_S = 40.0  # the llm group's default per strategy; --duration overrides it
 MICRO_S = 3.0  # each throughput and scaling run
 MICRO_IN_FLIGHT = 8  # per key, in the throughput runs
 SCALE_KEYS = (5, 50, 500)

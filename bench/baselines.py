@@ -1,10 +1,10 @@
-"""Baseline clients, written from the designs they stand for (see SEED-SERVER.md).
+"""Baseline clients, written from the designs they stand for (the study's clients).
 
-- `original`: the seed's original client. One worker per key with one request
+- `original`: the study's original client. One worker per key with one request
   in flight; a fixed minimum interval (window / limit, 50 ms at 20/1s) plus a
   ring of `limit` send times, polled with 1 ms sleeps; an unbounded queue;
   nonce = wall time in ms; expired requests are dropped, no retries.
-- `improved-async`: the seed's improved client. The ring without the fixed
+- `improved-async`: the study's improved client. The ring without the fixed
   interval, plus a 30..50 ms buffer from average latency x 1.1; one request in
   flight per key; a soft queue cap (the generator sleeps 0.5 s once 50 are
   queued, or half a second of work at faster rates);
@@ -15,7 +15,7 @@
   several requests in flight per key, failures retried up to 5 attempts.
 
 Every client is offered the same arrival rate: random gaps averaging
-1 / rate (the seed's generator shape, 0..21 ms at 95/s), caught up if a sleep
+1 / rate (the study's generator shape, 0..21 ms at 95/s), caught up if a sleep
 overshoots. All answers are timed the same way (send to answer).
 """
 
@@ -118,7 +118,7 @@ class AsyncClient:
 
 
 async def run_original(spec: RunSpec) -> Tally:
-    """The seed's original client design (see the module docstring)."""
+    """The study's original client design (see the module docstring)."""
     client = AsyncClient(spec, connections=len(spec.keys))
     window_ms = spec.window_s * 1000.0
     interval_ms = window_ms / spec.limit
@@ -148,7 +148,7 @@ async def run_original(spec: RunSpec) -> Tally:
 
 
 async def run_improved_async(spec: RunSpec) -> Tally:
-    """The seed's improved client design on asyncio (see the module docstring)."""
+    """The study's improved client design on asyncio (see the module docstring)."""
     client = AsyncClient(spec, connections=len(spec.keys))
     dlq: asyncio.Queue[BenchRequest] = asyncio.Queue()
     window_ms = spec.window_s * 1000.0

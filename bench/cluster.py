@@ -4,13 +4,13 @@
         [--latency 5:45 --processing 20:80] [--server-timing] [--no-same-rate]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
-(unless `--redis` names one), the simulator (`ratedeck serve`, seed mode: 5
+(unless `--redis` names one), the simulator (`ratedeck serve`, study mode: 5
 keys x 20/s, counting every key's windows itself), fills the store's queue
 with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
 share. Then one `--store memory` process alone on the same keys, for CPU.
 `--latency`/`--processing` put the simulator behind that jitter each way and
-that server time (issue 25: `--latency 5:45 --processing 20:80`), and
+that server time (the noisy server: `--latency 5:45 --processing 20:80`), and
 `--server-timing` has it say that time on every answer (`Server-Timing`); `--cluster`
 starts a 3-master Redis Cluster instead of one server. The Redis calls are
 counted on the server(s) (`INFO commandstats` before and after the members).
@@ -182,7 +182,7 @@ def run_members(
         args = _ratedeck(
             "--no-ui",
             "--preset",
-            "seed",
+            "study",
             "--target",
             target,
             "--store",
@@ -255,6 +255,86 @@ def member_summaries(url: str) -> list[dict[str, Any]]:
     return asyncio.run(read())
 
 
+def _serve_args(latency: str | None, processing: str | None, server_timing: bool) -> list[str]:
+    """The simulator's options: the study's server, behind `latency` and `processing` if given."""
+    serve = ["--mode", "study"]
+    if latency:
+        serve += ["--latency", latency]
+    if processing:
+        serve += ["--processing", processing]
+    if server_timing:
+        serve += ["--server-timing"]
+    return serve
+
+
+def _enqueue_jobs(url: str, workdir: Path, total: int) -> None:
+    """Fill the store's queue with `total` jobs (`ratedeck enqueue`)."""
+    jobs = workdir / "jobs.jsonl"
+    with jobs.open("w") as fh:
+        for i in range(total):
+            fh.write(json.dumps({"job": i}) + "\n")
+    subprocess.run(_ratedeck("enqueue", "--store", url, str(jobs)), check=True, capture_output=True)
+
+
+def _phases(
+    serve: list[str],
+    url: str,
+    members: int,
+    duration_s: float,
+    capacity: float,
+    workdir: Path,
+    same_rate: bool,
+) -> dict[str, Any]:
+    """The members through the store, then one memory-store process alone (and, with
+    `same_rate`, one at a member's share of the rate), each against a fresh simulator."""
+    out: dict[str, Any] = {"at_share": {}}
+    with Simulator(serve) as sim:
+        out["before"] = command_counts(url)
+        t0 = time.monotonic()
+        out["shared"] = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
+        out["calls_s"] = time.monotonic() - t0
+        out["after"] = command_counts(url)
+        out["stats"] = sim.stats()
+    out["published"] = member_summaries(url)
+    with Simulator(serve) as sim:
+        out["alone"] = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
+        out["alone_stats"] = sim.stats()
+    # CPU per request falls with the rate (a process's fixed costs spread over more
+    # requests): the fair baseline also runs at one member's share of the keys.
+    if same_rate:
+        with Simulator(serve) as sim:
+            share_rate = (out["stats"]["totals"]["accepted"] / duration_s) / members
+            out["at_share"] = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
+    return out
+
+
+def _compare_cpu(shared: list[dict[str, Any]], alone: dict[str, Any], at_share: dict[str, Any]) -> None:
+    """Each member's CPU per request over the memory store's, alone and at a member's rate."""
+    for m in shared:
+        per = m["cpu_us_per_request"]
+        for name, base in (
+            ("cpu_vs_memory", alone["cpu_us_per_request"]),
+            ("cpu_vs_memory_same_rate", at_share.get("cpu_us_per_request")),
+        ):
+            m[name] = round(per / base, 2) if per and base else None
+
+
+def _redis_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The commands Redis ran between two counts, most first."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta = {k: v for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
+    # the counting's own INFO calls are not the members'
+    delta.pop("info", None)
+    return delta
+
+
+def _published_rows(published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases", "elapsed_s")}
+        for m in published
+    ]
+
+
 def run(
     members: int,
     duration_s: float,
@@ -271,59 +351,18 @@ def run(
     if not redis_url:
         redis = RedisClusterProcesses() if cluster else RedisProcess()
     url = redis_url or (redis.url if redis else "")
-    capacity = 100.0  # seed: 5 keys x 20/s
-    serve = ["--mode", "seed"]
-    if latency:
-        serve += ["--latency", latency]
-    if processing:
-        serve += ["--processing", processing]
-    if server_timing:
-        serve += ["--server-timing"]
-    at_share: dict[str, Any] = {}
+    capacity = 100.0  # the study's server: 5 keys x 20/s
+    serve = _serve_args(latency, processing, server_timing)
     try:
-        jobs = workdir / "jobs.jsonl"
-        total = int(capacity * duration_s * 1.5)
-        with jobs.open("w") as fh:
-            for i in range(total):
-                fh.write(json.dumps({"job": i}) + "\n")
-        subprocess.run(_ratedeck("enqueue", "--store", url, str(jobs)), check=True, capture_output=True)
-        with Simulator(serve) as sim:
-            before = command_counts(url)
-            t0 = time.monotonic()
-            shared = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
-            calls_s = time.monotonic() - t0
-            after = command_counts(url)
-            stats = sim.stats()
-        published = member_summaries(url)
-        with Simulator(serve) as sim:
-            alone = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
-            alone_stats = sim.stats()
-        # CPU per request falls with the rate (a process's fixed costs spread over more
-        # requests): the fair baseline also runs at one member's share of the keys.
-        if same_rate:
-            with Simulator(serve) as sim:
-                share_rate = (stats["totals"]["accepted"] / duration_s) / members
-                at_share = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
+        _enqueue_jobs(url, workdir, int(capacity * duration_s * 1.5))
+        got = _phases(serve, url, members, duration_s, capacity, workdir, same_rate)
     finally:
         if redis is not None:
             redis.close()
-    worst = max(p["max_in_window"] for k in stats["keys"] for p in k["max_in_window"])
-    for m in shared:
-        per = m["cpu_us_per_request"]
-        for name, base in (
-            ("cpu_vs_memory", alone["cpu_us_per_request"]),
-            ("cpu_vs_memory_same_rate", at_share.get("cpu_us_per_request")),
-        ):
-            m[name] = round(per / base, 2) if per and base else None
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    delta = {k: v for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
-    # the counting's own INFO calls are not the members'
-    delta.pop("info", None)
-    per_member_s = sum(delta.values()) / members / calls_s
-    published_rows: list[dict[str, Any]] = [
-        {k: m.get(k) for k in ("member", "sent", "succeeded", "store_calls", "leases", "elapsed_s")}
-        for m in published
-    ]
+    stats, alone, alone_stats, shared = got["stats"], got["alone"], got["alone_stats"], got["shared"]
+    _compare_cpu(shared, alone, got["at_share"])
+    delta = _redis_calls(got["before"], got["after"])
+    published_rows = _published_rows(got["published"])
     budget_calls = [
         round(float(m["store_calls"] or 0) / float(m["elapsed_s"]), 1)
         for m in published_rows
@@ -335,7 +374,7 @@ def run(
         "store": "cluster" if cluster else "redis",
         "server": " ".join(serve),
         "capacity_tps": capacity,
-        "audit_max_in_window": worst,
+        "audit_max_in_window": max(p["max_in_window"] for k in stats["keys"] for p in k["max_in_window"]),
         "audit_ok": stats.get("audit_ok"),
         "rejected_429": stats["totals"]["rejected_429"],
         "accepted": stats["totals"]["accepted"],
@@ -344,7 +383,7 @@ def run(
         "per_member": shared,
         "redis_calls": delta,
         # every command Redis ran (those inside the grant scripts included), per member per second
-        "redis_commands_per_member_s": round(per_member_s, 1),
+        "redis_commands_per_member_s": round(sum(delta.values()) / members / got["calls_s"], 1),
         # the budgets' and gates' round trips (grants, polls, summaries, clock samples): the
         # member's own count (`RedisShared.calls`), per second of its run
         "budget_calls_per_member_s": budget_calls,
@@ -353,7 +392,7 @@ def run(
             "sustained_share": alone_stats["share"]["sustained"],
             "rejected_429_server": alone_stats["totals"]["rejected_429"],
         },
-        "memory_at_member_rate": at_share,
+        "memory_at_member_rate": got["at_share"],
         "published": published_rows,
         "logs": str(workdir),
     }
@@ -367,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     parser.add_argument("--redis", help="a running Redis to use (default: start one on a free port)")
     parser.add_argument("--cluster", action="store_true", help="start a 3-master Redis Cluster instead")
-    parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: seed's own)")
+    parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: the study's own)")
     parser.add_argument("--processing", help="the simulator's server time in ms, LOW:HIGH (default none)")
     parser.add_argument(
         "--server-timing", action="store_true", help="the simulator says its server time (Server-Timing)"

@@ -14,7 +14,7 @@ from .spec import RunSpec
 
 
 def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
-    """The seed preset pointed at the bench's simulator with the scenario's keys and rate.
+    """The study preset pointed at the bench's simulator with the scenario's keys and rate.
 
     `workload.rate` is the offered rate, the same every other strategy gets.
     No graveyard file is written.
@@ -29,7 +29,7 @@ def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
 
 
 def variant_overrides(spec: RunSpec) -> dict[str, Any]:
-    """What a ratedeck strategy adds to the seed preset: "ratedeck+probe" probes the
+    """What a ratedeck strategy adds to the study preset: "ratedeck+probe" probes the
     simulator's `/health`, "ratedeck+budget" may spend 10 rejections probing (limit
     learning stays on: a 429 while the headroom narrows teaches no limit)."""
     overrides = engine_overrides(spec)
@@ -51,7 +51,7 @@ PROCS = {"ratedeck+procs2": 2}
 
 async def run_engine(spec: RunSpec) -> dict:
     """Run the engine for `spec.duration_s`, stop it (bounded drain) and summarise."""
-    cfg = load_config(preset="seed", overrides=variant_overrides(spec))
+    cfg = load_config(preset="study", overrides=variant_overrides(spec))
     procs = PROCS.get(spec.strategy, 1)
     if procs > 1:
         # As `ratedeck --procs N` runs it; the engine processes' CPU is added to this one's.

@@ -9,7 +9,7 @@ bursts counted, plus one mean round trip): 1.0 is as fast as the rules allow.
 
 Strategies: `ratedeck` (the job fed by backpressure, as a workload file with
 no `--rate` is), `ratedeck+rate` (the same with `--rate` at the keys'
-capacity: what a job got before it was fed, the arrival rate a bucket's drain
+capacity: a fixed arrival rate instead of backpressure, a bucket's drain
 rate), `aiolimiter` (`AsyncLimiter(limit, limit / rate)` per key: a bucket of
 the limit draining the long-run rate; 8 senders per key, each waiting out a
 429's Retry-After before trying again).

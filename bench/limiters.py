@@ -1,11 +1,11 @@
-"""The seed's two client limiters, re-implemented from their described behaviour.
+"""The study's two client limiters, re-implemented from their described behaviour.
 
 Both are told the time (milliseconds) at every call, so tests drive them on a
 fake clock and the bench clients pass the wall clock. They are baselines to
 measure against, but what they share with ratedeck is ratedeck's: the ring of
 the last `limit` sends is the engine's sliding window (`WindowLimiter`, burst
 pacing), and the improved client's latency buffer is that limiter's headroom.
-Only the seed's own rules stay here: the original's fixed interval, and the
+Only the study's own rules stay here: the original's fixed interval, and the
 improved one's buffer, average latency x 1.1 clamped to 30..50 ms (where
 ratedeck measures the spread instead: engine/limits/headroom.py).
 """
@@ -18,20 +18,20 @@ from collections.abc import Callable
 from ratedeck.core.policy import Policy
 from ratedeck.engine.limits.limiter import WindowLimiter
 
-#: The seed's checks are strict (a send exactly a window after the oldest is refused); the
-#: engine's slot frees at that instant. A nanosecond more keeps the seed's rule.
+#: The study's checks are strict (a send exactly a window after the oldest is refused); the
+#: engine's slot frees at that instant. A nanosecond more keeps the study's rule.
 STRICT_S = 1e-9
 
 
 def _ring(limit: int, window_ms: float, headroom_s: Callable[[], float]) -> WindowLimiter:
-    """At most `limit` sends in any window of `window_ms` (plus the headroom), as the seed's ring."""
+    """At most `limit` sends in any window of `window_ms` (plus the headroom), as the study's ring."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     return WindowLimiter((Policy(limit, window_ms / 1000.0),), headroom_s, "burst")
 
 
 class FixedIntervalRing:
-    """The seed's original client limiter: a fixed minimum interval AND a ring.
+    """The study's original client limiter: a fixed minimum interval AND a ring.
 
     A send is allowed only when more than `min_interval_ms` passed since the
     previous send and more than `window_ms` passed since the send `limit`
@@ -67,7 +67,7 @@ class FixedIntervalRing:
 
 
 class AdaptiveRing:
-    """The seed's improved client limiter: a ring with a latency-based buffer.
+    """The study's improved client limiter: a ring with a latency-based buffer.
 
     No fixed interval. A send waits until the ring's oldest send is more than
     `window_ms + buffer_ms` old: the engine's sliding window with the buffer

@@ -42,7 +42,7 @@ The peers are written from their documented behaviour (no code copied):
   "no deployments available").
 - ``ratedeck``: the real CLI in a subprocess with ``--preset openai`` or
   ``--preset anthropic`` (budgets learned from the answers' headers; no
-  ``--limit``): skipped with "preset not available" until those presets exist.
+  ``--limit``): skipped with "preset not available" in an install without them.
 
 Time: the stubs' minute is ``minute_s`` (6 s) real seconds, and the limits the
 peers are told are per that minute, as are their refills and windows. The
@@ -128,10 +128,9 @@ class Prompt:
         return {"model": OPENAI_MODEL, "messages": messages, "max_tokens": self.max_tokens}
 
     def line(self, api: str) -> dict[str, Any]:
-        """The JSONL workload line ratedeck reads (issue 24's format: the request body under `_body`).
+        """The JSONL workload line ratedeck reads (the request body under `_body`).
 
-        Today's engine takes `_body` as the encoding only ("form" or "json", the other fields
-        being the body) and refuses an object there; the ratedeck row then says so, skipped.
+        An object `_body` is the body itself, sent as JSON (engine/sources/workload.py).
         """
         path = ANTHROPIC_PATH if api == "anthropic" else OPENAI_PATH
         return {"_id": self.id, "_path": path, "_body": self.body(api)}

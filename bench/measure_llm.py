@@ -1,4 +1,4 @@
-"""Measure the LLM presets on their loopback stubs (wall time), as the issue's runs are made.
+"""Measure the LLM presets on their loopback stubs (wall time), as docs/measurements.md's LLM runs are made.
 
     .venv/bin/python -m ratedeck.bench.measure_llm openai 40      # 3 keys, one with no quota, a 6 s minute
     .venv/bin/python -m ratedeck.bench.measure_llm anthropic 40   # 3 keys, 3% 529s, a 6 s minute

@@ -144,8 +144,8 @@ def limiter_micro(ops: int = 200_000, repeats: int = 7) -> list[dict[str, Any]]:
 async def bare_aiohttp(spec: RunSpec) -> dict[str, Any]:
     """`keys x in_flight` tasks, each a tight loop of GETs on one keep-alive session.
 
-    Tuned as the engine's own client is (engine/http/client.py), so the comparison is fair
-    (issue 23): no per-request URL parse (a prebuilt `yarl.URL` per key, only the query
+    Tuned as the engine's own client is (engine/http/client.py), so the comparison is fair:
+    no per-request URL parse (a prebuilt `yarl.URL` per key, only the query
     varies), no per-request `ClientTimeout` timer (no timeout at all: the endpoint answers),
     no cookie jar (`DummyCookieJar`), the body read once.
     """
@@ -224,7 +224,7 @@ def engine_config(spec: RunSpec, **engine: Any):
     workload = spec.extra.get("workload")
     if workload:
         overrides["workload"] = {**overrides["workload"], **workload}
-    return load_config(preset="seed", overrides=overrides)
+    return load_config(preset="study", overrides=overrides)
 
 
 def _engine_session(spec: RunSpec, **engine: Any):

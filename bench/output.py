@@ -40,7 +40,7 @@ def make_row(
 ) -> dict[str, Any]:
     """A result row: successes from the client, 429s and nonce rejections as the server counted them.
 
-    Every HTTP 429 counts, including the seed server's "blocked" answers.
+    Every HTTP 429 counts, including the study's server's "blocked" answers.
     Extra fields after the stable ones help explain a row.
     """
     totals = server.get("totals", {})

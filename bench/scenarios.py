@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ratedeck.server.settings import SEED_KEYS, generated_keys
+from ratedeck.server.settings import STUDY_KEYS, generated_keys
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,11 @@ MANY_KEYS = 50
 
 #: Strategy name -> what it is, in the order they run.
 STRATEGIES: dict[str, str] = {
-    "original": "seed's original client: 50 ms interval + ring, 1 in flight/key",
-    "improved-async": "seed's improved client on asyncio: ring + 30..50 ms buffer, 1 in flight/key",
-    "improved-threads": "seed's improved client on threads (http.client)",
+    "original": "the study's original client: 50 ms interval + ring, 1 in flight/key",
+    "improved-async": "the study's improved client on asyncio: ring + 30..50 ms buffer, 1 in flight/key",
+    "improved-threads": "the study's improved client on threads (http.client)",
     "aiolimiter": "aiolimiter AsyncLimiter(limit, window) per key, 8 in flight/key",
-    "ratedeck": "ratedeck's engine (seed preset, adaptive headroom, even pacing; reads timing hints)",
+    "ratedeck": "ratedeck's engine (study preset, adaptive headroom, even pacing; reads timing hints)",
     "ratedeck+probe": "ratedeck with target.probe_url = the simulator's /health (10 probes/s)",
     "ratedeck+budget": "ratedeck with engine.rejection_budget = 10 (probes the headroom on purpose; learn_policy off)",
     "ratedeck+procs2": "ratedeck with --procs 2: keys shared out among two engine processes",
@@ -84,7 +84,7 @@ _QUIET = ("--no-ratelimit-headers", "--no-retry-after")
 class Row(NamedTuple):
     """One scenario as data; `scenario()` turns it into the simulator's options and the clients' keys.
 
-    `seed`: the seed's server (`--mode seed`: its 5 keys, 20/1s, nonce, block after 10);
+    `study`: the study's server (`--mode study`: its 5 keys, 20/1s, nonce, block after 10);
     otherwise standard mode with `keys` generated keys of `limit`/1s each and no nonce.
     `latency` and `processing` are "low:high" ms (None: the mode's own); `flags` are
     further `ratedeck serve` options (`--health` serves the probe's target).
@@ -98,7 +98,7 @@ class Row(NamedTuple):
     flags: tuple[str, ...] = ()
     keys: int = 5
     limit: int = 20
-    seed: bool = False
+    study: bool = False
     told_limit: int | None = None
     in_flight: int = 8
 
@@ -110,9 +110,9 @@ def scenario(row: Row) -> Scenario:
         timing += ("--latency", row.latency)
     if row.processing:
         timing += ("--processing", row.processing)
-    if row.seed:
-        serve_args: tuple[str, ...] = ("--mode", "seed", *timing)
-        keys = SEED_KEYS
+    if row.study:
+        serve_args: tuple[str, ...] = ("--mode", "study", *timing)
+        keys = STUDY_KEYS
     else:
         size = ("--keys", str(row.keys), "--limit", f"{row.limit}/1s")
         serve_args = ("--mode", "standard", *size, *timing, "--no-nonce", *row.flags)
@@ -124,7 +124,7 @@ def scenario(row: Row) -> Scenario:
         keys,
         row.limit,
         1.0,
-        nonce=row.seed,
+        nonce=row.study,
         told_limit=row.told_limit,
         health="--health" in row.flags,
         strategies=row.strategies,
@@ -135,16 +135,16 @@ def scenario(row: Row) -> Scenario:
 TABLE: tuple[Row, ...] = (
     Row(
         "seed",
-        "the seed's server: 5 keys x 20/1s, 0..50 ms each way, nonce, block after 10",
+        "the study's server: 5 keys x 20/1s, 0..50 ms each way, nonce, block after 10",
         DEFAULT_STRATEGIES,
-        seed=True,
+        study=True,
     ),
     Row(
         "seed+jitter",
-        "seed mode with 0..100 ms each way (twice the seed's jitter)",
+        "study mode with 0..100 ms each way (twice the study's jitter)",
         DEFAULT_STRATEGIES,
         latency="0:100",
-        seed=True,
+        study=True,
     ),
     Row(
         "many-keys",
@@ -153,7 +153,7 @@ TABLE: tuple[Row, ...] = (
         latency="0:5",
         keys=MANY_KEYS,
     ),
-    # The noisy servers (issue 12): server time next to network jitter.
+    # The noisy servers: server time next to network jitter.
     Row(
         "noisy",
         "5 keys x 20/1s, 5..45 ms each way, 20..80 ms processing, no hints of any kind; /health",
@@ -184,7 +184,7 @@ TABLE: tuple[Row, ...] = (
         processing="20:80",
         flags=(*_QUIET, "--server-timing"),
     ),
-    # Issue 15: the client's own CPU at scale (the simulator runs in its own process).
+    # The client's own CPU at scale (the simulator runs in its own process).
     Row(
         "many-keys-heavy",
         f"{MANY_KEYS} keys x 100/1s (5,000/s), 5..45 ms each way, 20..80 ms processing, no hints",
@@ -214,7 +214,7 @@ TABLE: tuple[Row, ...] = (
         flags=("--retry-after", "--escalation"),
         told_limit=30,
     ),
-    # Issue 22: someone else on the same keys for a while, with nothing in the headers to say so.
+    # Someone else on the same keys for a while, with nothing in the headers to say so.
     Row(
         "shared-keys",
         "5 keys x 20/1s, and another user takes 8/s of each key from 10 s to 30 s after the first "
@@ -275,7 +275,7 @@ class JobScenario:
 #: Strategy name -> what it is, for the jobs group.
 JOB_STRATEGIES: dict[str, str] = {
     "ratedeck": "ratedeck, the job fed by backpressure (a workload file with no --rate)",
-    "ratedeck+rate": "ratedeck with --rate at the keys' capacity (a job's arrival rate before it was fed)",
+    "ratedeck+rate": "ratedeck with --rate at the keys' capacity (a fixed arrival rate instead of backpressure)",
     "aiolimiter": "AsyncLimiter(limit, limit / rate) per key, 8 senders per key, each 429's Retry-After waited out",
 }
 

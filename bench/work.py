@@ -8,7 +8,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 MAX_ATTEMPTS = 5
-SOFT_QUEUE_CAP = 50  # the improved client's backpressure threshold (at the seed's 100/s)
+SOFT_QUEUE_CAP = 50  # the improved client's backpressure threshold (at the study's 100/s)
 DRAIN_S = 2.0  # how long in-flight sends may finish after the run ends
 
 
@@ -51,7 +51,7 @@ def arrival_gaps(rate: float, rng: random.Random) -> Callable[[], float]:
 def soft_queue_cap(offered_tps: float) -> int:
     """The generator's backpressure threshold: 50, or half a second of work if more.
 
-    The seed's improved client sleeps 0.5 s once its queue holds that many;
+    The study's improved client sleeps 0.5 s once its queue holds that many;
     a fixed 50 would starve a fast scenario (50 is 50 ms of work at 1000/s).
     """
     return max(SOFT_QUEUE_CAP, int(offered_tps * 0.5))

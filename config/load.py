@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from ratedeck.core.numbers import SettingError, check_simulator_numbers, show
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
+from ratedeck.core.study_server import STUDY, current_name
 from ratedeck.engine.api_rules import parse_budgets, parse_paths
 from ratedeck.engine.settings import (
     ConfigError,
@@ -34,7 +35,7 @@ from .settings import ConsoleSettings, RunConfig, RunnerSettings
 
 # ---------------------------------------------------------------- presets
 
-#: The presets: one TOML file each, a `description` line and config tables; "seed" first.
+#: The presets: one TOML file each, a `description` line and config tables; "study" first.
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -42,7 +43,7 @@ def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every preset by name, and a line saying what each is (the files ship with the package)."""
     presets: dict[str, dict[str, Any]] = {}
     descriptions: dict[str, str] = {}
-    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != "seed", f.stem))
+    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != STUDY, f.stem))
     for file in files:
         with file.open("rb") as fh:
             data = tomllib.load(fh)
@@ -80,6 +81,7 @@ def load_config(
             raise ConfigError(str(path), "preset", f'must be a preset name like "seed", got {show(preset)}')
     else:
         file_data.pop("preset", None)
+    preset = current_name("preset", preset)
     named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
     file_target = file_data.get("target")
     file_names_target = isinstance(file_target, dict) and bool(file_target.get("url"))
@@ -89,7 +91,7 @@ def load_config(
     # the key as a Bearer token), never the seed server's ways.
     implicit = preset is None and not named_target and not file_names_target
     if implicit:
-        preset = "seed"
+        preset = STUDY
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(
@@ -254,6 +256,8 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     run = _table(data, "run", source)
     console = _table(data, "console", source)
     server = data.get("server", {})
+    if isinstance(server, dict) and "mode" in server:
+        server = {**server, "mode": current_name("mode", server["mode"])}
     try:
         check_simulator_numbers(server)
     except SettingError as exc:

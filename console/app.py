@@ -37,7 +37,7 @@ from ratedeck.engine.commands import (
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.host.protocol import EngineHost
 
-from .history import SPANS, RunHistory
+from .app_parts import Charts, KeysPacing, MainWidgets, Quitting
 from .screens.cluster import ClusterScreen
 from .screens.confirm import ConfirmScreen
 from .screens.errors import ErrorsScreen
@@ -49,17 +49,16 @@ from .screens.throttle import ThrottleScreen
 from .steering import Pending, RateSteps
 from .themes import DEFAULT_THEME, load_themes
 from .widgets import numbers
-from .widgets.chart import ChartSpec, Series
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
-from .widgets.goodput import GOODPUT_STYLE, GoodputPanel, is_message_run
+from .widgets.goodput import GoodputPanel, is_message_run
 from .widgets.keys_table import KeysTable
-from .widgets.latency import P50_STYLE, P99_STYLE, LatencyPanel
+from .widgets.latency import LatencyPanel
 from .widgets.limiter import LimiterPanel
 from .widgets.queues import QueuesPanel
 from .widgets.run_bar import RunBar
-from .widgets.throughput import BAR_STYLE, CAPACITY_STYLE, LIVE_STYLE, ThroughputPanel
+from .widgets.throughput import ThroughputPanel
 
 HEADROOM_STEP_MS = 5.0
 ARRIVAL_FACTOR = 1.1
@@ -323,27 +322,18 @@ class RatedeckApp(App[Snapshot]):
         self._requested_theme = theme
         self._requested_keymap = dict(keymap or {})
         self._startup_notices: list[tuple[str, str]] = []
-        self._draining = False
-        self._stopping_at_once = False
-        self._signals: list[int] = []
+        self._quit = Quitting()
         self._snapshot_failed = False
         self._keymap_in_force: dict[str, str] = {}  # binding id -> keys, as given to set_keymap
-        # The widgets that follow the compact layout, held once mounted (a Resize may come first).
-        self._compact_widgets: tuple[KeysTable, LimiterPanel, ThroughputPanel] | None = None
-        self._exiting = False
+        # Held once mounted (a Resize may come first).
+        self._main: MainWidgets | None = None
         # Values sent but maybe not yet visible in a snapshot, so that fast
         # repeated +/+, ]/] or space/space presses build on each other.
         self.pending = Pending()
         self.rate_steps = RateSteps(ARRIVAL_FACTOR)
         self._binding_state: tuple[bool, bool, bool, bool] | None = None
-        self._drain_reason = ""
-        self.history = RunHistory()
-        self.span_index = 0  # into SPANS: the charts' time span
-        self._charts_for: tuple[int, int] | None = None  # (history seconds, span) the charts show
-        self._keys_shown_at = 0.0  # monotonic time the keys table was last brought up to date
-        self._keys_now = True  # update the table at the next pull whatever the time
-        self._key_states: tuple[tuple[str, str], ...] = ()
-        self.keys_refresh_s = keys_refresh_s
+        self._charts = Charts()
+        self._keys_pacing = KeysPacing(keys_refresh_s)
         themes, problems = load_themes(themes_dir)
         for problem in problems:
             self._startup_notices.append((f"Theme file skipped: {problem}", "error"))
@@ -385,32 +375,15 @@ class RatedeckApp(App[Snapshot]):
         return MainScreen(id="_default")
 
     def on_mount(self) -> None:
-        # Held once: while a modal is open, `query_one` would search the modal.
-        self._run_bar = self.query_one(RunBar)
-        self._limiter = self.query_one(LimiterPanel)
-        self._throughput = self.query_one(ThroughputPanel)
-        self._latency = self.query_one(LatencyPanel)
-        self._goodput = self.query_one(GoodputPanel)
-        self._panels = (
-            self._goodput,
-            self.query_one(QueuesPanel),
-            self._limiter,
-            self.query_one(GatesPanel),
-            self.query_one(ErrorsPanel),
-        )
-        self._keys_table = self.query_one(KeysTable)
-        self._compact_widgets = (self._keys_table, self._limiter, self._throughput)
-        self._filter = self.query_one(FilterInput)
-        self._filter_bar = self.query_one("#filter-bar")
-        self._filter_bar.display = False
-        self._event_log = self.query_one(EventLog)
+        self._main = MainWidgets.find(self, FilterInput)
+        self.main.filter_bar.display = False
         self._apply_theme_choice()
         self._apply_keymap()
         for message, severity in self._startup_notices:
             self.notify(message, severity=severity, timeout=10)  # type: ignore[arg-type]
         self._set_compact(self.size.width, self.size.height)
-        self._keys_table.border_title = "Keys · Enter details · / filter · o sort"
-        self._keys_table.focus()
+        self.main.keys_table.border_title = "Keys · Enter details · / filter · o sort"
+        self.main.keys_table.focus()
         self.pull_snapshot()
         self.set_interval(self.refresh_s, self._tick)
         self._catch_signals()
@@ -428,26 +401,26 @@ class RatedeckApp(App[Snapshot]):
                 loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
                 continue
-            self._signals.append(sig)
+            self._quit.signals.append(sig)
 
     def _on_signal(self, sig: int) -> None:
-        if sig == signal.SIGHUP and self.on_hangup is not None and not self._draining:
+        if sig == signal.SIGHUP and self.on_hangup is not None and not self._quit.draining:
             # Quit as for q; if the terminal is gone and that never finishes, the
             # runner's watchdog writes the report and ends the process.
             threading.Thread(target=self.on_hangup, name="ratedeck-hangup", daemon=True).start()
-        if self._draining:
+        if self._quit.draining:
             self._stop_at_once()
         else:
             self._begin_quit(f"{signal.Signals(sig).name} received")
 
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in self._signals:
+        for sig in self._quit.signals:
             try:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        self._signals.clear()
+        self._quit.signals.clear()
 
     def on_resize(self, event: events.Resize) -> None:
         self._set_compact(event.size.width, event.size.height)
@@ -459,11 +432,8 @@ class RatedeckApp(App[Snapshot]):
         # The first Resize arrives before on_mount has found the table, which
         # then applies the layout itself. (Not `query`: while a modal is open
         # it searches the modal, and the table would miss the resize.)
-        if self._compact_widgets is not None:
-            table, limiter, throughput = self._compact_widgets
-            table.compact = compact
-            limiter.compact = compact
-            throughput.compact = compact
+        if self._main is not None:
+            self._main.set_compact(compact)
 
     def _apply_theme_choice(self) -> None:
         wanted = self._requested_theme or DEFAULT_THEME
@@ -502,12 +472,12 @@ class RatedeckApp(App[Snapshot]):
 
     def exit(self, *args: Any, **kwargs: Any) -> None:
         """Exit as Textual does, remembering it so late timer ticks pull nothing."""
-        self._exiting = True
+        self._quit.exiting = True
         super().exit(*args, **kwargs)
 
     def pull_snapshot(self) -> None:
         """Fetch a snapshot from the host and hand it to every panel."""
-        if self._exiting:  # a last timer tick while the app shuts down
+        if self._quit.exiting:  # a last timer tick while the app shuts down
             return
         try:
             snap = self.host.snapshot()
@@ -531,13 +501,13 @@ class RatedeckApp(App[Snapshot]):
         # Panels that only apply to some runs are shown by class (see ratedeck.tcss).
         self.set_class(is_message_run(snap), "-messages")
         self.set_class(has_history(snap.gates), "-gates")
-        self._run_bar.snapshot = snap
-        for panel in self._panels:
+        self.main.run_bar.snapshot = snap
+        for panel in self.main.panels:
             panel.snapshot = snap
-        self.history.ingest(snap)
+        self._charts.history.ingest(snap)
         self._show_charts(snap)
         self._show_keys(snap)
-        self._event_log.show(snap.events)
+        self.main.event_log.show(snap.events)
         for screen in self.screen_stack[1:]:
             if isinstance(screen, KeyDetailScreen | ErrorsScreen | ClusterScreen):
                 screen.snapshot = snap
@@ -545,77 +515,45 @@ class RatedeckApp(App[Snapshot]):
         if state != self._binding_state:
             self._binding_state = state
             self.refresh_bindings()
-        if self.duration_s is not None and snap.elapsed_s >= self.duration_s and not self._draining:
+        if self.duration_s is not None and snap.elapsed_s >= self.duration_s and not self._quit.draining:
             self._begin_quit(f"{numbers.duration(self.duration_s)} run over")
 
+    @property
+    def main(self) -> MainWidgets:
+        """The main screen's widgets (found on mount)."""
+        assert self._main is not None, "the app has not mounted"
+        return self._main
+
     def _show_keys(self, snap: Snapshot) -> None:
-        """Update the keys table: at once when a key's state changes or the operator
-        acts, otherwise at most every `keys_refresh_s` (each changed cell repaints
-        the table), and not at all while a full screen covers it."""
-        table = self._keys_table
+        """Update the keys table as `KeysPacing` says, and not at all while a full
+        screen covers it."""
+        table = self.main.keys_table
+        pacing = self._keys_pacing
         now = time.monotonic()
         states = tuple((row.label, row.state) for row in snap.keys)
-        due = self._keys_now or states != self._key_states or now - self._keys_shown_at >= self.keys_refresh_s
+        due = pacing.due(states, now)
         if self._on_other_screen():
             table.remember(snap.keys)
-            self._keys_now = True  # up to date the moment the table is back in view
+            pacing.now = True  # up to date the moment the table is back in view
             return
         if not due:
             table.remember(snap.keys)
             return
-        self._keys_now = False
-        self._keys_shown_at = now
-        self._key_states = states
+        pacing.shown(states, now)
         table.show_keys(snap.keys)
 
     @property
     def span(self) -> tuple[str, int | None]:
         """The charts' time span: (name, seconds or None for the whole run)."""
-        return SPANS[self.span_index]
+        return self._charts.span
 
     def _show_charts(self, snap: Snapshot) -> None:
-        name, span_s = self.span
-        points, res_s = self.history.view(span_s)
-        shown_s = span_s if span_s is not None else max(len(points) * res_s, 1.0)
-        label = f"last {name}" if span_s is not None else f"run {numbers.duration(shown_s)}"
-        if (self.history.seconds, self.span_index) != self._charts_for:
-            self._charts_for = (self.history.seconds, self.span_index)
-            self._tps_spec = ChartSpec(
-                "bars",
-                (
-                    Series(tuple(point.tps for point in points), BAR_STYLE),
-                    Series(tuple(point.live for point in points), LIVE_STYLE),
-                    Series(tuple(point.capacity for point in points), CAPACITY_STYLE),
-                ),
-                span_s=shown_s,
-                res_s=res_s,
-            )
-            self._latency_spec = ChartSpec(
-                "log",
-                (
-                    Series(tuple(point.p50 for point in points), P50_STYLE),
-                    Series(tuple(point.p99 for point in points), P99_STYLE, how="max"),
-                ),
-                span_s=shown_s,
-                res_s=res_s,
-            )
-            calls = snap.messages.calls_per_message if snap.messages is not None else 1
-            self._goodput_spec = ChartSpec(
-                "bars",
-                (
-                    Series(tuple(point.goodput for point in points), GOODPUT_STYLE),
-                    Series(
-                        tuple(None if point.live is None else point.live / calls for point in points),
-                        LIVE_STYLE,
-                    ),
-                ),
-                span_s=shown_s,
-                res_s=res_s,
-            )
-        self._throughput.show(snap, self._tps_spec, f"{label} · z")
-        self._latency.show(snap, self._latency_spec, label)
+        charts, main = self._charts, self.main
+        label = charts.update(snap)
+        main.throughput.show(snap, charts.tps, f"{label} · z")
+        main.latency.show(snap, charts.latency, label)
         if is_message_run(snap):
-            self._goodput.show_chart(self._goodput_spec, label)
+            main.goodput.show_chart(charts.goodput, label)
 
     # ---------------------------------------------------------------- controls
 
@@ -633,7 +571,7 @@ class RatedeckApp(App[Snapshot]):
             return False  # hidden: no shared store, no cluster
         if action in _ALWAYS_AVAILABLE or action not in self._control_actions():
             return True
-        if self._draining:
+        if self._quit.draining:
             return None
         snap = self.snapshot
         if action == "pause_key" and (snap is None or not snap.keys):
@@ -657,7 +595,7 @@ class RatedeckApp(App[Snapshot]):
             return None
         if action in _MAIN_ONLY:
             return "Only on the main screen (Esc goes back to it)"
-        if self._draining:
+        if self._quit.draining:
             return "Draining: controls are off until the engine stops"
         if action in _THROTTLE_ACTIONS:
             return (
@@ -683,7 +621,7 @@ class RatedeckApp(App[Snapshot]):
     def on_key(self, event: events.Key) -> None:
         # A hidden binding never reaches its action, so a throttle key pressed
         # on a plain run would do nothing silently; say why instead.
-        if self.screen is not self.screen_stack[0] or self._draining:
+        if self.screen is not self.screen_stack[0] or self._quit.draining:
             return
         for binding in self._control_bindings():
             if (
@@ -745,7 +683,7 @@ class RatedeckApp(App[Snapshot]):
             self.notify(f"{message} failed: {error}", severity="error")
             return False
         self.notify(message, timeout=3)
-        self._keys_now = True  # the operator's change shows at once
+        self._keys_pacing.now = True  # the operator's change shows at once
         self.pull_snapshot()
         return True
 
@@ -756,8 +694,8 @@ class RatedeckApp(App[Snapshot]):
         return bool(self.pending.get(f"pause:{row.label}", row.state == "paused"))
 
     def action_pause_key(self) -> None:
-        label = self._detail_label() or self._keys_table.selected_key
-        row = self._keys_table.key_row(label) if label else None
+        label = self._detail_label() or self.main.keys_table.selected_key
+        row = self.main.keys_table.key_row(label) if label else None
         if row is None:
             self.notify("No key selected", severity="warning")
             return
@@ -788,39 +726,39 @@ class RatedeckApp(App[Snapshot]):
 
     def open_key_detail(self, label: str) -> None:
         """Show one key's detail screen (Enter on the table, or from the errors screen)."""
-        if self._keys_table.key_row(label) is None:
+        if self.main.keys_table.key_row(label) is None:
             self.notify(f"No key {label} in the latest snapshot", severity="warning")
             return
-        self.push_screen(KeyDetailScreen(label, self.snapshot, lambda: self._keys_table.shown_labels))
+        self.push_screen(KeyDetailScreen(label, self.snapshot, lambda: self.main.keys_table.shown_labels))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.data_table is self._keys_table and event.row_key.value is not None:
+        if event.data_table is self.main.keys_table and event.row_key.value is not None:
             self.open_key_detail(event.row_key.value)
 
     def action_filter_keys(self) -> None:
-        self._filter_bar.display = True
+        self.main.filter_bar.display = True
         # At once, not after the next refresh (as `focus()` does): keys typed
         # right after the / are already queued and must reach the filter.
-        self._filter.screen.set_focus(self._filter)
+        self.main.filter.screen.set_focus(self.main.filter)
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input is self._filter:
-            self._keys_table.set_filter(event.value)
+        if event.input is self.main.filter:
+            self.main.keys_table.set_filter(event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input is not self._filter:
+        if event.input is not self.main.filter:
             return
-        self._keys_table.set_filter(event.value)
-        self._filter_bar.display = bool(event.value.strip())
-        self._keys_table.screen.set_focus(self._keys_table)  # at once, as above
+        self.main.keys_table.set_filter(event.value)
+        self.main.filter_bar.display = bool(event.value.strip())
+        self.main.keys_table.screen.set_focus(self.main.keys_table)  # at once, as above
 
     def action_sort_next(self) -> None:
-        self._keys_table.next_sort()
-        self.notify(f"Keys sorted by {self._keys_table.sort_description()} (O reverses)", timeout=2)
+        self.main.keys_table.next_sort()
+        self.notify(f"Keys sorted by {self.main.keys_table.sort_description()} (O reverses)", timeout=2)
 
     def action_sort_reverse(self) -> None:
-        self._keys_table.reverse_sort()
-        self.notify(f"Keys sorted by {self._keys_table.sort_description()}", timeout=2)
+        self.main.keys_table.reverse_sort()
+        self.notify(f"Keys sorted by {self.main.keys_table.sort_description()}", timeout=2)
 
     def action_show_errors(self) -> None:
         if isinstance(self.screen, ErrorsScreen):
@@ -833,7 +771,7 @@ class RatedeckApp(App[Snapshot]):
         self.push_screen(ClusterScreen(self.snapshot))
 
     def action_chart_span(self) -> None:
-        self.span_index = (self.span_index + 1) % len(SPANS)
+        self._charts.next_span()
         if self.snapshot is not None:
             self._show_charts(self.snapshot)
         name, span_s = self.span
@@ -998,7 +936,7 @@ class RatedeckApp(App[Snapshot]):
 
         During the drain, Ctrl+C (`how == "interrupt"`) stops at once; q only says so.
         """
-        if self._draining:
+        if self._quit.draining:
             if how == "interrupt":
                 self._stop_at_once()
             else:
@@ -1008,9 +946,9 @@ class RatedeckApp(App[Snapshot]):
 
     def _stop_at_once(self) -> None:
         """Cut the drain short: what is left is reported as queued or in flight."""
-        if self._stopping_at_once:
+        if self._quit.stopping_at_once:
             return
-        self._stopping_at_once = True
+        self._quit.stopping_at_once = True
         self.notify("stopping at once…", timeout=30)
         self.run_worker(self._abort(), name="abort", group="abort")
 
@@ -1023,9 +961,9 @@ class RatedeckApp(App[Snapshot]):
         self.exit(final)
 
     def _begin_quit(self, reason: str) -> None:
-        self._draining = True
-        self._run_bar.drain_reason = reason
-        self._run_bar.draining = True
+        self._quit.draining = True
+        self.main.run_bar.drain_reason = reason
+        self.main.run_bar.draining = True
         self.refresh_bindings()
         self.notify(
             "draining… waiting for in-flight requests", title=reason[:1].upper() + reason[1:], timeout=30

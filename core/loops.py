@@ -2,11 +2,10 @@
 
 Every engine process (`--no-ui`, the console's engine, `--procs` shards, the
 bench's clients) and the simulator run on uvloop when it is installed (it is
-a dependency where it builds: not on Windows). With the lean HTTP client
-(engine/http1.py) the loop itself is the largest cost per request; uvloop cut
-ratedeck's CPU per accepted request by about a quarter on many-keys-heavy
-(`ratedeck bench --scenarios many-keys-heavy --loop asyncio|uvloop`, issue
-15). Its `time()` is whole milliseconds, so the engine and the simulator
+a dependency where it builds: not on Windows): the loop itself is a large
+share of the engine's cost per request, and uvloop's is smaller (measured with
+`ratedeck bench --scenarios many-keys-heavy --loop asyncio|uvloop`; figures in
+docs/benchmarks.md). Its `time()` is whole milliseconds, so the engine and the simulator
 stamp with `time.monotonic()` there (see `engine_clock`). The console's own
 process (Textual) keeps asyncio's standard loop.
 `RATEDECK_LOOP=asyncio|uvloop` overrides the choice, for comparisons.
@@ -50,18 +49,15 @@ GC_YOUNG_THRESHOLD = 50_000
 
 
 def tune_gc() -> None:
-    """Collect garbage less often in an engine process: its CPU per request drops by about a
-    tenth (issue 23, docs/measurements.md).
+    """Collect garbage less often in an engine process: it spends less CPU per request
+    (figures in docs/measurements.md, "Transport").
 
     At thousands of requests a second, Python's default thresholds (700, 10, 10) run a
     young collection every few hundred requests, and each one walks every object of the
     requests in flight (aiohttp's, ours); those survive, so the middle generation fills and
-    is walked too. Together that was 15-20% of the engine process's CPU on many-keys-heavy.
-    A larger first threshold walks the same in-flight objects far less often; a collection
-    then takes a few milliseconds, no longer than the default's full collections did.
+    is walked too. A larger first threshold walks the same in-flight objects far less often;
+    a collection then takes a few milliseconds, no longer than the default's full ones.
     Reference counting still frees almost everything at once: only cycles wait longer.
-    10,000 still spent 0.28-0.34 s of 7-8 s of CPU in young collections on many-keys-heavy
-    (about 4%); 50,000 spends under 0.03 s, at the same peak memory (53 MB).
     """
     import gc
 

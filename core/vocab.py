@@ -27,7 +27,7 @@ class OutcomeKind(StrEnum):
     OK = "ok"
     RATE_LIMITED = "rate_limited"  # too fast: retry behind the gate, widen headroom
     BANNED = "banned"  # refused for a while for not slowing down (Binance's 418): the host waits
-    BLOCKED = "blocked"  # the key is refused for good (401/403, the seed's "blocked")
+    BLOCKED = "blocked"  # the key is refused for good (401/403, the study's "blocked")
     NONCE = "nonce"  # out-of-order nonce: the server wasted our slot; retry
     CLIENT_ERROR = "client_error"  # other 4xx: retrying will not help
     SERVER_ERROR = "server_error"  # 5xx (503 may carry Retry-After)

@@ -39,7 +39,7 @@ class TargetConfig:
 
     The defaults are neutral, for a target the user names with no preset: the
     key as `Authorization: Bearer <key>`, no nonce, no request id, only the
-    parameters asked for, a 10 s timeout. The seed preset sets the seed
+    parameters asked for, a 10 s timeout. The study preset sets the study's
     server's conventions. What each field means: the rows of `ratedeck.config`.
     """
 
@@ -113,8 +113,8 @@ DRAIN_MARGIN_S = 1.0
 class EngineConfig:
     """How the engine paces, retries and queues ([engine]).
 
-    The defaults fit a job against a real API; the seed preset sets the seed
-    stream's own (a 1 s TTL, a queue of 50, a 2 s drain). `queue_max` and
+    The defaults fit a job against a real API; the study preset sets the study's
+    own (a 1 s TTL, a queue of 50, a 2 s drain). `queue_max` and
     `drain_timeout_s` unset are derived from the run (`EngineSettings`).
     """
 
@@ -134,7 +134,7 @@ class EngineConfig:
     drain_timeout_s: float | None = None  # None: EngineSettings.drain_s
     graveyard_path: str | None = GRAVEYARD_AUTO  # None writes none
     learn_policy: bool = True
-    slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (seed: off)
+    slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (study: off)
     # One request per key until its first answer, whose rate-limit headers then set the key's
     # limits and token budgets, lower or higher than the ones given (LLM APIs' tiers).
     learn_first: bool = False

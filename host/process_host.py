@@ -1,9 +1,8 @@
 """The engine in a child process, for the console.
 
-Measured on the 50 keys x 100/s scenario (see the console issue's note): with
-the engine on a thread of the console's process, rendering and the engine
-share one interpreter lock and throughput fell about 19% below `--no-ui`; in
-its own process the engine keeps its core. The child runs a `Session` on its
+On a thread of the console's process, rendering and the engine would share one
+interpreter lock; in its own process the engine keeps its core (measured on
+50 keys x 100/s: docs/benchmarks.md, "console open vs headless"). The child runs a `Session` on its
 own loop, publishes a `Snapshot` every `publish_s` over a pipe, and applies
 commands it receives. The parent side has the same face as every host.
 """

@@ -2,10 +2,9 @@
 
 Where the engine's loop runs:
 - `Session` runs everything on the caller's loop (headless runner, library, tests);
-- the console runs a `Session` in a child process (`process_host.ProcessHost`):
-  measured on 50 keys x 100/s, a thread of the console's own process lost
-  about 19% of throughput to rendering (one interpreter lock), a process
-  lost under 1%.
+- the console runs a `Session` in a child process (`process_host.ProcessHost`),
+  so rendering does not share the engine's interpreter lock
+  (docs/benchmarks.md, "console open vs headless").
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
 from ratedeck.core.loops import tune_gc
 from ratedeck.core.secrets import safe_url
+from ratedeck.core.study_server import STUDY, current_name
 from ratedeck.core.vocab import Ending, EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.engine import Engine
@@ -48,17 +48,19 @@ def embedded_server_settings(cfg: RunConfig):
     """Simulator settings for a run with no target: the config's [server] table,
     with the run's keys unless the table names its own.
 
-    In seed mode the simulator is the seed study's server, 20/1s per key,
+    In study mode the simulator is the study's server, 20/1s per key,
     whatever the run is told (`--limit 30/1s` then meets real 429s, which is
     how a threshold like `--fail-on rejected_429>0` is tried); in standard
     mode it enforces the run's own limits unless the table names its own.
     """
     from ratedeck.server.settings import ServerSettings
 
-    table = dict(cfg.server) or {"mode": "seed"}
+    table = dict(cfg.server) or {"mode": STUDY}
+    if "mode" in table:
+        table["mode"] = current_name("mode", table["mode"])
     if "keys" not in table:
         table["keys"] = [k.secret for k in cfg.keys]
-    if "policies" not in table and cfg.keys and table.get("mode", "seed") != "seed":
+    if "policies" not in table and cfg.keys and table.get("mode", STUDY) != STUDY:
         table["policies"] = [str(p) for p in cfg.keys[0].policies]
     try:
         return ServerSettings.from_dict(table)

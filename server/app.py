@@ -58,7 +58,7 @@ def _loop_clock_ms() -> float:
     loops on virtual time); `time.monotonic()` under uvloop, whose `time()`
     is whole milliseconds cached once per loop turn, so a busy turn would
     stamp requests early: a server that judges with a stale clock is not the
-    server the seed describes (it reads the time in each handler).
+    server the study describes (it reads the time in each handler).
     """
     loop = asyncio.get_running_loop()
     if isinstance(loop, asyncio.BaseEventLoop):
@@ -94,7 +94,7 @@ class ApiHandlers:
         rng = rng if rng is not None else random.Random(settings.seed)
         self.rules = rules
         self.reset_token = reset_token  # None: POST /reset is off
-        self._modern_keys = settings.mode != "seed"  # Bearer or X-Api-Key as well as api_key
+        self._modern_keys = settings.mode != "study"  # Bearer or X-Api-Key as well as api_key
         self._sleep = sleep
         self._clock_ms = clock_ms
         self._draw_in = _latency_draw(settings.latency_in_ms, rng)
@@ -109,18 +109,18 @@ class ApiHandlers:
             params = await _merged_params(request)
         api_key = params.get("api_key")
         if api_key is None and self._modern_keys:
-            # Standard mode takes a key the modern ways too (the seed server knows only api_key).
+            # Standard mode takes a key the modern ways too (the study's server knows only api_key).
             auth = request.headers.get("Authorization", "")
             api_key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key")
         rules = self.rules
         if not rules.is_known(api_key):
-            # The seed server rejects unknown keys before any incoming latency.
+            # The study's server rejects unknown keys before any incoming latency.
             decision = rules.decide(api_key, None, 0.0)
         else:
             delay_ms = self._draw_in()
             if delay_ms:
                 await self._sleep(delay_ms / 1000.0)
-            # The decision time is taken after the incoming delay, as the seed server does.
+            # The decision time is taken after the incoming delay, as the study's server does.
             stamp_ms = self._clock_ms()
             decision = rules.decide(api_key, params.get("nonce"), stamp_ms, params.get("req_id"))
             if decision.outcome in SPENT:
@@ -175,7 +175,7 @@ async def _merged_params(request: web.Request) -> dict[str, str]:
             form = await request.post()
             merged = {k: v for k, v in form.items() if isinstance(v, str)}
         elif request.content_type == _FORM_TYPE:
-            # aiohttp only parses forms on POST; the seed server also read them on GET.
+            # aiohttp only parses forms on POST; the study's server also read them on GET.
             merged = dict(parse_qsl(await request.text(), keep_blank_values=True))
         else:
             merged = {}

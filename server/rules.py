@@ -94,7 +94,7 @@ class KeyState:
         self.key = key
         self.rings = [SlotRing(p) for p in policies]
         self.audits = [WindowAudit(p) for p in policies]
-        self.last_nonce = 0  # the seed server starts here, so a nonce must be >= 1
+        self.last_nonce = 0  # the study's server starts here, so a nonce must be >= 1
         self.strikes = 0
         self.cooldown_until_ms = -math.inf
         self.cooldown_s = 0.0
@@ -135,7 +135,7 @@ class HostState:
 class RateRules:
     """Decides each request from the settings and the time it is given.
 
-    Order of checks, as in the seed's server: unknown key (401), blocked key
+    Order of checks, as in the study's server: unknown key (401), blocked key
     (429), then the escalation cooldown, the per-key limits, the host limits
     (429), then the slot is spent, then the nonce (400), then fault injection
     (503), else 200. Host-limit rejections do not count toward blocking or

@@ -19,15 +19,17 @@ from typing import Any
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import MAX_SIM_KEYS, check_simulator_numbers, fraction, latency_range, whole
 from ratedeck.core.policy import parse_policy
+from ratedeck.core.study_server import STUDY, current_name
 
 from .app import start_server
 from .settings import (
-    SEED_KEYS,
+    MODES,
+    STUDY_KEYS,
     ServerSettings,
     generated_keys,
     parse_other_load,
-    seed_settings,
     standard_settings,
+    study_settings,
 )
 
 EXIT_USAGE = 2
@@ -37,7 +39,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `serve` options to `parser`; values are checked later by `run_serve`."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", default="9999", help="port to listen on (0 picks a free one)")
-    parser.add_argument("--mode", default="seed", help="seed (like the seed's original server) or standard")
+    parser.add_argument(
+        "--mode",
+        default="study",
+        help="study (like the study's server) or standard; 'seed' is an old name for study",
+    )
     parser.add_argument("--config", help="TOML file with server settings; options override it")
     parser.add_argument("--keys", help="how many keys (N) or a comma-separated list of keys")
     parser.add_argument(
@@ -196,8 +202,9 @@ async def _serve_forever(
 
 
 def _base_settings(args: argparse.Namespace) -> ServerSettings:
-    if args.mode not in ("seed", "standard"):
-        raise ValueError(f"--mode: must be seed or standard, got {args.mode!r}")
+    args.mode = current_name("mode", args.mode)
+    if args.mode not in MODES:
+        raise ValueError(f"--mode: must be study or standard, got {args.mode!r}")
     if args.config:
         try:
             with open(args.config, "rb") as file:
@@ -214,7 +221,7 @@ def _base_settings(args: argparse.Namespace) -> ServerSettings:
             return ServerSettings.from_dict(data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"--config {args.config}: {exc}") from None
-    return seed_settings() if args.mode == "seed" else standard_settings()
+    return study_settings() if args.mode == STUDY else standard_settings()
 
 
 def _parse_other_load(text: str) -> object:
@@ -239,12 +246,12 @@ def _parse_keys(text: str, mode: str) -> tuple[str, ...]:
             count = whole(text, low=1, high=MAX_SIM_KEYS)
         except ValueError as exc:
             raise ValueError(f"--keys: a count of keys {exc}") from None
-        if mode == "seed":
-            if not 1 <= count <= len(SEED_KEYS):
+        if mode == STUDY:
+            if not 1 <= count <= len(STUDY_KEYS):
                 raise ValueError(
-                    f"--keys: seed mode has {len(SEED_KEYS)} keys, got {count}; use --mode standard for more"
+                    f"--keys: study mode has {len(STUDY_KEYS)} keys, got {count}; use --mode standard for more"
                 )
-            return SEED_KEYS[:count]
+            return STUDY_KEYS[:count]
         if count < 1:
             raise ValueError(f"--keys: need at least one key, got {text!r}")
         return generated_keys(count)

@@ -8,9 +8,9 @@ from typing import Any
 
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import Policy, format_policy, parse_policy
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY, STUDY_KEYS, current_name
 
-MODES = ("seed", "standard")
+MODES = (STUDY, "standard")
 
 #: The largest count one policy may have: the limiter keeps one slot per request.
 MAX_POLICY_LIMIT = 1_000_000
@@ -29,7 +29,8 @@ class ServerSettings:
     """Everything the simulated API enforces, fixed for the server's lifetime.
 
     Attributes:
-        mode: "seed" (behaves like the seed's original server) or "standard".
+        mode: "study" (behaves like the study's server) or "standard"; "seed"
+            is an old name for "study" (`from_dict` takes it and says so).
             The mode picks the defaults in `from_dict`; behaviour comes from the
             other fields only.
         keys: the valid API keys.
@@ -57,7 +58,7 @@ class ServerSettings:
         error_rate: fraction of accepted requests answered 503 (fault injection).
         seed: seed for the random latency and fault draws; None is unseeded.
         whole_ms_stamps: truncate decision times to whole milliseconds, as the
-            seed's original server does (it stamps with int(time * 1000)).
+            study's server does (it stamps with int(time * 1000)).
         other_load: another user of every key, "8/1s@10s-30s": 8 requests per second, evenly
             spaced, from 10 s to 30 s after the server's first request. They take the key's
             slots (its windows and RateLimit counts see them) when there is room, never
@@ -140,8 +141,8 @@ class ServerSettings:
             raise ValueError(
                 f"{unknown[0]}: unknown server setting; known ones are {', '.join(sorted(known))}"
             )
-        mode = data.get("mode", "standard")
-        base = seed_settings() if mode == "seed" else standard_settings()
+        mode = current_name("mode", data.get("mode", "standard"))
+        base = study_settings() if mode == STUDY else standard_settings()
         changes: dict[str, Any] = {"mode": mode}
         for name, value in data.items():
             if name == "mode":
@@ -193,12 +194,12 @@ def parse_other_load(text: str) -> OtherLoad:
     return OtherLoad(policy, start_s, end_s)
 
 
-def seed_settings() -> ServerSettings:
-    """Exactly the seed's original server: 5 fixed keys, 20/1s, 0..50 ms each way,
+def study_settings() -> ServerSettings:
+    """Exactly the study's server: 5 fixed keys, 20/1s, 0..50 ms each way,
     blocked after 10 rejections, strictly increasing nonce, no Retry-After."""
     return ServerSettings(
-        mode="seed",
-        keys=SEED_KEYS,
+        mode=STUDY,
+        keys=STUDY_KEYS,
         policies=(Policy(20, 1.0),),
         latency_in_ms=(0, 50),
         latency_out_ms=(0, 50),

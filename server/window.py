@@ -9,7 +9,7 @@ from ratedeck.core.policy import Policy
 
 
 class SlotRing:
-    """At most `limit` stamps in any window of `window_ms`, the seed server's way.
+    """At most `limit` stamps in any window of `window_ms`, the study's server's way.
 
     The ring holds the last `limit` accept stamps, oldest at `index`. A new
     request fits only if the oldest stamp is strictly more than `window_ms` old,

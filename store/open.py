@@ -25,7 +25,7 @@ def open_store(url: str) -> WorkStore | None:
     if text.lower().startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         import importlib.util
 
-        if importlib.util.find_spec("redis") is None:  # an extra since issue 23
+        if importlib.util.find_spec("redis") is None:  # an optional extra: ratedeck[redis]
             raise StoreError("needs the redis package: pip install 'ratedeck[redis]'")
         from .redis import RedisStore  # type: ignore[import-not-found,unused-ignore]
 

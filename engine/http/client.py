@@ -1,11 +1,9 @@
-"""aiohttp's client, tuned: how the engine opens its one `ClientSession` (issue 23).
+"""aiohttp's client, tuned: how the engine opens its one `ClientSession`.
 
-ratedeck once sent requests with a client of its own (`engine/http1.py`, issue
-15) to save CPU per request. Against a tuned aiohttp (below) the saving was
-small and real networks need what aiohttp already has: proxies, happy
-eyeballs, per-phase timeouts, client certificates, 1xx answers, a parser that
-gets security fixes. So the transport (`transport.py`) and the probe
-(`probe.py`) use aiohttp, set up here the way its best users do:
+The transport (`transport.py`) and the probe (`probe.py`) use aiohttp because
+real networks need what it already has: proxies, happy eyeballs, per-phase
+timeouts, client certificates, 1xx answers, a parser that gets security fixes
+(docs/dependencies.md). They set it up here the way its best users do:
 
 - one `ClientSession` per engine process (a session per request costs a new
   pool, a new TLS handshake and a DNS lookup each time);

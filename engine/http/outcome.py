@@ -81,7 +81,7 @@ class Outcome:
 def classify(status: int, body: str, uses_nonce: bool = False) -> OutcomeKind:
     """Map an HTTP status and body to an outcome kind.
 
-    The body matters for the seed server: its permanent block is a 429 that
+    The body matters for the study's server: its permanent block is a 429 that
     says "blocked", and a nonce rejection is a plain 400 that says "nonce".
     A 400 is read as a nonce rejection (and retried) only when the target
     uses a nonce; elsewhere the word in a body means nothing.

@@ -1,77 +1,11 @@
 """Headroom: the margin added to every window for client/server timing noise.
 
-The server stamps a request when it arrives, not when we send it. If one
-request's trip to the server is slow and a request N sends later is fast, the
-server sees the two closer together than we sent them. The headroom must
-cover the spread of that one-way delay, the way in, and nothing else.
-
-A round trip is way in + server time + way back; only the way in moves the
-stamp. So the evidence comes in grades:
-
-- round trip (always): the spread of round-trip times (max - min over the
-  last `window_s` seconds) bounds the spread of both legs *and* the server's
-  processing together. Assuming the network's jitter splits evenly between
-  the legs (as NTP does), the way in is about half of it:
-  `target = spread * jitter_share * safety`. Server processing variance is
-  paid for as if it were jitter: safe, not tight.
-- hints: an answer that says how long the server spent on it
-  (`Server-Timing` dur, `X-Response-Time`, `X-Runtime`,
-  `X-Envoy-Upstream-Service-Time`; see engine/http/delays.py) gives the
-  network's share of its own round trip: rtt - server time. A hint is used
-  only when it fits: finite, not negative and not larger than the round
-  trip. Any other hint is ignored, and that answer counts with its whole
-  round trip, which can only widen: a nonsense hint never makes us send
-  faster than the round trip alone allows.
-- probe: a cheap, unlimited endpoint timed on its own connection
-  (engine/http/probe.py) measures the network's spread directly; once it has
-  `PROBE_READY` samples it replaces a round-trip estimate that is wider.
-
-The seed instead used average latency x 1.1 clamped to 30..50 ms, which
-wastes capacity on slow but steady links and still fails on jittery ones:
-the mean says nothing about spread.
-
-The estimate is the fallback. Better evidence arrives with every answer:
-once request i is answered, its own (network) round trip bounds how late the
-server can have stamped it. With rtt_min the fastest seen lately,
-`d_in(i) - d_in_min <= rtt(i) - rtt_min` (the other leg, and the server's
-time, can only have been at or above their minimums). So the slot request i
-holds frees at `send(i) + W + (rtt(i) - rtt_min) + margin` (`extra_for`): a
-slow request pushes its own slot back, a fast one frees it early. This is
-exact for queueing spikes on the way in (which a symmetric split would
-under-cover), and on symmetric jitter it costs the mean round-trip excess
-instead of covering the worst case for every slot. When the jitter looks
-two-sided (the mean sits well inside the range) the per-request bound is
-also capped by the symmetric estimate; one-sided tails keep it whole.
-Requests not answered yet use the fallback.
-
-Safety: 1.25 on a spread measured from whole round trips (server time mixed
-in, in an unknown share); 1.05 when the spread is the network's alone (hints
-on nearly every answer, or a ready probe), after correcting that spread for
-the samples it is made of (`RangeTracker.sampled`), plus the 1 ms grain. The
-smaller hedge covers legs split 52/48 rather than evenly; worse asymmetry
-shows as rejections, and a rejection widens at once and sets a floor.
-
-Rules:
-- widen at once when the evidence says so, or on a rejection (x1.5, at least
-  +10 ms, once per burst: rejections of requests that were already in flight
-  do not compound); a rejection also sets a floor the evidence cannot undercut;
-- the initial value is only a prior: once `settle_s` seconds of evidence
-  exist (and no rejection came first), the estimate replaces it at once, and
-  so does a more direct estimate (hints, a ready probe) when it first arrives;
-- after that, narrow slowly (at most `narrow_ms_per_s`) when clean;
-- remaining counts (X-RateLimit-Remaining and kin), when answers carry them:
-  a whole stretch in which the server's remaining count never reached 0
-  means no window was ever full, a whole request of room, so the headroom
-  narrows one step (x0.9) at no cost; a 0 after such a step takes it back and
-  ends this narrowing. A 0 alone never widens: at full speed windows fill.
-- `rejection_budget = N`: with N = 0 nothing narrows below the evidence or a
-  rejection floor: no probing. With N > 0 the headroom is probed on purpose
-  (`BudgetProber`): x0.8 per clean stretch, back to the last clean value on a
-  rejection, then bisected between that and the failing value, then held 5%
-  above the best clean one. Narrowing stops once half the budget is spent
-  (the rest covers sends already committed at a narrow value, and the held
-  value's rare misses); at N spent the headroom returns to the evidence for
-  good. `rejections_spent` says how many 429s the run cost.
+The server stamps a request when it arrives, not when we send it, so the
+headroom covers the spread of the one-way delay on the way in. It is learned
+from round trips, server-time hints, a probe and remaining counts, widened on
+a rejection, and narrowed on purpose only within a rejection budget. The
+reasoning, the safety factors and the rules are in
+docs/how-it-stays-under-the-limit.md ("Headroom in detail").
 """
 
 from __future__ import annotations
@@ -401,6 +335,99 @@ class RemainingJudge:
         self._since, self._zero, self._seen = now, False, 0
 
 
+class SpreadEvidence:
+    """What the headroom is learned from, and the symmetric estimate it gives.
+
+    Round trips whole (`raw`) and less any usable server time (`net`), the
+    probe's round trips (`probe`), how many answers carry a usable hint; from
+    them `target_ms`, the fallback headroom (`estimate`), and where it comes
+    from (`target_source`: round trip, hints or probe).
+    """
+
+    __slots__ = (
+        "net",
+        "raw",
+        "probe",
+        "server_mean",
+        "hint_share",
+        "hints_used",
+        "hints_ignored",
+        "first_t",
+        "jitter_share",
+        "safety",
+        "direct_safety",
+        "target_ms",
+        "target_direct",
+        "target_source",
+    )
+
+    def __init__(self, window_s: int, jitter_share: float, safety: float, direct_safety: float):
+        self.net = RangeTracker(window_s)  # round trips less usable server time
+        self.raw = RangeTracker(window_s)  # whole round trips
+        self.probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
+        self.server_mean: float | None = None  # moving mean of usable server time (s)
+        self.hint_share = 0.0  # moving share of answers with a usable hint
+        self.hints_used = self.hints_ignored = 0
+        self.first_t: float | None = None  # the first answer's time
+        self.jitter_share, self.safety, self.direct_safety = jitter_share, safety, direct_safety
+        self.target_ms: float | None = None  # evidence-based target, once known
+        self.target_direct = False  # the target is the network's own spread
+        self.target_source = SOURCE_RTT
+
+    def observe(self, rtt_s: float, now: float, server_s: float | None, last_t: float | None) -> None:
+        """One answer: its round trip, and the server time it reported, if any (`hint_fits`).
+        `last_t` is when the controller last stepped (the probe's freshness is judged by it)."""
+        usable = False
+        if server_s is not None:
+            usable = hint_fits(rtt_s, server_s)
+            if usable:
+                self.hints_used += 1
+                m = self.server_mean
+                self.server_mean = server_s if m is None else m + 0.01 * (server_s - m)
+            else:
+                self.hints_ignored += 1
+        self.hint_share += 0.01 * ((1.0 if usable else 0.0) - self.hint_share)
+        net = rtt_s - server_s if usable and server_s is not None else rtt_s
+        if self.first_t is None:
+            self.first_t = now
+        self.raw.add(rtt_s, now)
+        if self.net.add(net, now):
+            self.estimate(last_t)
+
+    def observe_network(self, rtt_s: float, now: float, last_t: float | None) -> None:
+        """One probe round trip (the network's alone, on its own connection)."""
+        if not (rtt_s >= 0 and math.isfinite(rtt_s)):
+            return
+        if self.probe.add(rtt_s, now) or self.probe.n == PROBE_READY:
+            self.estimate(last_t)
+
+    def probe_ready(self, last_t: float | None) -> bool:
+        p = self.probe
+        return p.n >= PROBE_READY and (last_t is None or last_t - p.last_t < 5.0)
+
+    def estimate(self, last_t: float | None) -> None:
+        """Work out `target_ms` from the spreads: the narrowest well-founded one."""
+        net = self.net
+        if net.hi < net.lo:
+            return
+        direct = self.hint_share >= HINTED
+        share = self.jitter_share
+        if direct:
+            target = net.sampled(net.body_spread) * 1000.0 * share * self.direct_safety
+        else:
+            # The whole range: with server time in the round trips, a spike may be
+            # either, and the wider estimate is the safe one.
+            target = net.spread * 1000.0 * share * self.safety
+        source = SOURCE_HINTS if direct else SOURCE_RTT
+        if self.probe_ready(last_t):
+            # The probe's whole range: its samples are few, and the traffic's
+            # slots are all capped by it (its round trips carry server time).
+            probed = self.probe.sampled(self.probe.spread) * 1000.0 * share * self.direct_safety
+            if probed < target:
+                target, source, direct = probed, SOURCE_PROBE, True
+        self.target_ms, self.target_source, self.target_direct = target, source, direct
+
+
 class HeadroomController:
     """Learns and holds the headroom shared by every key of one target.
 
@@ -413,6 +440,8 @@ class HeadroomController:
         hints_used / hints_ignored: answers whose server-time report was used,
             and reports that did not fit their round trip (ignored).
         budget: the rejection-budget prober (`BudgetProber`).
+        evidence: the spreads the headroom is learned from, and their
+            estimate (`SpreadEvidence`).
     """
 
     __slots__ = (
@@ -421,9 +450,6 @@ class HeadroomController:
         "min_ms",
         "max_ms",
         "rejection_budget",
-        "jitter_share",
-        "safety",
-        "direct_safety",
         "narrow_ms_per_s",
         "settle_s",
         "bound_settle_s",
@@ -432,18 +458,8 @@ class HeadroomController:
         "seen_min_ms",
         "seen_max_ms",
         "margin_ms",
-        "hints_used",
-        "hints_ignored",
         "budget",
-        "_net",
-        "_raw",
-        "_probe",
-        "_server_mean",
-        "_hint_share",
-        "_first_t",
-        "_target_ms",
-        "_target_direct",
-        "_target_source",
+        "evidence",
         "_floor_ms",
         "_last_t",
         "_prior",
@@ -474,23 +490,13 @@ class HeadroomController:
     ):
         self.min_ms, self.max_ms = min_ms, max_ms
         self.rejection_budget = rejection_budget
-        self.jitter_share, self.safety, self.direct_safety = jitter_share, safety, direct_safety
         self.narrow_ms_per_s = narrow_ms_per_s
         self.settle_s = settle_s
         self.bound_settle_s = max(settle_s, bound_settle_s)  # per-request bounds need a trusted minimum
         self.policy_window_s = policy_window_s  # a change in headroom shows a window later
         self.rejections = 0
-        self.hints_used = self.hints_ignored = 0
         self.budget = BudgetProber(rejection_budget)
-        self._net = RangeTracker(window_s)  # round trips less usable server time
-        self._raw = RangeTracker(window_s)  # whole round trips
-        self._probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
-        self._server_mean: float | None = None  # moving mean of usable server time (s)
-        self._hint_share = 0.0  # moving share of answers with a usable hint
-        self._first_t: float | None = None
-        self._target_ms: float | None = None  # evidence-based target, once known
-        self._target_direct = False  # the target is the network's own spread
-        self._target_source = SOURCE_RTT
+        self.evidence = SpreadEvidence(window_s, jitter_share, safety, direct_safety)
         self._floor_ms = min_ms
         self._last_t: float | None = None
         self._prior = True  # still on the initial guess
@@ -514,7 +520,7 @@ class HeadroomController:
 
     @property
     def target_ms(self) -> float | None:
-        return self._target_ms
+        return self.evidence.target_ms
 
     @property
     def effective_ms(self) -> float:
@@ -543,7 +549,7 @@ class HeadroomController:
             return SOURCE_BUDGET
         if self._remaining.factor < 1.0:
             return SOURCE_REMAINING
-        return self._target_source
+        return self.evidence.target_source
 
     @property
     def rejections_spent(self) -> int:
@@ -552,25 +558,33 @@ class HeadroomController:
     @property
     def rtt_spread_ms(self) -> float | None:
         """The spread of whole round trips (network and server time together)."""
-        return self._raw.spread * 1000.0 if self._raw.n else None
+        return self.evidence.raw.spread * 1000.0 if self.evidence.raw.n else None
 
     @property
     def network_spread_ms(self) -> float | None:
         """The network's own round-trip spread, where known (hints on nearly every answer, or a ready probe)."""
-        if self._net.n and self._hint_share >= HINTED:
-            return self._net.spread * 1000.0
-        if self._probe_ready():
-            return self._probe.spread * 1000.0
+        if self.evidence.net.n and self.evidence.hint_share >= HINTED:
+            return self.evidence.net.spread * 1000.0
+        if self.evidence.probe_ready(self._last_t):
+            return self.evidence.probe.spread * 1000.0
         return None
 
     @property
     def server_time_ms(self) -> float | None:
         """The mean server time the hints report, where they are used."""
-        return None if self._server_mean is None else self._server_mean * 1000.0
+        return None if self.evidence.server_mean is None else self.evidence.server_mean * 1000.0
 
     @property
     def probe_samples(self) -> int:
-        return self._probe.n
+        return self.evidence.probe.n
+
+    @property
+    def hints_used(self) -> int:
+        return self.evidence.hints_used
+
+    @property
+    def hints_ignored(self) -> int:
+        return self.evidence.hints_ignored
 
     def extra_for(self, rtt_s: float, now: float, server_s: float | None = None) -> float | None:
         """The headroom (seconds) the slot of an answered request needs, or None
@@ -590,13 +604,15 @@ class HeadroomController:
         if not self.adaptive:
             return None
         net = network_rtt(rtt_s, server_s)
-        lo = self._net.lo_long
-        if self._net.n < 100 or self._first_t is None or now - self._first_t < self.bound_settle_s:
+        ev = self.evidence
+        tracker = ev.net
+        lo = tracker.lo_long
+        if tracker.n < 100 or ev.first_t is None or now - ev.first_t < self.bound_settle_s:
             return max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms) / 1000.0
-        spread_ms = self._net.spread * 1000.0
+        spread_ms = tracker.spread * 1000.0
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         cap = self._cap_ms(spread_ms)
-        if cap is not None and extra_ms > cap and (net <= self._net.body_hi or self._capped_whole()):
+        if cap is not None and extra_ms > cap and (net <= tracker.body_hi or self._capped_whole()):
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker).
             extra_ms = cap
@@ -624,18 +640,18 @@ class HeadroomController:
         if extra is None or not self.budget.narrowing:
             return
         net = network_rtt(rtt_s, server_s)
-        spread_ms = self._net.spread * 1000.0
-        whole = (net - self._net.lo_long) * 1000.0 + self._margin(spread_ms)
+        spread_ms = self.evidence.net.spread * 1000.0
+        whole = (net - self.evidence.net.lo_long) * 1000.0 + self._margin(spread_ms)
         if whole > extra * 1000.0:
             trial = self._trial
             trial.append((now, stamps, whole))
-            horizon = now - self.policy_window_s - 2.0 * max(self._net.hi, 0.0)
+            horizon = now - self.policy_window_s - 2.0 * max(self.evidence.net.hi, 0.0)
             while trial and trial[0][0] < horizon:
                 trial.popleft()
 
     def _rewiden(self) -> None:
         """Slots narrowed by a trial that failed: give them the cap in force now."""
-        cap = self._cap_ms(self._net.spread * 1000.0)
+        cap = self._cap_ms(self.evidence.net.spread * 1000.0)
         for _t, stamps, whole in self._trial:
             extra = min(whole, cap) if cap is not None else whole
             for stamp in stamps:
@@ -645,8 +661,8 @@ class HeadroomController:
 
     def _cap_ms(self, spread_ms: float) -> float | None:
         """The most one answered slot needs, if anything bounds it below its own round trip."""
-        shape = self._probe if self._target_source == SOURCE_PROBE else self._net
-        if self._target_ms is not None and shape.two_sided(body=not self._capped_whole()):
+        shape = self.evidence.probe if self.evidence.target_source == SOURCE_PROBE else self.evidence.net
+        if self.evidence.target_ms is not None and shape.two_sided(body=not self._capped_whole()):
             # Two-sided jitter (the mean sits inside the range, as when both legs
             # vary alike): one leg's spread is bounded by the symmetric estimate
             # too, and the smaller of two bounds holds. One-sided spikes (mean
@@ -654,7 +670,9 @@ class HeadroomController:
             # per-request bound, which the symmetric estimate would under-cover.
             # A direct estimate gets the 1 ms grain every bound carries: at a few ms
             # of spread, timers and busy loops are jitter too, one leg at a time.
-            cap = max(self.value_ms, self._floor_ms) + (self.margin_ms if self._target_direct else 0.0)
+            cap = max(self.value_ms, self._floor_ms) + (
+                self.margin_ms if self.evidence.target_direct else 0.0
+            )
             return max(self._floor_ms, self._trial_cap(cap))
         if self.narrowing:
             # Probing on one-sided evidence: the tail itself is what is tried.
@@ -665,14 +683,14 @@ class HeadroomController:
     def _margin(self, spread_ms: float) -> float:
         """On top of an answer's own bound: the rejection-driven margin, plus 5% of the
         spread or the doubt about the minimum round trip, whichever is more."""
-        return self.margin_ms + max(0.05 * spread_ms, self._net.lo_doubt * 1000.0)
+        return self.margin_ms + max(0.05 * spread_ms, self.evidence.net.lo_doubt * 1000.0)
 
     def _capped_whole(self) -> bool:
         """Every slot takes the cap, spikes too, unless the cap comes from hints: while
         probing on purpose, and whenever the round trips carry server time (the
         round-trip and probe estimates), whose spikes are mostly the server's and
         whose cap is the whole range's."""
-        return self.budget.narrowing or self._target_source != SOURCE_HINTS
+        return self.budget.narrowing or self.evidence.target_source != SOURCE_HINTS
 
     def _trial_cap(self, ms: float) -> float:
         """`ms` under the budget prober's cap, if it holds one. Only answered slots
@@ -711,57 +729,14 @@ class HeadroomController:
         if rejected:
             self._count_rejection(now)
             self._counted_at = now
-        usable = False
-        if server_s is not None:
-            usable = hint_fits(rtt_s, server_s)
-            if usable:
-                self.hints_used += 1
-                m = self._server_mean
-                self._server_mean = server_s if m is None else m + 0.01 * (server_s - m)
-            else:
-                self.hints_ignored += 1
-        self._hint_share += 0.01 * ((1.0 if usable else 0.0) - self._hint_share)
-        net = rtt_s - server_s if usable and server_s is not None else rtt_s
-        if self._first_t is None:
-            self._first_t = now
-        self._raw.add(rtt_s, now)
-        if self._net.add(net, now):
-            self._estimate()
+        self.evidence.observe(rtt_s, now, server_s, self._last_t)
         if remaining is not None:
             self._remaining.observe(remaining)
         self._step(now)
 
     def observe_network(self, rtt_s: float, now: float) -> None:
         """Record one probe round trip (the network's alone, on its own connection)."""
-        if not (rtt_s >= 0 and math.isfinite(rtt_s)):
-            return
-        if self._probe.add(rtt_s, now) or self._probe.n == PROBE_READY:
-            self._estimate()
-
-    def _probe_ready(self) -> bool:
-        p = self._probe
-        return p.n >= PROBE_READY and (self._last_t is None or self._last_t - p.last_t < 5.0)
-
-    def _estimate(self) -> None:
-        net = self._net
-        if net.hi < net.lo:
-            return
-        direct = self._hint_share >= HINTED
-        share = self.jitter_share
-        if direct:
-            target = net.sampled(net.body_spread) * 1000.0 * share * self.direct_safety
-        else:
-            # The whole range: with server time in the round trips, a spike may be
-            # either, and the wider estimate is what today's design stands on.
-            target = net.spread * 1000.0 * share * self.safety
-        source = SOURCE_HINTS if direct else SOURCE_RTT
-        if self._probe_ready():
-            # The probe's whole range: its samples are few, and the traffic's
-            # slots are all capped by it (its round trips carry server time).
-            probed = self._probe.sampled(self._probe.spread) * 1000.0 * share * self.direct_safety
-            if probed < target:
-                target, source, direct = probed, SOURCE_PROBE, True
-        self._target_ms, self._target_source, self._target_direct = target, source, direct
+        self.evidence.observe_network(rtt_s, now, self._last_t)
 
     def observe_rejection(self, now: float) -> None:
         """A rate-limit rejection the headroom should answer for: widen at once.
@@ -781,7 +756,7 @@ class HeadroomController:
             return
         # Answers to requests already in flight may still be rejections of the
         # same burst; give them a round trip (generously) before widening again.
-        self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0))
+        self._hold_until = now + max(0.5, 2.0 * max(self.evidence.net.hi, 0.0))
         widened = max(self.value_ms * 1.5, self.value_ms + 10.0)
         self._floor_ms = self._clamp(widened)
         self.margin_ms = min(self.max_ms, max(self.margin_ms * 1.5, self.margin_ms + 10.0))
@@ -801,49 +776,51 @@ class HeadroomController:
             self._set(max(self.value_ms, self._goal()))
             self._rewiden()
             # What is still on its way was sent narrow: no widening beyond the evidence for it.
-            self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0)) + self.policy_window_s
+            self._hold_until = now + max(0.5, 2.0 * max(self.evidence.net.hi, 0.0)) + self.policy_window_s
             return
         if not self.adaptive or now < self._hold_until or not budget.narrowing:
             return
         # Probing on purpose: back to the last clean value, no wider. Slots
         # granted at the failed value keep it for up to a window: their
         # rejections belong to this burst too.
-        self._hold_until = now + max(0.5, 2.0 * max(self._net.hi, 0.0)) + self.policy_window_s
+        self._hold_until = now + max(0.5, 2.0 * max(self.evidence.net.hi, 0.0)) + self.policy_window_s
         budget.rejected(now)
         self._rewiden()
 
     def _goal(self) -> float:
-        target = self._target_ms if self._target_ms is not None else self.value_ms
+        target = self.evidence.target_ms if self.evidence.target_ms is not None else self.value_ms
         return self._clamp(max(target * self._remaining.factor, self._floor_ms))
 
     def _step(self, now: float) -> None:
         last, self._last_t = self._last_t, now
-        if not self.adaptive or self._target_ms is None:
+        if not self.adaptive or self.evidence.target_ms is None:
             return
-        settled = self._first_t is not None and now - self._first_t >= self.settle_s
-        if settled and self._net.n >= 100:
+        settled = self.evidence.first_t is not None and now - self.evidence.first_t >= self.settle_s
+        if settled and self.evidence.net.n >= 100:
             # A change shows a window and a round trip later; then watch it for a while.
-            stretch = self.policy_window_s + 2.0 * max(self._net.hi, 0.0) + 1.5
+            stretch = self.policy_window_s + 2.0 * max(self.evidence.net.hi, 0.0) + 1.5
             if self.budget.active and self._floor_ms <= self.min_ms:
-                shape = self._probe if self._target_source == SOURCE_PROBE else self._net
+                shape = (
+                    self.evidence.probe if self.evidence.target_source == SOURCE_PROBE else self.evidence.net
+                )
                 two_sided = shape.two_sided(body=not self._capped_whole())
                 if two_sided:  # trials start from the body's estimate: a start, not a promise
-                    body = shape.body_spread * 1000.0 * self.jitter_share * self.safety
-                    start = min(self._target_ms, body) if body > 0 else self._target_ms
+                    body = shape.body_spread * 1000.0 * self.evidence.jitter_share * self.evidence.safety
+                    start = min(self.evidence.target_ms, body) if body > 0 else self.evidence.target_ms
                 else:
-                    start = self._net.spread * 1000.0 + self.margin_ms
+                    start = self.evidence.net.spread * 1000.0 + self.margin_ms
                 self.budget.step(now, stretch, start)
             if not self.budget.narrowing:
                 self._remaining.step(now, stretch)
         goal = self._goal()
         if goal >= self.value_ms:
             self._set(goal)
-        elif self._prior or (self._target_direct and not self._direct_seen):
+        elif self._prior or (self.evidence.target_direct and not self._direct_seen):
             if settled:
                 # The initial value was a guess, and a round-trip estimate second
                 # best: settled, or more direct, evidence replaces it at once.
                 self._prior = False
-                self._direct_seen = self._direct_seen or self._target_direct
+                self._direct_seen = self._direct_seen or self.evidence.target_direct
                 self._set(goal)
             elif last is not None:
                 self._set(max(goal, self.value_ms - self.narrow_ms_per_s * max(0.0, now - last)))

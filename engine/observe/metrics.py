@@ -213,6 +213,53 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+class PerSecond:
+    """The run's per-second series: successes a second, and that second's p50 and p99
+    latency (ms), the last `series_len` seconds of each."""
+
+    __slots__ = ("tps", "p50", "p99", "latencies", "ok")
+
+    def __init__(self, series_len: int):
+        self.tps: deque[float] = deque(maxlen=series_len)
+        self.p50: deque[float] = deque(maxlen=series_len)
+        self.p99: deque[float] = deque(maxlen=series_len)
+        self.latencies: list[float] = []  # this second's latencies (ms)
+        self.ok = 0  # this second's successes
+
+    def close(self) -> None:
+        """Roll the series: this second's figures go in, a new second starts."""
+        self.tps.append(float(self.ok))
+        if self.latencies:
+            values = sorted(self.latencies)
+            self.p50.append(_pct(values, 0.5))
+            self.p99.append(_pct(values, 0.99))
+        else:
+            self.p50.append(0.0)
+            self.p99.append(0.0)
+        self.latencies = []
+        self.ok = 0
+
+
+class QueueDepths:
+    """Samples of the main and retry queues' depths: peaks and means."""
+
+    __slots__ = ("main_peak", "dlq_peak", "samples", "main_sum", "dlq_sum")
+
+    def __init__(self) -> None:
+        self.main_peak = self.dlq_peak = 0
+        self.samples = 0
+        self.main_sum = self.dlq_sum = 0
+
+    def sample(self, main: int, dlq: int) -> None:
+        self.samples += 1
+        self.main_sum += main
+        self.dlq_sum += dlq
+        if main > self.main_peak:
+            self.main_peak = main
+        if dlq > self.dlq_peak:
+            self.dlq_peak = dlq
+
+
 class Metrics:
     """Everything counted during a run. Updated by the engine only."""
 
@@ -227,22 +274,16 @@ class Metrics:
         self.latency_total = LatencyHistogram()  # arrival (or intended arrival) -> done, successes
         self.queue_wait = LatencyHistogram()  # arrival -> first send, every request sent
         self.errors = ErrorTable()
-        self.tps_series: deque[float] = deque(maxlen=series_len)
-        self.p50_series: deque[float] = deque(maxlen=series_len)
-        self.p99_series: deque[float] = deque(maxlen=series_len)
-        self._second: list[float] = []  # this second's latencies (ms)
-        self._second_ok = 0
-        # queue depth samples
-        self.main_peak = self.dlq_peak = 0
-        self._depth_samples = 0
-        self._main_sum = self._dlq_sum = 0
+        self.per_second = PerSecond(series_len)
+        self.depths = QueueDepths()
 
     def success(self, latency_ms: float, total_ms: float) -> None:
         self.succeeded += 1
-        self._second_ok += 1
+        second = self.per_second
+        second.ok += 1
         self.latency.add(latency_ms)
         self.latency_total.add(total_ms)
-        self._second.append(latency_ms)
+        second.latencies.append(latency_ms)
 
     def fail(self, cause: str) -> None:
         self.failed += 1
@@ -250,30 +291,37 @@ class Metrics:
 
     def close_second(self) -> None:
         """Roll the per-second series; called once a second by the engine."""
-        self.tps_series.append(float(self._second_ok))
-        if self._second:
-            values = sorted(self._second)
-            self.p50_series.append(_pct(values, 0.5))
-            self.p99_series.append(_pct(values, 0.99))
-        else:
-            self.p50_series.append(0.0)
-            self.p99_series.append(0.0)
-        self._second = []
-        self._second_ok = 0
+        self.per_second.close()
 
     def sample_depths(self, main: int, dlq: int) -> None:
-        self._depth_samples += 1
-        self._main_sum += main
-        self._dlq_sum += dlq
-        if main > self.main_peak:
-            self.main_peak = main
-        if dlq > self.dlq_peak:
-            self.dlq_peak = dlq
+        self.depths.sample(main, dlq)
+
+    @property
+    def tps_series(self) -> deque[float]:
+        return self.per_second.tps
+
+    @property
+    def p50_series(self) -> deque[float]:
+        return self.per_second.p50
+
+    @property
+    def p99_series(self) -> deque[float]:
+        return self.per_second.p99
+
+    @property
+    def main_peak(self) -> int:
+        return self.depths.main_peak
+
+    @property
+    def dlq_peak(self) -> int:
+        return self.depths.dlq_peak
 
     @property
     def main_avg(self) -> float:
-        return self._main_sum / self._depth_samples if self._depth_samples else 0.0
+        d = self.depths
+        return d.main_sum / d.samples if d.samples else 0.0
 
     @property
     def dlq_avg(self) -> float:
-        return self._dlq_sum / self._depth_samples if self._depth_samples else 0.0
+        d = self.depths
+        return d.dlq_sum / d.samples if d.samples else 0.0

@@ -63,6 +63,81 @@ class Message:
         self.calls: list[Request] = []
 
 
+class MessageCounts:
+    """Where the messages went: arrived == completed + failed + shed + backlog + in
+    progress; the attempts they wasted; completions per second (goodput)."""
+
+    __slots__ = (
+        "arrived",
+        "completed",
+        "failed",
+        "shed",
+        "calls_wasted",
+        "calls_cancelled",
+        "goodput",
+        "_second",
+    )
+
+    def __init__(self, series_len: int):
+        self.arrived = self.completed = self.failed = self.shed = 0
+        self.calls_wasted = 0  # attempts spent on messages that failed
+        self.calls_cancelled = 0  # calls of failed messages expired before any send
+        self.goodput: deque[float] = deque(maxlen=series_len)
+        self._second = 0  # completions this second
+
+    def complete(self) -> None:
+        self.completed += 1
+        self._second += 1
+
+    def close_second(self) -> None:
+        self.goodput.append(float(self._second))
+        self._second = 0
+
+
+class Sampler:
+    """Takes `fraction` of the arrivals, evenly: an accumulator, not a coin."""
+
+    __slots__ = ("fraction", "_acc")
+
+    def __init__(self, fraction: float):
+        self.fraction = fraction
+        self._acc = 0.0
+
+    def take(self) -> bool:
+        self._acc += self.fraction
+        if self._acc < 1.0:
+            return False
+        self._acc -= 1.0
+        return True
+
+
+class ShedLog:
+    """Shed messages as JSONL lines in `path` (none without one), written once a second."""
+
+    __slots__ = ("path", "_lines", "_out")
+
+    def __init__(self, path: str | None):
+        self.path = path or None
+        self._lines: list[str] = []  # written once a second (or when the source ends)
+        self._out = JsonLines(self.path, "shed messages to") if self.path else None
+
+    def add(self, line: dict) -> None:
+        if self.path:
+            self._lines.append(json.dumps(line))
+
+    def flush(self, sink: SourceSink) -> None:
+        out = self._out
+        if out is None or not self._lines:
+            return
+        if not out.write_lines(self._lines) and out.problem:
+            sink.problem(out.problem)  # later lines are counted, not written
+        self._lines.clear()
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+
+
 class MessageWorkload:
     """Messages of `calls` calls arriving at `rate` per second, behind an entry throttle.
 
@@ -110,8 +185,8 @@ class MessageWorkload:
         self.pattern = pattern
         self.throttle_mode, self.throttle_fixed = parse_throttle(throttle)
         self.excess = excess
-        self.sample_fraction = sample_fraction
-        self.shed_path = shed_path or None
+        self.sampler = Sampler(sample_fraction)
+        self.shed_log = ShedLog(shed_path)
         self.backlog_max = backlog_max
         self.poisson = poisson
         self.total = total
@@ -120,17 +195,9 @@ class MessageWorkload:
         self.rng = rng or random.Random()
         self.cancel_failed = True
         self.exhausted = False
-        # message counters: arrived == completed + failed + shed + backlog + in progress
-        self.arrived = self.completed = self.failed = self.shed = 0
-        self.calls_wasted = 0  # attempts spent on messages that failed
-        self.calls_cancelled = 0  # calls of failed messages expired before any send
-        self.goodput_series: deque[float] = deque(maxlen=series_len)
-        self._second_completed = 0
+        self.counts = MessageCounts(series_len)
         self.backlog: deque[Message] = deque()
         self.in_progress: dict[int, Message] = {}
-        self._sample_acc = 0.0
-        self._shed_lines: list[str] = []  # written once a second (or when the source ends)
-        self._shed_out = JsonLines(self.shed_path, "shed messages to") if self.shed_path else None
         self._sink: SourceSink | None = None
         self._waker = Waker()
         self._next_id = 0
@@ -200,7 +267,7 @@ class MessageWorkload:
         try:
             while not sink.stopping:
                 now = sink.clock()
-                if self.total is not None and self.arrived >= self.total and not self.backlog:
+                if self.total is not None and self.counts.arrived >= self.total and not self.backlog:
                     break
                 mode = self.throttle_mode
                 limit = self.throttle_rate(sink, now)
@@ -217,14 +284,14 @@ class MessageWorkload:
                         next_admit = max(next_admit + 1.0 / limit, now - 0.05)
                     continue
                 # 2. arrivals
-                can_arrive = self.rate > 0 and (self.total is None or self.arrived < self.total)
+                can_arrive = self.rate > 0 and (self.total is None or self.counts.arrived < self.total)
                 stalled = len(self.backlog) >= self.backlog_max  # backpressure on the source
                 if can_arrive and not stalled and now >= next_arrival:
                     params = None
                     if self.items is not None:
                         params = next(self.items, None)
                         if params is None:
-                            self.total = self.arrived  # the file ran out
+                            self.total = self.counts.arrived  # the file ran out
                             continue
                     msg = self._arrive(now, params)
                     if msg is not None:
@@ -260,9 +327,8 @@ class MessageWorkload:
                 await self._sleep(loop, min(wake) if wake else None, sink)
         finally:
             self.exhausted = not sink.stopping
-            self._flush_shed(sink)
-            if self._shed_out is not None:
-                self._shed_out.close()
+            self.shed_log.flush(sink)
+            self.shed_log.close()
         sink.source_done()
 
     def _room(self, sink: SourceSink) -> bool:
@@ -294,14 +360,11 @@ class MessageWorkload:
     def _arrive(self, now: float, params: dict | None) -> Message | None:
         """A message arrives; returns it unless sampling sheds it at once."""
         self._next_id += 1
-        self.arrived += 1
+        self.counts.arrived += 1
         msg = Message(self._next_id, now, params)
-        if self.excess == "sample":
-            self._sample_acc += self.sample_fraction
-            if self._sample_acc < 1.0:
-                self._shed(msg, now, "sample")
-                return None
-            self._sample_acc -= 1.0
+        if self.excess == "sample" and not self.sampler.take():
+            self._shed(msg, now, "sample")
+            return None
         return msg
 
     def _admit(self, sink: SourceSink, msg: Message, now: float) -> None:
@@ -329,9 +392,9 @@ class MessageWorkload:
         msg.open -= 1
         sink = self._sink
         if msg.failed:
-            self.calls_wasted += req.attempts
+            self.counts.calls_wasted += req.attempts
             if req.attempts == 0 and where == "expired":
-                self.calls_cancelled += 1
+                self.counts.calls_cancelled += 1
         elif where == "succeeded":
             msg.ok += 1
             msg.spent += req.attempts
@@ -343,16 +406,15 @@ class MessageWorkload:
             self._fail(msg, req)
 
     def _complete(self, msg: Message) -> None:
-        self.completed += 1
-        self._second_completed += 1
+        self.counts.complete()
         self.in_progress.pop(msg.id, None)
         msg.calls = []
 
     def _fail(self, msg: Message, req: Request) -> None:
         msg.failed = True
-        self.failed += 1
+        self.counts.failed += 1
         self.in_progress.pop(msg.id, None)
-        self.calls_wasted += msg.spent + req.attempts
+        self.counts.calls_wasted += msg.spent + req.attempts
         # Cancel what was not sent yet: a past deadline makes the worker (or
         # the ticker) expire it without a send. Calls in flight finish as they
         # will; their attempts are counted as wasted when they do.
@@ -362,53 +424,38 @@ class MessageWorkload:
         msg.calls = []
 
     def _shed(self, msg: Message, now: float, reason: str) -> None:
-        self.shed += 1
-        if self.shed_path:
+        self.counts.shed += 1
+        if self.shed_log.path:
             sink = self._sink
             arrived = sink.wall_time(msg.arrived_at) if sink is not None else msg.arrived_at
-            self._shed_lines.append(
-                json.dumps(
-                    {
-                        "message": msg.id,
-                        "reason": reason,
-                        "calls": self.calls,
-                        "arrived_at": round(arrived, 3),
-                    }
-                )
+            self.shed_log.add(
+                {"message": msg.id, "reason": reason, "calls": self.calls, "arrived_at": round(arrived, 3)}
             )
-
-    def _flush_shed(self, sink: SourceSink) -> None:
-        out = self._shed_out
-        if out is None or not self._shed_lines:
-            return
-        if not out.write_lines(self._shed_lines) and out.problem:
-            sink.problem(out.problem)  # later lines are counted, not written
-        self._shed_lines.clear()
 
     # ------------------------------------------------------------ engine hooks
     def close_second(self) -> None:
         """Roll the goodput series; the engine calls this once a second."""
-        self.goodput_series.append(float(self._second_completed))
-        self._second_completed = 0
+        self.counts.close_second()
         if self._sink is not None:
-            self._flush_shed(self._sink)
+            self.shed_log.flush(self._sink)
 
     def stats(self, elapsed_s: float) -> MessageStats:
         """This run's message counts, for the snapshot."""
+        c = self.counts
         return MessageStats(
             calls_per_message=self.calls,
             pattern=MessagePattern(self.pattern),
-            generated=self.arrived,
-            completed=self.completed,
-            failed=self.failed,
-            shed=self.shed,
+            generated=c.arrived,
+            completed=c.completed,
+            failed=c.failed,
+            shed=c.shed,
             queued=len(self.backlog),
             in_progress=len(self.in_progress),
-            calls_wasted=self.calls_wasted,
-            calls_cancelled=self.calls_cancelled,
-            goodput_tps=self.completed / elapsed_s if elapsed_s > 0 else 0.0,
-            current_goodput=self.goodput_series[-1] if self.goodput_series else 0.0,
-            goodput_series=tuple(self.goodput_series),
+            calls_wasted=c.calls_wasted,
+            calls_cancelled=c.calls_cancelled,
+            goodput_tps=c.completed / elapsed_s if elapsed_s > 0 else 0.0,
+            current_goodput=c.goodput[-1] if c.goodput else 0.0,
+            goodput_series=tuple(c.goodput),
             throttle_mode=self.throttle_mode,
             throttle_rate=round(self.throttle_rate(), 3),
             excess=Excess(self.excess),

@@ -56,7 +56,7 @@ _ratedeck() {{
             COMPREPLY=( $(compgen -f -- "$cur") ); return ;;
         --method) COMPREPLY=( $(compgen -W "GET POST" -- "$cur") ); return ;;
         --headroom) COMPREPLY=( $(compgen -W "adaptive" -- "$cur") ); return ;;
-        --preset) COMPREPLY=( $(compgen -W "seed" -- "$cur") ); return ;;
+        --preset) COMPREPLY=( $(compgen -W "study" -- "$cur") ); return ;;
         --theme) COMPREPLY=( $(compgen -W "ratedeck-dark ratedeck-light ratedeck-high-contrast" -- "$cur") ); return ;;
     esac
     if [ "$COMP_CWORD" -eq 1 ] && [[ "$cur" != -* ]]; then

@@ -27,6 +27,7 @@ from ratedeck.config import (
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
+from ratedeck.core.study_server import STUDY
 from ratedeck.host.process_host import ProcessHost
 from ratedeck.host.protocol import SpawnedHost
 from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_configs
@@ -70,7 +71,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     options from the flags; raises ConfigError (one line) for anything wrong."""
     cfg, source = load_run_config(args)
     check_store(cfg)
-    if cfg.preset not in (None, "seed") and cfg.target.url is None and not cfg.server:
+    if cfg.preset not in (None, STUDY) and cfg.target.url is None and not cfg.server:
         # The simulator speaks the seed's conventions (a key parameter): a real API's preset
         # against it only ever meets refusals.
         raise ConfigError(

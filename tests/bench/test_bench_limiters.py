@@ -1,4 +1,4 @@
-"""The bench's baseline limiters (the seed's two client designs) on a fake clock."""
+"""The bench's baseline limiters (the study's two client designs) on a fake clock."""
 
 import pytest
 
@@ -17,7 +17,7 @@ def poll_grants(lim: FixedIntervalRing, count: int, start_ms: float = 0.0, step_
 
 
 def max_in_closed_window(times, window_ms):
-    """The most sends in any closed window [t, t + window], as the seed server counts."""
+    """The most sends in any closed window [t, t + window], as the study's server counts."""
     return max(sum(1 for u in times if t <= u <= t + window_ms) for t in times)
 
 
@@ -59,7 +59,7 @@ def test_ring_alone_binds_when_the_interval_is_short():
 
 def test_adaptive_buffer_follows_average_latency_within_30_to_50_ms():
     lim = AdaptiveRing()
-    assert lim.buffer_ms == 40  # the seed's starting value
+    assert lim.buffer_ms == 40  # the study's starting value
     for _ in range(100):
         lim.record_latency(10.0)
     assert lim.buffer_ms == 30  # 11 ms, clamped up

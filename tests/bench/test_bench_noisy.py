@@ -87,7 +87,7 @@ def test_ratedeck_variants_add_a_probe_or_a_budget_and_load():
     plain = variant_overrides(spec("ratedeck"))
     assert "probe_url" not in plain["target"] and "rejection_budget" not in plain["engine"]
     for overrides in (probe, budget, plain):
-        load_config(preset="seed", overrides=overrides)  # valid configs
+        load_config(preset="study", overrides=overrides)  # valid configs
 
 
 def test_a_row_carries_the_share_and_what_the_headroom_was_made_of():

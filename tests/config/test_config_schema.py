@@ -19,7 +19,7 @@ from ratedeck.config.flags import overrides_from_args
 from ratedeck.config.load import PRESET_DIR
 from ratedeck.config.rows import FIELDS, NO_SWITCH, ROWS
 from ratedeck.config.settings import RunnerSettings
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
 from ratedeck.engine.settings import EngineSettings
 from ratedeck.runner.cli import build_parser
@@ -129,7 +129,7 @@ def test_the_rows_are_the_settings_objects_fields():
 
 def test_choices_reach_the_engine_as_enums():
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "engine": {"pacing": "burst", "headroom": "adaptive"},
             "workload": {"arrival": "poisson"},
@@ -142,13 +142,28 @@ def test_choices_reach_the_engine_as_enums():
     assert e.messages.pattern is MessagePattern.SEQUENTIAL and e.messages.excess is Excess.SHED
     saved = to_toml_dict(cfg)
     assert saved["engine"]["pacing"] == "burst" and type(saved["engine"]["pacing"]) is str
-    assert load_config(preset="seed", overrides=saved).engine_settings == e
+    assert load_config(preset="study", overrides=saved).engine_settings == e
 
 
-def test_the_seed_preset_is_a_data_file_with_the_seed_keys():
-    assert (PRESET_DIR / "seed.toml").is_file()
-    assert list(PRESETS)[0] == "seed"
-    assert PRESETS["seed"]["keys"]["secrets"] == list(SEED_KEYS)
+def test_the_study_preset_is_a_data_file_with_the_study_keys():
+    assert (PRESET_DIR / "study.toml").is_file()
+    assert list(PRESETS)[0] == "study"
+    assert PRESETS["study"]["keys"]["secrets"] == list(STUDY_KEYS)
+
+
+def test_seed_is_an_old_name_for_the_study_preset_and_says_so(tmp_path, capsys):
+    assert "seed" not in PRESETS  # an alias, not a preset of its own
+    study = load_config(preset="study")
+    assert capsys.readouterr().err == ""
+    by_flag = load_config(preset="seed")
+    assert capsys.readouterr().err == 'preset "seed" is an old name for "study"\n'
+    file = tmp_path / "old.toml"
+    file.write_text('preset = "seed"\n')
+    by_file = load_config(str(file))
+    assert capsys.readouterr().err == 'preset "seed" is an old name for "study"\n'
+    for cfg in (by_flag, by_file):
+        assert cfg.preset == "study"
+        assert cfg.engine_settings == study.engine_settings and cfg.server == study.server
 
 
 # ---------------------------------------------------------------- the JSON schema
@@ -223,7 +238,7 @@ def test_the_schema_accepts_a_saved_config(preset, monkeypatch):
         "keys": {"secrets": ["env:MY_KEYS"]},
         "run": {"fail_on": ["rejected_429>0"], "report": "r.json"},
     }
-    if preset != "seed":
+    if preset != "study":
         overrides["target"] = {"url": "https://api.example.com/v1/x"}
     saved = to_toml_dict(load_config(preset=preset, overrides=overrides))
     assert problems(saved, schema()) == []
@@ -248,7 +263,7 @@ def test_the_schema_accepts_a_saved_config_with_every_table(tmp_path, monkeypatc
             "paths": {"/orders": {"budgets": ["orders"], "weight": 2}},
             "run": {"duration_s": "5s", "plot": True, "seed": 3, "results": "res.jsonl"},
             "console": {"theme": "ratedeck-light", "keymap": {"pause_key": "x"}},
-            "server": {"mode": "seed"},
+            "server": {"mode": "study"},
         }
     )
     saved = to_toml_dict(cfg)

@@ -31,14 +31,14 @@ def test_bad_noisy_settings_are_one_line_and_exit_2(tmp_path, capsys, toml, need
 def test_a_probe_never_goes_to_the_rate_limited_path():
     with pytest.raises(ConfigError, match="rate-limited target itself"):
         load_config(
-            preset="seed",
+            preset="study",
             overrides={
                 "target": {"url": "http://h:9/api/request", "probe_url": "http://h:9/api/request/"},
                 "keys": {"secrets": ["k"]},
             },
         )
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "target": {
                 "url": "http://h:9/api/request",
@@ -49,7 +49,7 @@ def test_a_probe_never_goes_to_the_rate_limited_path():
         },
     )
     assert cfg.target.probe_url == "http://h:9/health" and cfg.target.probe_rate == 5.0
-    assert load_config(preset="seed").target.probe_url is None  # off unless asked for
+    assert load_config(preset="study").target.probe_url is None  # off unless asked for
 
 
 @pytest.mark.parametrize(

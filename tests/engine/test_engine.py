@@ -17,7 +17,7 @@ from ratedeck.engine.commands import (
     SetHeadroom,
 )
 from ratedeck.engine.engine import UnknownKey
-from ratedeck.server.settings import seed_settings
+from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import run_virtual
 from tests.support.engine_helpers import audit_max, seed_engine
 
@@ -149,7 +149,7 @@ def test_retry_after_closes_the_key_gate_and_nothing_is_sent_during_cooldown():
     # The client believes 20/1s; the server allows 10/1s and answers 429 with
     # Retry-After. After each such answer the key must send nothing until it passes.
     server = replace(
-        seed_settings(),
+        study_settings(),
         mode="standard",
         policies=(Policy(10, 1.0),),
         retry_after=True,

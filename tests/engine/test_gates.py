@@ -93,7 +93,7 @@ class ScriptedTransport(TransportBase):
 
 def one_key_engine(transport, **engine):
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "keys": {"secrets": ["KEY-ONE-0000000000"], "limits": ["20/1s"]},
             "target": {"nonce_param": ""},
@@ -263,7 +263,7 @@ def test_a_pool_caps_concurrent_calls_and_other_pools_keep_going(tmp_path):
 
     transport = PoolTransport(lambda k, t: (oc.OK, None), rtt=0.4)
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "target": {"nonce_param": ""},
             "workload": {"file": str(path)},
@@ -281,6 +281,6 @@ def test_an_unknown_pool_in_the_workload_file_is_a_clear_error(tmp_path):
 
     path = tmp_path / "work.jsonl"
     path.write_text('{"_pool": "nope"}\n')
-    cfg = load_config(preset="seed", overrides={"workload": {"file": str(path)}, "pools": {"read": 2}})
+    cfg = load_config(preset="study", overrides={"workload": {"file": str(path)}, "pools": {"read": 2}})
     with pytest.raises(ConfigError, match="line 1.*nope.*read"):
         Engine(cfg, ScriptedTransport(lambda k, t: (oc.OK, None)))

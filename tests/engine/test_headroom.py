@@ -17,7 +17,7 @@ def feed(h, n, start, rtt, spacing=0.01):
 
 def test_learns_from_spread_not_mean():
     rng = random.Random(3)
-    # Slow but steady: 400 ms +- 2 ms. The seed's rule (mean x 1.1, clamped 30..50)
+    # Slow but steady: 400 ms +- 2 ms. The study's rule (mean x 1.1, clamped 30..50)
     # would hold 50 ms; the spread says a few ms are enough.
     h = HeadroomController(initial_ms=100, narrow_ms_per_s=1000)
     feed(h, 600, 0.0, lambda: 0.4 + rng.uniform(-0.002, 0.002))
@@ -104,7 +104,7 @@ def test_per_request_extra_bounds_how_late_the_server_stamped_it():
 
 def test_two_sided_jitter_caps_extras_by_the_symmetric_estimate():
     rng = random.Random(9)
-    h, t = settled(lambda: rng.uniform(0, 0.05) + rng.uniform(0, 0.05))  # the seed server's legs
+    h, t = settled(lambda: rng.uniform(0, 0.05) + rng.uniform(0, 0.05))  # the study's server's legs
     cap = max(h.value_ms, h.target_ms)
     assert h.extra_for(0.090, t) * 1000 <= cap + 1e-9
     assert h.extra_for(0.030, t) * 1000 < cap

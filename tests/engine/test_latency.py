@@ -21,7 +21,7 @@ def test_overload_shows_in_arrival_to_done_while_send_to_answer_stays_near_the_n
     )
     snap = run_virtual(engine.run(10.0))
     assert snap.balance() == 0 and snap.succeeded > 800
-    # The seed server answers in 0..100 ms: send -> answer stays there.
+    # The study's server answers in 0..100 ms: send -> answer stays there.
     assert snap.latency.p99 < 150
     # From arrival (or the schedule a fixed rate promised), the wait shows: seconds.
     assert snap.latency_total.p99 > 2500 and snap.latency_total.p999 >= snap.latency_total.p99

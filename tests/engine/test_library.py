@@ -7,7 +7,7 @@ import pytest
 from ratedeck.config import load_config
 from ratedeck.engine.library import CallFailed, RateDeck, RateLimited
 from ratedeck.server.app import start_server
-from ratedeck.server.settings import seed_settings
+from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import run_virtual
 
 
@@ -20,7 +20,7 @@ class Slow(Exception):
 
 
 def cfg(**engine):
-    return load_config(preset="seed", overrides={"engine": {"ttl_s": 60.0, **engine}})
+    return load_config(preset="study", overrides={"engine": {"ttl_s": 60.0, **engine}})
 
 
 def test_run_returns_values_and_other_errors_reach_the_caller_unchanged():
@@ -41,7 +41,7 @@ def test_run_returns_values_and_other_errors_reach_the_caller_unchanged():
             return first, info.value
 
     first, err = run_virtual(main())
-    assert first == "JYA6"  # the seed preset's first key
+    assert first == "JYA6"  # the study preset's first key
     assert err is boom  # the very same exception object
     assert len(calls) == 2  # a non-rate-limit error is not retried
 
@@ -60,7 +60,7 @@ def test_rate_limits_are_retried_behind_the_gate_and_siblings_wait_too():
 
     async def main():
         c = load_config(
-            preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
+            preset="study", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
         )
         async with RateDeck(c, delay_error=lambda e: e.delay if isinstance(e, Slow) else None) as deck:
             return await asyncio.gather(*(deck.run(fn) for _ in range(5)))
@@ -85,13 +85,13 @@ def test_a_rate_limit_that_never_ends_gives_up_after_max_attempts():
 
 
 async def _simulator(settings=None):
-    return await start_server(settings or seed_settings())
+    return await start_server(settings or study_settings())
 
 
 def test_http_calls_against_a_simulator_on_loopback():
     async def main():
         server = await _simulator()
-        c = load_config(preset="seed", overrides={"target": {"url": f"{server.url}/api/request"}})
+        c = load_config(preset="study", overrides={"target": {"url": f"{server.url}/api/request"}})
         async with RateDeck(c) as deck:
             responses = await asyncio.gather(*(deck.call({"note": i}) for i in range(12)))
             snap = deck.snapshot()
@@ -109,7 +109,7 @@ def test_an_http_error_answer_reaches_the_caller_as_call_failed():
         # The embedded seed server knows only its five keys: this one is refused with 401.
         server = await _simulator()
         c = load_config(
-            preset="seed",
+            preset="study",
             overrides={
                 "keys": {"secrets": ["NOT-A-VALID-KEY-123"]},
                 "target": {"url": f"{server.url}/api/request"},
@@ -135,7 +135,7 @@ def test_a_cancelled_call_is_never_sent_and_ends_as_shed():
 
     async def main():
         c = load_config(
-            preset="seed", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
+            preset="study", overrides={"keys": {"secrets": ["ONLY-KEY-1234567"]}, "engine": {"ttl_s": 60.0}}
         )
         async with RateDeck(c, delay_error=lambda e: None) as deck:
             first = [asyncio.ensure_future(deck.run(fn)) for _ in range(30)]  # more than 20/1s

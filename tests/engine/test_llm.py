@@ -221,7 +221,7 @@ def test_a_refund_gives_back_what_the_server_did_not_charge():
 
 
 def test_a_real_api_preset_without_a_target_is_one_line_and_exit_2(tmp_path):
-    """The simulator speaks the seed's conventions: `--preset openai` against it would only be refused."""
+    """The simulator speaks the study's conventions: `--preset openai` against it would only be refused."""
     import subprocess
 
     proc = subprocess.run(

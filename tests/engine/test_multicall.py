@@ -216,7 +216,7 @@ def test_set_throttle_switches_live_and_rejects_nonsense():
 
 
 def test_a_plain_workload_has_no_message_part_and_a_message_run_balances_its_own():
-    engine = Engine(load_config(preset="seed"), SimulatedTransport(ServerSettings()))
+    engine = Engine(load_config(preset="study"), SimulatedTransport(ServerSettings()))
     assert engine.snapshot().messages is None
     snap = run_virtual(message_engine(rate=20.0).run(3.0))
     assert snap.messages is not None and snap.messages.balance() == 0
@@ -236,7 +236,7 @@ def test_a_plain_workload_has_no_message_part_and_a_message_run_balances_its_own
 )
 def test_bad_messages_settings_name_the_key(table, key):
     with pytest.raises(ConfigError) as info:
-        load_config(preset="seed", overrides={"messages": table})
+        load_config(preset="study", overrides={"messages": table})
     assert info.value.key == key
 
 
@@ -252,7 +252,7 @@ def test_messages_section_selects_the_message_workload():
     assert isinstance(engine.source, MessageWorkload)
     assert engine.source.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
     assert to_toml_dict(cfg)["messages"]["calls"] == 3
-    plain = load_config(preset="seed")
+    plain = load_config(preset="study")
     assert plain.messages is None and not isinstance(
         Engine(plain, SimulatedTransport(ServerSettings())).source, MessageWorkload
     )

@@ -33,7 +33,7 @@ def test_a_named_target_gets_no_limit_of_seeds():
     _eng, cfg = engine_for("http://api.example/v1")
     assert all(k.policies == () for k in cfg.keys)
     assert cfg.capacity_tps == 0
-    seed = load_config()  # the embedded simulator keeps the seed preset's 20/1s
+    seed = load_config()  # the embedded simulator keeps the study preset's 20/1s
     assert [str(p) for p in seed.keys[0].policies] == ["20/1s"]
 
 

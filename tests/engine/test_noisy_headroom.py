@@ -41,7 +41,7 @@ def build(settings: ServerSettings, seed=1, *, budget=0, probe=False, timing_hin
     if probe:
         target["probe_url"] = "http://simulator/health"
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "target": target,
             "keys": {"secrets": list(settings.keys)},

@@ -42,7 +42,7 @@ def test_commands_reach_the_child_and_stop_returns_the_final_snapshot(tmp_path, 
 @pytest.mark.slow
 def test_a_start_failure_in_the_child_is_raised_in_the_parent():
     # Settings the config loader would refuse, put in after loading: only the child finds out.
-    cfg = dataclasses.replace(load_config(), server={"mode": "seed", "latency_in_ms": [5, 1]})
+    cfg = dataclasses.replace(load_config(), server={"mode": "study", "latency_in_ms": [5, 1]})
     host = ProcessHost(cfg)
     with pytest.raises(ConfigError, match="server"):
         host.start()
@@ -75,11 +75,11 @@ def _session_on_a_thread(cfg, transport):
 def test_an_in_process_session_stops_from_another_thread_as_every_host_does(how):
     """`Session` has the whole `EngineHost` face: `stop_blocking` drains and `abort` stops
     at once from a thread other than the engine's loop; both return the final snapshot."""
-    from ratedeck.server.settings import seed_settings
+    from ratedeck.server.settings import study_settings
     from ratedeck.server.simulated import SimulatedTransport
 
     cfg = load_config(overrides={"engine": {"graveyard_path": ""}})
-    session, loop, thread = _session_on_a_thread(cfg, SimulatedTransport(seed_settings()))
+    session, loop, thread = _session_on_a_thread(cfg, SimulatedTransport(study_settings()))
     try:
         wait_for(session, lambda s: s.succeeded > 5)
         final = session.abort() if how == "abort" else session.stop_blocking()

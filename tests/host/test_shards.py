@@ -26,7 +26,7 @@ def _cfg(**sections):
     overrides = {"keys": {"secrets": KEYS, "limits": ["20/1s"]}, "engine": {"graveyard_path": ""}}
     for name, table in sections.items():
         overrides.setdefault(name, {}).update(table)
-    return load_config(preset="seed", overrides=overrides)
+    return load_config(preset="study", overrides=overrides)
 
 
 # ---------------------------------------------------------------- splitting
@@ -75,7 +75,7 @@ limits = ["30/1m"]
 
     data = tomllib.loads(text)
     data["engine"] = {"graveyard_path": ""}
-    cfg = load_config(preset="seed", overrides=data)
+    cfg = load_config(preset="study", overrides=data)
     parts = shard_configs(cfg, 4)
     for p in parts:
         budgets = {b.name: b.policies[0].limit for b in p.budgets}
@@ -117,7 +117,7 @@ def test_a_bad_procs_value_is_one_line_and_exit_2(capsys, text, needle):
 
 def test_a_host_limit_too_small_to_share_is_refused_before_the_run(tmp_path, capsys):
     config = tmp_path / "c.toml"
-    config.write_text(f'preset = "seed"\n[keys]\nsecrets = {json.dumps(KEYS)}\nhost_limits = ["1/1s"]\n')
+    config.write_text(f'preset = "study"\n[keys]\nsecrets = {json.dumps(KEYS)}\nhost_limits = ["1/1s"]\n')
     assert main(["--no-ui", "--duration", "1", "--procs", "2", "--config", str(config)]) == 2
     _, err = capsys.readouterr()
     assert "--procs" in err and "cannot be shared by 2 processes" in err

@@ -11,7 +11,7 @@ import tomllib
 import pytest
 
 from ratedeck.config import load_config
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.runner.cli import main
 from tests.runner.test_report_schema import accounted, validate
 
@@ -88,7 +88,7 @@ def test_save_config_round_trips_and_never_writes_a_literal_key(tmp_path, capsys
     # a seed-preset profile keeps the preset instead of the keys
     code, _, _ = run_cli(capsys, "--save-config", str(tmp_path / "seed.toml"))
     saved = (tmp_path / "seed.toml").read_text()
-    assert 'preset = "seed"' in saved and SEED_KEYS[0] not in saved
+    assert 'preset = "study"' in saved and STUDY_KEYS[0] not in saved
     assert load_config(str(tmp_path / "seed.toml")).keys == load_config().keys
 
 
@@ -136,7 +136,7 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     ):
         assert name in data
     everything = proc.stdout + proc.stderr + report.read_text()
-    assert not any(key in everything for key in SEED_KEYS)
+    assert not any(key in everything for key in STUDY_KEYS)
 
 
 @pytest.mark.slow

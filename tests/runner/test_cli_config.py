@@ -13,7 +13,7 @@ import pytest
 
 from ratedeck.config import ConfigError
 from ratedeck.core import paths
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.runner.cli import build_parser, main
 from ratedeck.runner.commands.run import load_run_config
 
@@ -58,11 +58,11 @@ def test_the_user_config_is_read_under_the_flags(xdg, tmp_path):
     cfg, source = _cfg()
     assert source == str(path)
     assert cfg.engine.in_flight_per_key == 3 and cfg.engine.ttl_s == 2 and cfg.theme == "ratedeck-light"
-    assert [k.secret for k in cfg.keys] == list(SEED_KEYS)  # the seed preset fills in the rest
+    assert [k.secret for k in cfg.keys] == list(STUDY_KEYS)  # the study preset fills in the rest
     cfg, _ = _cfg("--in-flight", "5")  # flags win
     assert cfg.engine.in_flight_per_key == 5 and cfg.engine.ttl_s == 2
     other = tmp_path / "other.toml"
-    other.write_text('preset = "seed"\n[engine]\nttl_s = 4.0\n')
+    other.write_text('preset = "study"\n[engine]\nttl_s = 4.0\n')
     cfg, source = _cfg("--config", str(other))  # --config replaces it
     assert source == str(other) and cfg.engine.ttl_s == 4 and cfg.engine.in_flight_per_key != 3
 
@@ -128,12 +128,12 @@ def test_config_path_and_show(xdg, tmp_path, monkeypatch):
 
 def test_a_small_config_file_without_a_target_runs_on_the_embedded_simulator(tmp_path, xdg):
     """A first config file that only sets a rate works as running with no file does:
-    the seed preset fills in the rest. One that names a target still needs keys."""
+    the study preset fills in the rest. One that names a target still needs keys."""
     tiny = tmp_path / "tiny.toml"
     tiny.write_text("[workload]\nrate = 50\n")
     cfg, source = _cfg("--config", str(tiny))
     assert source == str(tiny) and cfg.workload.rate == 50 and cfg.target.url is None
-    assert [k.secret for k in cfg.keys] == list(SEED_KEYS) and cfg.target.nonce_param == "nonce"
+    assert [k.secret for k in cfg.keys] == list(STUDY_KEYS) and cfg.target.nonce_param == "nonce"
     named = tmp_path / "named.toml"
     named.write_text('[target]\nurl = "https://api.example.com/v1"\n')
     with pytest.raises(ConfigError, match="no API keys given"):

@@ -1,6 +1,6 @@
 """`--fail-on EXPR`: a run fails with exit 99 when an expression holds over its report.
 
-The end-to-end case is the issue's: against the embedded simulator (seed mode: 20/1s per
+The end-to-end case is the issue's: against the embedded simulator (study mode: 20/1s per
 key, whatever the run is told), a run told 30/1s meets real 429s; with
 `--fail-on "rejected_429>0"` it exits 99 and says which threshold failed with the value,
 without it it exits 0.
@@ -63,7 +63,7 @@ def test_a_run_told_a_higher_limit_fails_its_threshold_and_passes_without_it(tmp
 @pytest.mark.slow
 def test_thresholds_that_do_not_hold_exit_0_and_config_fail_on_counts(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('preset = "seed"\n[run]\nfail_on = ["graveyard>0", "latency_ms.p99>60000"]\n')
+    config.write_text('preset = "study"\n[run]\nfail_on = ["graveyard>0", "latency_ms.p99>60000"]\n')
     report = tmp_path / "r.json"
     ok = _cli(tmp_path, "--no-ui", "--config", str(config), "--duration", "1s", "--report", str(report))
     assert ok.returncode == 0, ok.stderr
@@ -102,11 +102,11 @@ def test_a_malformed_threshold_is_one_line_and_exit_2(capsys, expr, needle):
 
 def test_a_bad_threshold_in_the_config_names_the_file(tmp_path, capsys):
     config = tmp_path / "c.toml"
-    config.write_text('preset = "seed"\n[run]\nfail_on = ["rejected_429>0", "nope<1"]\n')
+    config.write_text('preset = "study"\n[run]\nfail_on = ["rejected_429>0", "nope<1"]\n')
     assert main(["--no-ui", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{config}: run.fail_on[1]: unknown field 'nope'" in err
-    config.write_text('preset = "seed"\n[run]\nfail_on = 3\n')
+    config.write_text('preset = "study"\n[run]\nfail_on = 3\n')
     assert main(["--no-ui", "--config", str(config)]) == 2
     assert "run.fail_on" in capsys.readouterr().err
 

@@ -230,7 +230,7 @@ def test_a_named_target_gets_no_seed_defaults():
         }
     )
     assert many.main_queue_max == 4 * 50 * 8  # every key's limiter kept busy
-    seed = load_config(preset="seed")
+    seed = load_config(preset="study")
     assert (seed.engine.ttl_s, seed.main_queue_max, seed.drain_s) == (1.0, 50, 2.0)
     shown = shown_config(cfg, None)
     assert "ttl_s" not in shown and "queue_max" not in shown and "drain_timeout_s" not in shown, shown
@@ -244,11 +244,11 @@ def test_ttl_is_opt_in_and_empty_switches_it_off(tmp_path):
     assert load_config(str(config)).engine.ttl_s == 30.0
     assert load_config(str(config), overrides={"engine": {"ttl_s": ""}}).engine.ttl_s is None
     config.write_text('[engine]\nttl_s = ""\n')
-    assert load_config(str(config), preset="seed").engine.ttl_s is None
+    assert load_config(str(config), preset="study").engine.ttl_s is None
 
 
 def test_jobs_from_a_file_never_expire_by_default(target, tmp_path):
-    """Arrivals far above the limit: under the seed's 1 s TTL most would expire; now none do."""
+    """Arrivals far above the limit: under the study's 1 s TTL most would expire; now none do."""
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("".join(f'{{"n": {i}}}\n' for i in range(40)))
     report = tmp_path / "r.json"

@@ -23,7 +23,7 @@ from ratedeck.config import load_config, to_toml_dict
 from ratedeck.console.themes import load_themes
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.core.secrets import redact, safe_url
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.engine.http.delays import (
     MAX_DELAY_S,
     advertised_policies,
@@ -73,7 +73,7 @@ def test_a_binary_key_file_is_one_line(tmp_path):
 def test_empty_keys_flag_never_falls_back_to_the_demo_keys(tmp_path):
     proc = run(tmp_path, "--no-ui", "--target", TARGET, "--keys", "", "--duration", "1")
     line = assert_one_line(proc, "no API keys")
-    assert not any(k in proc.stdout + proc.stderr for k in SEED_KEYS) and KEY not in line
+    assert not any(k in proc.stdout + proc.stderr for k in STUDY_KEYS) and KEY not in line
 
 
 def test_a_target_without_keys_is_refused_not_sent_the_demo_keys(tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ratedeck.core.seed_server import SEED_KEYS
+from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.engine.observe.metrics import BUCKET_EDGES_MS
 from ratedeck.engine.snapshot import ErrorRow, GateRow, KeyRow, LatencySummary, Snapshot
 from ratedeck.runner.prometheus import Scrape, families, serve_metrics
@@ -139,7 +139,7 @@ def test_a_scrape_during_a_run_parses_and_the_end_equals_the_report(tmp_path):
     )
     assert _value(end, "ratedeck_client_processes") == data["client"]["procs"] == 1
     everything = "".join(seen) + out + err + end_text
-    assert not any(k in everything for k in SEED_KEYS)
+    assert not any(k in everything for k in STUDY_KEYS)
 
 
 @pytest.mark.slow

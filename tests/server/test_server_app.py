@@ -9,9 +9,9 @@ import aiohttp
 
 from ratedeck.core.policy import parse_policy
 from ratedeck.server.app import start_server
-from ratedeck.server.settings import SEED_KEYS, ServerSettings, seed_settings
+from ratedeck.server.settings import STUDY_KEYS, ServerSettings, study_settings
 
-KEY = SEED_KEYS[0]
+KEY = STUDY_KEYS[0]
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
 
@@ -57,7 +57,7 @@ async def get(session: aiohttp.ClientSession, **params) -> tuple[int, dict, dict
 
 def test_unknown_key_is_answered_before_the_incoming_latency():
     fake = FakeTime()
-    settings = replace(seed_settings(), latency_in_ms=(30, 30), latency_out_ms=(7, 7))
+    settings = replace(study_settings(), latency_in_ms=(30, 30), latency_out_ms=(7, 7))
 
     async def scenario(session, server):
         return await get(session, api_key="nope", nonce="1", req_id="r")
@@ -70,7 +70,7 @@ def test_unknown_key_is_answered_before_the_incoming_latency():
 
 def test_decision_time_is_taken_after_the_incoming_latency():
     fake = FakeTime()
-    settings = replace(seed_settings(), latency_in_ms=(30, 30), latency_out_ms=(7, 7))
+    settings = replace(study_settings(), latency_in_ms=(30, 30), latency_out_ms=(7, 7))
 
     async def scenario(session, server):
         return await get(session, api_key=KEY, nonce="1", req_id="r-1")
@@ -83,7 +83,7 @@ def test_decision_time_is_taken_after_the_incoming_latency():
 def test_latency_is_drawn_within_the_configured_range():
     fake = FakeTime()
     settings = replace(
-        seed_settings(),
+        study_settings(),
         latency_in_ms=(3, 9),
         latency_out_ms=(0, 0),
         policies=(parse_policy("1000/1s"),),
@@ -107,7 +107,7 @@ def test_zero_latency_does_not_sleep():
     async def scenario(session, server):
         return await get(session, api_key=KEY, nonce="1")
 
-    status, _, _ = run_against(zero_latency(seed_settings()), scenario, fake)
+    status, _, _ = run_against(zero_latency(study_settings()), scenario, fake)
     assert status == 200
     assert [kind for kind, _ in fake.events] == ["clock"]
 
@@ -115,11 +115,11 @@ def test_zero_latency_does_not_sleep():
 def test_seed_answers_over_http_with_the_real_clock():
     async def scenario(session, server):
         answers = [await get(session, api_key=KEY, nonce=str(n), req_id=str(n)) for n in range(1, 22)]
-        answers.append(await get(session, api_key=SEED_KEYS[1], nonce="1"))
-        answers.append(await get(session, api_key=SEED_KEYS[1], nonce="1"))
+        answers.append(await get(session, api_key=STUDY_KEYS[1], nonce="1"))
+        answers.append(await get(session, api_key=STUDY_KEYS[1], nonce="1"))
         return answers
 
-    answers = run_against(zero_latency(seed_settings()), scenario)
+    answers = run_against(zero_latency(study_settings()), scenario)
     assert [a[0] for a in answers[:20]] == [200] * 20
     assert answers[19][1] == {"status": "OK", "req_id": "20"}
     # Twenty-one requests within far less than a second: the last is over the limit.
@@ -139,14 +139,14 @@ def test_form_bodies_are_accepted_on_post_and_get():
             "/api/request", data={"api_key": KEY, "nonce": "6", "req_id": "got"}
         ) as response:
             results.append((response.status, await response.json()))
-        # The query string wins over the form, as in the seed's Flask server.
+        # The query string wins over the form, as in the study's Flask server.
         async with session.post(
             "/api/request?req_id=from-query", data={"api_key": KEY, "nonce": "7", "req_id": "form"}
         ) as response:
             results.append((response.status, await response.json()))
         return results
 
-    results = run_against(zero_latency(seed_settings()), scenario)
+    results = run_against(zero_latency(study_settings()), scenario)
     assert results == [
         (200, {"status": "OK", "req_id": "posted"}),
         (200, {"status": "OK", "req_id": "got"}),
@@ -187,12 +187,12 @@ def test_stats_and_reset():
             stats_after = await response.json()
         return stats_before, stats_text, reset_status, again, stats_after
 
-    before, text, reset_status, again, after = run_against(zero_latency(seed_settings()), scenario)
+    before, text, reset_status, again, after = run_against(zero_latency(study_settings()), scenario)
     assert before["totals"]["ok"] == 1
     assert before["totals"]["rejected_nonce"] == 1
     assert before["host"]["unknown_key"] == 1
     assert before["keys"][0]["key"] == "…JYA6"
-    assert all(key not in text for key in SEED_KEYS)
+    assert all(key not in text for key in STUDY_KEYS)
     assert reset_status == 200
     assert again[0] == 200  # nonce 1 is fresh again after the reset
     assert after["totals"]["requests"] == 1
@@ -204,7 +204,7 @@ def test_running_server_exposes_url_port_and_rules():
         await get(session, api_key=KEY, nonce="1")
         return server.rules.stats()["totals"]["ok"]
 
-    assert run_against(zero_latency(seed_settings()), scenario) == 1
+    assert run_against(zero_latency(study_settings()), scenario) == 1
 
 
 def test_standard_mode_takes_a_bearer_key_as_a_named_target_sends_it():

@@ -1,4 +1,4 @@
-"""RateRules on explicit times: the seed server's semantics and the richer modes."""
+"""RateRules on explicit times: the study's server's semantics and the richer modes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.server.audit import WindowAudit
 from ratedeck.server.rules import RateRules
-from ratedeck.server.settings import SEED_KEYS, ServerSettings, seed_settings
+from ratedeck.server.settings import STUDY_KEYS, ServerSettings, study_settings
 
-KEY = SEED_KEYS[0]
+KEY = STUDY_KEYS[0]
 
 
 def plain(**changes) -> ServerSettings:
@@ -39,13 +39,13 @@ def fill(rules: RateRules, key: str, count: int, now_ms: float, first_nonce: int
 
 
 def test_unknown_key_is_401_with_the_seed_body():
-    decision = RateRules(seed_settings()).decide("NOT-A-KEY", 1, 0.0)
+    decision = RateRules(study_settings()).decide("NOT-A-KEY", 1, 0.0)
     assert decision.status == 401
     assert decision.body == {"status": "error", "error_msg": "invalid api key"}
 
 
 def test_success_echoes_req_id():
-    decision = RateRules(seed_settings()).decide(KEY, 1, 0.0, req_id="abc")
+    decision = RateRules(study_settings()).decide(KEY, 1, 0.0, req_id="abc")
     assert (decision.status, decision.body) == (200, {"status": "OK", "req_id": "abc"})
 
 
@@ -59,7 +59,7 @@ def test_window_boundary_is_strict():
 
 
 def test_seed_mode_stamps_whole_milliseconds_like_the_original():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     nonce = fill(rules, KEY, 20, 0.0)
     # 1000.9 ms is stamped 1000, which is not more than one window after 0.
     assert rules.decide(KEY, nonce, 1000.9).status == 429
@@ -85,7 +85,7 @@ def test_several_policies_are_all_or_nothing():
 
 
 def test_nonce_must_increase_and_a_bad_nonce_wastes_the_slot():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     assert rules.decide(KEY, 0, 0.0).status == 400  # the original starts from 0
     assert rules.decide(KEY, "7", 0.0).status == 200
     bad = rules.decide(KEY, "7", 0.0)
@@ -111,7 +111,7 @@ def test_nonce_is_ignored_when_not_required():
 
 
 def test_seed_mode_blocks_after_ten_rejections_for_good():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     fill(rules, KEY, 20, 0.0)
     for _ in range(10):
         decision = rules.decide(KEY, 999, 500.0)
@@ -121,7 +121,7 @@ def test_seed_mode_blocks_after_ten_rejections_for_good():
         blocked = rules.decide(KEY, 10_000 + later, later)
         assert blocked.status == 429
         assert blocked.body == {"status": "error", "error_msg": "too many rate limit errors: blocked"}
-    assert rules.decide(SEED_KEYS[1], 1, 500.0).status == 200
+    assert rules.decide(STUDY_KEYS[1], 1, 500.0).status == 200
     stats = rules.stats()["keys"]
     assert stats[0]["blocked"] is True
     assert stats[0]["rejected_429"] == 10
@@ -130,7 +130,7 @@ def test_seed_mode_blocks_after_ten_rejections_for_good():
 
 
 def test_nine_rejections_do_not_block():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     fill(rules, KEY, 20, 0.0)
     for _ in range(9):
         rules.decide(KEY, 999, 500.0)
@@ -244,17 +244,17 @@ def test_fault_rate_is_roughly_the_fraction_asked_for():
 
 
 def test_stats_mask_keys_and_are_json_ready():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     rules.decide(KEY, 1, 0.0)
     text = json.dumps(rules.stats())
-    for key in SEED_KEYS:
+    for key in STUDY_KEYS:
         assert key not in text
     rows = rules.stats()["keys"]
     assert [(row["index"], row["key"]) for row in rows][:2] == [(0, "…JYA6"), (1, "…9F5O")]
 
 
 def test_reset_forgets_everything():
-    rules = RateRules(seed_settings())
+    rules = RateRules(study_settings())
     fill(rules, KEY, 20, 0.0)
     for _ in range(11):
         rules.decide(KEY, 999, 1.0)
@@ -326,16 +326,16 @@ def test_settings_errors_name_the_field(data, field):
 def test_settings_round_trip_through_dicts():
     settings = plain(host_policies=(parse_policy("5/500ms"),), escalation=True, seed=4)
     assert ServerSettings.from_dict(settings.to_dict()) == settings
-    assert ServerSettings.from_dict(seed_settings().to_dict()) == seed_settings()
+    assert ServerSettings.from_dict(study_settings().to_dict()) == study_settings()
 
 
-def test_seed_settings_are_the_seed_server():
-    s = seed_settings()
-    assert s.keys == SEED_KEYS and len(s.keys) == 5
+def test_study_settings_are_the_study_server():
+    s = study_settings()
+    assert s.keys == STUDY_KEYS and len(s.keys) == 5
     assert s.policies == (Policy(20, 1.0),)
     assert s.latency_in_ms == s.latency_out_ms == (0, 50)
     assert (s.block_after, s.nonce, s.retry_after) == (10, True, False)
-    assert ServerSettings.from_dict({"mode": "seed"}) == s
+    assert ServerSettings.from_dict({"mode": "study"}) == s
 
 
 def test_from_dict_fills_from_the_mode_and_generates_keys():

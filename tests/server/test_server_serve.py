@@ -14,7 +14,7 @@ import pytest
 
 from ratedeck.core.policy import Policy
 from ratedeck.server.serve import add_serve_arguments, run_serve, settings_from_args
-from ratedeck.server.settings import SEED_KEYS, seed_settings
+from ratedeck.server.settings import STUDY_KEYS, ServerSettings, study_settings
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -23,10 +23,30 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_defaults_are_the_seed_server():
+def test_defaults_are_the_study_server():
     args = parse()
     assert (args.port, args.host) == ("9999", "127.0.0.1")
-    assert settings_from_args(args) == seed_settings()
+    assert settings_from_args(args) == study_settings()
+
+
+def test_seed_is_an_old_name_for_study_mode_and_says_so(tmp_path, capsys):
+    said = 'mode "seed" is an old name for "study"\n'
+    assert settings_from_args(parse("--mode", "seed")) == study_settings()
+    assert capsys.readouterr().err == said
+    config = tmp_path / "server.toml"
+    config.write_text('mode = "seed"\n')
+    assert settings_from_args(parse("--config", str(config))) == study_settings()
+    assert capsys.readouterr().err == said
+    assert ServerSettings.from_dict({"mode": "seed"}) == study_settings()
+    assert capsys.readouterr().err == said
+    from ratedeck.config import load_config  # a run's [server] table names the mode too
+
+    run = tmp_path / "run.toml"
+    run.write_text('[server]\nmode = "seed"\n')
+    assert load_config(str(run)).server["mode"] == "study"
+    assert capsys.readouterr().err == said
+    settings_from_args(parse("--mode", "study"))
+    assert capsys.readouterr().err == ""
 
 
 def test_standard_mode_options():
@@ -65,7 +85,7 @@ def test_standard_mode_options():
 
 def test_keys_as_a_list_and_as_a_seed_subset():
     assert settings_from_args(parse("--keys", "a, b,c")).keys == ("a", "b", "c")
-    assert settings_from_args(parse("--keys", "2")).keys == SEED_KEYS[:2]
+    assert settings_from_args(parse("--keys", "2")).keys == STUDY_KEYS[:2]
     assert settings_from_args(parse("--latency", "0")).latency_in_ms == (0, 0)
 
 
@@ -126,10 +146,10 @@ def test_serves_until_a_signal_and_exits_quietly(signum):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
-        assert "seed mode, 5 keys" in line
+        assert "study mode, 5 keys" in line
         url = line.split()[2]
         with urllib.request.urlopen(
-            f"{url}/api/request?api_key={SEED_KEYS[0]}&nonce=1&req_id=x", timeout=5
+            f"{url}/api/request?api_key={STUDY_KEYS[0]}&nonce=1&req_id=x", timeout=5
         ) as response:
             assert json.load(response) == {"status": "OK", "req_id": "x"}
         process.send_signal(signum)

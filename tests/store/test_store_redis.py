@@ -19,7 +19,7 @@ from ratedeck.config import load_config
 from ratedeck.core.vocab import Ending, KeyState
 from ratedeck.engine.engine import Engine
 from ratedeck.runner.report import build_report
-from ratedeck.server.settings import seed_settings
+from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import SimulatedTransport
 from ratedeck.store.base import Finished, StoreError
 from ratedeck.store.redis import RedisStore
@@ -44,7 +44,7 @@ async def until(cond, timeout_s: float, step_s: float = 0.02, why=None) -> float
 
 def member(url: str, transport, ns: str, rate: float = 100.0, pacing: str = "even") -> Engine:
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "engine": {"graveyard_path": "", "pacing": pacing},
             "workload": {"rate": rate},
@@ -184,7 +184,7 @@ def test_cli_unreachable_redis_exits_2_with_one_line():
 
 def test_two_members_share_the_budget_and_a_gate(redis_any):
     async def main():
-        transport = SimulatedTransport(seed_settings())
+        transport = SimulatedTransport(study_settings())
         a = member(redis_any.url, transport, "m1")
         b = member(redis_any.url, transport, "m1")
         a.start()
@@ -230,7 +230,7 @@ def test_two_members_share_the_budget_and_a_gate(redis_any):
 
 def test_two_members_each_see_the_other_in_their_snapshot(redis_server):
     async def main():
-        transport = SimulatedTransport(seed_settings())
+        transport = SimulatedTransport(study_settings())
         a = member(redis_server.url, transport, "m3")
         b = member(redis_server.url, transport, "m3")
         jobs = RedisStore(redis_server.url, namespace="m3")
@@ -277,7 +277,7 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
     server = redis_any
 
     async def main():
-        transport = SimulatedTransport(seed_settings())
+        transport = SimulatedTransport(study_settings())
         # bursts: a window's whole budget at once, so a lost state would show as an overrun
         a = member(server.url, transport, "m2", pacing="burst")
         b = member(server.url, transport, "m2", pacing="burst")

@@ -19,7 +19,7 @@ import pytest
 from ratedeck.config import load_config
 from ratedeck.engine.cluster.member import host_fingerprint
 from ratedeck.engine.engine import Engine
-from ratedeck.server.settings import seed_settings
+from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import SimulatedTransport
 from ratedeck.store.redis import RedisStore
 from ratedeck.store.redis_shared import RedisShared
@@ -34,7 +34,7 @@ RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 
 def _member(url: str, target: str, ns: str) -> tuple[Engine, SimulatedTransport]:
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={
             "target": {"url": target},  # names the budgets (its host); the simulated server answers
             "engine": {"graveyard_path": "", "pacing": "burst"},
@@ -42,7 +42,7 @@ def _member(url: str, target: str, ns: str) -> tuple[Engine, SimulatedTransport]
             "run": {"seed": 1},
         },
     )
-    transport = SimulatedTransport(seed_settings())
+    transport = SimulatedTransport(study_settings())
     return Engine(cfg, transport, shared_state=RedisShared(url, namespace=ns)), transport
 
 

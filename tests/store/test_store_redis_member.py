@@ -15,7 +15,7 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import KeyState
 from ratedeck.engine.cluster.member import Grant, Poll, StoreUnavailable
 from ratedeck.engine.engine import Engine
-from ratedeck.server.settings import seed_settings
+from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
 from ratedeck.store.redis_shared import cluster_view
 
@@ -48,7 +48,7 @@ class FakeShared:
 
     async def lease(self, asks, count, headroom_s, slack_s, pace_s, spacing, horizon_s, hold_s):
         self._check()
-        budget = asks[0].budget  # the seed preset: each key's own limits only
+        budget = asks[0].budget  # the study preset: each key's own limits only
         now = self.clock()
         fresh = budget not in self.last
         if fresh:
@@ -102,10 +102,10 @@ class FakeShared:
 
 def _engine(shared: FakeShared) -> Engine:
     cfg = load_config(
-        preset="seed",
+        preset="study",
         overrides={"engine": {"graveyard_path": ""}, "workload": {"rate": 200.0}, "run": {"seed": 3}},
     )
-    return Engine(cfg, SimulatedTransport(seed_settings()), shared_state=shared)
+    return Engine(cfg, SimulatedTransport(study_settings()), shared_state=shared)
 
 
 def _sends_by_key(engine: Engine) -> dict[str, int]:
