@@ -22,6 +22,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Callable
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import MAX_RATE, readable
@@ -36,14 +37,14 @@ from ratedeck.engine.http.transport import Transport
 from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
 from ratedeck.engine.limits.headroom import HeadroomController
-from ratedeck.engine.limits.leases import LeasedSlots
 from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.observe.events import EventLog
 from ratedeck.engine.observe.makespan import MakespanMeter
 from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.path.key import UNKNOWN_LIMIT, KeyLeases, KeyLimits, Learning
 from ratedeck.engine.path.request_path import RequestPath, SharedGates
 from ratedeck.engine.path.settle import SettleRules
-from ratedeck.engine.path.worker import UNKNOWN_LIMIT, KeyWorker
+from ratedeck.engine.path.worker import KeyWorker
 from ratedeck.engine.snapshot import BudgetRow, GateRow, Snapshot
 from ratedeck.engine.sources.multicall import source_from_config
 from ratedeck.engine.sources.workload import bursts_in_time
@@ -59,7 +60,7 @@ from .commands import (
     SetHeadroom,
     SetThrottle,
 )
-from .ports import Cooldown, FinishWatcher, SharedState, Source
+from .ports import Cooldown, FinishWatcher, RunClock, SharedState, Source
 from .queues import Graveyard, WorkQueues
 from .request import CallFn, DoneCallback, Request
 from .settings import GRAVEYARD_AUTO, EngineSettings, HoldsEngineSettings, engine_settings
@@ -180,61 +181,34 @@ class Engine:
 
         # Named budgets ([[budgets]]): host-scope ones shared here, key-scope ones per worker.
         self.budgets = Budgets(cfg, make_limiter)
-        for spec in cfg.keys:
-            gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
-            # Sends closer than the network jitter can reach a nonce-checking
-            # server out of order: keep whole gaps there.
-            # A key with no limit given starts with none it would enforce: it sends one at a time
-            # (KeyWorker.discovering) until the server's first answer advertises one.
-            limiter = make_limiter(spec.policies or (UNKNOWN_LIMIT,))
-            key_budgets = {b.name: make_limiter(b.policies) for b in self.budgets.key_specs}
-            self.workers.append(
-                KeyWorker(
-                    self,
-                    spec,
-                    limiter,
-                    (gate, self.host_gate),
-                    e.in_flight_per_key,
-                    use_nonce=uses_nonce,
-                    shared=shared,
-                    budgets=self.budgets,
-                    key_budgets=key_budgets,
-                    key_weighted=cfg.key_weighted,
-                    climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
-                    slow_start=e.slow_start,
-                    learn_first=e.learn_first,
-                )
-            )
+        self.run_state = RunClock(time.monotonic)  # the loop's clock once started
+        self.log = EventLog()
+        self.events = self.log.rows
+        self.event = self.log.event
         # A shared store (Redis): key budgets granted as leases, gates shared, the store's own gate.
         self.store_gate = CooldownGate("store")
         self.cluster: ClusterMember | None = None
+        url = cfg.target.url
         if shared_state is not None:
             self.gates["store"] = self.store_gate
             self.cluster = ClusterMember(
                 self,
                 shared_state,
-                {w.label: budget_name(cfg.target.url, w.spec.secret) for w in self.workers},
-                gate_names(cfg.target.url, {w.label: w.spec.secret for w in self.workers}),
+                {k.label: budget_name(url, k.secret) for k in cfg.keys},
+                gate_names(url, {k.label: k.secret for k in cfg.keys}),
             )
-            # Every budget is granted by the store: each key's own limits, the host's, the
-            # named ones (host scope: one for every member; key scope: one per key).
-            url = cfg.target.url
-            host_names = {name: budget_name(url, None, name) for name in self.budgets.host}
-            for w in self.workers:
-                names = w.store_names
-                names[w.limiter] = self.cluster.budget_ids[w.label]
-                if self.host_limiter is not None:
-                    names[self.host_limiter] = budget_name(url, None, "host_limits")
-                for name, lim in self.budgets.host.items():
-                    names[lim] = host_names[name]
-                for name, lim in w.key_budgets.items():
-                    names[lim] = budget_name(url, w.spec.secret, name)
-                w.gates = (*w.gates, self.store_gate)
-                w.leases = LeasedSlots()
-                w.want_leases = self.cluster.want
-        self.log = EventLog()
-        self.events = self.log.rows
-        self.event = self.log.event
+        weighted = [b.name for b in cfg.budgets if b.weighted and b.scope == "host"]
+        learning = Learning(
+            budgets=self.budgets,
+            headroom=self.headroom,
+            events=self.log,
+            learn_policy=e.learn_policy,
+            free_statuses=cfg.target.free_statuses,
+            weighted_host=self.budgets.host.get(weighted[0]) if weighted else None,
+            discovered=self.limits_discovered,
+            no_limit=self.no_limit,
+            watcher=self.cluster,
+        )
         settle_rules = SettleRules(
             max_attempts=e.max_attempts,
             backoff_base_s=e.backoff_base_ms / 1000.0,
@@ -242,30 +216,70 @@ class Engine:
             host_gate=bool(cfg.host_policies),
             host_limit_match=cfg.target.host_limit_match,
         )
-        weighted = [b.name for b in cfg.budgets if b.weighted and b.scope == "host"]
         # The request path: launch, send, settle, apply; it hands each end back to `finish`.
         self.path = RequestPath(
-            transport,
-            self.queues,
-            self.metrics,
-            self.headroom,
-            self.graveyard,
-            self.budgets,
-            self.budgets.host.get(weighted[0]) if weighted else None,
-            self.host_gate,
-            settle_rules,
-            self.rng,
-            cfg.pools,
-            self,
-            self.log,
-            cooldown if cooldown is not None else SharedGates(self.log, self.cluster),
-            self.redact,
-            learn_policy=e.learn_policy,
-            free_statuses=cfg.target.free_statuses,
-            budget_watcher=self.cluster,
+            transport=transport,
+            queues=self.queues,
+            metrics=self.metrics,
+            headroom=self.headroom,
+            graveyard=self.graveyard,
+            host_gate=self.host_gate,
+            settle_rules=settle_rules,
+            rng=self.rng,
+            ends=self,
+            events=self.log,
+            cooldown=cooldown if cooldown is not None else SharedGates(self.log, self.cluster),
+            redact=self.redact,
+            pools=cfg.pools,
         )
-        self.path.no_limit = self.no_limit
-        self.path.discovered = self.limits_discovered
+        host_names = {name: budget_name(url, None, name) for name in self.budgets.host}
+        for spec in cfg.keys:
+            gate = self.gates.setdefault(spec.label, CooldownGate(spec.label))
+            # Sends closer than the network jitter can reach a nonce-checking
+            # server out of order: keep whole gaps there.
+            # A key with no limit given starts with none it would enforce: it sends one at a time
+            # (KeyLimits.discovering) until the server's first answer advertises one.
+            limiter = make_limiter(spec.policies or (UNKNOWN_LIMIT,))
+            key_budgets = {b.name: make_limiter(b.policies) for b in self.budgets.key_specs}
+            leases = None
+            gates: tuple[CooldownGate, ...] = (gate, self.host_gate)
+            if self.cluster is not None:
+                # Every budget is granted by the store: each key's own limits, the host's, the
+                # named ones (host scope: one for every member; key scope: one per key).
+                names = {limiter: self.cluster.budget_ids[spec.label]}
+                if self.host_limiter is not None:
+                    names[self.host_limiter] = budget_name(url, None, "host_limits")
+                for name, lim in self.budgets.host.items():
+                    names[lim] = host_names[name]
+                for name, lim in key_budgets.items():
+                    names[lim] = budget_name(url, spec.secret, name)
+                leases = KeyLeases(names, self.cluster.want)
+                gates = (*gates, self.store_gate)
+            limits = KeyLimits(
+                spec,
+                limiter,
+                learning,
+                max_in_flight=e.in_flight_per_key,
+                shared=shared,
+                key_budgets=key_budgets,
+                key_weighted=cfg.key_weighted,
+                climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
+                slow_start=e.slow_start,
+                learn_first=e.learn_first,
+                leases=leases,
+            )
+            self.workers.append(
+                KeyWorker(
+                    spec,
+                    limits,
+                    run=self.run_state,
+                    queues=self.queues,
+                    path=self.path,
+                    gates=gates,
+                    use_nonce=uses_nonce,
+                    budgets=self.budgets,
+                )
+            )
         # What a key worker calls (`ports.WorkerHost`): the path's own, bound once.
         self.launch = self.path.launch
         self.expire = self.path.expire
@@ -274,12 +288,8 @@ class Engine:
         self.pool_ok_req = self.path.pool_ok_req
         self.pool_capacity = self.path.pool_capacity
         self.by_label = {w.label: w for w in self.workers}
-        self.stopping = False
         self.phase = Phase.STARTING
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_name = ""  # "uvloop" or "asyncio", once started
-        self.clock = time.monotonic  # replaced by the loop's clock in start()
-        self.started_at = 0.0
         self.ended_at: float | None = None
         self._wall_offset = time.time() - time.monotonic()  # until start() measures the loop's clock
         self._tasks: list[asyncio.Task] = []
@@ -320,6 +330,35 @@ class Engine:
     def settle_rules(self) -> SettleRules:
         return self.path.settle_rules
 
+    # The run's clock and state live in `run_state`, shared with every part.
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self.run_state.loop
+
+    @loop.setter
+    def loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.run_state.loop = loop
+
+    @property
+    def stopping(self) -> bool:
+        return self.run_state.stopping
+
+    @stopping.setter
+    def stopping(self, on: bool) -> None:
+        self.run_state.stopping = on
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.run_state.clock
+
+    @property
+    def started_at(self) -> float:
+        return self.run_state.started_at
+
+    @started_at.setter
+    def started_at(self, t: float) -> None:
+        self.run_state.started_at = t
+
     @property
     def in_flight(self) -> int:
         """Attempts in flight now."""
@@ -339,27 +378,28 @@ class Engine:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start workers, the source and the ticker on the running loop."""
-        self.loop = asyncio.get_running_loop()
-        self.loop_name = loop_name(self.loop)
-        self.clock = engine_clock(self.loop)
-        self.started_at = self.clock()
+        run = self.run_state
+        loop = run.loop = asyncio.get_running_loop()
+        self.loop_name = loop_name(loop)
+        run.clock = engine_clock(loop)
+        run.started_at = run.clock()
         self._cpu0 = time.process_time()
-        self._lag_window_end = self.started_at + _LAG_WINDOW_S
-        self._wall_offset = time.time() - self.started_at
+        self._lag_window_end = run.started_at + _LAG_WINDOW_S
+        self._wall_offset = run.wall_offset = time.time() - run.started_at
         self.log.start(self.clock, self.started_at)
-        self.path.start(self.loop, self.clock, self.started_at, self._wall_offset)
+        self.path.start(loop, run.clock, run.started_at, run.wall_offset)
         for lim in self.all_limiters():
             lim.align(self._wall_offset, self.started_at)  # fixed windows turn at the clock's minutes
         self.finished = asyncio.Event()
         self.phase = Phase.RUNNING
-        self._tasks = [self.loop.create_task(w.run(), name=f"key-{w.label}") for w in self.workers]
-        self._tasks.append(self.loop.create_task(self.source.run(self), name="source"))
-        self._tasks.append(self.loop.create_task(self._tick(), name="ticker"))
+        self._tasks = [loop.create_task(w.run(), name=f"key-{w.label}") for w in self.workers]
+        self._tasks.append(loop.create_task(self.source.run(self), name="source"))
+        self._tasks.append(loop.create_task(self._tick(), name="ticker"))
         if self.cluster is not None:
             self.cluster.start()
         if self.probe is not None:
             probing = self.probe.run(self.clock, self.headroom.observe_network, self.problem)
-            self._tasks.append(self.loop.create_task(probing, name="probe"))
+            self._tasks.append(loop.create_task(probing, name="probe"))
         capacity = readable(self.cfg.capacity_tps)
         self.event(EventKind.INFO, f"started: {len(self.workers)} keys, capacity {capacity}/s")
         if any(w.discovering for w in self.workers):
@@ -391,7 +431,7 @@ class Engine:
         """
         if self.ended_at is not None:
             return self.snapshot()
-        self.stopping = True
+        self.run_state.stopping = True
         self.phase = Phase.DRAINING
         self.queues.release_space()
         for w in self.workers:

@@ -4,7 +4,8 @@ Each collaborator sees the engine (or a part of it) only through a protocol
 here, declaring every method it uses, never through `Engine` itself:
 
 - a work source: `Source` (what the engine calls) and `SourceSink` (what it may call);
-- a key worker: `WorkerHost` (the request path: launch, expire, shed);
+- a key worker: `WorkerHost` (the request path: launch, expire, shed) and `RunClock`
+  (the run's clock and state, shared by every part);
 - the request path's ends: `Endings` (the engine receives a request's end),
   `EventSink`, `GateWatcher` (a cluster member told of a gate the path closed),
   `Cooldown` (how a server's delay is honoured);
@@ -159,22 +160,29 @@ class Source(Protocol):
 # ---------------------------------------------------------------- the request path
 
 
+class RunClock:
+    """The run's clock and state, shared by every part: the loop and its clock once the
+    engine starts (`Engine.start`), and whether it is stopping. Parts read it; only the
+    engine's lifecycle writes it."""
+
+    __slots__ = ("loop", "clock", "started_at", "wall_offset", "stopping")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.clock = clock
+        self.started_at = 0.0
+        self.wall_offset = 0.0  # Unix time less the clock, measured at the start
+        self.stopping = False
+
+
 class WorkerHost(Protocol[W_contra]):
-    """What a key worker needs: the queues, the clock, and the request path to launch into."""
-
-    loop: asyncio.AbstractEventLoop | None
-    stopping: bool
-
-    @property
-    def queues(self) -> WorkerQueues: ...
+    """What a key worker launches into: the request path (launch, expire, shed, its pools)."""
 
     @property
     def pool_ok(self) -> Callable[[str | None], bool] | None: ...
 
     @property
     def pool_ok_req(self) -> Callable[[Request], bool] | None: ...
-
-    def clock(self) -> float: ...
 
     def launch(
         self, worker: W_contra, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]

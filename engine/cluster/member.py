@@ -44,6 +44,7 @@ from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
 from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.limits.leases import LeasedSlots
 from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.path.key import KeyLimits
 from ratedeck.engine.path.worker import KeyWorker
 from ratedeck.engine.ports import Ask, ClusterHost, Grant, Poll, SharedState, StoreUnavailable
 from ratedeck.engine.snapshot import ClusterView
@@ -104,6 +105,10 @@ def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict
     names = {label: budget_name(target_url, secret) for label, secret in secrets_by_label.items()}
     names["host"] = f"{host_fingerprint(target_url)}/host"
     return names
+
+
+def _store_names(key: KeyLimits) -> dict[WindowLimiter, str]:
+    return key.leases.store_names if key.leases is not None else {}
 
 
 def member_id() -> str:
@@ -170,24 +175,28 @@ class ClusterMember:
     def want(self, worker: KeyWorker, now: float, leases: LeasedSlots | None = None) -> None:
         """`worker` has work and too few leases (for `leases`' plan): fetch more, unless a fetch
         runs or the budget is full."""
-        leases = leases if leases is not None else worker.leases
-        if leases is None or leases.fetching or self.down_since is not None or now < leases.retry_at:
+        held = worker.limits.leases
+        leases = leases if leases is not None else (held.default if held is not None else None)
+        if held is None or leases is None:
+            return
+        if leases.fetching or self.down_since is not None or now < leases.retry_at:
             return
         leases.fetching = True
-        worker.fetching += 1
+        held.fetching += 1
         self._spawn(self._fetch(worker, leases))
 
     def plan_of(self, worker: KeyWorker, leases: LeasedSlots) -> list[tuple[WindowLimiter, int]]:
         """The limiters a lease of `leases` spends from, and the cost in each."""
         if leases.plan is not None:
             return leases.plan
-        return [(lim, 1) for lim in worker.limiters]
+        return [(lim, 1) for lim in worker.limits.limiters]
 
     def asks(self, worker: KeyWorker, plan: list[tuple[WindowLimiter, int]]) -> list[Ask]:
         """The plan as the store is asked it: each budget's store name, policies as enforced now, cost."""
         out: list[Ask] = []
+        names = _store_names(worker.limits)
         for lim, cost in plan:
-            name = worker.store_names.get(lim)
+            name = names.get(lim)
             if name is not None:
                 out.append(Ask(name, lim.current_policies(), cost))
         return out
@@ -220,13 +229,14 @@ class ClusterMember:
             return
         finally:
             leases.fetching = False
-            worker.fetching -= 1
+            if worker.limits.leases is not None:
+                worker.limits.leases.fetching -= 1
             worker.poke()  # whatever happened, the worker looks again (it waits for this)
         if self._epoch(grant.epoch, engine.clock()):
             leases.add(grant)
         if grant.retry_at is not None:
             leases.retry_at = grant.retry_at
-        if grant.fresh and engine.loop is not None and worker.sent:
+        if grant.fresh and engine.loop is not None and worker.stats.sent:
             engine.event(
                 EventKind.INFO, f"{worker.label}: the store had no record of its budget; started afresh"
             )
@@ -256,17 +266,17 @@ class ClusterMember:
         return 0.0
 
     # -- what the server said, and what it did not charge
-    def gave_back(self, worker: KeyWorker, limiter: WindowLimiter, ticket: Any, units: int) -> None:
+    def gave_back(self, key: KeyLimits, limiter: WindowLimiter, ticket: Any, units: int) -> None:
         """A send on a lease (`ticket`) was charged `units` less in `limiter`'s budget: free them
         in the store too (fire and forget: a lost give-back wastes units, never overruns)."""
-        name = worker.store_names.get(limiter)
+        name = _store_names(key).get(limiter)
         if ticket is None or name is None or units <= 0 or self.down_since is not None:
             return
         self._spawn(self._call_quietly(self.shared.give_back(ticket, name, units)))
 
     def synced(
         self,
-        worker: KeyWorker,
+        key: KeyLimits,
         limiter: WindowLimiter,
         policy: Policy,
         counted: int,
@@ -274,7 +284,7 @@ class ClusterMember:
         until: float | None,
     ) -> None:
         """The server counted `counted` of `limiter`'s budget (`policy`): raise the shared count."""
-        name = worker.store_names.get(limiter)
+        name = _store_names(key).get(limiter)
         if name is None or counted <= 0 or self.down_since is not None:
             return
         self._spawn(self._call_quietly(self.shared.sync(name, policy, counted, at, until)))
@@ -475,7 +485,7 @@ class ClusterMember:
                     "label": w.label,
                     "key": w.masked,
                     "budget": self.budget_ids.get(w.label, ""),
-                    "sent": w.sent,
+                    "sent": w.stats.sent,
                     "state": str(w.state(now)),
                     "leases_dropped": sum(s.dropped for s in w.all_leases()),
                     # shared with every member (the store keeps the newest per budget)
@@ -488,7 +498,8 @@ class ClusterMember:
     def _learned(self, w: KeyWorker, now: float) -> dict[str, Any]:
         """What this member learned of key `w` (estimate, server counts, headroom), stamped with
         the wall time it last changed, for the store's hash of the key."""
-        est = w.estimate
+        limits = w.limits
+        est = limits.estimate
         out: dict[str, Any] = {"headroom_ms": round(self.engine.headroom.seconds() * 1000, 1)}
         if est is not None and est.moved_at is not None:
             out.update(
@@ -497,10 +508,10 @@ class ClusterMember:
                 reason=est.reason,
                 moved_at=self.engine.wall_time(est.moved_at),
             )
-        if w.server_remaining is not None:
-            out["remaining"] = w.server_remaining
-        if w.server_limit is not None:
-            out["limit"] = w.server_limit
+        if limits.server.remaining is not None:
+            out["remaining"] = limits.server.remaining
+        if limits.server.limit is not None:
+            out["limit"] = limits.server.limit
         return out
 
     def adopt_learned(self, now: float) -> None:
@@ -512,12 +523,12 @@ class ClusterMember:
         by_budget = {r.budget: r for r in view.keys}
         for w in self.engine.workers:
             row = by_budget.get(self.budget_ids.get(w.label, ""))
-            est = w.estimate
+            est = w.limits.estimate
             if row is None or row.member == self.member or est is None or row.estimate_limit is None:
                 continue
             ours = self.engine.wall_time(est.moved_at) if est.moved_at is not None else -math.inf
             if row.estimate_limit != est.value and self._wall(now) - row.age_s > ours:
-                if w.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
+                if w.limits.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
                     self.engine.event(
                         EventKind.SETTING,
                         f"{w.label}: limit estimate {row.estimate} from another member ({row.reason})",

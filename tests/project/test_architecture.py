@@ -123,7 +123,8 @@ def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
 
     engine, _ = seed_engine(workload={"total": 60}, engine={"graveyard_path": ""})
     path_files = {
-        str(REPO / "engine" / "path" / name) for name in ("request_path.py", "worker.py", "settle.py")
+        str(REPO / "engine" / "path" / name)
+        for name in ("request_path.py", "worker.py", "key.py", "settle.py")
     }
     engine_file = str(REPO / "engine" / "engine.py")
     entries: dict[str, int] = {}
