@@ -23,9 +23,9 @@ circle runs through it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
@@ -35,9 +35,12 @@ from ratedeck.engine.snapshot import ClusterView, MessageStats
 
 from .request import CallFn, Request
 
+if TYPE_CHECKING:
+    from ratedeck.engine.http.outcome import Outcome
+    from ratedeck.engine.settings import KeySpec
+
 #: A key worker, as the request path knows it (the path's own implementation picks the type).
 W_contra = TypeVar("W_contra", contravariant=True)
-W_co = TypeVar("W_co", covariant=True)
 
 #: A transport's own way to time the probe endpoint: the answer's status.
 ProbeGet = Callable[[], Awaitable[int]]
@@ -79,6 +82,30 @@ class SendStamp(Protocol):
 
     t: float
     extra: float | None
+
+
+# ---------------------------------------------------------------- the wire
+
+
+class Transport(Protocol):
+    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble.
+
+    `stats()` and `prober()` are the optional parts, present in every transport:
+    subclass `http.transport.TransportBase` for their defaults (no counts, the engine's own probe).
+    """
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        """What came back, counted, for the run's summary: plain data, safe to print ({}: not counted)."""
+        ...
+
+    def prober(self) -> ProbeGet | None:
+        """The transport's own way to time `target.probe_url` (a simulated network); None: the
+        engine's probe sends a plain GET (engine/http/probe.py)."""
+        ...
 
 
 # ---------------------------------------------------------------- sources
@@ -165,14 +192,20 @@ class RunClock:
     engine starts (`Engine.start`), and whether it is stopping. Parts read it; only the
     engine's lifecycle writes it."""
 
-    __slots__ = ("loop", "clock", "started_at", "wall_offset", "stopping")
+    __slots__ = ("loop", "clock", "started_at", "wall_offset", "stopping", "phase", "ended_at")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], wall_offset: float = 0.0) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.clock = clock
         self.started_at = 0.0
-        self.wall_offset = 0.0  # Unix time less the clock, measured at the start
+        self.wall_offset = wall_offset  # Unix time less the clock (measured again at the start)
         self.stopping = False
+        self.phase = Phase.STARTING
+        self.ended_at: float | None = None
+
+    def wall_time(self, t: float) -> float:
+        """Clock seconds as Unix time, for files people read."""
+        return t + self.wall_offset
 
 
 class WorkerHost(Protocol[W_contra]):
@@ -206,6 +239,19 @@ class Endings(Protocol):
 
 class EventSink(Protocol):
     def event(self, kind: EventKind, text: str) -> None: ...
+
+
+class ProblemSink(Protocol):
+    def problem(self, text: str) -> None:
+        """Report something the run could not do: shown once, fails the run."""
+
+
+class Burial(Protocol):
+    """Where the intake ends a new request at once: the request path's graveyard and shedding."""
+
+    def bury(self, req: Request, now: float) -> None: ...
+
+    def shed(self, req: Request) -> None: ...
 
 
 class GateWatcher(Protocol):
@@ -281,7 +327,9 @@ class JournalHost(Protocol):
 class StoreRunHost(JournalHost, Watched, Protocol):
     """What a store run does with the engine: watch it, and read what is left queued at the end."""
 
-    pacing: Pacing  # how the keys' limiters spend a window: even or burst
+    @property
+    def pacing(self) -> Pacing:
+        """How the keys' limiters spend a window: even or burst."""
 
     def queued(self) -> list[Request]:
         """Requests still queued (main queue first, then the retry queue by due time)."""
@@ -428,42 +476,17 @@ class Depths(Protocol):
     def dlq(self) -> Sized: ...
 
 
-class ClusterHost(Protocol[W_co]):
-    """What a cluster member (`cluster.ClusterMember`) reads and steers of the engine."""
+# ---------------------------------------------------------------- the makespan meter
 
-    loop: asyncio.AbstractEventLoop | None
-    started_at: float
 
-    @property
-    def headroom(self) -> Pace: ...
+class MeterHost(Protocol):
+    """What the makespan meter reads of the keys: each key's limiters and state, the budgets."""
 
     @property
-    def workers(self) -> Sequence[W_co]: ...
+    def workers(self) -> Sequence[Any]: ...
 
     @property
-    def gates(self) -> Mapping[str, CooldownGate]: ...
+    def budgets(self) -> Any: ...
 
     @property
-    def store_gate(self) -> CooldownGate: ...
-
-    @property
-    def metrics(self) -> RunCounts: ...
-
-    @property
-    def queues(self) -> Depths: ...
-
-    @property
-    def phase(self) -> Phase: ...
-
-    @property
-    def in_flight(self) -> int: ...
-
-    def clock(self) -> float: ...
-
-    def wall_time(self, t: float) -> float: ...
-
-    def redact(self, text: str, limit: int | None = None) -> str: ...
-
-    def event(self, kind: EventKind, text: str) -> None: ...
-
-    def problem(self, text: str) -> None: ...
+    def host_limiter(self) -> Any: ...
