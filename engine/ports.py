@@ -1,23 +1,28 @@
-"""The engine's ports: every narrow interface between the engine's core and what plugs into it.
+"""The engine's ports: every narrow interface between the engine's parts and what plugs into them.
 
-Each collaborator sees the engine (or a part of it) only through a protocol
-here, declaring every method it uses, never through `Engine` itself:
+The composition root (`build.py`) hands each part the few of these it uses,
+never the `Engine` itself:
 
-- a work source: `Source` (what the engine calls) and `SourceSink` (what it may call);
-- a key worker: `WorkerHost` (the request path: launch, expire, shed) and `RunClock`
-  (the run's clock and state, shared by every part);
-- the request path's ends: `Endings` (the engine receives a request's end),
-  `EventSink`, `GateWatcher` (a cluster member told of a gate the path closed),
+- the run's clock and state: `RunClock` (the loop, its clock, the phase), shared by every part;
+- the wire: `Transport` (and `ProbeGet`, a transport's own way to time the probe);
+- a work source: `Source` (what the engine calls) and `SourceSink` (what it may call,
+  the intake), with what it reads of the queues (`SourceQueues`);
+- a key worker: `WorkerHost` (the request path: launch, expire, shed) and `WorkerQueues`;
+- the request path's ends: `Endings` (the run's end receives a request's end),
+  `EventSink`, `ProblemSink`, `Burial` (where the intake ends a request at once),
+  `GateWatcher` and `BudgetWatcher` (a cluster member told what the path learned),
   `Cooldown` (how a server's delay is honoured);
 - watchers of finished requests (a results file, a store's journal): `FinishWatcher`,
-  registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`);
-- a shared store: `SharedState` (with `Grant`, `Poll`, `StoreUnavailable`), and
-  the member's side of the engine (`ClusterHost`).
+  registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`,
+  `StoreRunHost`);
+- a shared store: `SharedState` (with `Ask`, `Grant`, `Poll`, `StoreUnavailable`), and
+  what a cluster member reads of the run (`Pace`, `RunCounts`, `Depths`);
+- the makespan meter's view of the keys: `MeterHost`.
 
 This module imports no implementation: only `ratedeck.core` and the engine's
-plain data types (`request`, `snapshot`, `gate`). import-linter holds it
-(pyproject.toml), so the engine's modules can all import it and no import
-circle runs through it.
+plain data types (`request`, `snapshot`, `gate`; the rest for type checking
+only). import-linter holds it (pyproject.toml), so the engine's modules can
+all import it and no import circle runs through it.
 """
 
 from __future__ import annotations
@@ -277,7 +282,7 @@ class Cooldown(Protocol):
     """How the request path honours a server's delay (Retry-After and the like).
 
     The engine's own (`path.SharedGates`) closes the budget's gate for every
-    sender; the bench supplies the pre-actor design it compares against
+    sender; the bench supplies the design it compares against
     (`ratedeck.bench.cooldown`).
     """
 

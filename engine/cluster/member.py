@@ -431,7 +431,7 @@ class ClusterMember:
         next_publish = next_read = 0.0
         gates = list(self.gate_ids.values())
         # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
-        # into a timeout (seen with redis-py), and this loop would then outlive the stop.
+        # into a timeout (redis-py's can), and this loop would then outlive the stop.
         while not self._closing:
             now = parts.run.clock()
             if self.down_since is not None:

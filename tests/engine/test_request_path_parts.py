@@ -175,3 +175,41 @@ def test_a_refused_key_is_blocked_and_its_request_left_for_another_key():
     assert parts.ends.ended == [] and parts.queues.retries() == 1
     assert any("refused by the server" in text for _, text in parts.log.rows)
     assert parts.worker.row(0.0).refused_status == 401
+
+
+def _reachable(root: object) -> list[object]:
+    """Every object reachable from `root` through the engine's own objects' attributes,
+    containers and bound methods (not into the standard library or the loop)."""
+    seen: dict[int, object] = {}
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen[id(obj)] = obj
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)) or type(obj).__name__ == "deque":
+            stack.extend(obj)
+        elif hasattr(obj, "__self__") and hasattr(obj, "__func__"):
+            stack.append(obj.__self__)
+        elif type(obj).__module__.startswith("ratedeck."):
+            names = list(getattr(obj, "__dict__", {}))
+            for cls in type(obj).__mro__:
+                names += [n for n in getattr(cls, "__slots__", ()) if isinstance(n, str)]
+            for name in names:
+                value = getattr(obj, name, None)
+                if value is not None:
+                    stack.append(value)
+    return list(seen.values())
+
+
+def test_no_part_of_an_engine_holds_the_engine():
+    from tests.support.engine_helpers import seed_engine
+
+    engine, _ = seed_engine(workload={"total": 5})
+    reached = _reachable(engine.parts)
+    assert any(isinstance(o, KeyWorker) for o in reached)  # the walk reaches the keys
+    assert any(isinstance(o, RequestPath) for o in reached)
+    assert not [o for o in reached if o is engine]
