@@ -4,18 +4,22 @@ consistent because it is built on the loop between two turns."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import BudgetRow, GateRow, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, GateRow, Makespan, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ratedeck.engine.cluster.member import ClusterMember
     from ratedeck.engine.gate import CooldownGate
     from ratedeck.engine.http.probe import Probe
     from ratedeck.engine.limits.headroom import HeadroomController
     from ratedeck.engine.limits.limiter import WindowLimiter
+    from ratedeck.engine.path.ending import RunEnd
+    from ratedeck.engine.path.intake import Intake
+    from ratedeck.engine.path.keys import KeyRing
     from ratedeck.engine.ports import RunClock, Source
     from ratedeck.engine.queues import WorkQueues
 
@@ -27,23 +31,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotParts:
-    """Every part a snapshot reads. `keys` is the key registry (`path.keys.KeyRing`),
-    `intake` the source's side (backpressure, queue_max), `ends` the run's end (no_limit_text),
-    `cluster` a cluster member, if any (its last view)."""
+    """Every part a snapshot reads (types named for checking only: the snapshot reads the
+    parts above this folder, never imports them). `intake` gives backpressure and queue_max,
+    `ends` the no-limit text, `cluster` its last view."""
 
     run: RunClock
     metrics: Metrics
     queues: WorkQueues
     headroom: HeadroomController
-    keys: Any
+    keys: KeyRing
     gates: Mapping[str, CooldownGate]
     source: Source
-    intake: Any
-    ends: Any
+    intake: Intake
+    ends: RunEnd
     log: EventLog
     loop: LoopWatch
     probe: Probe | None = None
-    cluster: Any = None
+    cluster: ClusterMember | None = None
     makespan: MakespanMeter | None = None
 
 
@@ -129,7 +133,7 @@ class SnapshotBuilder:
             no_limit=p.ends.no_limit_text,
         )
 
-    def _makespan(self) -> Any:
+    def _makespan(self) -> Makespan | None:
         p = self.parts
         if not p.makespan:
             return None
