@@ -138,8 +138,8 @@ class RateDeck:
         self.engine: Engine | None = None
 
     async def __aenter__(self) -> RateDeck:
-        self.engine = Engine(self.cfg, self.transport)
-        self.engine.retry_errors = False  # only rate limits are retried for a library caller
+        # Only rate limits are retried for a library caller: other errors reach it at once.
+        self.engine = Engine(self.cfg, self.transport, retry_errors=False)
         self.engine.start()
         return self
 

@@ -1,30 +1,36 @@
-"""The engine's ports: every narrow interface between the engine's core and what plugs into it.
+"""The engine's ports: every narrow interface between the engine's parts and what plugs into them.
 
-Each collaborator sees the engine (or a part of it) only through a protocol
-here, declaring every method it uses, never through `Engine` itself:
+The composition root (`build.py`) hands each part the few of these it uses,
+never the `Engine` itself:
 
-- a work source: `Source` (what the engine calls) and `SourceSink` (what it may call);
-- a key worker: `WorkerHost` (the request path: launch, expire, shed);
-- the request path's ends: `Endings` (the engine receives a request's end),
-  `EventSink`, `GateWatcher` (a cluster member told of a gate the path closed),
+- the run's clock and state: `RunClock` (the loop, its clock, the phase), shared by every part;
+- the wire: `Transport` (and `ProbeGet`, a transport's own way to time the probe);
+- a work source: `Source` (what the engine calls) and `SourceSink` (what it may call,
+  the intake), with what it reads of the queues (`SourceQueues`);
+- a key worker: `WorkerHost` (the request path: launch, expire, shed) and `WorkerQueues`;
+- the request path's ends: `Endings` (the run's end receives a request's end),
+  `EventSink`, `ProblemSink`, `Burial` (where the intake ends a request at once),
+  `GateWatcher` and `BudgetWatcher` (a cluster member told what the path learned),
   `Cooldown` (how a server's delay is honoured);
 - watchers of finished requests (a results file, a store's journal): `FinishWatcher`,
-  registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`);
-- a shared store: `SharedState` (with `Grant`, `Poll`, `StoreUnavailable`), and
-  the member's side of the engine (`ClusterHost`).
+  registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`,
+  `StoreRunHost`);
+- a shared store: `SharedState` (with `Ask`, `Grant`, `Poll`, `StoreUnavailable`), and
+  what a cluster member reads of the run (`Pace`, `RunCounts`, `Depths`);
+- the makespan meter's view of the keys: `MeterHost`.
 
 This module imports no implementation: only `ratedeck.core` and the engine's
-plain data types (`request`, `snapshot`, `gate`). import-linter holds it
-(pyproject.toml), so the engine's modules can all import it and no import
-circle runs through it.
+plain data types (`request`, `snapshot`, `gate`; the rest for type checking
+only). import-linter holds it (pyproject.toml), so the engine's modules can
+all import it and no import circle runs through it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
@@ -34,9 +40,12 @@ from ratedeck.engine.snapshot import ClusterView, MessageStats
 
 from .request import CallFn, Request
 
+if TYPE_CHECKING:
+    from ratedeck.engine.http.outcome import Outcome
+    from ratedeck.engine.settings import KeySpec
+
 #: A key worker, as the request path knows it (the path's own implementation picks the type).
 W_contra = TypeVar("W_contra", contravariant=True)
-W_co = TypeVar("W_co", covariant=True)
 
 #: A transport's own way to time the probe endpoint: the answer's status.
 ProbeGet = Callable[[], Awaitable[int]]
@@ -78,6 +87,30 @@ class SendStamp(Protocol):
 
     t: float
     extra: float | None
+
+
+# ---------------------------------------------------------------- the wire
+
+
+class Transport(Protocol):
+    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble.
+
+    `stats()` and `prober()` are the optional parts, present in every transport:
+    subclass `http.transport.TransportBase` for their defaults (no counts, the engine's own probe).
+    """
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        """What came back, counted, for the run's summary: plain data, safe to print ({}: not counted)."""
+        ...
+
+    def prober(self) -> ProbeGet | None:
+        """The transport's own way to time `target.probe_url` (a simulated network); None: the
+        engine's probe sends a plain GET (engine/http/probe.py)."""
+        ...
 
 
 # ---------------------------------------------------------------- sources
@@ -159,22 +192,35 @@ class Source(Protocol):
 # ---------------------------------------------------------------- the request path
 
 
+class RunClock:
+    """The run's clock and state, shared by every part: the loop and its clock once the
+    engine starts (`Engine.start`), and whether it is stopping. Parts read it; only the
+    engine's lifecycle writes it."""
+
+    __slots__ = ("loop", "clock", "started_at", "wall_offset", "stopping", "phase", "ended_at")
+
+    def __init__(self, clock: Callable[[], float], wall_offset: float = 0.0) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.clock = clock
+        self.started_at = 0.0
+        self.wall_offset = wall_offset  # Unix time less the clock (measured again at the start)
+        self.stopping = False
+        self.phase = Phase.STARTING
+        self.ended_at: float | None = None
+
+    def wall_time(self, t: float) -> float:
+        """Clock seconds as Unix time, for files people read."""
+        return t + self.wall_offset
+
+
 class WorkerHost(Protocol[W_contra]):
-    """What a key worker needs: the queues, the clock, and the request path to launch into."""
-
-    loop: asyncio.AbstractEventLoop | None
-    stopping: bool
-
-    @property
-    def queues(self) -> WorkerQueues: ...
+    """What a key worker launches into: the request path (launch, expire, shed, its pools)."""
 
     @property
     def pool_ok(self) -> Callable[[str | None], bool] | None: ...
 
     @property
     def pool_ok_req(self) -> Callable[[Request], bool] | None: ...
-
-    def clock(self) -> float: ...
 
     def launch(
         self, worker: W_contra, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]
@@ -200,6 +246,19 @@ class EventSink(Protocol):
     def event(self, kind: EventKind, text: str) -> None: ...
 
 
+class ProblemSink(Protocol):
+    def problem(self, text: str) -> None:
+        """Report something the run could not do: shown once, fails the run."""
+
+
+class Burial(Protocol):
+    """Where the intake ends a new request at once: the request path's graveyard and shedding."""
+
+    def bury(self, req: Request, now: float) -> None: ...
+
+    def shed(self, req: Request) -> None: ...
+
+
 class GateWatcher(Protocol):
     """Told when a server's delay closed a gate (a cluster member shares it with the others)."""
 
@@ -223,7 +282,7 @@ class Cooldown(Protocol):
     """How the request path honours a server's delay (Retry-After and the like).
 
     The engine's own (`path.SharedGates`) closes the budget's gate for every
-    sender; the bench supplies the pre-actor design it compares against
+    sender; the bench supplies the design it compares against
     (`ratedeck.bench.cooldown`).
     """
 
@@ -273,7 +332,9 @@ class JournalHost(Protocol):
 class StoreRunHost(JournalHost, Watched, Protocol):
     """What a store run does with the engine: watch it, and read what is left queued at the end."""
 
-    pacing: Pacing  # how the keys' limiters spend a window: even or burst
+    @property
+    def pacing(self) -> Pacing:
+        """How the keys' limiters spend a window: even or burst."""
 
     def queued(self) -> list[Request]:
         """Requests still queued (main queue first, then the retry queue by due time)."""
@@ -420,42 +481,17 @@ class Depths(Protocol):
     def dlq(self) -> Sized: ...
 
 
-class ClusterHost(Protocol[W_co]):
-    """What a cluster member (`cluster.ClusterMember`) reads and steers of the engine."""
+# ---------------------------------------------------------------- the makespan meter
 
-    loop: asyncio.AbstractEventLoop | None
-    started_at: float
 
-    @property
-    def headroom(self) -> Pace: ...
+class MeterHost(Protocol):
+    """What the makespan meter reads of the keys: each key's limiters and state, the budgets."""
 
     @property
-    def workers(self) -> Sequence[W_co]: ...
+    def workers(self) -> Sequence[Any]: ...
 
     @property
-    def gates(self) -> Mapping[str, CooldownGate]: ...
+    def budgets(self) -> Any: ...
 
     @property
-    def store_gate(self) -> CooldownGate: ...
-
-    @property
-    def metrics(self) -> RunCounts: ...
-
-    @property
-    def queues(self) -> Depths: ...
-
-    @property
-    def phase(self) -> Phase: ...
-
-    @property
-    def in_flight(self) -> int: ...
-
-    def clock(self) -> float: ...
-
-    def wall_time(self, t: float) -> float: ...
-
-    def redact(self, text: str, limit: int | None = None) -> str: ...
-
-    def event(self, kind: EventKind, text: str) -> None: ...
-
-    def problem(self, text: str) -> None: ...
+    def host_limiter(self) -> Any: ...

@@ -37,6 +37,8 @@ import math
 import os
 import secrets
 import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.policy import Policy
@@ -44,13 +46,28 @@ from ratedeck.core.vocab import EventKind, Pacing, PolicyKind
 from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.limits.leases import LeasedSlots
 from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.path.key import KeyLimits
+from ratedeck.engine.path.keys import KeyRing
 from ratedeck.engine.path.worker import KeyWorker
-from ratedeck.engine.ports import Ask, ClusterHost, Grant, Poll, SharedState, StoreUnavailable
+from ratedeck.engine.ports import (
+    Ask,
+    Depths,
+    EventSink,
+    Grant,
+    Pace,
+    Poll,
+    ProblemSink,
+    RunClock,
+    RunCounts,
+    SharedState,
+    StoreUnavailable,
+)
 from ratedeck.engine.snapshot import ClusterView
 
 __all__ = [
     "ClusterMember",
     "Grant",
+    "MemberParts",
     "LeasedSlots",
     "Poll",
     "SharedState",
@@ -106,9 +123,30 @@ def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict
     return names
 
 
+def _store_names(key: KeyLimits) -> dict[WindowLimiter, str]:
+    return key.leases.store_names if key.leases is not None else {}
+
+
 def member_id() -> str:
     """This process's name in the cluster: host, pid and a few random digits (no secret)."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberParts:
+    """What a cluster member reads and steers of its run: the run's clock and state, the keys,
+    the gates it shares, the headroom, the counts it publishes, and whom it tells."""
+
+    run: RunClock
+    keys: KeyRing
+    gates: Mapping[str, CooldownGate]
+    store_gate: CooldownGate  # closed while the store is unreachable
+    headroom: Pace
+    counts: RunCounts
+    queues: Depths
+    events: EventSink
+    problems: ProblemSink
+    redact: Callable[[str, int | None], str]
 
 
 class ClusterMember:
@@ -129,7 +167,7 @@ class ClusterMember:
 
     def __init__(
         self,
-        engine: ClusterHost[KeyWorker],
+        parts: MemberParts,
         shared: SharedState,
         budget_ids: dict[str, str],
         gate_ids: dict[str, str],
@@ -144,7 +182,7 @@ class ClusterMember:
         read_s: float = 1.0,
         retry_s: float = 0.25,
     ):
-        self.engine = engine
+        self.parts = parts
         self.shared = shared
         self.budget_ids = budget_ids  # key label -> budget name in the store (a fingerprint)
         self.gate_ids = gate_ids  # gate name -> its name in the store
@@ -170,30 +208,34 @@ class ClusterMember:
     def want(self, worker: KeyWorker, now: float, leases: LeasedSlots | None = None) -> None:
         """`worker` has work and too few leases (for `leases`' plan): fetch more, unless a fetch
         runs or the budget is full."""
-        leases = leases if leases is not None else worker.leases
-        if leases is None or leases.fetching or self.down_since is not None or now < leases.retry_at:
+        held = worker.limits.leases
+        leases = leases if leases is not None else (held.default if held is not None else None)
+        if held is None or leases is None:
+            return
+        if leases.fetching or self.down_since is not None or now < leases.retry_at:
             return
         leases.fetching = True
-        worker.fetching += 1
+        held.fetching += 1
         self._spawn(self._fetch(worker, leases))
 
     def plan_of(self, worker: KeyWorker, leases: LeasedSlots) -> list[tuple[WindowLimiter, int]]:
         """The limiters a lease of `leases` spends from, and the cost in each."""
         if leases.plan is not None:
             return leases.plan
-        return [(lim, 1) for lim in worker.limiters]
+        return [(lim, 1) for lim in worker.limits.limiters]
 
     def asks(self, worker: KeyWorker, plan: list[tuple[WindowLimiter, int]]) -> list[Ask]:
         """The plan as the store is asked it: each budget's store name, policies as enforced now, cost."""
         out: list[Ask] = []
+        names = _store_names(worker.limits)
         for lim, cost in plan:
-            name = worker.store_names.get(lim)
+            name = names.get(lim)
             if name is not None:
                 out.append(Ask(name, lim.current_policies(), cost))
         return out
 
     async def _fetch(self, worker: KeyWorker, leases: LeasedSlots) -> None:
-        engine = self.engine
+        parts = self.parts
         plan = self.plan_of(worker, leases)
         try:
             # sends a second the plan's budgets allow, each at its cost
@@ -203,13 +245,13 @@ class ClusterMember:
                 if leases.single or leases.plan is not None
                 else max(1, min(16, math.ceil(rate * self.lease_ahead_s)))
             )
-            h = engine.headroom.seconds()
+            h = parts.headroom.seconds()
             grant = await self.shared.lease(
                 self.asks(worker, plan),
                 count,
                 h,
                 self.slack_s,
-                engine.headroom.pace_seconds(),
+                parts.headroom.pace_seconds(),
                 # even pacing spaces the cluster's sends as the limiter would one member's
                 worker.limiter.min_spacing if worker.limiter.pacing is Pacing.EVEN else 0.0,
                 self.horizon_s,
@@ -220,14 +262,15 @@ class ClusterMember:
             return
         finally:
             leases.fetching = False
-            worker.fetching -= 1
+            if worker.limits.leases is not None:
+                worker.limits.leases.fetching -= 1
             worker.poke()  # whatever happened, the worker looks again (it waits for this)
-        if self._epoch(grant.epoch, engine.clock()):
+        if self._epoch(grant.epoch, parts.run.clock()):
             leases.add(grant)
         if grant.retry_at is not None:
             leases.retry_at = grant.retry_at
-        if grant.fresh and engine.loop is not None and worker.sent:
-            engine.event(
+        if grant.fresh and parts.run.loop is not None and worker.stats.sent:
+            parts.events.event(
                 EventKind.INFO, f"{worker.label}: the store had no record of its budget; started afresh"
             )
 
@@ -250,23 +293,23 @@ class ClusterMember:
                 elif p.kind is PolicyKind.BUCKET:
                     longest = max(longest, p.limit / p.rate)
         hold = longest + h + self.slack_s + self.confirm_s
-        since = self.engine.clock() - hold
+        since = self.parts.run.clock() - hold
         if any(lim.spent_since(since) > 0 for lim, _cost in plan):
             return hold
         return 0.0
 
     # -- what the server said, and what it did not charge
-    def gave_back(self, worker: KeyWorker, limiter: WindowLimiter, ticket: Any, units: int) -> None:
+    def gave_back(self, key: KeyLimits, limiter: WindowLimiter, ticket: Any, units: int) -> None:
         """A send on a lease (`ticket`) was charged `units` less in `limiter`'s budget: free them
         in the store too (fire and forget: a lost give-back wastes units, never overruns)."""
-        name = worker.store_names.get(limiter)
+        name = _store_names(key).get(limiter)
         if ticket is None or name is None or units <= 0 or self.down_since is not None:
             return
         self._spawn(self._call_quietly(self.shared.give_back(ticket, name, units)))
 
     def synced(
         self,
-        worker: KeyWorker,
+        key: KeyLimits,
         limiter: WindowLimiter,
         policy: Policy,
         counted: int,
@@ -274,7 +317,7 @@ class ClusterMember:
         until: float | None,
     ) -> None:
         """The server counted `counted` of `limiter`'s budget (`policy`): raise the shared count."""
-        name = worker.store_names.get(limiter)
+        name = _store_names(key).get(limiter)
         if name is None or counted <= 0 or self.down_since is not None:
             return
         self._spawn(self._call_quietly(self.shared.sync(name, policy, counted, at, until)))
@@ -295,7 +338,7 @@ class ClusterMember:
 
     async def _share_gate(self, store_name: str, until: float, reason: str) -> None:
         try:
-            await self.shared.close_gate(store_name, until, self.engine.redact(reason, 120))
+            await self.shared.close_gate(store_name, until, self.parts.redact(reason, 120))
         except StoreUnavailable as exc:
             self._went_down(str(exc))
 
@@ -304,15 +347,15 @@ class ClusterMember:
         we knew; a new one (Redis lost its state) drops every lease held. False if it changed."""
         same = epoch is not None and epoch == self.epoch
         if not same and self.epoch is not None:
-            for w in self.engine.workers:
+            for w in self.parts.keys.workers:
                 for slots in w.all_leases():
                     slots.clear()
-            self.engine.event(
+            self.parts.events.event(
                 EventKind.INFO, f"store {self.shared.shown} started afresh (state lost): leases dropped"
             )
         self.epoch = epoch
         until = now + self.confirm_s if epoch is not None else -math.inf
-        for w in self.engine.workers:
+        for w in self.parts.keys.workers:
             for slots in w.all_leases():
                 slots.valid_until = until
         return same or self.epoch is not None
@@ -320,48 +363,50 @@ class ClusterMember:
     def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
         by_store = {v: k for k, v in self.gate_ids.items()}
         for store_name, (until, reason) in found.items():
-            gate = self.engine.gates.get(by_store.get(store_name, ""))
+            gate = self.parts.gates.get(by_store.get(store_name, ""))
             # Our own closing comes back a hair later (clock conversion): only a real extension counts.
             if gate is None or until <= gate.open_at + 0.05 or until <= now:
                 continue
             if gate.close(until, f"shared: {reason}"):
-                self.engine.event(
+                self.parts.events.event(
                     EventKind.COOLDOWN,
                     f"{gate.name} cooling down {until - now:.1f}s (another member): {reason}",
                 )
 
     # -- the store's health
     def _went_down(self, problem: str) -> None:
-        engine = self.engine
-        now = engine.clock()
-        for w in engine.workers:
+        parts = self.parts
+        now = parts.run.clock()
+        for w in parts.keys.workers:
             for slots in w.all_leases():
                 slots.clear()  # held leases may predate a lost state: not used after an outage
-        engine.store_gate.hold(now + 3600.0, "store unreachable")
+        parts.store_gate.hold(now + 3600.0, "store unreachable")
         self.last_problem = problem
         if self.down_since is None:
             self.down_since = now
             self.outages += 1
-            engine.event(
+            parts.events.event(
                 EventKind.ERROR,
                 f"store {self.shared.shown} unreachable ({problem}): not sending until it is back",
             )
 
     def _came_back(self) -> None:
-        engine = self.engine
-        now = engine.clock()
+        parts = self.parts
+        now = parts.run.clock()
         since = self.down_since if self.down_since is not None else now
         self.down_since = None
-        engine.store_gate.release(now)
-        engine.event(EventKind.INFO, f"store {self.shared.shown} reachable again after {now - since:.1f}s")
-        for w in engine.workers:
+        parts.store_gate.release(now)
+        parts.events.event(
+            EventKind.INFO, f"store {self.shared.shown} reachable again after {now - since:.1f}s"
+        )
+        for w in parts.keys.workers:
             for slots in w.all_leases():
                 slots.retry_at = 0.0
             w.poke()
 
     # -- running
     def start(self) -> None:
-        self.shared.bind(self.engine.clock)
+        self.shared.bind(self.parts.run.clock)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
         self._runner.add_done_callback(self._runner_ended)
 
@@ -379,16 +424,16 @@ class ClusterMember:
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
-            self.engine.problem(f"cluster: {type(exc).__name__}: {self.engine.redact(str(exc), 200)}")
+            self.parts.problems.problem(f"cluster: {type(exc).__name__}: {self.parts.redact(str(exc), 200)}")
 
     async def _run(self) -> None:
-        engine = self.engine
+        parts = self.parts
         next_publish = next_read = 0.0
         gates = list(self.gate_ids.values())
         # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
-        # into a timeout (seen with redis-py), and this loop would then outlive the stop.
+        # into a timeout (redis-py's can), and this loop would then outlive the stop.
         while not self._closing:
-            now = engine.clock()
+            now = parts.run.clock()
             if self.down_since is not None:
                 try:
                     await self.shared.ping()
@@ -400,7 +445,7 @@ class ClusterMember:
                 continue
             try:
                 polled = await self.shared.poll(gates)
-                now = engine.clock()
+                now = parts.run.clock()
                 self._epoch(polled.epoch, now)
                 self._apply_gates(polled.gates, now)
             except StoreUnavailable as exc:
@@ -415,9 +460,9 @@ class ClusterMember:
                 if now >= next_read:
                     next_read = now + self.read_s
                     view = await self.shared.read_cluster()
-                    at = round(engine.clock() - engine.started_at, 1)
+                    at = round(parts.run.clock() - parts.run.started_at, 1)
                     self.view = dataclasses.replace(view, read_at_s=at)
-                    self.adopt_learned(engine.clock())
+                    self.adopt_learned(parts.run.clock())
             except StoreUnavailable as exc:
                 self.last_problem = str(exc)
             await asyncio.sleep(self.poll_s)
@@ -450,23 +495,23 @@ class ClusterMember:
     # -- reading
     def summary(self) -> dict[str, Any]:
         """This member as the cluster view shows it: counters, rates, queue depths, its keys (masked)."""
-        engine = self.engine
-        m = engine.metrics
-        now = engine.clock()
-        elapsed = max(1e-9, now - engine.started_at)
+        parts = self.parts
+        m = parts.counts
+        now = parts.run.clock()
+        elapsed = max(1e-9, now - parts.run.started_at)
         return {
             "member": self.member,
             "pid": os.getpid(),
-            "phase": str(engine.phase),
+            "phase": str(parts.run.phase),
             "elapsed_s": round(elapsed, 1),
             "sent": m.sent,
             "succeeded": m.succeeded,
             "rejected_429": m.rejected_429,
             "current_tps": m.tps_series[-1] if m.tps_series else 0.0,
             "throughput_tps": round(m.succeeded / elapsed, 2),
-            "main_depth": len(engine.queues.main),
-            "dlq_depth": len(engine.queues.dlq),
-            "in_flight": engine.in_flight,
+            "main_depth": len(parts.queues.main),
+            "dlq_depth": len(parts.queues.dlq),
+            "in_flight": parts.keys.in_flight(),
             "store": "unreachable" if self.down_since is not None else "ok",
             "store_calls": self.shared.calls,
             "leases": dict(zip(("granted", "used", "dropped"), self.lease_totals(), strict=True)),
@@ -475,32 +520,33 @@ class ClusterMember:
                     "label": w.label,
                     "key": w.masked,
                     "budget": self.budget_ids.get(w.label, ""),
-                    "sent": w.sent,
+                    "sent": w.stats.sent,
                     "state": str(w.state(now)),
                     "leases_dropped": sum(s.dropped for s in w.all_leases()),
                     # shared with every member (the store keeps the newest per budget)
                     "learned": self._learned(w, now),
                 }
-                for w in engine.workers
+                for w in parts.keys.workers
             ],
         }
 
     def _learned(self, w: KeyWorker, now: float) -> dict[str, Any]:
         """What this member learned of key `w` (estimate, server counts, headroom), stamped with
         the wall time it last changed, for the store's hash of the key."""
-        est = w.estimate
-        out: dict[str, Any] = {"headroom_ms": round(self.engine.headroom.seconds() * 1000, 1)}
+        limits = w.limits
+        est = limits.estimate
+        out: dict[str, Any] = {"headroom_ms": round(self.parts.headroom.seconds() * 1000, 1)}
         if est is not None and est.moved_at is not None:
             out.update(
                 estimate=est.value,
                 window_s=est.window_s,
                 reason=est.reason,
-                moved_at=self.engine.wall_time(est.moved_at),
+                moved_at=self.parts.run.wall_time(est.moved_at),
             )
-        if w.server_remaining is not None:
-            out["remaining"] = w.server_remaining
-        if w.server_limit is not None:
-            out["limit"] = w.server_limit
+        if limits.server.remaining is not None:
+            out["remaining"] = limits.server.remaining
+        if limits.server.limit is not None:
+            out["limit"] = limits.server.limit
         return out
 
     def adopt_learned(self, now: float) -> None:
@@ -510,26 +556,26 @@ class ClusterMember:
         if view is None:
             return
         by_budget = {r.budget: r for r in view.keys}
-        for w in self.engine.workers:
+        for w in self.parts.keys.workers:
             row = by_budget.get(self.budget_ids.get(w.label, ""))
-            est = w.estimate
+            est = w.limits.estimate
             if row is None or row.member == self.member or est is None or row.estimate_limit is None:
                 continue
-            ours = self.engine.wall_time(est.moved_at) if est.moved_at is not None else -math.inf
+            ours = self.parts.run.wall_time(est.moved_at) if est.moved_at is not None else -math.inf
             if row.estimate_limit != est.value and self._wall(now) - row.age_s > ours:
-                if w.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
-                    self.engine.event(
+                if w.limits.adopt_estimate(row.estimate_limit, f"shared by {row.member}: {row.reason}", now):
+                    self.parts.events.event(
                         EventKind.SETTING,
                         f"{w.label}: limit estimate {row.estimate} from another member ({row.reason})",
                     )
 
     def _wall(self, now: float) -> float:
-        return self.engine.wall_time(now)
+        return self.parts.run.wall_time(now)
 
     def lease_totals(self) -> tuple[int, int, int]:
         """(granted, used, dropped) leases over all keys."""
         granted = used = dropped = 0
-        for w in self.engine.workers:
+        for w in self.parts.keys.workers:
             for slots in w.all_leases():
                 granted += slots.granted
                 used += slots.used

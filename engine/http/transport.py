@@ -7,7 +7,7 @@ import base64
 import json
 import time
 from collections import Counter, deque
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from multidict import CIMultiDict
@@ -25,7 +25,7 @@ from ratedeck.engine.http.delays import (
     response_delay,
 )
 from ratedeck.engine.http.outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
-from ratedeck.engine.ports import ProbeGet
+from ratedeck.engine.ports import ProbeGet, Transport  # noqa: F401  (the protocol lives with the ports)
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
 
@@ -54,27 +54,6 @@ class Response:
 
     def __repr__(self) -> str:
         return f"Response({self.status}, {len(self.body)} bytes)"
-
-
-class Transport(Protocol):
-    """Sends one attempt of `req` with `key` and `nonce`, never raising for network trouble.
-
-    `stats()` and `prober()` are the optional parts, present in every transport:
-    subclass `TransportBase` for their defaults (no counts, the engine's own probe).
-    """
-
-    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome: ...
-
-    async def close(self) -> None: ...
-
-    def stats(self) -> dict[str, Any]:
-        """What came back, counted, for the run's summary: plain data, safe to print ({}: not counted)."""
-        ...
-
-    def prober(self) -> ProbeGet | None:
-        """The transport's own way to time `target.probe_url` (a simulated network); None: the
-        engine's probe sends a plain GET (engine/http/probe.py)."""
-        ...
 
 
 class TransportBase:

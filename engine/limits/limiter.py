@@ -274,7 +274,7 @@ class WindowLimiter:
         min_spacing: with even pacing, the gap between two sends as a fraction
             of the even gap. Timers fire late (uvloop by up to a millisecond),
             and a gap measured from a late send loses that much every time
-            (about 9% at 100/s per key); a gap a little shorter than even lets
+            (a late millisecond is a tenth of the gap at 100/s per key); a gap a little shorter than even lets
             the meters, which are exact, set the beat instead. 1.0 keeps every
             gap whole, for nonce-ordered targets.
         wall_offset: Unix time minus loop time, so fixed windows turn at the

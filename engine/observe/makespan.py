@@ -27,16 +27,15 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Ending, PolicyKind
 from ratedeck.engine.snapshot import Makespan
 
 if TYPE_CHECKING:
-    from ratedeck.engine.limits.budgets import Budgets
     from ratedeck.engine.limits.limiter import WindowLimiter
-    from ratedeck.engine.path.worker import KeyWorker
+    from ratedeck.engine.ports import MeterHost, RunClock
     from ratedeck.engine.request import Request
 
 _EPS = 1e-9
@@ -119,17 +118,6 @@ def merge_makespans(parts: Sequence[Makespan | None]) -> Makespan | None:
     )
 
 
-class MeterHost(Protocol):
-    """What the meter reads of the engine."""
-
-    workers: list[KeyWorker]
-    budgets: Budgets
-    host_limiter: WindowLimiter | None
-    started_at: float
-
-    def clock(self) -> float: ...
-
-
 class MakespanMeter:
     """A finish watcher for a job run: what the succeeded requests spent, and when the last ended.
 
@@ -140,8 +128,9 @@ class MakespanMeter:
     clock or to the reset the server announced).
     """
 
-    def __init__(self, host: MeterHost, key_weighted: bool = False):
-        self.host = host
+    def __init__(self, host: MeterHost, run: RunClock, key_weighted: bool = False):
+        self.host = host  # the keys and the budgets
+        self.run = run
         self.key_weighted = key_weighted
         self.jobs = 0
         self.requests = 0
@@ -158,7 +147,7 @@ class MakespanMeter:
         self._note_turns(req.key)
         self.jobs += 1
         self.requests += 1
-        self.last_at = host.clock()
+        self.last_at = self.run.clock()
         route = host.budgets.route(req)
         if not any(spec.exclusive for spec in route.budgets):
             self.key_units += route.weight if self.key_weighted else 1
@@ -182,7 +171,7 @@ class MakespanMeter:
             self._turns[id(lim)] = self._first_turns(lim)
 
     def _first_turns(self, lim: WindowLimiter) -> tuple[float | None, ...]:
-        start = self.host.started_at
+        start = self.run.started_at
         turns: list[float | None] = []
         for policy, end in lim.window_turns():
             if end is None:
@@ -216,8 +205,8 @@ class MakespanMeter:
         host = self.host
         if self.last_at is None:
             return Makespan()
-        elapsed = max(0.0, self.last_at - host.started_at)
-        now = host.clock()
+        elapsed = max(0.0, self.last_at - self.run.started_at)
+        now = self.run.clock()
         if not final and self._least is not None and now - self._least[0] < 1.0:
             return Makespan(self.jobs, elapsed, self._least[1])
         # The limits the engine knows: told and advertised (a limit learned from rejections is ours, not the server's).

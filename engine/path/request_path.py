@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Ending, EventKind
 from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.http import outcome as oc
-from ratedeck.engine.http.delays import Quota, advertised_policies
 from ratedeck.engine.http.transport import Transport
-from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.headroom import HeadroomController
-from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.observe.metrics import Metrics
-from ratedeck.engine.ports import BudgetWatcher, Cooldown, Endings, EventSink, GateWatcher, SendStamp
+from ratedeck.engine.ports import Cooldown, Endings, EventSink, GateWatcher, SendStamp
 from ratedeck.engine.queues import Graveyard, WorkQueues
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
@@ -75,48 +69,36 @@ class RequestPath:
 
     def __init__(
         self,
+        *,
         transport: Transport,
         queues: WorkQueues,
         metrics: Metrics,
         headroom: HeadroomController,
         graveyard: Graveyard,
-        budgets: Budgets,
-        weighted_host: WindowLimiter | None,
         host_gate: CooldownGate,
         settle_rules: SettleRules,
         rng: random.Random,
-        pools: dict[str, int],
         ends: Endings,
         events: EventSink,
         cooldown: Cooldown,
         redact: Redactor,
-        *,
-        learn_policy: bool,
-        free_statuses: tuple[int, ...] = (),
-        budget_watcher: BudgetWatcher | None = None,
+        pools: dict[str, int] | None = None,
     ) -> None:
         self.transport = transport
         self.queues = queues
         self.metrics = metrics
         self.headroom = headroom
         self.graveyard = graveyard
-        self.budgets = budgets
-        self.weighted_host = weighted_host  # the host budget a weight quota names, if any
         self.host_gate = host_gate
         self.settle_rules = settle_rules
         self.rng = rng
-        self.learn_policy = learn_policy
-        self.free_statuses = frozenset(free_statuses)
-        self.budget_watcher = budget_watcher  # a cluster member: budgets a store shares
         self._finish = ends.finish
         self._key_refused = ends.key_refused
         self.event = events.event
         self._cool = cooldown.cool
         self.redact = redact
-        # Called when no limit was given and an answer advertises none (the engine stops the run).
-        self.no_limit: Callable[[str], None] | None = None
-        self.discovered: Callable[[], None] | None = None  # a key adopted an advertised limit
         # Connection pools (`[pools]`): how many attempts each may have in flight.
+        pools = pools or {}
         self.pool_capacity = dict(pools)
         self.pool_in_use = dict.fromkeys(pools, 0)
         self.pool_ok: Callable[[str | None], bool] | None = self._pool_has_room if pools else None
@@ -219,214 +201,25 @@ class RequestPath:
         now: float,
         stamps: tuple[SendStamp, ...] = (),
     ) -> None:
-        """Decide what the answer means (`settle.decide`, pure) and apply it here."""
+        """The key learns what the answer says of its limits (`KeyLimits.learn`), then
+        `settle.decide` (pure) says what the answer means, and it is applied here."""
         req.last_status = result.status
         req.result = result
-        if worker.first_pending and result.status is not None:
-            worker.first_answered()
-        # Only an answer that went through (2xx) or was rate-limited (429) speaks for the limit:
-        # a 404 or a 401 says something else (a wrong URL, a refused key).
-        if worker.discovering and result.status is not None and (result.status < 300 or result.status == 429):
-            self._discover(worker, result, now)
-        if result.policy_header is not None and self.learn_policy:
-            for policy in worker.adopt_advertised(result.policy_header, now):
-                self.event(EventKind.SETTING, f"{worker.label}: server advertises {policy}; adopted it")
-        if stamps and (self.budgets.settled or self.free_statuses) and result.status is not None:
-            self._give_back(worker, req, result, stamps[0], now)
-        if result.quotas:
-            self._sync_quotas(worker, req, result, now)
+        worker.limits.learn(result, req, stamps, now)
         verdict = decide(result, req, self.settle_rules, now)
         self._apply(verdict, worker, req, result, now)
-
-    def _discover(self, worker: KeyWorker, result: oc.Outcome, now: float) -> None:
-        """No limit was given for this key: its first answer must advertise one, or the run stops."""
-        policy = worker.discover(advertised_limits(result), now)
-        if policy is not None:
-            self.event(
-                EventKind.SETTING,
-                f"{worker.label}: no limit given; the server advertises {policy}: adopted it",
-            )
-            if self.discovered is not None:
-                self.discovered()
-        elif self.no_limit is not None:
-            self.no_limit("the server advertises no rate limit on its answers; give one with --limit N/W")
-
-    def _sync_quotas(self, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Take the server's own counts: a budget it names, a weight budget, else the key's own.
-
-        What this key spent after the answered request was sent is added, since
-        the server cannot have counted it yet (`spent_since`). An LLM API's
-        buckets are followed both ways (`_follow`).
-        """
-        sent_at = req.last_sent_at if req.last_sent_at is not None else now
-        for quota in result.quotas:
-            if quota.follow:
-                self._follow(worker, result.quotas, sent_at, now)
-                break
-        for quota in result.quotas:
-            if quota.follow:
-                continue
-            limiter = self._limiter_for_quota(worker, quota)
-            if limiter is None:
-                continue
-            reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
-            extra = limiter.sync(
-                now,
-                used=quota.used,
-                remaining=quota.remaining,
-                limit=quota.limit,
-                reset_at=reset_at,
-                window_s=quota.window_s,
-                sent_since=limiter.spent_since(sent_at),
-                sent_at=sent_at,
-            )
-            worker.note_quota(quota, reset_at)
-            if self.budget_watcher is not None:
-                used = quota.used
-                if used is None and quota.remaining is not None and quota.limit is not None:
-                    used = max(0, quota.limit - quota.remaining)
-                if used is not None:
-                    policy = limiter.policy_for(quota.window_s)
-                    self.budget_watcher.synced(worker, limiter, policy, used, sent_at, reset_at)
-            if extra > 0 and limiter is worker.limiter and worker.note_shared(extra, quota.limit, now):
-                share = worker.estimate.shared_share if worker.estimate is not None else None
-                self.event(
-                    EventKind.SETTING,
-                    f"{worker.label}: shared: someone else used {share or 0:.0%} of this window "
-                    "(the server counted more than we sent); using what is left",
-                )
-
-    def _follow(self, worker: KeyWorker, quotas: tuple[Quota, ...], sent_at: float, now: float) -> None:
-        """An LLM API's buckets as its answer states them: size, refill and count, adopted
-        lower or higher than ours (the tier, learned; nobody needs to know theirs).
-
-        A bucket that refills fully in `reset` from `remaining` refills
-        `(limit - remaining) / reset` per second. Every unit refills over the same
-        window, so the window comes from whichever unit is busy (a full one says
-        nothing). Each reading is a bound never shorter than the true window (the
-        remaining count less one, the reset's last figure rounded up, a wall-clock
-        reset given back the round trip it may have spent reaching us); the key
-        keeps the shortest bound seen. The count corrects ours where it proves it
-        wrong (`_Bucket.follow`).
-        """
-        bound = worker.window_bound
-        transit = now - sent_at  # a wall-clock reset lost at most the round trip on its way here
-        for q in quotas:
-            if q.follow and q.limit and q.remaining is not None and q.reset_in_s:
-                short = q.limit - q.remaining
-                if short >= 2:
-                    reset = q.reset_in_s + transit if q.reset_from_time else q.reset_in_s
-                    bound = min(bound, q.limit * reset / (short - 1))
-        first_window = bound < math.inf and worker.window_bound == math.inf
-        worker.window_bound = bound
-        window = bound if bound < math.inf else None
-        moved = []
-        for q in quotas:
-            if not q.follow or q.limit is None or q.remaining is None:
-                continue
-            limiter = self._limiter_for_follow(worker, q.name)
-            if limiter is None:
-                continue
-            before = limiter.bucket()
-            # What the server may not have counted: ours sent since the answered request, and
-            # since a headroom before it (one sent earlier may have reached it later: a new
-            # connection's handshake, a late loop).
-            since = limiter.spent_since(sent_at - self.headroom.seconds())
-            if limiter.follow(now, q.limit, q.limit - q.remaining, since, window):
-                bucket = limiter.bucket()
-                if self.budget_watcher is not None and bucket is not None:
-                    counted = q.limit - q.remaining
-                    self.budget_watcher.synced(worker, limiter, bucket, counted, sent_at, None)
-                if before is not None and (before.limit != q.limit or first_window):
-                    was = f" (was {before.limit:,})" if before.limit != q.limit else ""
-                    moved.append(f"{q.name} {q.limit:,}{was}")
-            worker.note_quota(q, now + q.reset_in_s if q.reset_in_s is not None else None)
-        if moved:
-            refill = f", refilled over {bound:.1f} s" if bound < math.inf else ""
-            self.event(
-                EventKind.SETTING, f"{worker.label}: the server's limits: {', '.join(moved)}{refill}; adopted"
-            )
-
-    def _limiter_for_follow(self, worker: KeyWorker, unit: str | None) -> WindowLimiter | None:
-        if unit == "requests":
-            return worker.limiter
-        if unit in worker.key_budgets:
-            return worker.key_budgets[unit]
-        return self.budgets.host.get(unit) if unit is not None else None
-
-    def _give_back(
-        self,
-        worker: KeyWorker,
-        req: Request,
-        result: oc.Outcome,
-        stamp: SendStamp,
-        now: float,
-    ) -> None:
-        """Give back what the server did not charge: all of it for a status the API documents
-        as free (`target.free_statuses`), else the part of a settled budget's reservation
-        beyond the real use the answer reports (`settle`, like usage.output_tokens)."""
-        route = self.budgets.route(req)
-        ticket = getattr(stamp, "ticket", None)
-        watcher = self.budget_watcher if ticket is not None else None
-        if result.status in self.free_statuses:
-            back = []
-            if not any(b.exclusive for b in route.budgets):
-                back.append((worker.limiter, route.weight if worker.key_weighted else 1))
-            for spec in route.budgets:
-                back.append((self.budgets.limiter_for(spec, worker.key_budgets), route.cost(spec)))
-            for lim, units in back:
-                lim.refund(stamp, units, now)
-                if watcher is not None:
-                    watcher.gave_back(worker, lim, ticket, units)
-            return
-        if result.kind is not oc.OK:
-            return
-        doc: list[Any] = []
-        for spec in route.budgets:
-            if spec.settle is None:
-                continue
-            lim = self.budgets.limiter_for(spec, worker.key_budgets)
-            used = _used(result.response, spec.settle, doc)
-            reserved = route.cost(spec)
-            if used is not None and used < reserved:
-                lim.refund(stamp, reserved - used, now)
-                if req.units is not None:  # what it cost, for the makespan's count of the job's units
-                    req.units = {**req.units, spec.unit: used}
-                if watcher is not None:
-                    watcher.gave_back(worker, lim, ticket, reserved - used)
-
-    def _limiter_for_quota(self, worker: KeyWorker, quota: Quota) -> WindowLimiter | None:
-        name = quota.name
-        if name is not None:
-            if name in worker.key_budgets:
-                return worker.key_budgets[name]
-            if name in self.budgets.host:
-                return self.budgets.host[name]
-        if quota.weight:
-            return self.weighted_host
-        if name in (None, "core", "default") or not self.budgets.specs:
-            return worker.limiter
-        return None
 
     def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
         """Apply one verdict: count, pause, block, then end or retry the request."""
         m = self.metrics
         widen = v.widen_headroom
-        worker.tally(v.tally, req.last_sent_at)
+        worker.stats.tally(v.tally)
+        if worker.limits.judged(v.tally, req.last_sent_at, now):
+            widen = False  # a 429 the limit explains, not the timing: the headroom stays
         if v.tally is Tally.SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-            if self.learn_policy and worker.climb(now):
-                self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_429:
             m.rejected_429 += 1
-            # A 429 while the headroom deliberately narrows (a rejection budget, remaining
-            # counts) is about timing, not the limit: learn nothing from it.
-            if self.learn_policy and req.last_sent_at is not None and not self.headroom.narrowing:
-                moved, explained = worker.learn_from_rejection(req.last_sent_at, self.headroom.seconds(), now)
-                if explained:
-                    widen = False  # the limit was wrong, not the timing: the headroom stays
-                if moved:
-                    self._estimate_moved(worker)
         elif v.tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
         else:
@@ -436,7 +229,7 @@ class RequestPath:
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
             at_s = now - self.started_at
             m.errors.add(result.status, result.kind, cause, req.last_error, worker.label, at_s)
-            worker.recent_errors.append(
+            worker.stats.recent_errors.append(
                 ErrorRow(result.status, result.kind, cause, 1, req.last_error, worker.label, round(at_s, 1))
             )
         if widen:
@@ -479,13 +272,6 @@ class RequestPath:
             req.eligible_at = max(req.eligible_at, now + delay)
             m.retried += 1
             self.queues.retry(req)
-
-    def _estimate_moved(self, worker: KeyWorker) -> None:
-        est = worker.estimate
-        if est is not None and est.reason != "climbing":  # each step up would flood the log
-            self.event(
-                EventKind.SETTING, f"{worker.label}: told {worker.told}, limit estimate {est.describe()}"
-            )
 
     def _settle_failed(self, req: Request, exc: Exception, now: float) -> None:
         problem = f"internal error while handling an answer: {type(exc).__name__}: {exc}"
@@ -551,39 +337,3 @@ class RequestPath:
     def shed(self, req: Request) -> None:
         self.metrics.shed += 1
         self._finish(req, Ending.SHED)
-
-
-def _used(response: Any, field: str, doc: list[Any]) -> int | None:
-    """A whole number at the dotted `field` of a JSON answer body (parsed once into `doc`)."""
-    if not doc:
-        try:
-            doc.append(json.loads(response.body) if isinstance(response.body, (bytes, str)) else None)
-        except (AttributeError, ValueError, RecursionError):
-            doc.append(None)
-    node = doc[0]
-    for part in field.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    if isinstance(node, bool) or not isinstance(node, (int, float)) or not node >= 0:
-        return None
-    return math.ceil(node)
-
-
-def advertised_limits(result: oc.Outcome) -> tuple[Policy, ...]:
-    """The limits an answer advertises for its key: RateLimit-Policy, else a count with a known
-    window (`RateLimit` with its policy, X-RateLimit-Limit with the seconds to its reset as the
-    window, at least 1 s; the limiter then follows the server's own counts)."""
-    policies = advertised_policies(result.policy_header)
-    if policies:
-        return policies
-    found = []
-    for quota in result.quotas:
-        if quota.limit is None or quota.weight or quota.name not in (None, "core", "default"):
-            continue
-        window = quota.window_s or (
-            max(1.0, float(math.ceil(quota.reset_in_s))) if quota.reset_in_s else None
-        )
-        if window is not None and quota.limit >= 1:
-            found.append(Policy(quota.limit, window))
-    return tuple(found)

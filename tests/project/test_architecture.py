@@ -115,25 +115,32 @@ def test_every_layer_type_checks():
 
 
 def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
-    """From its launch a request's path runs in engine/path/request_path.py (and what it calls) and enters
-    engine/engine.py only to hand the request's end back (`Engine.finish`): calls into
-    engine.py made from the request path's modules are counted while a run sends."""
+    """From its launch a request's path runs in engine/path/request_path.py (and what it calls:
+    the key's sender loop and limits, the verdict) and leaves it only to hand the request's end
+    to the run's end (`RunEnd.finish`, engine/path/ending.py), once per request; it never calls
+    into engine/engine.py, which keeps the lifecycle. Calls made from the request path's modules
+    are counted while a run sends."""
     from ratedeck.server.simulated import run_virtual
     from tests.support.engine_helpers import seed_engine
 
     engine, _ = seed_engine(workload={"total": 60}, engine={"graveyard_path": ""})
     path_files = {
-        str(REPO / "engine" / "path" / name) for name in ("request_path.py", "worker.py", "settle.py")
+        str(REPO / "engine" / "path" / name)
+        for name in ("request_path.py", "worker.py", "key.py", "settle.py")
     }
-    engine_file = str(REPO / "engine" / "engine.py")
+    watched = {
+        str(REPO / "engine" / "engine.py"): "engine",
+        str(REPO / "engine" / "path" / "ending.py"): "end",
+    }
     entries: dict[str, int] = {}
 
     def profile(frame, event, _arg):
-        if event != "call" or frame.f_code.co_filename != engine_file:
+        if event != "call" or frame.f_code.co_filename not in watched:
             return
         caller = frame.f_back
         if caller is not None and caller.f_code.co_filename in path_files:
-            entries[frame.f_code.co_name] = entries.get(frame.f_code.co_name, 0) + 1
+            name = f"{watched[frame.f_code.co_filename]}.{frame.f_code.co_name}"
+            entries[name] = entries.get(name, 0) + 1
 
     sys.setprofile(profile)
     try:
@@ -141,4 +148,4 @@ def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
     finally:
         sys.setprofile(None)
     assert snap.succeeded == 60 and snap.sent >= 60
-    assert entries == {"finish": 60}, entries
+    assert entries == {"end.finish": 60}, entries

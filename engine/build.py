@@ -1,0 +1,364 @@
+"""The composition root: every part of an engine built once, in order, each handed the few
+small capabilities it uses (the protocols of `ports.py`), never the engine.
+
+The order follows what each part needs: the run's clock and event log; the
+headroom and the limiters; the key registry (empty: the keys are added as
+they are built); the run's end and a cluster member (both read the registry);
+the request path; the intake a source feeds; each key (its limits, leases and
+gates decided here, at construction); the makespan meter; the snapshot.
+`Engine` (engine.py) keeps the lifecycle, the commands and the snapshot.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ratedeck.core.paths import run_graveyard_path
+from ratedeck.core.policy import Policy
+from ratedeck.core.secrets import Redactor
+from ratedeck.core.vocab import Pacing
+from ratedeck.engine.cluster.member import ClusterMember, MemberParts, budget_name, gate_names
+from ratedeck.engine.gate import CooldownGate
+from ratedeck.engine.http.probe import Probe
+from ratedeck.engine.limits.budgets import Budgets
+from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
+from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.observe.events import EventLog
+from ratedeck.engine.observe.loop_watch import LoopWatch
+from ratedeck.engine.observe.makespan import MakespanMeter
+from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.observe.snapshot_builder import SnapshotBuilder, SnapshotParts
+from ratedeck.engine.path.ending import RunEnd
+from ratedeck.engine.path.intake import Intake
+from ratedeck.engine.path.key import UNKNOWN_LIMIT, KeyLeases, KeyLimits, Learning
+from ratedeck.engine.path.keys import KeyRing
+from ratedeck.engine.path.request_path import RequestPath, SharedGates
+from ratedeck.engine.path.settle import SettleRules
+from ratedeck.engine.path.worker import KeyWorker
+from ratedeck.engine.sources.multicall import source_from_config
+from ratedeck.engine.sources.workload import bursts_in_time
+
+from .ports import Cooldown, RunClock, SharedState, Source, Transport
+from .queues import Graveyard, WorkQueues
+from .settings import GRAVEYARD_AUTO, EngineSettings, KeySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The run's shared limits: the named budgets, the host-wide limiter, the gates, how
+    the limiters pace, and how to make one more."""
+
+    budgets: Budgets
+    host_limiter: WindowLimiter | None
+    gates: dict[str, CooldownGate]  # by name: each key's, "host", and "store" with a shared store
+    host_gate: CooldownGate
+    store_gate: CooldownGate
+    pacing: Pacing
+    make: Callable[[tuple[Policy, ...]], WindowLimiter]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """Every part of one engine, as `build_parts` made them."""
+
+    cfg: EngineSettings
+    transport: Transport
+    rng: random.Random
+    redact: Redactor
+    run: RunClock
+    log: EventLog
+    headroom: HeadroomController
+    probe: Probe | None
+    queues: WorkQueues
+    metrics: Metrics
+    graveyard: Graveyard
+    source: Source
+    limits: Limits
+    keys: KeyRing
+    ends: RunEnd
+    cluster: ClusterMember | None
+    path: RequestPath
+    intake: Intake
+    makespan: MakespanMeter | None
+    loop: LoopWatch
+    snapshots: SnapshotBuilder
+
+
+def build_parts(
+    cfg: EngineSettings,
+    transport: Transport,
+    *,
+    source: Source | None = None,
+    rng: random.Random | None = None,
+    shared_state: SharedState | None = None,
+    cooldown: Cooldown | None = None,
+    retry_errors: bool = True,
+) -> EngineParts:
+    """Build every part of an engine for `cfg` against `transport` (see the module's docstring)."""
+    e = cfg.engine
+    rng = rng or random.Random(cfg.seed)
+    redact = Redactor(k.secret for k in cfg.keys)
+    run = RunClock(time.monotonic, wall_offset=time.time() - time.monotonic())  # the loop's, once started
+    log = EventLog()
+    headroom = _headroom(cfg)
+    source = source or source_from_config(cfg, rng)
+    limits = _limits(cfg, headroom, source, shared=shared_state is not None)
+    queues, metrics = WorkQueues(), Metrics()
+    graveyard = Graveyard(
+        str(run_graveyard_path()) if e.graveyard_path == GRAVEYARD_AUTO else e.graveyard_path
+    )
+    keys = KeyRing(
+        run=run,
+        budgets=limits.budgets,
+        headroom=headroom,
+        host_gate=limits.host_gate,
+        host_limiter=limits.host_limiter,
+    )
+    ends = RunEnd(keys=keys, queues=queues, source=source, events=log)
+    cluster = None
+    if shared_state is not None:
+        member = MemberParts(
+            run, keys, limits.gates, limits.store_gate, headroom, metrics, queues, log, ends, redact
+        )
+        cluster = _cluster(cfg, member, shared_state)
+    path = RequestPath(
+        transport=transport,
+        queues=queues,
+        metrics=metrics,
+        headroom=headroom,
+        graveyard=graveyard,
+        host_gate=limits.host_gate,
+        settle_rules=_settle_rules(cfg, retry_errors),
+        rng=rng,
+        ends=ends,
+        events=log,
+        cooldown=cooldown if cooldown is not None else SharedGates(log, cluster),
+        redact=redact,
+        pools=cfg.pools,
+    )
+    intake = _intake(cfg, run, queues, metrics, keys, path, ends, source, log)
+    learning = Learning(
+        budgets=limits.budgets,
+        headroom=headroom,
+        events=log,
+        learn_policy=e.learn_policy,
+        free_statuses=cfg.target.free_statuses,
+        weighted_host=_weighted_host(cfg, limits.budgets),
+        discovered=intake.limits_discovered,
+        no_limit=ends.no_limit,
+        watcher=cluster,
+    )
+    for spec in cfg.keys:
+        keys.add(_key(cfg, spec, limits, learning, cluster, run=run, queues=queues, path=path))
+    makespan = None
+    if source.job:  # a job (a workload file, a store): its makespan against the least time the limits allow
+        makespan = MakespanMeter(keys, run, cfg.key_weighted)
+        ends.watch(makespan)
+    loop = LoopWatch(log, lambda: metrics.sent - keys.in_flight())
+    probe = _probe(cfg, transport)
+    parts = (run, metrics, queues, headroom, keys, limits.gates, source, intake, ends, log, loop, probe)
+    snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster=cluster, makespan=makespan))
+    return EngineParts(
+        cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
+        source, limits, keys, ends, cluster, path, intake, makespan, loop, snapshots,
+    )  # fmt: skip
+
+
+def _intake(
+    cfg: EngineSettings,
+    run: RunClock,
+    queues: WorkQueues,
+    metrics: Metrics,
+    keys: KeyRing,
+    path: RequestPath,
+    ends: RunEnd,
+    source: Source,
+    log: EventLog,
+) -> Intake:
+    e = cfg.engine
+    return Intake(
+        run=run,
+        queues=queues,
+        metrics=metrics,
+        keys=keys,
+        burial=path,
+        ends=ends,
+        source=source,
+        events=log,
+        backpressure=e.backpressure,
+        queue_max=cfg.main_queue_max,
+        ttl_s=e.ttl_s,  # None: requests never expire
+        idempotency=cfg.target.idempotency,
+        pools=path.pool_capacity,
+        # A generated load with no rate of its own follows the limits keys discover.
+        follow_discovered=cfg.workload.rate is None and cfg.workload.file is None,
+    )
+
+
+def _cluster(cfg: EngineSettings, member: MemberParts, shared_state: SharedState) -> ClusterMember:
+    url = cfg.target.url
+    return ClusterMember(
+        member,
+        shared_state,
+        {k.label: budget_name(url, k.secret) for k in cfg.keys},
+        gate_names(url, {k.label: k.secret for k in cfg.keys}),
+    )
+
+
+def _settle_rules(cfg: EngineSettings, retry_errors: bool) -> SettleRules:
+    e = cfg.engine
+    return SettleRules(
+        max_attempts=e.max_attempts,
+        backoff_base_s=e.backoff_base_ms / 1000.0,
+        backoff_cap_s=e.backoff_cap_ms / 1000.0,
+        host_gate=bool(cfg.host_policies),
+        host_limit_match=cfg.target.host_limit_match,
+        retry_errors=retry_errors,
+    )
+
+
+def _headroom(cfg: EngineSettings) -> HeadroomController:
+    e = cfg.engine
+    return HeadroomController(
+        initial_ms=e.headroom_initial_ms,
+        min_ms=e.headroom_min_ms,
+        max_ms=e.headroom_max_ms,
+        fixed_ms=None if e.headroom == "adaptive" else float(e.headroom),
+        rejection_budget=e.rejection_budget,
+        policy_window_s=min((p.window_s for k in cfg.keys for p in k.policies), default=1.0),
+    )
+
+
+def _probe(cfg: EngineSettings, transport: Transport) -> Probe | None:
+    """A cheap endpoint timed for the network's spread (engine/http/probe.py); off without a probe_url."""
+    if not cfg.target.probe_url:
+        return None
+    return Probe(
+        cfg.target.probe_url, cfg.target.probe_rate, get=transport.prober(), timeout_s=cfg.target.timeout_s
+    )
+
+
+def _pacing(cfg: EngineSettings, source: Source) -> Pacing:
+    """What the limiters do: even or burst.
+
+    A job fed as fast as the limits allow spends each window's quota as soon as the
+    meters allow (a burst); spreading it would leave a window's worth unused at the
+    end. Not where nonces must arrive in order and several go at once, nor when a
+    request would expire waiting a whole window behind a burst. A pacing the user
+    names is kept (even pacing holds fewer requests on the wire at a kill -9).
+    """
+    e = cfg.engine
+    pacing = Pacing(e.pacing)
+    if pacing is not Pacing.AUTO:
+        return pacing
+    fed_burst = (
+        source.fed and bursts_in_time(cfg) and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
+    )
+    return Pacing.BURST if fed_burst else Pacing.EVEN
+
+
+def _limits(cfg: EngineSettings, headroom: HeadroomController, source: Source, *, shared: bool) -> Limits:
+    seconds, pace = headroom.seconds, headroom.pace_seconds
+    pacing = _pacing(cfg, source)
+    # Sends closer than the network jitter can reach a nonce-checking server out of order:
+    # keep whole gaps there.
+    spacing = 1.0 if cfg.target.nonce_param else 0.9
+
+    def make(policies: tuple[Policy, ...]) -> WindowLimiter:
+        return WindowLimiter(policies, seconds, pacing, min_spacing=spacing, pace_s=pace)
+
+    # A host-wide limit is one more budget every key spends, with its own gate.
+    host_limiter = (
+        WindowLimiter(cfg.host_policies, seconds, pacing, pace_s=pace) if cfg.host_policies else None
+    )
+    # The host's gate: closed by a host-wide limit's delay, or a ban (Binance's 418 bans the IP).
+    host_gate = CooldownGate("host")
+    gates = {"host": host_gate}
+    for spec in cfg.keys:
+        gates.setdefault(spec.label, CooldownGate(spec.label))
+    # A shared store's own gate: closed while the store is unreachable.
+    store_gate = CooldownGate("store")
+    if shared:
+        gates["store"] = store_gate
+    # Named budgets ([[budgets]]): host-scope ones shared here, key-scope ones per key.
+    budgets = Budgets(cfg, make)
+    return Limits(budgets, host_limiter, gates, host_gate, store_gate, pacing, make)
+
+
+def _weighted_host(cfg: EngineSettings, budgets: Budgets) -> WindowLimiter | None:
+    """The host budget a weight quota names, if any."""
+    weighted = [b.name for b in cfg.budgets if b.weighted and b.scope == "host"]
+    return budgets.host.get(weighted[0]) if weighted else None
+
+
+def _key(
+    cfg: EngineSettings,
+    spec: KeySpec,
+    limits: Limits,
+    learning: Learning,
+    cluster: ClusterMember | None,
+    *,
+    run: RunClock,
+    queues: WorkQueues,
+    path: RequestPath,
+) -> KeyWorker:
+    """One key: its limiter and budgets, its leases and gates (with a shared store, every
+    budget is granted by the store), and its sender loop."""
+    e = cfg.engine
+    # A key with no limit given starts with none it would enforce: it sends one at a time
+    # (KeyLimits.discovering) until the server's first answer advertises one.
+    limiter = limits.make(spec.policies or (UNKNOWN_LIMIT,))
+    key_budgets = {b.name: limits.make(b.policies) for b in limits.budgets.key_specs}
+    gates: tuple[CooldownGate, ...] = (limits.gates[spec.label], limits.host_gate)
+    leases = None
+    if cluster is not None:
+        leases = KeyLeases(_store_names(cfg, spec, limiter, key_budgets, limits, cluster), cluster.want)
+        gates = (*gates, limits.store_gate)
+    key = KeyLimits(
+        spec,
+        limiter,
+        learning,
+        max_in_flight=e.in_flight_per_key,
+        shared=(limits.host_limiter,) if limits.host_limiter else (),
+        key_budgets=key_budgets,
+        key_weighted=cfg.key_weighted,
+        climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
+        slow_start=e.slow_start,
+        learn_first=e.learn_first,
+        leases=leases,
+    )
+    return KeyWorker(
+        spec,
+        key,
+        run=run,
+        queues=queues,
+        path=path,
+        gates=gates,
+        use_nonce=bool(cfg.target.nonce_param),
+        budgets=limits.budgets,
+    )
+
+
+def _store_names(
+    cfg: EngineSettings,
+    spec: KeySpec,
+    limiter: WindowLimiter,
+    key_budgets: dict[str, WindowLimiter],
+    limits: Limits,
+    cluster: ClusterMember,
+) -> dict[WindowLimiter, str]:
+    """Each of a key's limiters' budget in the store: the key's own limits, the host's, the
+    named ones (host scope: one for every member; key scope: one per key)."""
+    url = cfg.target.url
+    names = {limiter: cluster.budget_ids[spec.label]}
+    if limits.host_limiter is not None:
+        names[limits.host_limiter] = budget_name(url, None, "host_limits")
+    for name, lim in limits.budgets.host.items():
+        names[lim] = budget_name(url, None, name)
+    for name, lim in key_budgets.items():
+        names[lim] = budget_name(url, spec.secret, name)
+    return names

@@ -1,0 +1,155 @@
+"""The engine's snapshot, assembled from its parts: an immutable picture of everything,
+consistent because it is built on the loop between two turns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ratedeck.core.vocab import Phase
+from ratedeck.engine.snapshot import BudgetRow, GateRow, Makespan, Snapshot
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ratedeck.engine.cluster.member import ClusterMember
+    from ratedeck.engine.gate import CooldownGate
+    from ratedeck.engine.http.probe import Probe
+    from ratedeck.engine.limits.headroom import HeadroomController
+    from ratedeck.engine.limits.limiter import WindowLimiter
+    from ratedeck.engine.path.ending import RunEnd
+    from ratedeck.engine.path.intake import Intake
+    from ratedeck.engine.path.keys import KeyRing
+    from ratedeck.engine.ports import RunClock, Source
+    from ratedeck.engine.queues import WorkQueues
+
+    from .events import EventLog
+    from .loop_watch import LoopWatch
+    from .makespan import MakespanMeter
+    from .metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotParts:
+    """Every part a snapshot reads (types named for checking only: the snapshot reads the
+    parts above this folder, never imports them). `intake` gives backpressure and queue_max,
+    `ends` the no-limit text, `cluster` its last view."""
+
+    run: RunClock
+    metrics: Metrics
+    queues: WorkQueues
+    headroom: HeadroomController
+    keys: KeyRing
+    gates: Mapping[str, CooldownGate]
+    source: Source
+    intake: Intake
+    ends: RunEnd
+    log: EventLog
+    loop: LoopWatch
+    probe: Probe | None = None
+    cluster: ClusterMember | None = None
+    makespan: MakespanMeter | None = None
+
+
+class SnapshotBuilder:
+    """Builds the engine's `Snapshot` from its parts; `mergeable` (one of several processes)
+    makes the latency summaries carry their whole histograms."""
+
+    __slots__ = ("parts", "mergeable")
+
+    def __init__(self, parts: SnapshotParts) -> None:
+        self.parts = parts
+        self.mergeable = False
+
+    def build(self) -> Snapshot:
+        p = self.parts
+        m, run, h, source = p.metrics, p.run, p.headroom, p.source
+        started = run.loop is not None
+        now = run.clock() if started else 0.0
+        end = run.ended_at if run.ended_at is not None else now
+        elapsed = max(0.0, end - run.started_at) if started else 0.0
+        mergeable = self.mergeable
+        return Snapshot(
+            elapsed_s=elapsed,
+            phase=run.phase,
+            capacity_tps=p.keys.capacity_tps(),
+            live_capacity_tps=p.keys.live_capacity(now) if run.phase is Phase.RUNNING else 0.0,
+            throughput_tps=m.succeeded / elapsed if elapsed > 0 else 0.0,
+            current_tps=m.tps_series[-1] if m.tps_series else 0.0,
+            generated=m.generated,
+            succeeded=m.succeeded,
+            expired=m.expired,
+            graveyard=m.graveyard,
+            shed=m.shed,
+            main_depth=p.queues.fresh(),
+            dlq_depth=p.queues.retries(),
+            in_flight=p.keys.in_flight(),
+            sent=m.sent,
+            rejected_429=m.rejected_429,
+            rejected_other=m.rejected_other,
+            failed=m.failed,
+            retried=m.retried,
+            failures=tuple(sorted(m.failures.items())),
+            errors=m.errors.rows(),
+            main_max=p.intake.queue_max,
+            main_peak=m.main_peak,
+            main_avg=m.main_avg,
+            dlq_peak=m.dlq_peak,
+            dlq_avg=m.dlq_avg,
+            headroom_ms=h.effective_ms,
+            headroom_adaptive=h.adaptive,
+            headroom_min_ms=h.seen_min_ms,
+            headroom_max_ms=h.seen_max_ms,
+            backpressure=p.intake.backpressure,
+            arrival_rate=source.rate,
+            latency=m.latency.summary(mergeable),
+            latency_total=m.latency_total.summary(mergeable),
+            queue_wait=m.queue_wait.summary(mergeable),
+            tps_series=tuple(m.tps_series),
+            p50_series=tuple(m.p50_series),
+            p99_series=tuple(m.p99_series),
+            keys=tuple(w.row(now) for w in p.keys.workers),
+            events=tuple(p.log.rows),
+            gates=tuple(
+                GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
+                for g in p.gates.values()
+            ),
+            messages=source.stats(elapsed),
+            budgets=self.budget_rows(now),
+            headroom_source=h.source,
+            rtt_spread_ms=h.rtt_spread_ms,
+            network_spread_ms=h.network_spread_ms,
+            server_time_ms=h.server_time_ms,
+            rejection_budget=h.rejection_budget,
+            rejections_spent=h.rejections_spent,
+            probe_sent=p.probe.sent if p.probe is not None else 0,
+            cpu_s=p.loop.cpu_s(),
+            loop=p.loop.name,
+            loop_lag_ms=p.loop.lag_ms,
+            cluster=p.cluster.view if p.cluster is not None else None,
+            makespan=self._makespan(),
+            fed=source.fed,
+            uncertain=m.uncertain,
+            no_limit=p.ends.no_limit_text,
+        )
+
+    def _makespan(self) -> Makespan | None:
+        p = self.parts
+        if not p.makespan:
+            return None
+        return p.makespan.view(p.metrics.latency.quantiles(0.5)[0] / 1000.0, p.run.phase is Phase.STOPPED)
+
+    def budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
+        keys = self.parts.keys
+        rows = [self._budget_row(name, "host", lim, now) for name, lim in keys.budgets.host.items()]
+        for w in keys.workers:
+            rows.extend(
+                self._budget_row(name, w.label, lim, now) for name, lim in w.limits.key_budgets.items()
+            )
+        return tuple(rows)
+
+    def _budget_row(self, name: str, owner: str, lim: WindowLimiter, now: float) -> BudgetRow:
+        used, limit = lim.used(now)
+        unit = self.parts.keys.budgets.specs[name].unit
+        per_min = round(lim.capacity_tps * 60.0, 1)
+        return BudgetRow(name, owner, used, limit, unit, per_min, lim.spent, lim.spent - lim.returned)
