@@ -496,6 +496,15 @@ class Engine:
                 return
         self.queues.put(req)
 
+    def withdraw(self, req: Request) -> bool:
+        """A queued request its caller gave up on: out of the queue now and shed, so it holds
+        no place and never reserves a slot. False when it is not queued (sent, or ended)."""
+        req.cancelled = True  # not sent again if it is in flight now
+        if not self.queues.discard(req):
+            return False
+        self.shed(req)
+        return True
+
     def refuse(self, req: Request) -> None:
         """A new request that found no room: counted as generated, and shed at once."""
         self.metrics.generated += 1

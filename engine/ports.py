@@ -111,6 +111,10 @@ class SourceSink(Protocol):
     def refuse(self, req: Request) -> None:
         """Count a new request that never entered the queue (no room): it ends as shed."""
 
+    def withdraw(self, req: Request) -> bool:
+        """Take a queued request whose caller gave up out of the queue; it ends as shed.
+        False when it is not queued (in flight or ended): then it is only never sent again."""
+
     def source_done(self) -> None:
         """The source will make nothing more; the run may finish when the queues empty."""
 
