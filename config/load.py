@@ -30,7 +30,7 @@ from ratedeck.engine.settings import (
 
 from . import parsers
 from .rows import BY_PATH, ROWS, section_rows
-from .settings import ConsoleSettings, RunConfig, RunnerSettings
+from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
 
 # ---------------------------------------------------------------- presets
 
@@ -253,6 +253,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)
     console = _table(data, "console", source)
+    gateway = _table(data, "gateway", source)
     server = data.get("server", {})
     try:
         check_simulator_numbers(server)
@@ -293,6 +294,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
+        gateway=GatewaySettings(**gateway),
         server=dict(server),
     )
 

@@ -59,7 +59,7 @@ class GatewaySettings:
     listen: str = "127.0.0.1:8788"  # host:port the gateway serves on
     token: str | None = field(default=None, repr=False)  # what clients present; env:VAR or @FILE as written
     max_wait_s: float = 120.0  # how long a request may wait queued before a 503
-    max_body_mb: float = 32.0  # a bigger request body: 413
+    max_body_mb: int = 32  # a bigger request body: 413
     header_timeout_s: float = 30.0  # a connection that has not sent its headers by then is closed
     body_timeout_s: float = 60.0  # a body not read whole by then: 408
     fail_fast: bool = False  # answer 429 at once instead of queueing (a client may ask per request)
