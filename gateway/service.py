@@ -9,6 +9,7 @@ each with the upstream's answer.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 from typing import TYPE_CHECKING
@@ -150,7 +151,9 @@ class GatewayService:
         return self.port
 
     def snapshot(self) -> Snapshot:
-        return self.session.snapshot()
+        """The engine's snapshot with the clients' view (the engine knows no clients)."""
+        snap = self.session.snapshot()
+        return dataclasses.replace(snap, clients=self.source.view()) if self.session.engine is not None else snap
 
     async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
         """Drain: no new clients, queued requests answered 503 now, in-flight ones finished."""
@@ -161,11 +164,10 @@ class GatewayService:
             self._site = None
         self.source.close()
         self.source.withdraw_all()
-        snap = await self.session.stop(drain_timeout_s)
-        if self.source.withdraw_all(retries=True):  # retries left queued when the sending stopped
-            snap = self.session.snapshot()
+        await self.session.stop(drain_timeout_s)
+        self.source.withdraw_all(retries=True)  # retries left queued when the sending stopped
         await self._close_server()
-        return snap
+        return self.snapshot()
 
     async def _close_server(self) -> None:
         runner, self._runner = self._runner, None

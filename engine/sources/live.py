@@ -10,12 +10,13 @@ request's `on_done`; a client that gives up withdraws it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ratedeck.engine.request import DoneCallback, Request, Shape
+from ratedeck.engine.snapshot import ClientView
 
 if TYPE_CHECKING:
     from ratedeck.engine.ports import SourceSink
@@ -25,15 +26,8 @@ if TYPE_CHECKING:
 _WAITS_KEPT = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class ClientView:
-    """What the clients of a live source see: how many wait, how long they waited, what they got."""
-
-    waiting: int = 0  # requests offered and not yet sent or ended
-    answered: int = 0
-    wait_p50_ms: float = 0.0  # time from arrival to first send (or to the end, for one never sent)
-    wait_p99_ms: float = 0.0
-    statuses: tuple[tuple[int, int], ...] = ()  # (status answered to the client, count)
+#: Upper bounds (seconds) of the queue-wait histogram's buckets.
+WAIT_BUCKETS_S = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class LiveSource:
@@ -52,6 +46,7 @@ class LiveSource:
         self.statuses: Counter[int] = Counter()
         self.wait_sum_s = 0.0
         self.wait_count = 0
+        self.wait_buckets = [0] * len(WAIT_BUCKETS_S)  # waits per bucket (not cumulative)
 
     # ------------------------------------------------------------ the Source protocol
     @property
@@ -157,16 +152,17 @@ class LiveSource:
         self.waiting.add(req)
         self.sink.submit(req)
 
-    def sent(self, req: Request) -> None:
-        """`req` left the queue for the wire (its wait is over)."""
-        self._left_queue(req)
-
     def _left_queue(self, req: Request) -> None:
         if req in self.waiting:
             self.waiting.discard(req)
-            wait_s = max(0.0, self.sink.clock() - req.created_at)
+            left_at = req.first_sent_at if req.first_sent_at is not None else self.sink.clock()
+            wait_s = max(0.0, left_at - req.created_at)
             self.wait_sum_s += wait_s
             self.wait_count += 1
+            for i, bound in enumerate(WAIT_BUCKETS_S):
+                if wait_s <= bound:
+                    self.wait_buckets[i] += 1
+                    break
             waits = self.waits_ms
             waits.append(wait_s * 1000.0)
             if len(waits) > _WAITS_KEPT:
@@ -215,6 +211,9 @@ class LiveSource:
             answered=sum(self.statuses.values()),
             wait_p50_ms=_quantile(waits, 0.5),
             wait_p99_ms=_quantile(waits, 0.99),
+            wait_sum_s=self.wait_sum_s,
+            wait_count=self.wait_count,
+            wait_buckets=tuple(zip(WAIT_BUCKETS_S, itertools.accumulate(self.wait_buckets), strict=True)),
             statuses=tuple(sorted(self.statuses.items())),
         )
 
