@@ -84,7 +84,9 @@ def test_the_attribute_counter_counts_what_a_class_sets():
 def test_no_class_with_behaviour_holds_too_many_attributes():
     wide, _ = measure()
     over = {name: n for name, n in wide.items() if name not in WIDE_EXCEPTIONS}
-    assert not over, f"classes over {MAX_ATTRIBUTES} attributes (split them, or list them with a reason): {over}"
+    assert not over, (
+        f"classes over {MAX_ATTRIBUTES} attributes (split them, or list them with a reason): {over}"
+    )
     stale = sorted(set(WIDE_EXCEPTIONS) - set(wide))
     assert not stale, f"listed as wide but no longer are: {stale}"
 
