@@ -38,9 +38,14 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-
 def error_response(
-    status: int, message: str, type_: str, code: str | None = None, *, retry_after: float | None = None, **extra: Any
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    *,
+    retry_after: float | None = None,
+    **extra: Any,
 ) -> web.Response:
     """An OpenAI-style error body (`{"error": {"message", "type", "code"}}`), which SDKs read."""
     body = {"error": {"message": message, "type": type_, "code": code, **extra}}
@@ -77,7 +82,11 @@ class GatewayApp:
         if self.draining or not self.source.open:
             return self._answered(
                 error_response(
-                    503, "the gateway is stopping: try again shortly", "unavailable", "stopping", retry_after=5
+                    503,
+                    "the gateway is stopping: try again shortly",
+                    "unavailable",
+                    "stopping",
+                    retry_after=5,
                 )
             )
         if not self.token.admits(request.headers):
@@ -92,7 +101,9 @@ class GatewayApp:
         try:
             path = upstream_path(request.rel_url.raw_path, request.rel_url.raw_query_string, self.base_path)
         except PathRefused as exc:
-            return self._answered(error_response(400, f"path refused: {exc}", "invalid_request_error", "bad_path"))
+            return self._answered(
+                error_response(400, f"path refused: {exc}", "invalid_request_error", "bad_path")
+            )
         try:
             max_wait, fail_fast = self._controls(request)
         except ValueError as exc:
@@ -158,10 +169,14 @@ class GatewayApp:
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError):
-                return error_response(400, "the request body is not valid JSON", "invalid_request_error", "bad_json")
+                return error_response(
+                    400, "the request body is not valid JSON", "invalid_request_error", "bad_json"
+                )
         return raw, body
 
-    async def _send(self, request: web.Request, shape: Shape, max_wait: float, fail_fast: bool) -> web.StreamResponse:
+    async def _send(
+        self, request: web.Request, shape: Shape, max_wait: float, fail_fast: bool
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[Ending] = loop.create_future()
 
@@ -194,7 +209,9 @@ class GatewayApp:
     def _no_room(self, fail_fast: bool, why: str) -> web.Response:
         after = self.source.retry_after_s()
         if fail_fast:
-            return error_response(429, f"{why} (fail-fast)", "rate_limit_exceeded", "queue_full", retry_after=after)
+            return error_response(
+                429, f"{why} (fail-fast)", "rate_limit_exceeded", "queue_full", retry_after=after
+            )
         return error_response(503, why, "unavailable", "no_capacity", retry_after=after)
 
     def _answered(self, resp: web.Response) -> web.Response:
@@ -229,11 +246,18 @@ class GatewayApp:
             retry = outcome.retry_after_s
             after = max(self.source.retry_after_s(), math.ceil(retry) if retry else 0)
             return error_response(
-                503, "still rate-limited upstream after every attempt", "unavailable", "rate_limited", retry_after=after
+                503,
+                "still rate-limited upstream after every attempt",
+                "unavailable",
+                "rate_limited",
+                retry_after=after,
             )
         if kind is OutcomeKind.BLOCKED:
             return error_response(
-                502, "the upstream refused the gateway's keys for this request", "upstream_error", "keys_refused"
+                502,
+                "the upstream refused the gateway's keys for this request",
+                "upstream_error",
+                "keys_refused",
             )
         if kind is OutcomeKind.TIMEOUT:
             return error_response(504, "the upstream did not answer in time", "upstream_error", "timeout")

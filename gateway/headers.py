@@ -50,7 +50,9 @@ _NOT_FORWARDED = _HOP | frozenset(
 )
 
 
-def forwarded_headers(headers: Iterable[tuple[str, str]], key_header: str | None) -> tuple[tuple[str, str], ...]:
+def forwarded_headers(
+    headers: Iterable[tuple[str, str]], key_header: str | None
+) -> tuple[tuple[str, str], ...]:
     """The client's request headers that go upstream (an API's version or beta headers, the body's type)."""
     skip = _NOT_FORWARDED | ({key_header.lower()} if key_header else set())
     return tuple(

@@ -144,16 +144,24 @@ class GatewayService:
         return self.url
 
     def _bound_port(self) -> int:
-        server = self._site._server if self._site is not None else None  # noqa: SLF001 (aiohttp keeps it there)
+        server = self._site._server if self._site is not None else None  # aiohttp keeps the socket there
         for sock in getattr(server, "sockets", None) or ():
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 return int(sock.getsockname()[1])
         return self.port
 
+    @property
+    def connections(self) -> int:
+        """Client connections open now."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     def snapshot(self) -> Snapshot:
         """The engine's snapshot with the clients' view (the engine knows no clients)."""
         snap = self.session.snapshot()
-        return dataclasses.replace(snap, clients=self.source.view()) if self.session.engine is not None else snap
+        return (
+            dataclasses.replace(snap, clients=self.source.view()) if self.session.engine is not None else snap
+        )
 
     async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
         """Drain: no new clients, queued requests answered 503 now, in-flight ones finished."""

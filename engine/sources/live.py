@@ -57,7 +57,9 @@ class LiveSource:
         """Clients set the pace; an arrival rate means nothing here (kept for the protocol)."""
 
     def set_throttle(self, value: str | float) -> None:
-        raise ValueError("live clients have no entry throttle: the gateway queues what the limits cannot admit")
+        raise ValueError(
+            "live clients have no entry throttle: the gateway queues what the limits cannot admit"
+        )
 
     def poke(self) -> None:
         pass
@@ -98,8 +100,11 @@ class LiveSource:
     def open(self) -> bool:
         """Whether new requests are taken (not once the engine stops, or `close` was called)."""
         sink = self._sink
-        return sink is not None and not sink.stopping and not self.exhausted and not (
-            self._closing is not None and self._closing.is_set()
+        return (
+            sink is not None
+            and not sink.stopping
+            and not self.exhausted
+            and not (self._closing is not None and self._closing.is_set())
         )
 
     def close(self) -> None:

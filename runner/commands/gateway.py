@@ -50,9 +50,19 @@ FLAGS = (
         "the token clients present (Authorization: Bearer, x-api-key or the preset's key header);"
         " needed to listen beyond loopback",
     ),
-    ("--max-wait", "S", "max_wait_s", "longest a request waits for the limits, then 503 + Retry-After (120s)"),
+    (
+        "--max-wait",
+        "S",
+        "max_wait_s",
+        "longest a request waits for the limits, then 503 + Retry-After (120s)",
+    ),
     ("--max-body-mb", "N", "max_body_mb", "a request body over N MiB is answered 413 (32)"),
-    ("--header-timeout", "S", "header_timeout_s", "close a connection whose request head has not come in S (30s)"),
+    (
+        "--header-timeout",
+        "S",
+        "header_timeout_s",
+        "close a connection whose request head has not come in S (30s)",
+    ),
     ("--body-timeout", "S", "body_timeout_s", "answer 408 to a body not received in S (60s)"),
 )
 
@@ -104,7 +114,9 @@ def main(argv: list[str]) -> int:
         return parsed
     args = parsed
     if args.save_config:
-        return fail("--save-config: not for the gateway; use 'ratedeck --save-config FILE' with the same flags")
+        return fail(
+            "--save-config: not for the gateway; use 'ratedeck --save-config FILE' with the same flags"
+        )
     for flag, given in (("--workload", args.workload), ("--procs", args.procs), ("--rate", args.rate)):
         if given is not None:
             return fail(f"{flag}: the gateway's work comes from its clients, one engine serves them")
@@ -112,7 +124,9 @@ def main(argv: list[str]) -> int:
         plan = plan_run(args)
         cfg = plan.cfg
         if cfg.messages is not None:
-            raise ConfigError("config", "messages", "the gateway's work comes from its clients, not [messages]")
+            raise ConfigError(
+                "config", "messages", "the gateway's work comes from its clients, not [messages]"
+            )
         settings = gateway_settings(args, cfg)
         from ratedeck.gateway.service import check_gateway
 

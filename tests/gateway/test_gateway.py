@@ -16,7 +16,9 @@ PROMPT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-async def post(session: aiohttp.ClientSession, url: str, body=PROMPT, headers=AUTH, path="/v1/chat/completions"):
+async def post(
+    session: aiohttp.ClientSession, url: str, body=PROMPT, headers=AUTH, path="/v1/chat/completions"
+):
     async with session.post(url + path, json=body, headers=headers) as r:
         return r.status, r.headers.copy(), await r.read()
 
@@ -30,7 +32,9 @@ async def test_a_call_is_answered_with_the_upstreams_answer_and_never_the_key():
     assert status == 200
     assert b"chat.completion" in body and KEY_A.encode() not in body
     assert headers["Content-Type"].startswith("application/json")
-    assert not [h for h in headers if h.lower().startswith("x-ratelimit")]  # one key's numbers, not the client's
+    assert not [
+        h for h in headers if h.lower().startswith("x-ratelimit")
+    ]  # one key's numbers, not the client's
     assert "openai-processing-ms" in headers  # the API's own headers pass
     assert [r.key for r in stub.ledger.records] == [KEY_A]  # the pool's key signed it, not the token
     assert TOKEN not in str(stub.ledger.records)
@@ -191,7 +195,12 @@ async def test_paths_never_leave_the_target_and_host_headers_are_ignored():
         absolute = await raw_request(gw, "http://evil.example/v1/abs")  # only its path counts
         refused = [
             await raw_request(gw, path)
-            for path in ("/v1/../../etc/passwd", "/v1/%2e%2e/%2e%2e/etc/passwd", "/v1/a%2Fb", "//evil.example/x")
+            for path in (
+                "/v1/../../etc/passwd",
+                "/v1/%2e%2e/%2e%2e/etc/passwd",
+                "/v1/a%2Fb",
+                "//evil.example/x",
+            )
         ]
     assert ok.startswith(b"HTTP/1.1 200") and absolute.startswith(b"HTTP/1.1 200")
     assert all(line.startswith(b"HTTP/1.1 400") for line in refused), refused
@@ -219,7 +228,9 @@ async def test_a_write_that_cannot_be_settled_is_502_uncertain_and_not_sent_agai
 async def test_an_idempotency_key_goes_upstream_with_its_retries_on_one_key():
     async with Recorder() as target, running_gateway(_plain(target.url)) as gw:
         async with aiohttp.ClientSession() as s:
-            status, _h, _b = await post(s, gw.url, body={"x": 1}, path="/v1/slow", headers={**AUTH, "Idempotency-Key": "idem-1"})
+            status, _h, _b = await post(
+                s, gw.url, body={"x": 1}, path="/v1/slow", headers={**AUTH, "Idempotency-Key": "idem-1"}
+            )
     # Keyed: retried (max_attempts 3), every attempt with the client's key, on the first key only.
     assert status == 502
     sent = [h for m, _p, h in target.seen if m == "POST"]

@@ -33,7 +33,9 @@ async def until(condition, limit_s: float = 5.0) -> None:
 
 @run_async
 async def test_openai_sdk_plain_calls_and_a_key_without_quota():
-    async with await start_openai(keys=OPENAI_KEYS, rpm=1000, tpm=1_000_000, no_quota=OPENAI_KEYS[:1]) as stub:
+    async with await start_openai(
+        keys=OPENAI_KEYS, rpm=1000, tpm=1_000_000, no_quota=OPENAI_KEYS[:1]
+    ) as stub:
         async with running_gateway(gateway_config("openai", stub.url, OPENAI_KEYS)) as gw:
             async with openai_client(gw) as client:
                 for _ in range(4):
