@@ -163,11 +163,13 @@ async def run_gateway(
     loop = asyncio.get_running_loop()
     service = GatewayService(cfg, settings)
     exporter = None
+    scrapes = None
     if metrics is not None:
-        from ..prometheus import MetricsPortError, Scrape, serve_metrics
+        from ..prometheus import LoopSource, MetricsPortError, serve_metrics
 
+        scrapes = LoopSource(loop, cfg.capacity_tps)  # each scrape taken on this loop
         try:
-            exporter = serve_metrics(lambda: Scrape(service.snapshot()), metrics.port, metrics.host)
+            exporter = serve_metrics(scrapes, metrics.port, metrics.host)
         except MetricsPortError as exc:
             _say(f"ratedeck: {exc}", sys.stderr)
             return EXIT_USAGE
@@ -181,6 +183,8 @@ async def run_gateway(
         except OSError as exc:
             _say(f"ratedeck: --listen {settings.listen}: cannot listen: {exc.strerror or exc}", sys.stderr)
             return EXIT_USAGE
+        if scrapes is not None:
+            scrapes.engine = service  # its snapshot carries the clients' view
         finished = service.engine.finished
         assert finished is not None
         _say(
@@ -203,6 +207,10 @@ async def run_gateway(
             done=finished.is_set,
         )
         snap, at_once = await _drain(service, signals, out)
+        if scrapes is not None:
+            from ..prometheus import Scrape
+
+            scrapes.finish(Scrape(snap))
         return conclude(
             snap,
             service.session.facts,

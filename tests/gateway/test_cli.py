@@ -98,3 +98,39 @@ async def test_user_mistakes_are_one_line_and_exit_2(tmp_path):
         assert proc.returncode == 2, (extra, err)
         assert len(lines) == 1 and said in lines[0], (extra, lines)
         assert "Traceback" not in err.decode()
+
+
+@pytest.mark.slow
+@run_async
+async def test_prometheus_has_the_clients_view(tmp_path):
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), GW_KEYS=KEYS, GW_TOKEN=TOKEN)
+    async with await start_openai(keys=KEYS.split(","), rpm=1000, tpm=1_000_000) as stub:
+        proc = await asyncio.create_subprocess_exec(
+            *RATEDECK,
+            *("--preset", "openai", "--target", stub.url, "--keys", "env:GW_KEYS"),
+            *("--gateway-token", "env:GW_TOKEN", "--listen", "127.0.0.1:0", "--metrics-port", "0", "--no-ui"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert proc.stdout is not None
+        text = ""
+        while "metrics at" not in text:
+            text += (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        url = re.search(r"gateway at (http://\S+?),? for", text)
+        metrics = re.search(r"metrics at (http://\S+)", text)
+        assert url and metrics, text
+        async with aiohttp.ClientSession() as s:
+            for headers in ({"Authorization": f"Bearer {TOKEN}"}, {}):
+                async with s.post(url.group(1) + "/v1/chat/completions", json=PROMPT, headers=headers):
+                    pass
+            async with s.get(metrics.group(1)) as r:
+                scraped = await r.text()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 30)
+    assert 'ratedeck_gateway_requests_total{status="200"} 1.0' in scraped
+    assert 'ratedeck_gateway_requests_total{status="401"} 1.0' in scraped
+    assert "ratedeck_gateway_queue_wait_seconds_count 1.0" in scraped
+    assert "ratedeck_gateway_clients_waiting 0.0" in scraped
+    assert proc.returncode == 0
