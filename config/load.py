@@ -253,7 +253,6 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)
     console = _table(data, "console", source)
-    gateway = _table(data, "gateway", source)
     server = data.get("server", {})
     try:
         check_simulator_numbers(server)
@@ -294,7 +293,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
-        gateway=GatewaySettings(**gateway),
+        gateway=GatewaySettings(**_table(data, "gateway", source)),
         server=dict(server),
     )
 

@@ -187,13 +187,7 @@ async def run_gateway(
             scrapes.engine = service  # its snapshot carries the clients' view
         finished = service.engine.finished
         assert finished is not None
-        _say(
-            f"ratedeck: gateway at {url} for {service.session.shown_target}, {_keys(len(cfg.keys))},"
-            f" {_capacity(cfg.capacity_tps)}; clients "
-            + ("present the gateway token" if settings.token else "need no token (loopback only)")
-            + "; Ctrl-C or SIGTERM drains",
-            out,
-        )
+        _say(_start_line(url, service.session.shown_target, cfg, settings), out)
         if exporter is not None:
             _say(f"ratedeck: metrics at {exporter.url}", out)
         await _watch(
@@ -224,6 +218,14 @@ async def run_gateway(
         signals.remove()
         if exporter is not None:
             exporter.close()
+
+
+def _start_line(url: str, target: str, cfg: RunConfig, settings: GatewaySettings) -> str:
+    token = "present the gateway token" if settings.token else "need no token (loopback only)"
+    return (
+        f"ratedeck: gateway at {url} for {target}, {_keys(len(cfg.keys))}, {_capacity(cfg.capacity_tps)};"
+        f" clients {token}; Ctrl-C or SIGTERM drains"
+    )
 
 
 async def _drain(service, signals: StopSignals, out: TextIO):
