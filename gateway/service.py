@@ -18,8 +18,11 @@ from aiohttp import web
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.settings import GatewaySettings
+from ratedeck.core.vocab import EventKind
+from ratedeck.engine.commands import Command
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.sources.live import LiveSource
+from ratedeck.host.protocol import RunFacts
 from ratedeck.host.session import Session
 
 from .app import GatewayApp
@@ -141,6 +144,7 @@ class GatewayService:
         port = self._bound_port()
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
+        engine.event(EventKind.INFO, f"gateway at {self.url}: clients' requests are paced here")
         return self.url
 
     def _bound_port(self) -> int:
@@ -149,6 +153,21 @@ class GatewayService:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 return int(sock.getsockname()[1])
         return self.port
+
+    # ---- a session's face, for the console's engine process (host/process_host.py)
+    @property
+    def facts(self) -> RunFacts:
+        return self.session.facts
+
+    @property
+    def server_stats(self) -> dict | None:
+        return None  # never the embedded simulator: the gateway needs a target
+
+    def send(self, command: Command) -> None:
+        self.session.send(command)
+
+    def effective_config(self) -> dict:
+        return self.session.effective_config()
 
     @property
     def connections(self) -> int:
@@ -181,3 +200,9 @@ class GatewayService:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()  # waits for handlers still writing their answers
+
+
+def gateway_session(cfg: RunConfig) -> GatewayService:
+    """The console's engine process runs this instead of a plain session (its [gateway] settings
+    already checked and the token resolved by the command)."""
+    return GatewayService(cfg)

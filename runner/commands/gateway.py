@@ -134,7 +134,17 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     if not args.no_ui:
-        return fail("the gateway's console is not built yet: add --no-ui (periodic lines on stdout)")
+        from ratedeck.gateway.service import gateway_session
+
+        from .run import run_console
+
+        # The console's engine process runs the gateway; q drains it as it drains a run.
+        return run_console(
+            cfg.replace(gateway=settings),
+            thresholds=plan.thresholds,
+            metrics=plan.metrics,
+            make_session=gateway_session,
+        )
     out = sys.stderr if cfg.report == "-" else sys.stdout
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(

@@ -134,3 +134,43 @@ async def test_prometheus_has_the_clients_view(tmp_path):
     assert "ratedeck_gateway_queue_wait_seconds_count 1.0" in scraped
     assert "ratedeck_gateway_clients_waiting 0.0" in scraped
     assert proc.returncode == 0
+
+
+@pytest.mark.slow
+@run_async
+async def test_the_consoles_engine_process_runs_the_gateway_and_drains_it(tmp_path):
+    """Without --no-ui the console's child process runs the gateway (host/process_host.py):
+    it serves clients, publishes snapshots with the clients' view, and drains on stop."""
+    import dataclasses
+
+    from ratedeck.config.settings import GatewaySettings
+    from ratedeck.gateway.service import gateway_session
+    from ratedeck.host.process_host import ProcessHost
+
+    from .support import gateway_config
+
+    keys = KEYS.split(",")
+    async with await start_openai(keys=keys, rpm=1000, tpm=1_000_000) as stub:
+        cfg = gateway_config("openai", stub.url, keys)
+        settings = dataclasses.replace(GatewaySettings(), listen="127.0.0.1:0", token=TOKEN)
+        host = ProcessHost(cfg.replace(gateway=settings), publish_s=0.05, make_session=gateway_session)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, host.start)
+        try:
+            said = ""
+            while "gateway at" not in said:  # the child's event names its URL
+                said = " ".join(e.text for e in host.snapshot().events)
+                await asyncio.sleep(0.05)
+            url = re.search(r"gateway at (http://\S+?):? clients", said)
+            assert url, said
+            async with aiohttp.ClientSession() as s:
+                async with s.post(
+                    url.group(1) + "/v1/chat/completions",
+                    json=PROMPT,
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                ) as r:
+                    assert r.status == 200
+        finally:
+            final = await loop.run_in_executor(None, host.stop_blocking)
+    assert final.succeeded == 1 and final.balance() == 0
+    assert final.clients is not None and dict(final.clients.statuses) == {200: 1}
