@@ -11,7 +11,8 @@ here, declaring every method it uses, never through `Engine` itself:
 - watchers of finished requests (a results file, a store's journal): `FinishWatcher`,
   registered through `Watched`, with what they may read (`JournalHost`, `ResultsHost`);
 - a shared store: `SharedState` (with `Grant`, `Poll`, `StoreUnavailable`), and
-  the member's side of the engine (`ClusterHost`).
+  the member's side of the engine (`ClusterHost`);
+- a live client waiting for a request's answer (the gateway): `AnswerSink`.
 
 This module imports no implementation: only `ratedeck.core` and the engine's
 plain data types (`request`, `snapshot`, `gate`). import-linter holds it
@@ -463,3 +464,24 @@ class ClusterHost(Protocol[W_co]):
     def event(self, kind: EventKind, text: str) -> None: ...
 
     def problem(self, text: str) -> None: ...
+
+
+# ---------------------------------------------------------------- a live client's answer
+
+
+class AnswerSink(Protocol):
+    """A live client waiting for a request's answer (the gateway): a streamed answer's bytes go to it as they arrive.
+
+    The transport calls `begin` once, then `write` for each piece in order (for an event
+    stream, one whole SSE event each, its terminating blank line included). Either
+    returning False says the client is gone: the transport closes the upstream at once.
+    """
+
+    async def begin(self, status: int, headers: Sequence[tuple[str, str]]) -> bool:
+        """The answer's status and headers (hop-by-hop and account headers already dropped);
+        False: the client is gone."""
+        ...
+
+    async def write(self, chunk: bytes) -> bool:
+        """One piece of the answer, as it arrived; False: the client is gone."""
+        ...

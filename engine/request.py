@@ -36,6 +36,9 @@ class Shape:
     weight: int = 1  # what it costs in weight budgets
     budgets: tuple[str, ...] = ()  # named budgets it also spends from
     payload: bytes | None = field(default=None, compare=False, repr=False)  # an object body's JSON
+    # Extra request headers sent as they are (a gateway client's content-type, anthropic-version,
+    # Idempotency-Key...): after the transport's own, never over the key, auth or signing headers.
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def verbatim(self) -> bool:
@@ -87,6 +90,7 @@ class _Extra:
         "pin",
         "units",
         "line_id",
+        "answer",
     )
 
     def __init__(self) -> None:
@@ -101,6 +105,9 @@ class _Extra:
         self.pin: str | None = None
         self.units: dict[str, int] | None = None  # its estimated tokens, once a token budget asked
         self.line_id: str | int | None = None  # a workload line's `_id`: never sent, kept for results
+        # The `ports.AnswerSink` of a live client (the gateway): a streamed answer goes to it as it
+        # arrives, and the outcome keeps the raw answer (`Outcome.headers`, `Outcome.body`).
+        self.answer: Any = None
 
 
 class _Side:
@@ -171,6 +178,7 @@ class Request:
     pin = _Side("_extra", _Extra)
     units = _Side("_extra", _Extra)
     line_id = _Side("_extra", _Extra)
+    answer = _Side("_extra", _Extra)
 
     def __init__(
         self,

@@ -322,19 +322,42 @@ class HttpTransport(TransportBase):
             path = self._path
         fields.extend(t.params.items())
         signed = self._signer is not None and (rule is None or rule.signed is not False)
+        signature: dict[str, str] | None = None
         if signed:
             assert self._signer is not None
-            extra = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
-            headers = {**headers, **extra}
+            signature = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
+            headers = {**headers, **signature}
         if req.idempotency_key and method != "GET":
             headers = {**headers, "Idempotency-Key": req.idempotency_key}
         if method == "GET":
             query = "&".join(q for q in (base_query, encode(fields)) if q)
-            return method, URL(f"{base}?{query}" if query else base, encoded=True), None, headers
+            url = URL(f"{base}?{query}" if query else base, encoded=True)
+            return method, url, None, self._with_extra(headers, shape, signature)
         url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
         if shape is not None and shape.body == "json":
-            return method, url, json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
-        return method, url, encode(fields), {**headers, "Content-Type": _FORM}
+            headers = {**headers, "Content-Type": "application/json"}
+            return method, url, json.dumps(dict(fields)), self._with_extra(headers, shape, signature)
+        headers = {**headers, "Content-Type": _FORM}
+        return method, url, encode(fields), self._with_extra(headers, shape, signature)
+
+    def _with_extra(
+        self, headers: dict[str, str], shape: Shape | None, signed: dict[str, str] | None
+    ) -> dict[str, str]:
+        """`headers` with the shape's extra headers (`Shape.headers`) after them: each replaces
+        ours of the same name, except the key's, authorization, the signature's (`signed`) and
+        the framing aiohttp writes itself."""
+        if shape is None or not shape.headers:
+            return headers
+        kept = set(_PROTECTED)
+        if self.target.key_header:
+            kept.add(self.target.key_header.lower())
+        if signed:
+            kept.update(name.lower() for name in signed)
+        out = dict(headers)
+        for name, value in shape.headers:
+            if name.lower() not in kept:
+                _put(out, name, value)
+        return out
 
     def _verbatim(
         self, key: KeySpec, req: Request, shape: Shape, payload: bytes
@@ -351,7 +374,7 @@ class HttpTransport(TransportBase):
             url = URL(self._origin_url + shape.path, encoded=True)
         else:
             url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
-        return shape.method or "POST", url, payload, headers
+        return shape.method or "POST", url, payload, self._with_extra(headers, shape, None)
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         client = self._client or self._open()
@@ -367,10 +390,17 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
-            return await self._exchange(client, method, url, data, headers)
+        answer = req.answer
+        if answer is None:
+            if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
+                return await self._exchange(client, method, url, data, headers)
+            out = await self._exchange(client, method, url, data, headers)
+        else:
+            out = await self._exchange(client, method, url, data, headers)
+            _keep_raw(out)
+            if method in _IDEMPOTENT_METHODS or t.safe_writes:
+                return out
         # A write: what settle.decide needs to tell a failed write from an uncertain one.
-        out = await self._exchange(client, method, url, data, headers)
         out.write = True
         out.keyed = bool(req.idempotency_key)
         response = out.response
@@ -510,6 +540,11 @@ class HttpTransport(TransportBase):
             self._client = None
 
 
+#: Request headers a shape's extra headers never replace (lower case): credentials, and the
+#: framing aiohttp writes from the body it sends.
+_PROTECTED = frozenset(
+    {"authorization", "proxy-authorization", "host", "content-length", "transfer-encoding", "connection"}
+)
 #: Idempotent methods (RFC 9110 9.2.2): sending one again changes nothing, on any key.
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 #: A connection that failed this way never carried the request (engine/client.describe names them).
@@ -521,6 +556,14 @@ def _put(headers: dict[str, str], name: str, value: str) -> None:
     for ours in [n for n in headers if n.lower() == name.lower()]:
         del headers[ours]
     headers[name] = value
+
+
+def _keep_raw(out: Outcome) -> None:
+    """Keep the answer's raw headers and body on `out`, for a live client (`Request.answer`)."""
+    response = out.response
+    if isinstance(response, Response) and not out.streamed:
+        out.headers = tuple(response.headers.items())
+        out.body = response.body
 
 
 def _hinted(outcome: Outcome, headers) -> Outcome:
