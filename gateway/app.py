@@ -21,12 +21,14 @@ from aiohttp import web
 from ratedeck.config.settings import GatewaySettings
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.vocab import Ending, OutcomeKind
+from ratedeck.engine.http.answer_headers import answer_headers as engine_filter
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.sources.live import LiveSource
 
 from .auth import GatewayToken
-from .headers import answer_headers
+from .headers import answer_headers, forwarded_headers
 from .paths import PathRefused, upstream_path
+from .stream import ClientStream, with_usage
 
 MIB = 1024 * 1024
 #: How long a fail-fast request may take to be admitted: one turn of the key workers, not a wait.
@@ -63,8 +65,13 @@ class GatewayApp:
         token: GatewayToken,
         base_path: str,
         redact: Callable[[str], str],
+        *,
+        usage_streams: bool = False,
     ):
+        """`usage_streams`: the target is OpenAI's, whose streamed answers carry usage only when
+        asked (`stream.with_usage`)."""
         self.source = source
+        self.usage_streams = usage_streams
         self.settings = settings
         self.token = token
         self.base_path = base_path
@@ -112,8 +119,18 @@ class GatewayApp:
         if isinstance(got, web.Response):
             return self._answered(got)
         raw, body = got
-        shape = Shape(method=request.method, path=path, body=body, payload=raw or None)
-        return await self._send(request, shape, max_wait, fail_fast)
+        drop_usage = False
+        if self.usage_streams and (asked := with_usage(body)) is not None:
+            body, raw, drop_usage = asked, Shape.encode(asked), True  # so the token budget settles
+        shape = Shape(
+            method=request.method,
+            path=path,
+            body=body,
+            payload=raw or None,
+            headers=forwarded_headers(request.headers.items(), self.token.headers),
+        )
+        sink = ClientStream(request, self.redact, drop_usage=drop_usage)
+        return await self._send(request, shape, max_wait, fail_fast, sink)
 
     def _controls(self, request: web.Request) -> tuple[float, bool]:
         """(max wait, fail fast) for this request: the settings, lowered by the client's headers."""
@@ -175,7 +192,7 @@ class GatewayApp:
         return raw, body
 
     async def _send(
-        self, request: web.Request, shape: Shape, max_wait: float, fail_fast: bool
+        self, request: web.Request, shape: Shape, max_wait: float, fail_fast: bool, sink: ClientStream
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[Ending] = loop.create_future()
@@ -189,6 +206,7 @@ class GatewayApp:
         req = source.make(
             shape, ttl_s=wait_s, on_done=done, idempotency_key=request.headers.get("Idempotency-Key")
         )
+        req.answer = sink  # a streamed answer goes to the client as it arrives
         if not source.offer(req):
             req.cancelled = True
             return self._answered(self._no_room(fail_fast, "the gateway's queue is full"))
@@ -204,6 +222,11 @@ class GatewayApp:
             source.withdraw(req)  # the client left: nothing more is sent for it
             source.answered(CLIENT_GONE)
             raise
+        if sink.started:  # streamed: the status, headers and body went as they arrived
+            streamed = await sink.end()
+            assert streamed is not None
+            source.answered(streamed.status if not sink.gone else CLIENT_GONE)
+            return streamed
         return self._answered(self._answer(req, ending, fail_fast))
 
     def _no_room(self, fail_fast: bool, why: str) -> web.Response:
@@ -241,7 +264,7 @@ class GatewayApp:
         response = outcome.response
         if ending is Ending.SUCCEEDED or kind in (OutcomeKind.CLIENT_ERROR, OutcomeKind.SERVER_ERROR):
             if response is not None and hasattr(response, "status") and hasattr(response, "body"):
-                return self._passed(response)
+                return self._passed(response, outcome)
         if kind is OutcomeKind.RATE_LIMITED:
             retry = outcome.retry_after_s
             after = max(self.source.retry_after_s(), math.ceil(retry) if retry else 0)
@@ -265,9 +288,10 @@ class GatewayApp:
             502, f"no answer from the upstream ({outcome.error or kind})", "upstream_error", "no_answer"
         )
 
-    def _passed(self, response: Any) -> web.Response:
+    def _passed(self, response: Any, outcome: Any) -> web.Response:
         """The upstream's own answer: its status, body and the headers a client relies on."""
-        body: bytes = response.body if isinstance(response.body, bytes) else bytes(response.body or b"")
+        raw = outcome.body if outcome.body is not None else response.body
+        body: bytes = raw if isinstance(raw, bytes) else bytes(raw or b"")
         status = int(response.status)
         if status >= 300 and body:
             text = body.decode("utf-8", "replace")
@@ -275,6 +299,7 @@ class GatewayApp:
             if masked != text:  # an error that quotes a key: never shown whole
                 body = masked.encode()
         resp = web.Response(status=status, body=body)
-        for name, value in answer_headers(response.headers.items()):
+        pairs = outcome.headers if outcome.headers is not None else tuple(response.headers.items())
+        for name, value in answer_headers(engine_filter(pairs, self.redact)):
             resp.headers.add(name, value)
         return resp

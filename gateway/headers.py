@@ -33,7 +33,8 @@ _RATE_PREFIXES = ("x-ratelimit", "ratelimit", "x-rate-limit", "anthropic-ratelim
 
 
 def answer_headers(upstream: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The upstream answer's headers a client may see."""
+    """The upstream answer's headers a client may see (after the engine's own filter,
+    `engine.http.answer_headers`, which drops account headers and any that holds a key)."""
     out = []
     for name, value in upstream:
         low = name.lower()
@@ -51,10 +52,11 @@ _NOT_FORWARDED = _HOP | frozenset(
 
 
 def forwarded_headers(
-    headers: Iterable[tuple[str, str]], key_header: str | None
+    headers: Iterable[tuple[str, str]], credentials: Iterable[str]
 ) -> tuple[tuple[str, str], ...]:
-    """The client's request headers that go upstream (an API's version or beta headers, the body's type)."""
-    skip = _NOT_FORWARDED | ({key_header.lower()} if key_header else set())
+    """The client's request headers that go upstream (an API's version or beta headers, the
+    body's type); never `credentials` (the headers that may carry the gateway token)."""
+    skip = _NOT_FORWARDED | {name.lower() for name in credentials}
     return tuple(
         (name, value)
         for name, value in headers

@@ -126,6 +126,7 @@ class GatewayService:
                 GatewayToken(s.token, key_header),
                 target_base(self.cfg.target.url),
                 engine.redact,
+                usage_streams=self.cfg.preset == "openai",
             )
             self._runner = web.AppRunner(
                 self.app.application(),

@@ -141,11 +141,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict]] = []
+        self.bodies: list[bytes] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs, dict(request.headers)))
+        self.bodies.append(await request.read())
         if request.path == "/api/v1/slow":
             await asyncio.sleep(5)
         return web.json_response({"ok": True}, headers={"X-Request-Id": f"req-{len(self.seen)}"})
