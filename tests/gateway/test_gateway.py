@@ -36,6 +36,7 @@ async def test_a_call_is_answered_with_the_upstreams_answer_and_never_the_key():
         h for h in headers if h.lower().startswith("x-ratelimit")
     ]  # one key's numbers, not the client's
     assert "openai-processing-ms" in headers  # the API's own headers pass
+    assert "openai-organization" not in headers  # but not the account behind the key
     assert [r.key for r in stub.ledger.records] == [KEY_A]  # the pool's key signed it, not the token
     assert TOKEN not in str(stub.ledger.records)
 
