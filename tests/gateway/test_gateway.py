@@ -240,3 +240,31 @@ async def test_an_idempotency_key_goes_upstream_with_its_retries_on_one_key():
     assert len(sent) == 3
     assert {h["Idempotency-Key"] for h in sent} == {"idem-1"}
     assert len({h["Authorization"] for h in sent}) == 1
+
+
+@run_async
+async def test_a_drain_finishes_in_flight_answers_queued_503_and_takes_no_new_client():
+    hold = asyncio.Event()
+    async with await start_openai(keys=[KEY_A], rpm=1000, tpm=1_000_000, hold=hold) as stub:
+        cfg = gateway_config("openai", stub.url, [KEY_A])
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            in_flight = asyncio.ensure_future(post(s, gw.url))
+            while not stub.ledger.records:  # the first is at the stub, held there
+                await asyncio.sleep(0.01)
+            queued = asyncio.ensure_future(post(s, gw.url))  # one per key until the first answer
+            while not len(gw.engine.queues):
+                await asyncio.sleep(0.01)
+            stopping = asyncio.ensure_future(gw.stop(drain_timeout_s=5))
+            status, headers, body = await queued  # answered at once, while the first is held
+            assert not in_flight.done()
+            try:
+                late = await post(s, gw.url)
+            except aiohttp.ClientError:
+                late = None  # the listening socket is closed: refused outright
+            hold.set()
+            first = await in_flight
+            snap = await stopping
+    assert status == 503 and int(headers["Retry-After"]) >= 1 and b"stopping" in body
+    assert first[0] == 200
+    assert late is None or late[0] == 503
+    assert len(stub.ledger.records) == 1 and snap.balance() == 0 and snap.shed == 1
