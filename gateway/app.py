@@ -201,7 +201,8 @@ class GatewayApp:
             if not ended.done():
                 ended.set_result(ending)
 
-        wait_s = FAIL_FAST_S if fail_fast else max_wait
+        # A wait of 0 still gives the key workers their one turn: a request they can take now goes.
+        wait_s = FAIL_FAST_S if fail_fast else max(FAIL_FAST_S, max_wait)
         source = self.source
         req = source.make(
             shape, ttl_s=wait_s, on_done=done, idempotency_key=request.headers.get("Idempotency-Key")
