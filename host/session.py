@@ -108,11 +108,20 @@ class Session:
                 self._transport = http_transport(cfg.engine_settings, url)
             store = open_for_run(cfg)
             if store is not None and self._source is not None:
-                # The work comes from the given source; a shared store still shares the budgets.
-                self.engine = Engine(
-                    cfg.engine_settings, self._transport, source=self._source, shared_state=store.shared()
-                )
+                # The work comes from the given source; a store many processes share still shares
+                # the budgets. One that only holds jobs has nothing to give such a run.
+                shared = store.shared()
                 await store.close()
+                if shared is None:
+                    raise ConfigError(
+                        "command line",
+                        "--store",
+                        "this run's work comes from its clients: only a store many processes share"
+                        " (redis://host:port/db) has anything for it (the keys' budgets)",
+                    )
+                self.engine = Engine(
+                    cfg.engine_settings, self._transport, source=self._source, shared_state=shared
+                )
             elif store is not None:
                 self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
                 await self.store_run.prepare()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from ratedeck.server.stubs.openai import start_openai
@@ -143,12 +144,14 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict]] = []
         self.bodies: list[bytes] = []
+        self.times: list[float] = []  # arrivals, on the loop's clock
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs, dict(request.headers)))
         self.bodies.append(await request.read())
+        self.times.append(asyncio.get_running_loop().time())
         if request.path == "/api/v1/slow":
             await asyncio.sleep(5)
         return web.json_response({"ok": True}, headers={"X-Request-Id": f"req-{len(self.seen)}"})
@@ -169,12 +172,12 @@ class Recorder:
         await self.runner.cleanup()
 
 
-def _plain(url: str, **engine):
+def _plain(url: str, limit: str = "100/1s", **engine):
     from ratedeck.config import load_config
 
     data = {
         "target": {"url": url, "key_header": "Authorization", "timeout_s": 0.3},
-        "keys": {"secrets": [KEY_A, KEY_B], "limits": ["100/1s"]},
+        "keys": {"secrets": [KEY_A, KEY_B], "limits": [limit]},
         "engine": {"max_attempts": 3, **engine},
     }
     return load_config(None, None, data)
@@ -268,3 +271,19 @@ async def test_a_drain_finishes_in_flight_answers_queued_503_and_takes_no_new_cl
     assert first[0] == 200
     assert late is None or late[0] == 503
     assert len(stub.ledger.records) == 1 and snap.balance() == 0 and snap.shed == 1
+
+
+@pytest.mark.slow
+@run_async
+async def test_two_gateways_share_a_keys_budget_through_redis(redis_server):
+    async with Recorder() as target:
+        cfg = _plain(target.url, "5/1s").replace(store=redis_server.url)
+        cfg = cfg.replace(keys=cfg.keys[:1])  # one key, 5 per second, for both gateways
+        async with running_gateway(cfg) as one, running_gateway(cfg) as two, aiohttp.ClientSession() as s:
+            answers = await asyncio.gather(
+                *(post(s, gw.url, body={"n": i}, path="/v1/items") for gw in (one, two) for i in range(6))
+            )
+    assert [a[0] for a in answers] == [200] * 12
+    times = sorted(target.times)
+    busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    assert busiest <= 5  # never more than the key's limit in any second, across both gateways
