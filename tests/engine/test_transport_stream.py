@@ -407,3 +407,55 @@ def test_answer_headers_drops_what_must_not_reach_a_client():
     # Decoded by aiohttp: neither describes the decoded bytes.
     assert answer_headers([("Content-Length", "5"), ("Content-Encoding", "gzip")], mask) == ()
     assert answer_headers([("Content-Length", "5")], mask) == (("Content-Length", "5"),)
+
+
+# ---------------------------------------------------------------- through the engine
+
+
+def _engine_run(options: StreamOptions, sink: RecordingSink) -> tuple[Request, Ending, Any, int]:
+    """One streamed request with a live client through an engine on the anthropic preset
+    (retrying errors, as a gateway's engine does) against the stub: the request, its
+    ending, the snapshot and how many requests reached the stub."""
+    from ratedeck.config import load_config
+    from ratedeck.engine.library import RateDeck
+
+    async def body() -> tuple[Request, Ending, Any, int]:
+        async with await start("anthropic", options) as stub:
+            cfg = load_config(
+                preset="anthropic", overrides={"target": {"url": stub.url}, "keys": {"secrets": [ANT.secret]}}
+            )
+            async with RateDeck(cfg) as deck:
+                engine = deck.engine
+                assert engine is not None
+                engine.retry_errors = True
+                done: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
+                template = request("anthropic", sink)
+                req = engine.new_request()
+                req.shape, req.answer = template.shape, sink
+                req.on_done = lambda _r, where: done.done() or done.set_result(where)
+                engine.submit(req)
+                where = await done
+                return req, where, deck.snapshot(), len(stub.ledger.records)
+
+    return run(body)
+
+
+def test_through_the_engine_a_stream_settles_its_budget_to_the_usage_it_reported():
+    sink = RecordingSink()
+    req, where, snap, arrived = _engine_run(StreamOptions(event_s=0), sink)
+    assert where is Ending.SUCCEEDED and arrived == 1
+    assert req.units is not None and req.units["output_tokens"] == 4  # settled from 8 reserved
+    assert sink.data()[-1] == {"type": "message_stop"}
+
+
+def test_through_the_engine_a_broken_stream_is_sent_once_and_buried():
+    req, where, snap, arrived = _engine_run(StreamOptions(event_s=0, break_after=3), RecordingSink())
+    assert where is Ending.GRAVEYARD and arrived == 1 and req.attempts == 1
+    assert req.last_error is not None and "stream broke" in req.last_error
+    assert snap.graveyard == 1 and snap.retried == 0 and snap.balance() == 0
+
+
+def test_through_the_engine_a_client_gone_mid_stream_ends_shed():
+    req, where, snap, arrived = _engine_run(StreamOptions(event_s=0), RecordingSink(lambda n, _c: n < 2))
+    assert where is Ending.SHED and arrived == 1 and req.attempts == 1
+    assert snap.shed == 1 and snap.retried == 0 and snap.balance() == 0  # ended at once, not requeued
