@@ -82,7 +82,9 @@ class Outcome:
         # (None once streamed: those bytes went to the client as they arrived).
         self.headers: tuple[tuple[str, str], ...] | None = None
         self.body: bytes | None = None
-        self.streamed = False  # some byte of the answer already went to the live client
+        # The answer began at the live client (its status and headers went to `AnswerSink.begin`):
+        # the client holds part of an answer, so the attempt is never sent again (settle.decide).
+        self.streamed = False
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -273,7 +273,7 @@ class AnthropicState:
         tokens, one output token), ``content_block_start``, ``ping``, the text in
         ``content_block_delta`` events, ``content_block_stop``, ``message_delta`` (the stop reason
         and the output tokens), ``message_stop``."""
-        message = {
+        message: dict[str, Any] = {
             "id": answer_id,
             "type": "message",
             "role": "assistant",
