@@ -40,6 +40,13 @@ def counts(gw) -> dict[str, int]:
     }
 
 
+def settled(gw, before: dict[str, int]) -> bool:
+    """Back to the baseline: the engine's counts exactly; tasks and descriptors no more than
+    before (a closed upstream connection takes its own away too)."""
+    now = counts(gw)
+    return all(now[k] <= before[k] if k in ("tasks", "fds") else now[k] == before[k] for k in before)
+
+
 async def until(
     condition: Callable[[], bool], limit_s: float = 10.0, show: Callable[[], object] = lambda: None
 ) -> None:
@@ -122,7 +129,7 @@ async def test_too_big_malformed_and_too_slow_take_no_slot_and_no_key():
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             assert await asyncio.wait_for(reader.read(), 5) == b""
             writer.close()
-            await until(lambda: counts(gw) == before, show=lambda: (before, counts(gw)))
+            await until(lambda: settled(gw, before), show=lambda: (before, counts(gw)))
             assert gw.engine.metrics.generated == generated  # none took a queue slot
     assert len(stub.ledger.records) == 1  # the warm-up only: none reached a key
 
@@ -142,7 +149,7 @@ async def test_a_thousand_idle_connections_are_closed_by_the_timeout():
             for _r, w in conns:
                 w.close()
             await asyncio.gather(*(w.wait_closed() for _r, w in conns), return_exceptions=True)
-            await until(lambda: counts(gw) == before, show=lambda: (before, counts(gw)))
+            await until(lambda: settled(gw, before), show=lambda: (before, counts(gw)))
             await warm(gw)  # and it still serves
     assert len(stub.ledger.records) == 2
 
@@ -164,8 +171,36 @@ async def test_vanishing_clients_withdraw_their_queued_requests():
             reader, writer = await connect(gw)
             writer.write(head(len(PROMPT_BYTES)) + PROMPT_BYTES[:5])
             writer.transport.abort()
-            await until(lambda: engine.metrics.shed == 20 and counts(gw) == before)
+            await until(
+                lambda: engine.metrics.shed == 20 and settled(gw, before), show=lambda: (before, counts(gw))
+            )
             snap = gw.snapshot()
             assert snap.generated == 21 and snap.balance() == 0
             assert snap.clients is not None and dict(snap.clients.statuses).get(499) == 20
     assert len(stub.ledger.records) == 1  # none of them reached the API
+
+
+@run_async
+async def test_a_client_gone_mid_stream_closes_the_upstream_and_leaks_nothing():
+    from ratedeck.server.stubs.llm_common import StreamOptions
+
+    hold = asyncio.Event()
+    streaming = StreamOptions(hold=hold, hold_after=2)
+    async with await start_openai(keys=[KEY], rpm=1000, tpm=1_000_000, streaming=streaming) as stub:
+        async with running_gateway(gateway_config("openai", stub.url, [KEY]), **HOSTILE) as gw:
+            await warm(gw)
+            before, engine = counts(gw), gw.engine
+            reader, writer = await connect(gw)
+            body = json.dumps({**PROMPT, "stream": True}).encode()
+            writer.write(head(len(body)) + body)
+            assert await status_of(reader) == 200
+            while b"data:" not in await asyncio.wait_for(reader.readline(), 5):
+                pass  # the first event came through; the stub now holds the rest
+            writer.transport.abort()
+            await until(lambda: gw.connections == 0)
+            hold.set()  # the next event finds the client gone: the upstream is closed
+            await until(
+                lambda: engine.metrics.shed == 1 and settled(gw, before), show=lambda: (before, counts(gw))
+            )
+            snap = gw.snapshot()
+    assert snap.balance() == 0 and snap.succeeded == 1  # the warm-up; the abandoned stream ended shed

@@ -126,3 +126,54 @@ async def test_github_preset_through_the_gateway_with_plain_requests():
                         assert not [h for h in r.headers if h.lower().startswith("x-ratelimit")]
     assert len(stub.ledger.records) == 3
     assert {r.key for r in stub.ledger.records} <= set(tokens)
+
+
+@run_async
+async def test_openai_sdk_streams_through_the_gateway_and_the_budget_settles_on_usage():
+    async with await start_openai(keys=OPENAI_KEYS[1:2], rpm=1000, tpm=1_000_000) as stub:
+        async with running_gateway(gateway_config("openai", stub.url, OPENAI_KEYS[1:2])) as gw:
+            async with openai_client(gw) as client:
+                stream = await client.chat.completions.create(
+                    model="gpt-4o-mini", messages=MESSAGES, max_tokens=8, stream=True
+                )
+                chunks = [chunk async for chunk in stream]
+            snap = gw.snapshot()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("stub")
+    # The gateway asked for usage (its token budget settles on it) and kept that chunk from the
+    # client, which did not ask.
+    assert chunks and all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
+    tokens = [b for b in snap.budgets if b.name == "tokens"]
+    assert tokens and sum(b.settled for b in tokens) > 0
+    assert snap.clients is not None and dict(snap.clients.statuses) == {200: 1}
+
+
+@run_async
+async def test_openai_sdk_that_asks_for_usage_gets_it():
+    async with await start_openai(keys=OPENAI_KEYS[1:2], rpm=1000, tpm=1_000_000) as stub:
+        async with running_gateway(gateway_config("openai", stub.url, OPENAI_KEYS[1:2])) as gw:
+            async with openai_client(gw) as client:
+                stream = await client.chat.completions.create(
+                    model="gpt-4o-mini",
+                    messages=MESSAGES,
+                    max_tokens=8,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                chunks = [chunk async for chunk in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+@run_async
+async def test_anthropic_sdk_streams_through_the_gateway():
+    keys = ["sk-ant-sdk-bbbbbbbbbbbb"]
+    async with await start_anthropic(keys=keys) as stub:
+        async with running_gateway(gateway_config("anthropic", stub.url, keys)) as gw:
+            async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=TOKEN, max_retries=0) as client:
+                async with client.messages.stream(
+                    model="claude-stub", max_tokens=16, messages=MESSAGES
+                ) as stream:
+                    text = "".join([t async for t in stream.text_stream])
+                    final = await stream.get_final_message()
+    assert text.startswith("stub") and final.usage.output_tokens > 0
+    assert [r.outcome for r in stub.ledger.records] == ["ok"]
