@@ -50,6 +50,7 @@ from .steering import Pending, RateSteps
 from .themes import DEFAULT_THEME, load_themes
 from .widgets import numbers
 from .widgets.chart import ChartSpec, Series
+from .widgets.clients import ClientsPanel
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
@@ -376,6 +377,7 @@ class RatedeckApp(App[Snapshot]):
                 yield KeysTable(id="keys")
             yield ErrorsPanel(id="errors-panel", classes="panel")
         yield GatesPanel(id="gates", classes="panel")
+        yield ClientsPanel(id="clients", classes="panel")  # a gateway's only (App.-clients)
         with Horizontal(id="bottom"):
             yield EventLog(id="events", classes="panel")
             yield LimiterPanel(id="limiter", classes="panel")
@@ -397,6 +399,7 @@ class RatedeckApp(App[Snapshot]):
             self._limiter,
             self.query_one(GatesPanel),
             self.query_one(ErrorsPanel),
+            self.query_one(ClientsPanel),
         )
         self._keys_table = self.query_one(KeysTable)
         self._compact_widgets = (self._keys_table, self._limiter, self._throughput)
@@ -531,6 +534,7 @@ class RatedeckApp(App[Snapshot]):
         # Panels that only apply to some runs are shown by class (see ratedeck.tcss).
         self.set_class(is_message_run(snap), "-messages")
         self.set_class(has_history(snap.gates), "-gates")
+        self.set_class(snap.clients is not None, "-clients")
         self._run_bar.snapshot = snap
         for panel in self._panels:
             panel.snapshot = snap
