@@ -438,7 +438,6 @@ class HttpTransport(TransportBase):
         assert deadlines is not None
         watch = deadlines.watch()
         request, proxy = client.session.request, client.proxy
-        passing: _Passing | None = None
         try:
             while True:
                 self._sends += 1
@@ -459,8 +458,7 @@ class HttpTransport(TransportBase):
                         continue
                 if status < 300:
                     if live is not None and _streams(resp, live):
-                        passing = _Passing(live, resp, start)
-                        return await self._stream(passing)
+                        return await self._stream(_Passing(live, resp, start), watch)
                     raw = await read_capped(resp, self._body_cap)
                 else:
                     raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
@@ -471,8 +469,6 @@ class HttpTransport(TransportBase):
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
-            if passing is not None:
-                return passing.broken(TIMEOUT, "timed out")
             return self._no_answer(TIMEOUT, "timed out", start)
         except BodyTooLarge:
             self.answers += 1
@@ -481,18 +477,13 @@ class HttpTransport(TransportBase):
             error = f"HTTP {status} with a body over {t.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
             return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
         except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
-            said = describe(exc) if exc.__class__ is not TimeoutError else "timed out"
-            if passing is not None:
-                return passing.broken(TIMEOUT, said)
-            return self._no_answer(TIMEOUT, said, start)
+            return self._no_answer(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
+            )
         except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            if passing is not None:
-                return passing.broken(CONNECTION, describe(exc))
             return self._no_answer(CONNECTION, describe(exc), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
-            if passing is not None:
-                passing.done()
         latency = time.monotonic() - start
         self.answers += 1
         self.statuses[status] += 1
@@ -535,11 +526,33 @@ class HttpTransport(TransportBase):
         )
         return _hinted(outcome, resp_headers)
 
-    async def _stream(self, passing: _Passing) -> Outcome:
+    async def _stream(self, passing: _Passing, watch: _Watch) -> Outcome:
+        """A streamed answer passed to its live client (`_pass_on`); the upstream failing after
+        the answer began (its deadline, a read timeout, a broken connection) is an outcome that
+        says so (`_Passing.broken`), and the connection never stays half-read."""
+        try:
+            return await self._pass_on(passing)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise  # stopped from outside (the engine's drain), not timed out
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
+            return passing.broken(TIMEOUT, "timed out")
+        except TimeoutError as exc:
+            return passing.broken(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out"
+            )
+        except Exception as exc:
+            return passing.broken(CONNECTION, describe(exc))
+        finally:
+            passing.done()
+
+    async def _pass_on(self, passing: _Passing) -> Outcome:
         """Pass a streamed answer to its live client as it arrives: `begin` once, then `write`
         for each whole SSE event (each piece as it came, for a stream that is not SSE), reading
         the usage the stream reports on the way. A client gone closes the upstream at once
-        and cancels the request; the upstream breaking is left to `_exchange` (`_Passing.broken`)."""
+        and cancels the request."""
         resp, sink = passing.resp, passing.sink
         status = resp.status
         self.answers += 1
@@ -676,7 +689,7 @@ class _Passing:
         self.events = resp.headers.get("Content-Type", "").lower().startswith("text/event-stream")
         self.sent = False  # the client has the answer's start (its status and headers, `begin`)
         self.usage: dict[str, Any] = {}
-        self.said_error: str | None = None  # an `error` event's type (Anthropic's overloaded_error)
+        self.said_error: str | None = None  # an error event's type (Anthropic's overloaded_error)
         self.closed = False
 
     async def call(self, step: Any) -> bool:
@@ -707,10 +720,9 @@ class _Passing:
                 usage = message.get("usage")  # message_start
             if isinstance(usage, dict):
                 self.usage.update(usage)
-            if data.get("type") == "error":
-                error = data.get("error")
-                kind = error.get("type") if isinstance(error, dict) else None
-                self.said_error = _printable(str(kind or "error"))[:80]
+            error = data.get("error")  # Anthropic's `error` event, OpenAI's {"error": {...}} chunk
+            if isinstance(error, dict):
+                self.said_error = _printable(str(error.get("type") or "error"))[:80]
 
     def _outcome(self, kind: Any, error: str | None) -> Outcome:
         resp = self.resp
