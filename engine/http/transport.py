@@ -115,6 +115,13 @@ class HttpTransport(TransportBase):
       it fails, unretried: a gzip bomb is not read twice); an error body up to
       `ERROR_BODY_BYTES`.
 
+    A request with a live client (`Request.answer`, the gateway's) gets a
+    streamed answer (an event stream, or a chunked body it asked to stream) as
+    it arrives (`_stream`): headers filtered by `answer_headers`, then one whole
+    SSE event per write; its usage is read on the way. Any other answer to such
+    a request keeps its raw headers and body on the outcome. A request without
+    one pays a slot read for this, no more.
+
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
     back, so a run can say "connection refused x57" instead of a bare 0 req/s;
     `retried` counts sends aiohttp repeated once on a new connection after a
@@ -338,32 +345,33 @@ class HttpTransport(TransportBase):
             headers = {**headers, **signature}
         if req.idempotency_key and method != "GET":
             headers = {**headers, "Idempotency-Key": req.idempotency_key}
+        data: str | None = None
         if method == "GET":
             query = "&".join(q for q in (base_query, encode(fields)) if q)
             url = URL(f"{base}?{query}" if query else base, encoded=True)
-            return method, url, None, self._with_extra(headers, shape, signature)
-        url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
-        if shape is not None and shape.body == "json":
-            headers = {**headers, "Content-Type": "application/json"}
-            return method, url, json.dumps(dict(fields)), self._with_extra(headers, shape, signature)
-        headers = {**headers, "Content-Type": _FORM}
-        return method, url, encode(fields), self._with_extra(headers, shape, signature)
+        else:
+            url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
+            if shape is not None and shape.body == "json":
+                data, headers = json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
+            else:
+                data, headers = encode(fields), {**headers, "Content-Type": _FORM}
+        if shape is not None and shape.headers:
+            headers = self._with_extra(headers, shape.headers, signature)
+        return method, url, data, headers
 
     def _with_extra(
-        self, headers: dict[str, str], shape: Shape | None, signed: dict[str, str] | None
+        self, headers: dict[str, str], extra: tuple[tuple[str, str], ...], signed: dict[str, str] | None
     ) -> dict[str, str]:
-        """`headers` with the shape's extra headers (`Shape.headers`) after them: each replaces
+        """`headers` with a shape's `extra` headers (`Shape.headers`) after them: each replaces
         ours of the same name, except the key's, authorization, the signature's (`signed`) and
         the framing aiohttp writes itself."""
-        if shape is None or not shape.headers:
-            return headers
         kept = set(_PROTECTED)
         if self.target.key_header:
             kept.add(self.target.key_header.lower())
         if signed:
             kept.update(name.lower() for name in signed)
         out = dict(headers)
-        for name, value in shape.headers:
+        for name, value in extra:
             if name.lower() not in kept:
                 _put(out, name, value)
         return out
@@ -383,7 +391,9 @@ class HttpTransport(TransportBase):
             url = URL(self._origin_url + shape.path, encoded=True)
         else:
             url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
-        return shape.method or "POST", url, payload, self._with_extra(headers, shape, None)
+        if shape.headers:
+            headers = self._with_extra(headers, shape.headers, None)
+        return shape.method or "POST", url, payload, headers
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         client = self._client or self._open()
@@ -399,7 +409,8 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        if req.answer is None:
+        extra = req._extra  # None for most requests: one slot read, not the `answer` descriptor's call
+        if extra is None or extra.answer is None:
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
                 return await self._exchange(client, method, url, data, headers)
             out = await self._exchange(client, method, url, data, headers)
