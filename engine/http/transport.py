@@ -120,7 +120,7 @@ class HttpTransport(TransportBase):
     it arrives (`_stream`): headers filtered by `answer_headers`, then one whole
     SSE event per write; its usage is read on the way. Any other answer to such
     a request keeps its raw headers and body on the outcome. A request without
-    one pays a slot read for this, no more.
+    one pays one look (`Request.live_answer`) for this, no more.
 
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
     back, so a run can say "connection refused x57" instead of a bare 0 req/s;
@@ -409,8 +409,7 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        extra = req._extra  # None for most requests: one slot read, not the `answer` descriptor's call
-        if extra is None or extra.answer is None:
+        if req.live_answer() is None:
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
                 return await self._exchange(client, method, url, data, headers)
             out = await self._exchange(client, method, url, data, headers)
