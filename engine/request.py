@@ -209,6 +209,12 @@ class Request:
         if pool is not None:
             self.pool = pool
 
+    def live_answer(self) -> Any:
+        """`answer` (its live client's sink, or None), read the cheap way for the transport's hot
+        path: a request with no side attributes costs one slot read, not the descriptor's call."""
+        extra = self._extra
+        return None if extra is None else extra.answer
+
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)
 

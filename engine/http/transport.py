@@ -115,6 +115,13 @@ class HttpTransport(TransportBase):
       it fails, unretried: a gzip bomb is not read twice); an error body up to
       `ERROR_BODY_BYTES`.
 
+    A request with a live client (`Request.answer`, the gateway's) gets a
+    streamed answer (an event stream, or a chunked body it asked to stream) as
+    it arrives (`_stream`): headers filtered by `answer_headers`, then one whole
+    SSE event per write; its usage is read on the way. Any other answer to such
+    a request keeps its raw headers and body on the outcome. A request without
+    one pays one look (`Request.live_answer`) for this, no more.
+
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
     back, so a run can say "connection refused x57" instead of a bare 0 req/s;
     `retried` counts sends aiohttp repeated once on a new connection after a
@@ -338,32 +345,33 @@ class HttpTransport(TransportBase):
             headers = {**headers, **signature}
         if req.idempotency_key and method != "GET":
             headers = {**headers, "Idempotency-Key": req.idempotency_key}
+        data: str | None = None
         if method == "GET":
             query = "&".join(q for q in (base_query, encode(fields)) if q)
             url = URL(f"{base}?{query}" if query else base, encoded=True)
-            return method, url, None, self._with_extra(headers, shape, signature)
-        url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
-        if shape is not None and shape.body == "json":
-            headers = {**headers, "Content-Type": "application/json"}
-            return method, url, json.dumps(dict(fields)), self._with_extra(headers, shape, signature)
-        headers = {**headers, "Content-Type": _FORM}
-        return method, url, encode(fields), self._with_extra(headers, shape, signature)
+        else:
+            url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
+            if shape is not None and shape.body == "json":
+                data, headers = json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
+            else:
+                data, headers = encode(fields), {**headers, "Content-Type": _FORM}
+        if shape is not None and shape.headers:
+            headers = self._with_extra(headers, shape.headers, signature)
+        return method, url, data, headers
 
     def _with_extra(
-        self, headers: dict[str, str], shape: Shape | None, signed: dict[str, str] | None
+        self, headers: dict[str, str], extra: tuple[tuple[str, str], ...], signed: dict[str, str] | None
     ) -> dict[str, str]:
-        """`headers` with the shape's extra headers (`Shape.headers`) after them: each replaces
+        """`headers` with a shape's `extra` headers (`Shape.headers`) after them: each replaces
         ours of the same name, except the key's, authorization, the signature's (`signed`) and
         the framing aiohttp writes itself."""
-        if shape is None or not shape.headers:
-            return headers
         kept = set(_PROTECTED)
         if self.target.key_header:
             kept.add(self.target.key_header.lower())
         if signed:
             kept.update(name.lower() for name in signed)
         out = dict(headers)
-        for name, value in shape.headers:
+        for name, value in extra:
             if name.lower() not in kept:
                 _put(out, name, value)
         return out
@@ -383,7 +391,9 @@ class HttpTransport(TransportBase):
             url = URL(self._origin_url + shape.path, encoded=True)
         else:
             url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
-        return shape.method or "POST", url, payload, self._with_extra(headers, shape, None)
+        if shape.headers:
+            headers = self._with_extra(headers, shape.headers, None)
+        return shape.method or "POST", url, payload, headers
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         client = self._client or self._open()
@@ -399,7 +409,7 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        if req.answer is None:
+        if req.live_answer() is None:
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
                 return await self._exchange(client, method, url, data, headers)
             out = await self._exchange(client, method, url, data, headers)
@@ -438,7 +448,6 @@ class HttpTransport(TransportBase):
         assert deadlines is not None
         watch = deadlines.watch()
         request, proxy = client.session.request, client.proxy
-        passing: _Passing | None = None
         try:
             while True:
                 self._sends += 1
@@ -459,8 +468,7 @@ class HttpTransport(TransportBase):
                         continue
                 if status < 300:
                     if live is not None and _streams(resp, live):
-                        passing = _Passing(live, resp, start)
-                        return await self._stream(passing)
+                        return await self._stream(_Passing(live, resp, start), watch)
                     raw = await read_capped(resp, self._body_cap)
                 else:
                     raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
@@ -471,8 +479,6 @@ class HttpTransport(TransportBase):
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
-            if passing is not None:
-                return passing.broken(TIMEOUT, "timed out")
             return self._no_answer(TIMEOUT, "timed out", start)
         except BodyTooLarge:
             self.answers += 1
@@ -481,18 +487,13 @@ class HttpTransport(TransportBase):
             error = f"HTTP {status} with a body over {t.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
             return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
         except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
-            said = describe(exc) if exc.__class__ is not TimeoutError else "timed out"
-            if passing is not None:
-                return passing.broken(TIMEOUT, said)
-            return self._no_answer(TIMEOUT, said, start)
+            return self._no_answer(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
+            )
         except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            if passing is not None:
-                return passing.broken(CONNECTION, describe(exc))
             return self._no_answer(CONNECTION, describe(exc), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
-            if passing is not None:
-                passing.done()
         latency = time.monotonic() - start
         self.answers += 1
         self.statuses[status] += 1
@@ -535,11 +536,33 @@ class HttpTransport(TransportBase):
         )
         return _hinted(outcome, resp_headers)
 
-    async def _stream(self, passing: _Passing) -> Outcome:
+    async def _stream(self, passing: _Passing, watch: _Watch) -> Outcome:
+        """A streamed answer passed to its live client (`_pass_on`); the upstream failing after
+        the answer began (its deadline, a read timeout, a broken connection) is an outcome that
+        says so (`_Passing.broken`), and the connection never stays half-read."""
+        try:
+            return await self._pass_on(passing)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise  # stopped from outside (the engine's drain), not timed out
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
+            return passing.broken(TIMEOUT, "timed out")
+        except TimeoutError as exc:
+            return passing.broken(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out"
+            )
+        except Exception as exc:
+            return passing.broken(CONNECTION, describe(exc))
+        finally:
+            passing.done()
+
+    async def _pass_on(self, passing: _Passing) -> Outcome:
         """Pass a streamed answer to its live client as it arrives: `begin` once, then `write`
         for each whole SSE event (each piece as it came, for a stream that is not SSE), reading
         the usage the stream reports on the way. A client gone closes the upstream at once
-        and cancels the request; the upstream breaking is left to `_exchange` (`_Passing.broken`)."""
+        and cancels the request."""
         resp, sink = passing.resp, passing.sink
         status = resp.status
         self.answers += 1
@@ -676,7 +699,7 @@ class _Passing:
         self.events = resp.headers.get("Content-Type", "").lower().startswith("text/event-stream")
         self.sent = False  # the client has the answer's start (its status and headers, `begin`)
         self.usage: dict[str, Any] = {}
-        self.said_error: str | None = None  # an `error` event's type (Anthropic's overloaded_error)
+        self.said_error: str | None = None  # an error event's type (Anthropic's overloaded_error)
         self.closed = False
 
     async def call(self, step: Any) -> bool:
@@ -707,10 +730,9 @@ class _Passing:
                 usage = message.get("usage")  # message_start
             if isinstance(usage, dict):
                 self.usage.update(usage)
-            if data.get("type") == "error":
-                error = data.get("error")
-                kind = error.get("type") if isinstance(error, dict) else None
-                self.said_error = _printable(str(kind or "error"))[:80]
+            error = data.get("error")  # Anthropic's `error` event, OpenAI's {"error": {...}} chunk
+            if isinstance(error, dict):
+                self.said_error = _printable(str(error.get("type") or "error"))[:80]
 
     def _outcome(self, kind: Any, error: str | None) -> Outcome:
         resp = self.resp

@@ -52,7 +52,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -226,6 +226,22 @@ class AnthropicState:
         self.book.prompts[key][identity] += 1
 
         await work(self.latency, self.hold)
+        return await self.answer(
+            request, body, key, input_tokens, max_tokens, lambda cost: record(200, "ok", cost, identity)
+        )
+
+    async def answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        key: str,
+        input_tokens: int,
+        max_tokens: int,
+        record: Callable[[float], None],
+    ) -> web.StreamResponse:
+        """An accepted request's message, sent whole or streamed when the body asks, its output
+        settled (and `record`ed with its cost) once it is written."""
+        b = self.buckets[key]
         output_tokens = min(max_tokens, math.ceil(max_tokens * self.output_ratio))
         self.seq += 1
         answer_id = f"msg_stub{self.seq:012d}"
@@ -244,11 +260,11 @@ class AnthropicState:
             finally:  # settled as an answer sent whole is, however the stream ended
                 b["output-tokens"].give_back(max_tokens - output_tokens, self.clock())
                 self.output_used[key] += output_tokens
-                record(200, "ok", cost=input_tokens + output_tokens, detail=identity)
+                record(input_tokens + output_tokens)
         end = self.clock()
         b["output-tokens"].give_back(max_tokens - output_tokens, end)  # the settle
         self.output_used[key] += output_tokens
-        record(200, "ok", cost=input_tokens + output_tokens, detail=identity)
+        record(input_tokens + output_tokens)
         answer = {
             "id": answer_id,
             "type": "message",

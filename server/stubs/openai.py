@@ -247,6 +247,19 @@ class OpenAIState:
         # as OpenAI's answers say it: the server's own time on the request, in whole ms
         headers["openai-processing-ms"] = str(max(0, round((self.clock() - now) * 1000)))
         headers["openai-organization"] = self.organization
+        return await self.answer(request, body, key, now, prompt, max_tokens, headers)
+
+    async def answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        key: str,
+        now: float,
+        prompt: int,
+        max_tokens: int,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """An accepted request's completion: sent whole, or streamed when the body asks."""
         completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
         self.seq += 1
         answer_id = f"chatcmpl-stub{self.seq:010d}"

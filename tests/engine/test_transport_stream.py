@@ -459,3 +459,90 @@ def test_through_the_engine_a_client_gone_mid_stream_ends_shed():
     req, where, snap, arrived = _engine_run(StreamOptions(event_s=0), RecordingSink(lambda n, _c: n < 2))
     assert where is Ending.SHED and arrived == 1 and req.attempts == 1
     assert snap.shed == 1 and snap.retried == 0 and snap.balance() == 0  # ended at once, not requeued
+
+
+# ---------------------------------------------------------------- streams the stubs do not send
+
+
+async def _serve(handler: Any) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v1/messages", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+def test_an_error_event_mid_stream_ends_it_as_a_failure_never_retried():
+    sink = RecordingSink()
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(
+            b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":3}}}\n\n'
+        )
+        await resp.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def body() -> tuple[Outcome, Request]:
+        runner, url = await _serve(handler)
+        try:
+            req = request("anthropic", sink)
+            t = HttpTransport(target("anthropic", url), url, 1, secrets=[ANT.secret])
+            try:
+                return await t.send(ANT, req, None), req
+            finally:
+                await t.close()
+        finally:
+            await runner.cleanup()
+
+    out, req = run(body)
+    assert len(sink.chunks) == 2  # the error event too: the client's SDK reads it
+    assert out.kind is OutcomeKind.SERVER_ERROR and out.streamed
+    assert out.error == "the stream broke after the answer began: an error event (overloaded_error)"
+    req.attempts = 1
+    assert decide(out, req, RULES, now=1.0).ending is Ending.GRAVEYARD
+
+
+def test_a_chunked_stream_that_is_not_sse_goes_out_piece_by_piece_as_it_arrives():
+    lines = [json.dumps({"n": i}).encode() + b"\n" for i in range(3)]
+    gate = asyncio.Event()
+    seen_before_end: list[int] = []
+
+    def on_write(n: int, _chunk: bytes) -> None:
+        if n == 1:
+            seen_before_end.append(n)
+            gate.set()  # the server writes the rest only once the first piece arrived
+
+    sink = RecordingSink(on_write)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(lines[0])
+        await gate.wait()
+        for line in lines[1:]:
+            await resp.write(line)
+        await resp.write_eof()
+        return resp
+
+    async def body() -> Outcome:
+        runner, url = await _serve(handler)
+        try:
+            t = HttpTransport(target("anthropic", url, timeout_s=3.0), url, 1, secrets=[ANT.secret])
+            try:
+                return await t.send(ANT, request("anthropic", sink), None)
+            finally:
+                await t.close()
+        finally:
+            gate.set()
+            await runner.cleanup()
+
+    out = run(body)
+    assert out.kind is OutcomeKind.OK and out.streamed and seen_before_end == [1]
+    assert b"".join(sink.chunks) == b"".join(lines)
