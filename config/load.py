@@ -31,7 +31,7 @@ from ratedeck.engine.settings import (
 
 from . import parsers
 from .rows import BY_PATH, ROWS, section_rows
-from .settings import ConsoleSettings, RunConfig, RunnerSettings
+from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
 
 # ---------------------------------------------------------------- presets
 
@@ -297,6 +297,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
+        gateway=GatewaySettings(**_table(data, "gateway", source)),
         server=dict(server),
     )
 

@@ -32,7 +32,7 @@ from ratedeck.engine.settings import (
 )
 
 from . import parsers as p
-from .settings import ConsoleSettings, RunnerSettings
+from .settings import ConsoleSettings, GatewaySettings, RunnerSettings
 
 #: `Flag.switch` of a flag that takes a value (any other `switch`: a flag with none that sets it).
 NO_SWITCH = object()
@@ -811,6 +811,68 @@ ROWS: tuple[Row, ...] = (
         ),
         save="never",
     ),
+    # ---------------------------------------------------------------- [gateway]
+    # `ratedeck gateway` only: its own flags (runner/commands/gateway.py), none on the run command.
+    Row(
+        "gateway.listen",
+        "string",
+        p.nonempty,
+        "HOST:PORT the gateway serves on; beyond loopback only with a token",
+        "gateway",
+        save="changed",
+    ),
+    Row(
+        "gateway.token",
+        "string",
+        p.nonempty,
+        "what clients present (Authorization: Bearer, x-api-key or the preset's key header):"
+        " env:VAR or @FILE; unset: none asked, on loopback only",
+        "gateway",
+        optional=True,
+        save="changed",
+        dump=lambda v: v if v.strip().startswith(("env:", "@")) else None,  # a literal token is never saved
+    ),
+    Row(
+        "gateway.max_wait_s",
+        "duration",
+        p.seconds(),
+        "how long a request may wait for the limits before a 503 with Retry-After"
+        " (a client may lower it: header ratedeck-max-wait)",
+        "gateway",
+        save="changed",
+    ),
+    Row(
+        "gateway.max_body_mb",
+        "integer",
+        p.count(1, 4096),
+        "a request body over this many MiB is answered 413",
+        "gateway",
+        save="changed",
+    ),
+    Row(
+        "gateway.header_timeout_s",
+        "duration",
+        p.seconds(),
+        "a connection that sends no whole request head in this long (or idles that long) is closed",
+        "gateway",
+        save="changed",
+    ),
+    Row(
+        "gateway.body_timeout_s",
+        "duration",
+        p.seconds(),
+        "a request body not received whole in this long is answered 408",
+        "gateway",
+        save="changed",
+    ),
+    Row(
+        "gateway.fail_fast",
+        "boolean",
+        p.boolean,
+        "answer 429 with Retry-After at once instead of queueing (a client may ask: header ratedeck-fail-fast: 1)",
+        "gateway",
+        save="changed",
+    ),
     # ---------------------------------------------------------------- [console]
     Row(
         "console.theme",
@@ -842,6 +904,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "messages": (MessagesConfig,),
     "costs": (CostConfig,),
     "console": (ConsoleSettings,),
+    "gateway": (GatewaySettings,),
     "run": (RunnerSettings, EngineSettings),  # [run] seed is the engine's
 }
 

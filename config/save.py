@@ -97,6 +97,9 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     console = _section("console", cfg.console)
     if console:
         out["console"] = console
+    gateway = _section("gateway", cfg.gateway)
+    if gateway:
+        out["gateway"] = gateway
     if cfg.messages is not None:
         out["messages"] = _section("messages", cfg.messages)
     return out

@@ -52,6 +52,19 @@ class ConsoleSettings:
     keymap: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GatewaySettings:
+    """`ratedeck gateway`'s [gateway] settings (the gateway layer reads them)."""
+
+    listen: str = "127.0.0.1:8788"  # host:port the gateway serves on
+    token: str | None = field(default=None, repr=False)  # what clients present; env:VAR or @FILE as written
+    max_wait_s: float = 120.0  # how long a request may wait queued before a 503
+    max_body_mb: int = 32  # a bigger request body: 413
+    header_timeout_s: float = 30.0  # a connection that has not sent its headers by then is closed
+    body_timeout_s: float = 60.0  # a body not read whole by then: 408
+    fail_fast: bool = False  # answer 429 at once instead of queueing (a client may ask per request)
+
+
 _ENGINE = {f.name for f in dataclasses.fields(EngineSettings)}
 _RUNNER = {f.name for f in dataclasses.fields(RunnerSettings)}
 _CONSOLE = {f.name for f in dataclasses.fields(ConsoleSettings)}
@@ -65,6 +78,7 @@ class RunConfig:
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
     server: dict[str, Any] = field(default_factory=dict)  # the embedded simulator's [server] table
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)  # `ratedeck gateway`'s [gateway]
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with settings changed by name (`target=...`, `report=...`), in whichever part holds them."""

@@ -49,6 +49,7 @@ from .screens.throttle import ThrottleScreen
 from .steering import Pending, RateSteps
 from .themes import DEFAULT_THEME, load_themes
 from .widgets import numbers
+from .widgets.clients import ClientsPanel
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
@@ -366,6 +367,7 @@ class RatedeckApp(App[Snapshot]):
                 yield KeysTable(id="keys")
             yield ErrorsPanel(id="errors-panel", classes="panel")
         yield GatesPanel(id="gates", classes="panel")
+        yield ClientsPanel(id="clients", classes="panel")  # a gateway's only (App.-clients)
         with Horizontal(id="bottom"):
             yield EventLog(id="events", classes="panel")
             yield LimiterPanel(id="limiter", classes="panel")
@@ -501,6 +503,7 @@ class RatedeckApp(App[Snapshot]):
         # Panels that only apply to some runs are shown by class (see ratedeck.tcss).
         self.set_class(is_message_run(snap), "-messages")
         self.set_class(has_history(snap.gates), "-gates")
+        self.set_class(snap.clients is not None, "-clients")
         self.main.run_bar.snapshot = snap
         for panel in self.main.panels:
             panel.snapshot = snap

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from .history import SPANS, RunHistory
 from .widgets import numbers
 from .widgets.chart import ChartSpec, Series
+from .widgets.clients import ClientsPanel
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel
@@ -43,7 +44,7 @@ class MainWidgets:
     filter_bar: Widget
     event_log: EventLog
     #: The panels that take every snapshot as an attribute.
-    panels: tuple[GoodputPanel, QueuesPanel, LimiterPanel, GatesPanel, ErrorsPanel]
+    panels: tuple[GoodputPanel, QueuesPanel, LimiterPanel, GatesPanel, ErrorsPanel, ClientsPanel]
 
     @classmethod
     def find(cls, app: App, filter_type: type[Input]) -> MainWidgets:
@@ -65,6 +66,7 @@ class MainWidgets:
                 limiter,
                 app.query_one(GatesPanel),
                 app.query_one(ErrorsPanel),
+                app.query_one(ClientsPanel),
             ),
         )
 

@@ -17,7 +17,8 @@ never the `Engine` itself:
   `StoreRunHost`);
 - a shared store: `SharedState` (with `Ask`, `Grant`, `Poll`, `StoreUnavailable`), and
   what a cluster member reads of the run (`Pace`, `RunCounts`, `Depths`);
-- the makespan meter's view of the keys: `MeterHost`.
+- the makespan meter's view of the keys: `MeterHost`;
+- a live client waiting for a request's answer (the gateway): `AnswerSink`.
 
 This module imports no implementation: only `ratedeck.core` and the engine's
 plain data types (`request`, `snapshot`, `gate`; the rest for type checking
@@ -143,6 +144,10 @@ class SourceSink(Protocol):
 
     def refuse(self, req: Request) -> None:
         """Count a new request that never entered the queue (no room): it ends as shed."""
+
+    def withdraw(self, req: Request) -> bool:
+        """Take a queued request whose caller gave up out of the queue; it ends as shed.
+        False when it is not queued (in flight or ended): then it is only never sent again."""
 
     def source_done(self) -> None:
         """The source will make nothing more; the run may finish when the queues empty."""
@@ -495,3 +500,24 @@ class MeterHost(Protocol):
 
     @property
     def host_limiter(self) -> Any: ...
+
+
+# ---------------------------------------------------------------- a live client's answer
+
+
+class AnswerSink(Protocol):
+    """A live client waiting for a request's answer (the gateway): a streamed answer's bytes go to it as they arrive.
+
+    The transport calls `begin` once, then `write` for each piece in order (for an event
+    stream, one whole SSE event each, its terminating blank line included). Either
+    returning False says the client is gone: the transport closes the upstream at once.
+    """
+
+    async def begin(self, status: int, headers: Sequence[tuple[str, str]]) -> bool:
+        """The answer's status and headers (hop-by-hop and account headers already dropped);
+        False: the client is gone."""
+        ...
+
+    async def write(self, chunk: bytes) -> bool:
+        """One piece of the answer, as it arrived; False: the client is gone."""
+        ...

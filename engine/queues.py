@@ -120,6 +120,32 @@ class WorkQueues:
         if self._getters and self.dlq[0] is req:
             self._arm()
 
+    def discard(self, req: Request) -> bool:
+        """Take `req` out of whichever queue holds it (its caller gave up); False if none does.
+
+        O(queue): for the rare request withdrawn before it was sent, never on the hot path."""
+        p = self.pinned.get(req.pin) if req.pin is not None else None
+        if req in self.main:
+            self.main.remove(req)
+        elif p is not None and req in p.main:
+            p.main.remove(req)
+            self._pinned_n -= 1
+            self._pinned_fresh -= 1
+        elif req in self.dlq:
+            self.dlq.remove(req)
+            heapq.heapify(self.dlq)
+            return True
+        elif p is not None and req in p.dlq:
+            p.dlq.remove(req)
+            heapq.heapify(p.dlq)
+            self._pinned_n -= 1
+            return True
+        else:
+            return False
+        if self._space is not None and self.fresh() < self._space_limit:
+            self._space.set()
+        return True
+
     def _pinned_for(self, key: str) -> _Pinned:
         p = self.pinned.get(key)
         if p is None:

@@ -36,6 +36,9 @@ class Shape:
     weight: int = 1  # what it costs in weight budgets
     budgets: tuple[str, ...] = ()  # named budgets it also spends from
     payload: bytes | None = field(default=None, compare=False, repr=False)  # an object body's JSON
+    # Extra request headers sent as they are (a gateway client's content-type, anthropic-version,
+    # Idempotency-Key...): after the transport's own, never over the key, auth or signing headers.
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def verbatim(self) -> bool:
@@ -87,6 +90,7 @@ class _Extra:
         "pin",
         "units",
         "line_id",
+        "answer",
     )
 
     def __init__(self) -> None:
@@ -101,6 +105,9 @@ class _Extra:
         self.pin: str | None = None
         self.units: dict[str, int] | None = None  # its estimated tokens, once a token budget asked
         self.line_id: str | int | None = None  # a workload line's `_id`: never sent, kept for results
+        # The `ports.AnswerSink` of a live client (the gateway): a streamed answer goes to it as it
+        # arrives, and the outcome keeps the raw answer (`Outcome.headers`, `Outcome.body`).
+        self.answer: Any = None
 
 
 class _Side:
@@ -171,6 +178,7 @@ class Request:
     pin = _Side("_extra", _Extra)
     units = _Side("_extra", _Extra)
     line_id = _Side("_extra", _Extra)
+    answer = _Side("_extra", _Extra)
 
     def __init__(
         self,
@@ -200,6 +208,12 @@ class Request:
             self.on_done = on_done
         if pool is not None:
             self.pool = pool
+
+    def live_answer(self) -> Any:
+        """`answer` (its live client's sink, or None), read the cheap way for the transport's hot
+        path: a request with no side attributes costs one slot read, not the descriptor's call."""
+        extra = self._extra
+        return None if extra is None else extra.answer
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

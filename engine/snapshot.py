@@ -192,6 +192,21 @@ class MessageStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientView:
+    """Live clients' part of a snapshot (engine/sources/live.py, the gateway): how many wait,
+    how long they waited, what they were answered."""
+
+    waiting: int = 0  # requests queued for the limits, not yet sent
+    answered: int = 0  # answers given to clients, of any status
+    wait_p50_ms: float = 0.0  # arrival to first send (or to the end, for one never sent), recent requests
+    wait_p99_ms: float = 0.0
+    wait_sum_s: float = 0.0  # every queue wait so far, added up (Prometheus' histogram sum)
+    wait_count: int = 0
+    wait_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound in s, waits at most that), cumulative
+    statuses: tuple[tuple[int, int], ...] = ()  # (status answered, count); 499: the client left first
+
+
+@dataclass(frozen=True, slots=True)
 class MemberRow:
     """One member of a cluster (`--store redis://...`) as it last published itself.
 
@@ -339,6 +354,8 @@ class Snapshot:
     uncertain: int = 0
     # no limit was given and the server's first answers advertised none: the run stopped (the line)
     no_limit: str = ""
+    # live clients (the gateway): what they see of the queue; None for other sources
+    clients: ClientView | None = None
 
     @property
     def answered(self) -> int:

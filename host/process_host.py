@@ -14,7 +14,9 @@ import contextlib
 import multiprocessing as mp
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from ratedeck.config import RunConfig
 from ratedeck.core.vocab import Phase
@@ -34,7 +36,16 @@ _ABORT_WAIT_S = 3.0  # a stop at once waits this long for the child's last word,
 class ProcessHost:
     """A `Session` in a child process; `snapshot()` returns the latest one published."""
 
-    def __init__(self, cfg: RunConfig, publish_s: float = PUBLISH_S, *, shard: bool = False):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        publish_s: float = PUBLISH_S,
+        *,
+        shard: bool = False,
+        make_session: Callable[[RunConfig], Any] | None = None,
+    ):
+        """`make_session(cfg)`: what the child runs instead of a plain `Session` (the gateway's
+        service, which has a session's face); a module-level function, as the child imports it."""
         self.cfg = cfg
         self.publish_s = publish_s
         self.server_stats: dict | None = None
@@ -49,7 +60,10 @@ class ProcessHost:
         ctx = mp.get_context("spawn")  # no fork of a process that may already hold threads
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_child_main, args=(cfg, child_conn, publish_s, shard), name="ratedeck-engine", daemon=True
+            target=_child_main,
+            args=(cfg, child_conn, publish_s, shard, make_session),
+            name="ratedeck-engine",
+            daemon=True,
         )
         self._child_conn = child_conn
         self._reader: threading.Thread | None = None
@@ -163,7 +177,9 @@ class ProcessHost:
 # -- child side
 
 
-def _child_main(cfg: RunConfig, conn, publish_s: float, shard: bool = False) -> None:
+def _child_main(
+    cfg: RunConfig, conn, publish_s: float, shard: bool = False, make_session: Callable | None = None
+) -> None:
     # The console handles Ctrl-C; a terminal's SIGINT must not kill the engine mid-drain.
     # SIGTERM and SIGHUP (the terminal closed: it goes to the whole process group)
     # drain, as they do for the console; see `_child`.
@@ -171,17 +187,19 @@ def _child_main(cfg: RunConfig, conn, publish_s: float, shard: bool = False) -> 
     from ratedeck.core.loops import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_child(cfg, conn, publish_s, shard))
+        runner.run(_child(cfg, conn, publish_s, shard, make_session))
 
 
-async def _child(cfg: RunConfig, conn, publish_s: float, shard: bool = False) -> None:
+async def _child(
+    cfg: RunConfig, conn, publish_s: float, shard: bool = False, make_session: Callable | None = None
+) -> None:
     from .session import Session
 
-    session = Session(cfg)
+    session: Any = Session(cfg) if make_session is None else make_session(cfg)
     try:
-        engine = await session.start()
+        await session.start()
         # One of several processes: snapshots carry whole histograms, for exact percentiles.
-        engine.mergeable = shard
+        session.engine.mergeable = shard
     except ConfigError as exc:
         conn.send((_FAILED, (exc.source, exc.key, exc.problem)))
         return

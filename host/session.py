@@ -26,7 +26,7 @@ from ratedeck.engine.engine import Engine
 from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.http.transport import Response, Transport, http_transport
 from ratedeck.engine.jsonl import JsonLines
-from ratedeck.engine.ports import ResultsHost
+from ratedeck.engine.ports import ResultsHost, Source
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
@@ -75,9 +75,11 @@ class Session:
     thread than the loop's (on the loop itself, `await stop()`).
     """
 
-    def __init__(self, cfg: RunConfig, transport: Transport | None = None):
+    def __init__(self, cfg: RunConfig, transport: Transport | None = None, source: Source | None = None):
         self.cfg = cfg
         self._transport = transport
+        # Where the work comes from when not the config's workload (live clients: the gateway).
+        self._source = source
         self.server: RunningServer | None = None  # the embedded simulator, when there is no target
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
@@ -107,7 +109,22 @@ class Session:
                 self.target_url = url
                 self._transport = http_transport(cfg.engine_settings, url)
             store = open_for_run(cfg)
-            if store is not None:
+            if store is not None and self._source is not None:
+                # The work comes from the given source; a store many processes share still shares
+                # the budgets. One that only holds jobs has nothing to give such a run.
+                shared = store.shared()
+                await store.close()
+                if shared is None:
+                    raise ConfigError(
+                        "command line",
+                        "--store",
+                        "this run's work comes from its clients: only a store many processes share"
+                        " (redis://host:port/db) has anything for it (the keys' budgets)",
+                    )
+                self.engine = Engine(
+                    cfg.engine_settings, self._transport, source=self._source, shared_state=shared
+                )
+            elif store is not None:
                 self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
                 await self.store_run.prepare()
                 # A store many processes share (Redis) also shares the keys' budgets and gates.
@@ -118,7 +135,7 @@ class Session:
                     shared_state=store.shared(),
                 )
             else:
-                self.engine = Engine(cfg.engine_settings, self._transport)
+                self.engine = Engine(cfg.engine_settings, self._transport, source=self._source)
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)

@@ -50,7 +50,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
-from ratedeck.engine.snapshot import BudgetRow, ClusterView, KeyRow, LatencySummary, Makespan, Snapshot
+from ratedeck.engine.snapshot import (
+    BudgetRow,
+    ClientView,
+    ClusterView,
+    KeyRow,
+    LatencySummary,
+    Makespan,
+    Snapshot,
+)
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
@@ -135,7 +143,18 @@ def metrics_block(snap: Snapshot) -> list[str]:
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
         )
     lines += token_lines(snap)
+    if snap.clients is not None:
+        lines.append(clients_line(snap.clients))
     return lines
+
+
+def clients_line(c: ClientView) -> str:
+    """The gateway's clients: "clients      waiting 3  queue wait p50 12 ms p99 840 ms  answers HTTP 200 x41"."""
+    answers = _counts((f"HTTP {s}" if s != 499 else "left first", n) for s, n in c.statuses) or "none yet"
+    return (
+        f"clients      waiting {c.waiting}  queue wait p50 {c.wait_p50_ms:.0f} ms p99 {c.wait_p99_ms:.0f} ms"
+        f"  answers {answers}"
+    )
 
 
 TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import LatencySummary, Snapshot
+from ratedeck.engine.snapshot import ClientView, LatencySummary, Snapshot
 
 #: Latency histogram bucket edges, in milliseconds (exported in seconds).
 QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"), ("0.999", "p999"), ("1", "max"))
@@ -361,7 +361,32 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         waiting.add_metric(["in_progress"], m.in_progress)
         out.append(waiting)
         gauge("ratedeck_message_goodput_rps", "Messages completed per second since the start.", m.goodput_tps)
+    if snap.clients is not None:
+        out += client_families(snap.clients)
     return out
+
+
+def client_families(c: ClientView) -> list[Metric]:
+    """The gateway's clients: answers by status, the queue-wait histogram, clients waiting now."""
+    answers = _counter(
+        "ratedeck_gateway_requests",
+        "Gateway answers to clients, by HTTP status (499: the client left first).",
+        None,
+        ("status",),
+    )
+    for status, count in c.statuses:
+        answers.add_metric([str(status)], count)
+    rows = [(f"{edge:g}", count) for edge, count in c.wait_buckets] + [("+Inf", c.wait_count)]
+    wait = HistogramMetricFamily(
+        "ratedeck_gateway_queue_wait_seconds",
+        "Gateway requests: arrival -> first send (or -> the end, for one never sent).",
+        buckets=rows,
+        sum_value=c.wait_sum_s,
+    )
+    waiting = GaugeMetricFamily(
+        "ratedeck_gateway_clients_waiting", "Gateway requests queued for the limits now.", value=c.waiting
+    )
+    return [answers, wait, waiting]
 
 
 # ---------------------------------------------------------------- serving

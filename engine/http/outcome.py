@@ -41,6 +41,9 @@ class Outcome:
         "keyed",
         "maybe_sent",
         "replayed",
+        "headers",
+        "body",
+        "streamed",
     )
 
     def __init__(
@@ -73,6 +76,15 @@ class Outcome:
         self.keyed = False  # carried an Idempotency-Key
         self.maybe_sent = True  # False when it surely never left (the connection was refused)
         self.replayed = False  # the server says it replayed a saved answer (Idempotent-Replayed)
+        # The raw answer, kept only for a request with a live client (`Request.answer`), so the
+        # gateway can pass a non-streamed answer on as it came: the headers as received (filter
+        # them with `answer_headers.answer_headers` before showing them) and the body's bytes
+        # (None once streamed: those bytes went to the client as they arrived).
+        self.headers: tuple[tuple[str, str], ...] | None = None
+        self.body: bytes | None = None
+        # The answer began at the live client (its status and headers went to `AnswerSink.begin`):
+        # the client holds part of an answer, so the attempt is never sent again (settle.decide).
+        self.streamed = False
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -16,6 +16,7 @@ from yarl import URL
 from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
 from ratedeck.engine.api_rules import PathRule, PathTable, first_match
+from ratedeck.engine.http.answer_headers import answer_headers
 from ratedeck.engine.http.delays import (
     DelayHook,
     answer_hints,
@@ -24,7 +25,15 @@ from ratedeck.engine.http.delays import (
     read_quotas,
     response_delay,
 )
-from ratedeck.engine.http.outcome import CLIENT_ERROR, CONNECTION, OK, TIMEOUT, Outcome, classify
+from ratedeck.engine.http.outcome import (
+    CLIENT_ERROR,
+    CONNECTION,
+    OK,
+    SERVER_ERROR,
+    TIMEOUT,
+    Outcome,
+    classify,
+)
 from ratedeck.engine.ports import ProbeGet, Transport  # noqa: F401  (the protocol lives with the ports)
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
@@ -84,6 +93,13 @@ class HttpTransport(TransportBase):
     - a body is read up to `target.max_body_mb` once decompressed (a 2xx past
       it fails, unretried: a gzip bomb is not read twice); an error body up to
       `ERROR_BODY_BYTES`.
+
+    A request with a live client (`Request.answer`, the gateway's) gets a
+    streamed answer (an event stream, or a chunked body it asked to stream) as
+    it arrives (`_stream`): headers filtered by `answer_headers`, then one whole
+    SSE event per write; its usage is read on the way. Any other answer to such
+    a request keeps its raw headers and body on the outcome. A request without
+    one pays one look (`Request.live_answer`) for this, no more.
 
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
     back, so a run can say "connection refused x57" instead of a bare 0 req/s;
@@ -301,19 +317,43 @@ class HttpTransport(TransportBase):
             path = self._path
         fields.extend(t.params.items())
         signed = self._signer is not None and (rule is None or rule.signed is not False)
+        signature: dict[str, str] | None = None
         if signed:
             assert self._signer is not None
-            extra = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
-            headers = {**headers, **extra}
+            signature = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
+            headers = {**headers, **signature}
         if req.idempotency_key and method != "GET":
             headers = {**headers, "Idempotency-Key": req.idempotency_key}
+        data: str | None = None
         if method == "GET":
             query = "&".join(q for q in (base_query, encode(fields)) if q)
-            return method, URL(f"{base}?{query}" if query else base, encoded=True), None, headers
-        url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
-        if shape is not None and shape.body == "json":
-            return method, url, json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
-        return method, url, encode(fields), {**headers, "Content-Type": _FORM}
+            url = URL(f"{base}?{query}" if query else base, encoded=True)
+        else:
+            url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
+            if shape is not None and shape.body == "json":
+                data, headers = json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
+            else:
+                data, headers = encode(fields), {**headers, "Content-Type": _FORM}
+        if shape is not None and shape.headers:
+            headers = self._with_extra(headers, shape.headers, signature)
+        return method, url, data, headers
+
+    def _with_extra(
+        self, headers: dict[str, str], extra: tuple[tuple[str, str], ...], signed: dict[str, str] | None
+    ) -> dict[str, str]:
+        """`headers` with a shape's `extra` headers (`Shape.headers`) after them: each replaces
+        ours of the same name, except the key's, authorization, the signature's (`signed`) and
+        the framing aiohttp writes itself."""
+        kept = set(_PROTECTED)
+        if self.target.key_header:
+            kept.add(self.target.key_header.lower())
+        if signed:
+            kept.update(name.lower() for name in signed)
+        out = dict(headers)
+        for name, value in extra:
+            if name.lower() not in kept:
+                _put(out, name, value)
+        return out
 
     def _verbatim(
         self, key: KeySpec, req: Request, shape: Shape, payload: bytes
@@ -330,6 +370,8 @@ class HttpTransport(TransportBase):
             url = URL(self._origin_url + shape.path, encoded=True)
         else:
             url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
+        if shape.headers:
+            headers = self._with_extra(headers, shape.headers, None)
         return shape.method or "POST", url, payload, headers
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
@@ -346,10 +388,16 @@ class HttpTransport(TransportBase):
             Exception
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
-        if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
-            return await self._exchange(client, method, url, data, headers)
+        if req.live_answer() is None:
+            if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
+                return await self._exchange(client, method, url, data, headers)
+            out = await self._exchange(client, method, url, data, headers)
+        else:  # a live client waits: a streamed answer goes to it as it arrives
+            out = await self._exchange(client, method, url, data, headers, req)
+            _keep_raw(out)
+            if method in _IDEMPOTENT_METHODS or t.safe_writes:
+                return out
         # A write: what settle.decide needs to tell a failed write from an uncertain one.
-        out = await self._exchange(client, method, url, data, headers)
         out.write = True
         out.keyed = bool(req.idempotency_key)
         response = out.response
@@ -366,8 +414,12 @@ class HttpTransport(TransportBase):
             out.maybe_sent = False
         return out
 
-    async def _exchange(self, client: Client, method: str, url: URL, data: Any, headers: Any) -> Outcome:
-        """One attempt on the wire: the answer read and classified, or why there was none."""
+    async def _exchange(
+        self, client: Client, method: str, url: URL, data: Any, headers: Any, live: Request | None = None
+    ) -> Outcome:
+        """One attempt on the wire: the answer read and classified, or why there was none.
+        With `live` (a request whose client waits, `Request.answer`), a streamed answer goes
+        to that client as it arrives (`_stream`)."""
         t = self.target
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
@@ -394,6 +446,8 @@ class HttpTransport(TransportBase):
                             method, data = "GET", None
                         continue
                 if status < 300:
+                    if live is not None and _streams(resp, live):
+                        return await self._stream(_Passing(live, resp, start), watch)
                     raw = await read_capped(resp, self._body_cap)
                 else:
                     raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
@@ -461,6 +515,75 @@ class HttpTransport(TransportBase):
         )
         return _hinted(outcome, resp_headers)
 
+    async def _stream(self, passing: _Passing, watch: _Watch) -> Outcome:
+        """A streamed answer passed to its live client (`_pass_on`); the upstream failing after
+        the answer began (its deadline, a read timeout, a broken connection) is an outcome that
+        says so (`_Passing.broken`), and the connection never stays half-read."""
+        try:
+            return await self._pass_on(passing)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise  # stopped from outside (the engine's drain), not timed out
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
+            return passing.broken(TIMEOUT, "timed out")
+        except TimeoutError as exc:
+            return passing.broken(
+                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out"
+            )
+        except Exception as exc:
+            return passing.broken(CONNECTION, describe(exc))
+        finally:
+            passing.done()
+
+    async def _pass_on(self, passing: _Passing) -> Outcome:
+        """Pass a streamed answer to its live client as it arrives: `begin` once, then `write`
+        for each whole SSE event (each piece as it came, for a stream that is not SSE), reading
+        the usage the stream reports on the way. A client gone closes the upstream at once
+        and cancels the request."""
+        resp, sink = passing.resp, passing.sink
+        status = resp.status
+        self.answers += 1
+        self.statuses[status] += 1
+        self.consecutive_no_answer = 0
+        shown = answer_headers(resp.headers.items(), self._mask, streamed=True)
+        passing.sent = True  # the status and headers are the answer's first bytes: no retry after them
+        if not await passing.call(sink.begin(status, shown)):
+            return passing.gone()
+        content = resp.content
+        if not passing.events:
+            async for piece in content.iter_any():
+                passing.sent = True
+                if not await passing.call(sink.write(piece)):
+                    return passing.gone()
+            return passing.finished()
+        pending = bytearray()
+        scan = 0  # where the search for the blank line resumes: no byte is searched twice
+        cap = self._body_cap
+        async for piece in content.iter_any():
+            pending += piece
+            while True:
+                end = _event_end(pending, scan)
+                if end < 0:
+                    scan = max(0, len(pending) - 3)  # a separator may straddle the next piece
+                    break
+                event = bytes(pending[:end])
+                del pending[:end]
+                scan = 0
+                passing.read(event)
+                passing.sent = True
+                if not await passing.call(sink.write(event)):
+                    return passing.gone()
+            if len(pending) > cap:
+                return passing.broken(CLIENT_ERROR, f"an event over {self.target.max_body_mb} MiB")
+        if pending:  # the last event, with no blank line after it: still the client's
+            passing.read(bytes(pending))
+            passing.sent = True
+            if not await passing.call(sink.write(bytes(pending))):
+                return passing.gone()
+        return passing.finished()
+
     def error_text(self, text: str) -> str:
         """`text` from the target fit to show: every key masked first, then one line, then cut.
 
@@ -489,6 +612,11 @@ class HttpTransport(TransportBase):
             self._client = None
 
 
+#: Request headers a shape's extra headers never replace (lower case): credentials, and the
+#: framing aiohttp writes from the body it sends.
+_PROTECTED = frozenset(
+    {"authorization", "proxy-authorization", "host", "content-length", "transfer-encoding", "connection"}
+)
 #: Idempotent methods (RFC 9110 9.2.2): sending one again changes nothing, on any key.
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 #: A connection that failed this way never carried the request (engine/client.describe names them).
@@ -500,6 +628,140 @@ def _put(headers: dict[str, str], name: str, value: str) -> None:
     for ours in [n for n in headers if n.lower() == name.lower()]:
         del headers[ours]
     headers[name] = value
+
+
+def _keep_raw(out: Outcome) -> None:
+    """Keep the answer's raw headers and body on `out`, for a live client (`Request.answer`);
+    a streamed answer's body went to the client already."""
+    response = out.response
+    if isinstance(response, Response):
+        out.headers = tuple(response.headers.items())
+        if not out.streamed:
+            out.body = response.body
+
+
+def _streams(resp: Any, req: Request) -> bool:
+    """Whether a 2xx answer is a stream to pass on as it arrives: an event stream, or a chunked
+    body with no length to a request whose JSON body asked for `"stream": true`."""
+    headers = resp.headers
+    if headers.get("Content-Type", "").lower().startswith("text/event-stream"):
+        return True
+    if resp.content_length is not None or "chunked" not in headers.get("Transfer-Encoding", "").lower():
+        return False
+    shape = req.shape
+    return shape is not None and isinstance(shape.body, dict) and shape.body.get("stream") is True
+
+
+def _event_end(buf: bytearray, start: int) -> int:
+    """The end of the first whole SSE event in `buf` (just past its blank line), searching from
+    `start`; -1 if none is whole yet. Lines end in LF, CRLF or CR (the SSE spec's three)."""
+    best = -1
+    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        at = buf.find(sep, start)
+        if at >= 0 and (best < 0 or at + len(sep) < best):
+            best = at + len(sep)
+        if sep == b"\n\n" and b"\r" not in buf:
+            break  # the common case: LF only
+    return best
+
+
+class _Passing:
+    """One streamed answer on its way to a live client: what went out, the usage read so far."""
+
+    __slots__ = ("req", "sink", "resp", "start", "events", "sent", "usage", "said_error", "closed")
+
+    def __init__(self, req: Request, resp: Any, start: float):
+        self.req = req
+        self.sink = req.answer
+        self.resp = resp
+        self.start = start
+        self.events = resp.headers.get("Content-Type", "").lower().startswith("text/event-stream")
+        self.sent = False  # the client has the answer's start (its status and headers, `begin`)
+        self.usage: dict[str, Any] = {}
+        self.said_error: str | None = None  # an error event's type (Anthropic's overloaded_error)
+        self.closed = False
+
+    async def call(self, step: Any) -> bool:
+        """The sink's answer to one step; a sink that raises is a client gone (its connection
+        failed), never the upstream's fault."""
+        try:
+            return bool(await step)
+        except Exception:
+            return False
+
+    def read(self, event: bytes) -> None:
+        """Note the usage an event reports (OpenAI's last chunk; Anthropic's message_start and
+        message_delta, merged) and an error event. Most events carry neither: one look skips them."""
+        if b'"usage"' not in event and b"error" not in event:
+            return
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                data = json.loads(line[5:])
+            except ValueError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            usage = data.get("usage")
+            message = data.get("message")
+            if not isinstance(usage, dict) and isinstance(message, dict):
+                usage = message.get("usage")  # message_start
+            if isinstance(usage, dict):
+                self.usage.update(usage)
+            error = data.get("error")  # Anthropic's `error` event, OpenAI's {"error": {...}} chunk
+            if isinstance(error, dict):
+                self.said_error = _printable(str(error.get("type") or "error"))[:80]
+
+    def _outcome(self, kind: Any, error: str | None) -> Outcome:
+        resp = self.resp
+        body = json.dumps({"usage": self.usage}).encode() if self.usage else b""
+        headers = resp.headers
+        out = Outcome(
+            kind,
+            resp.status,
+            None,
+            time.monotonic() - self.start,
+            error,
+            headers.get("RateLimit-Policy"),
+            Response(resp.status, headers, body),
+        )
+        out.streamed = self.sent
+        return _hinted(out, headers)
+
+    def finished(self) -> Outcome:
+        """The stream ended whole: a success, its usage in `response` as a JSON body's would be
+        (so `settle` budgets work as for an answer sent whole); unless it said an error."""
+        if self.said_error is not None:
+            return self._outcome(
+                SERVER_ERROR, f"the stream broke after the answer began: an error event ({self.said_error})"
+            )
+        return self._outcome(OK, None)
+
+    def broken(self, kind: Any, why: str) -> Outcome:
+        """The upstream failed after the answer began."""
+        self.close()
+        return self._outcome(kind, f"the stream broke after the answer began ({why})")
+
+    def gone(self) -> Outcome:
+        """The client went away: the upstream is closed at once and the request ends cancelled."""
+        self.close()
+        self.req.cancelled = True
+        return self._outcome(CONNECTION, "its client went away during the answer; the upstream was closed")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.resp.close()
+
+    def done(self) -> None:
+        """However it ended: a stream not read to its end leaves no connection half-read."""
+        if not self.closed:
+            self.closed = True
+            if self.resp.content.at_eof():
+                self.resp.release()
+            else:
+                self.resp.close()
 
 
 def _hinted(outcome: Outcome, headers) -> Outcome:

@@ -161,6 +161,15 @@ class Intake:
         self.metrics.generated += 1
         self.burial.shed(req)
 
+    def withdraw(self, req: Request) -> bool:
+        """A queued request its caller gave up on: out of the queue now and shed, so it holds
+        no place and never reserves a slot. False when it is not queued (sent, or ended)."""
+        req.cancelled = True  # not sent again if it is in flight now
+        if not self.work.discard(req):
+            return False
+        self.burial.shed(req)
+        return True
+
     def source_done(self) -> None:
         self.ends.check_finished()
 

@@ -267,6 +267,8 @@ class RequestPath:
             self.expire(req)
         elif ending is Ending.UNCERTAIN:
             self.uncertain(req)
+        elif ending is Ending.SHED:  # its live client left mid-answer (settle._live_client_end)
+            self.shed(req)
         else:
             delay = self.rng.uniform(0, v.backoff_cap_s) if v.backoff_cap_s > 0 else 0.0
             req.eligible_at = max(req.eligible_at, now + delay)

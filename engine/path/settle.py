@@ -85,6 +85,10 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     kind = outcome.kind
     if kind == OutcomeKind.OK:
         return _SUCCEEDED
+    if outcome.streamed or req.cancelled:
+        ended = _live_client_end(outcome, req)
+        if ended is not None:
+            return ended
     if kind == OutcomeKind.BLOCKED and outcome.status == 403 and _rate_limit_signs(outcome):
         kind = OutcomeKind.RATE_LIMITED  # a 403 that asks to wait is a limit, not a refusal (GitHub's)
     if kind == OutcomeKind.RATE_LIMITED:
@@ -134,6 +138,18 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     if not rules.retry_errors:
         return Verdict(Tally.FAILED, _failed(req), cooldown=cooldown, cause=cause)
     return _retry(Tally.FAILED, req, rules, now, backoff=True, cooldown=cooldown, cause=cause)
+
+
+def _live_client_end(outcome: Outcome, req: Request) -> Verdict | None:
+    """A failed attempt whose live client (`Request.answer`) left, or already holds part of the
+    answer, ends now: nothing can send it the answer again. A client that left ends the
+    request shed, as a cancelled request ends (what it reserved stays spent); a stream that
+    broke after it began ends as a failure with the reason. None: the usual rules apply."""
+    if req.cancelled and req.answer is not None:
+        return Verdict(Tally.FAILED, Ending.SHED, cause="client gone")
+    if outcome.streamed:
+        return Verdict(Tally.FAILED, _failed(req), cause="stream broken")
+    return None
 
 
 def _rate_limit_signs(outcome: Outcome) -> bool:

@@ -12,6 +12,10 @@ from __future__ import annotations
 TABLE: dict[str, tuple[str, str]] = {
     "serve": ("serve", "the simulator: a rate-limited API to play against"),
     "bench": ("bench", "benchmarks: ratedeck against peer limiters, on the simulator"),
+    "gateway": (
+        "gateway",
+        "a local HTTP server in front of the target: point any program's base URL at it, ratedeck paces it",
+    ),
     "sweep": ("sweep", "goodput against arrival rate for messages of several calls"),
     "replay": ("replay", "send the requests of a graveyard or results file again (FILE [run flags])"),
     "enqueue": (

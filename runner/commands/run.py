@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -228,6 +230,7 @@ def run_console(
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
     metrics: Metrics | None = None,
     procs: int = 1,
+    make_session: Callable[[RunConfig], Any] | None = None,
 ) -> int:
     """The Textual console; the engine runs in its own process (see host/process_host.py).
 
@@ -246,7 +249,7 @@ def run_console(
         for problem in problems:
             fail(problem)
         return EXIT_USAGE
-    host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg)
+    host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg, make_session=make_session)
     exporter = None
     if metrics is not None:
         # prometheus_client loads only with --metrics-port

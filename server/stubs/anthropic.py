@@ -32,9 +32,17 @@ output; ``output_tokens`` is ``ceil(max_tokens * output_ratio)`` (deterministic,
 <= max_tokens); the headers of a success are taken after the settle. The combined
 ``anthropic-ratelimit-tokens-*`` headers are not sent.
 
+Streaming (``"stream": true``), as the Messages streaming docs describe it: named events
+``message_start`` (usage: the input tokens), ``content_block_start``, ``ping``,
+``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (the stop
+reason; usage: the output tokens), ``message_stop``. Its headers go out first, so they show
+the output reserved, not yet settled; the settle and the ledger's record come when the stream
+ends, however it ends. Pacing and faults: ``StreamOptions`` (``streaming``).
+
 Ledger: one ``Record`` per request (``bucket="messages"``; ``cost`` = input + settled
 output tokens; ``detail`` = the prompt's identity when accepted, the error type when
-refused). ``state.book`` counts prompts per key (duplicates) and refusals by type.
+refused). ``state.answered`` keeps each answer's text (and a stream's progress, ``Answered``);
+``state.book`` counts prompts per key (duplicates) and refusals by type.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -52,7 +60,18 @@ from typing import Any
 from aiohttp import web
 
 from .common import Clock, Ledger, Stub, mono_clock, serve, work
-from .llm_common import Bucket, PromptBook, content_text, estimate_tokens, prompt_identity
+from .llm_common import (
+    Answered,
+    Bucket,
+    PromptBook,
+    StreamOptions,
+    content_text,
+    estimate_tokens,
+    pieces,
+    prompt_identity,
+    sse,
+    write_stream,
+)
 
 PATH = "/v1/messages"
 
@@ -79,8 +98,11 @@ class AnthropicState:
     # Wall time minus the clock's: resets are wall-clock times, as the real API's are (a test's
     # fake clock already reads wall-like times: 0).
     wall_offset: float | None = None
+    organization: str = "00000000-stub-org"  # the anthropic-organization-id a success carries
+    streaming: StreamOptions = field(default_factory=StreamOptions)
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
+    answered: list[Answered] = field(default_factory=list)  # every answer's text, as written
 
     def __post_init__(self) -> None:
         self.keys = list(self.keys)
@@ -121,7 +143,7 @@ class AnthropicState:
             return self.overload_pattern.pop(0) if self.overload_pattern else False
         return self.overload_share > 0 and self.rng.random() < self.overload_share
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         now = self.clock()
         key = request.headers.get("x-api-key", "")
 
@@ -204,25 +226,112 @@ class AnthropicState:
         self.book.prompts[key][identity] += 1
 
         await work(self.latency, self.hold)
+        return await self.answer(
+            request, body, key, input_tokens, max_tokens, lambda cost: record(200, "ok", cost, identity)
+        )
+
+    async def answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        key: str,
+        input_tokens: int,
+        max_tokens: int,
+        record: Callable[[float], None],
+    ) -> web.StreamResponse:
+        """An accepted request's message, sent whole or streamed when the body asks, its output
+        settled (and `record`ed with its cost) once it is written."""
+        b = self.buckets[key]
         output_tokens = min(max_tokens, math.ceil(max_tokens * self.output_ratio))
+        self.seq += 1
+        answer_id = f"msg_stub{self.seq:012d}"
+        text = "stub " * output_tokens
+        log = Answered(answer_id, key, text)
+        self.answered.append(log)
+        stop = "max_tokens" if output_tokens == max_tokens else "end_turn"
+        model = body.get("model", self.model)
+        account = {"anthropic-organization-id": self.organization, "request-id": f"req_stub{self.seq:012d}"}
+        if body.get("stream") is True:
+            # The headers go before the answer: they show the output reserved, not yet settled.
+            headers = {**self.headers(key, self.clock()), **account}
+            events = self.events(answer_id, model, input_tokens, output_tokens, stop)
+            try:
+                return await write_stream(request, events, headers, self.streaming, log)
+            finally:  # settled as an answer sent whole is, however the stream ended
+                b["output-tokens"].give_back(max_tokens - output_tokens, self.clock())
+                self.output_used[key] += output_tokens
+                record(input_tokens + output_tokens)
         end = self.clock()
         b["output-tokens"].give_back(max_tokens - output_tokens, end)  # the settle
         self.output_used[key] += output_tokens
-        record(200, "ok", cost=input_tokens + output_tokens, detail=identity)
-        self.seq += 1
+        record(input_tokens + output_tokens)
         answer = {
-            "id": f"msg_stub{self.seq:012d}",
+            "id": answer_id,
             "type": "message",
             "role": "assistant",
-            "model": body.get("model", self.model),
-            "content": [{"type": "text", "text": "stub " * output_tokens}],
-            "stop_reason": "max_tokens" if output_tokens == max_tokens else "end_turn",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": stop,
             "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
         }
+        log.sent_text, log.ended = text, "done"
         return web.Response(
-            text=json.dumps(answer), content_type="application/json", headers=self.headers(key, end)
+            text=json.dumps(answer),
+            content_type="application/json",
+            headers={**self.headers(key, end), **account},
         )
+
+    def events(
+        self, answer_id: str, model: str, input_tokens: int, output_tokens: int, stop: str
+    ) -> list[tuple[bytes, str]]:
+        """A streamed message as Anthropic sends it: ``message_start`` (its usage: the input
+        tokens, one output token), ``content_block_start``, ``ping``, the text in
+        ``content_block_delta`` events, ``content_block_stop``, ``message_delta`` (the stop reason
+        and the output tokens), ``message_stop``."""
+        message: dict[str, Any] = {
+            "id": answer_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+        }
+        events = [
+            (sse({"type": "message_start", "message": message}, "message_start"), ""),
+            (
+                sse(
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                    "content_block_start",
+                ),
+                "",
+            ),
+            (sse({"type": "ping"}, "ping"), ""),
+        ]
+        for piece in pieces(output_tokens, self.streaming.tokens_per_event):
+            delta = {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": piece},
+            }
+            events.append((sse(delta, "content_block_delta"), piece))
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        }
+        events += [
+            (sse({"type": "content_block_stop", "index": 0}, "content_block_stop"), ""),
+            (sse(delta, "message_delta"), ""),
+            (sse({"type": "message_stop"}, "message_stop"), ""),
+        ]
+        return events
 
 
 async def start_anthropic(*, clock: Clock = mono_clock, **options: Any) -> Stub:

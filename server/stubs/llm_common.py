@@ -7,12 +7,15 @@ windows. ``minute_s`` scales the "minute" so tests and benchmarks run fast.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp import web
 
 # a clock near 1.7e9 s has a 2.4e-7 s resolution: at thousands of tokens a second that is ~1e-3
 # token of noise, which must not turn "full" into "one short"
@@ -103,3 +106,92 @@ class PromptBook:
 
 def mask(key: str) -> str:
     return f"{key[:4]}...{key[-2:]}" if len(key) > 8 else "****"
+
+
+# ---------------------------------------------------------------- streamed answers ("stream": true)
+
+
+@dataclass
+class Answered:
+    """One answer as the stub wrote it, kept so a test can compare what a client received
+    with what the server sent; a stream's fields move while it is being written."""
+
+    id: str
+    key: str
+    text: str  # the whole answer's text
+    streamed: bool = False
+    total: int = 0  # events the whole stream has
+    events: int = 0  # events written so far
+    sent_text: str = ""  # the text of the events written so far
+    ended: str = ""  # "" while being written; "done", "broken" (break_after), "client_gone"
+
+    @property
+    def writing(self) -> bool:
+        return self.ended == ""
+
+
+@dataclass
+class StreamOptions:
+    """How the LLM stubs stream: pacing and the faults a test asks for.
+
+    ``event_s`` spreads the answer over time, as a model's tokens come (a real wait
+    between events); ``break_after`` cuts the connection after that many events (no
+    closing chunk: the client sees an incomplete body); ``hold`` stops the stream after
+    ``hold_after`` events until a test sets it, so a test can look at a half-written
+    answer without timing anything.
+    """
+
+    event_s: float = 0.002
+    tokens_per_event: int = 1
+    break_after: int | None = None
+    hold_after: int = 1
+    hold: asyncio.Event | None = None
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event: an optional ``event:`` line, its ``data:`` line (JSON unless a
+    string), and the blank line that ends it."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {text}\n\n".encode()
+
+
+def pieces(tokens: int, per_event: int, word: str = "stub ") -> list[str]:
+    """The answer's text (``word`` per token) cut into one piece per event."""
+    step = max(1, per_event)
+    return [word * min(step, tokens - i) for i in range(0, tokens, step)]
+
+
+async def write_stream(
+    request: web.Request,
+    events: list[tuple[bytes, str]],
+    headers: dict[str, str],
+    options: StreamOptions,
+    log: Answered,
+) -> web.StreamResponse:
+    """Write ``events`` (each its bytes and the answer text it carries) as a ``text/event-stream``,
+    paced and faulted as ``options`` says, keeping ``log`` up to date as each goes out."""
+    resp = web.StreamResponse(
+        status=200,
+        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", **headers},
+    )
+    log.streamed, log.total = True, len(events)
+    try:
+        await resp.prepare(request)
+        for i, (event, text) in enumerate(events):
+            if options.break_after is not None and i == options.break_after:
+                log.ended = "broken"
+                if request.transport is not None:
+                    request.transport.close()  # what was written goes out, the closing chunk never
+                return resp
+            if i and options.event_s > 0:
+                await asyncio.sleep(options.event_s)
+            await resp.write(event)
+            log.events, log.sent_text = i + 1, log.sent_text + text
+            if options.hold is not None and log.events == options.hold_after:
+                await options.hold.wait()
+        await resp.write_eof()
+        log.ended = "done"
+    except (ConnectionError, RuntimeError):  # the client hung up (aiohttp's reset is a ConnectionError)
+        log.ended = "client_gone"
+    return resp

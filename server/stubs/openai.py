@@ -32,8 +32,15 @@ Where the docs are silent (stated choices): the requests bucket is checked befor
 tokens bucket (the 429 names the first that refuses); ``completion_tokens`` is
 ``ceil(max_tokens * completion_ratio)`` (deterministic, <= max_tokens).
 
+Streaming (``"stream": true``), as the API reference describes it: ``text/event-stream``, one
+``data:`` line per ``chat.completion.chunk`` (the role first, then the text in deltas, then the
+finish reason), with ``stream_options.include_usage`` a last chunk with empty ``choices`` and the
+usage (the others then carry ``"usage": null``), and ``data: [DONE]``. Pacing and faults:
+``StreamOptions`` (``streaming``). Tokens are charged exactly as for an answer sent whole.
+
 Ledger: one ``Record`` per request (``bucket="chat"``; ``cost`` = tokens charged;
 ``detail`` = the prompt's identity when accepted, the error code when refused).
+``state.answered`` keeps each answer's text (and a stream's progress, ``Answered``);
 ``state.book.prompts[key]`` counts each prompt accepted, ``state.book.duplicates(key)``
 the repeats, ``state.book.refusals[key]`` the 429s by code.
 """
@@ -51,7 +58,19 @@ from typing import Any
 from aiohttp import web
 
 from .common import Clock, Ledger, Stub, mono_clock, serve, work
-from .llm_common import Bucket, PromptBook, content_text, estimate_tokens, mask, prompt_identity
+from .llm_common import (
+    Answered,
+    Bucket,
+    PromptBook,
+    StreamOptions,
+    content_text,
+    estimate_tokens,
+    mask,
+    pieces,
+    prompt_identity,
+    sse,
+    write_stream,
+)
 
 PATH = "/v1/chat/completions"
 
@@ -93,8 +112,11 @@ class OpenAIState:
     model: str = "gpt-4o-mini"
     latency: float = 0.0
     hold: asyncio.Event | None = None
+    organization: str = "org-stub"  # the openai-organization header a success carries
+    streaming: StreamOptions = field(default_factory=StreamOptions)
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
+    answered: list[Answered] = field(default_factory=list)  # every answer's text, as written
 
     def __post_init__(self) -> None:
         self.keys = list(self.keys)
@@ -121,7 +143,7 @@ class OpenAIState:
             "x-ratelimit-reset-tokens": duration(t.full_in(now)),
         }
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         now = self.clock()
         auth = request.headers.get("Authorization", "")
         scheme, _, key = auth.partition(" ")
@@ -224,28 +246,85 @@ class OpenAIState:
         await work(self.latency, self.hold)
         # as OpenAI's answers say it: the server's own time on the request, in whole ms
         headers["openai-processing-ms"] = str(max(0, round((self.clock() - now) * 1000)))
+        headers["openai-organization"] = self.organization
+        return await self.answer(request, body, key, now, prompt, max_tokens, headers)
+
+    async def answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        key: str,
+        now: float,
+        prompt: int,
+        max_tokens: int,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """An accepted request's completion: sent whole, or streamed when the body asks."""
         completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
         self.seq += 1
+        answer_id = f"chatcmpl-stub{self.seq:010d}"
+        text = "stub " * completion
+        log = Answered(answer_id, key, text)
+        self.answered.append(log)
+        finish = "length" if completion == max_tokens else "stop"
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        model = body.get("model", self.model)
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = self.chunks(
+                answer_id, int(now), model, completion, finish, usage if with_usage else None
+            )
+            return await write_stream(request, events, headers, self.streaming, log)
         answer = {
-            "id": f"chatcmpl-stub{self.seq:010d}",
+            "id": answer_id,
             "object": "chat.completion",
             "created": int(now),
-            "model": body.get("model", self.model),
+            "model": model,
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "stub " * completion, "refusal": None},
+                    "message": {"role": "assistant", "content": text, "refusal": None},
                     "logprobs": None,
-                    "finish_reason": "length" if completion == max_tokens else "stop",
+                    "finish_reason": finish,
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": usage,
         }
+        log.sent_text, log.ended = text, "done"
         return web.Response(text=json.dumps(answer), content_type="application/json", headers=headers)
+
+    def chunks(
+        self,
+        answer_id: str,
+        created: int,
+        model: str,
+        completion: int,
+        finish: str,
+        usage: dict[str, int] | None,
+    ) -> list[tuple[bytes, str]]:
+        """A streamed answer as OpenAI sends it: a first chunk with the role, the text in
+        ``chat.completion.chunk`` deltas, one with the finish reason; with ``include_usage`` every
+        chunk has ``"usage": null`` and one more, with no choices, carries the usage; then
+        ``data: [DONE]``."""
+        base = {"id": answer_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        extra = {"usage": None} if usage is not None else {}
+
+        def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return sse({**base, "system_fingerprint": None, "choices": [choice], **extra})
+
+        events = [(chunk({"role": "assistant", "content": "", "refusal": None}), "")]
+        events += [(chunk({"content": p}), p) for p in pieces(completion, self.streaming.tokens_per_event)]
+        events.append((chunk({}, finish), ""))
+        if usage is not None:
+            events.append((sse({**base, "system_fingerprint": None, "choices": [], "usage": usage}), ""))
+        events.append((sse("[DONE]"), ""))
+        return events
 
 
 async def start_openai(*, clock: Clock = mono_clock, **options: Any) -> Stub:

@@ -134,3 +134,55 @@ def test_once_unsure_a_request_never_ends_plainly_failed():
     assert decide(write(OutcomeKind.TIMEOUT, keyed=True), r2, RULES, 1.0).ending is Ending.UNCERTAIN
     # a GET is no write: its 500s are retried anywhere and bury as before
     assert decide(Outcome(OutcomeKind.SERVER_ERROR, 500), req(5), RULES, 1.0).ending is Ending.GRAVEYARD
+
+
+def _streamed(kind: OutcomeKind, status: int | None = 200) -> Outcome:
+    out = Outcome(kind, status, error="the stream broke after the answer began (incomplete body)")
+    out.streamed = True
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind, status",
+    [
+        (OutcomeKind.CONNECTION, 200),
+        (OutcomeKind.TIMEOUT, 200),
+        (OutcomeKind.SERVER_ERROR, 200),  # an error event in the stream
+        (OutcomeKind.RATE_LIMITED, 429),  # whatever the kind: the client holds part of an answer
+    ],
+)
+def test_a_stream_broken_after_it_began_is_never_retried(kind, status):
+    v = decide(_streamed(kind, status), req(1), RULES, now=1.0)
+    assert (v.tally, v.ending, v.cause) == (Tally.FAILED, Ending.GRAVEYARD, "stream broken")
+    unsure = req(1)
+    unsure.unsure = True  # an earlier attempt may have written: uncertain, as any failure then
+    assert decide(_streamed(kind, status), unsure, RULES, now=1.0).ending is Ending.UNCERTAIN
+
+
+def test_the_same_failure_not_streamed_is_retried():
+    out = _streamed(OutcomeKind.CONNECTION)
+    out.streamed = False
+    assert decide(out, req(1), RULES, now=1.0).ending is None
+
+
+def test_a_streamed_success_succeeds():
+    out = Outcome(OutcomeKind.OK, 200)
+    out.streamed = True
+    assert decide(out, req(1), RULES, now=1.0).ending is Ending.SUCCEEDED
+
+
+def test_a_live_client_gone_mid_answer_sheds_the_request():
+    r = req(1)
+    r.answer = object()  # any sink: decide never calls it
+    r.cancelled = True
+    for streamed in (False, True):  # gone at begin, or after some of the answer
+        out = Outcome(OutcomeKind.CONNECTION, 200, error="its client went away")
+        out.streamed = streamed
+        v = decide(out, r, RULES, now=1.0)
+        assert (v.ending, v.cause) == (Ending.SHED, "client gone")
+
+
+def test_a_cancelled_library_call_keeps_the_usual_rules():
+    r = req(1)
+    r.cancelled = True  # no live client: it is retried, and the worker sheds it when popped
+    assert decide(Outcome(OutcomeKind.TIMEOUT), r, RULES, now=1.0).ending is None

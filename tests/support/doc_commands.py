@@ -117,6 +117,15 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
         assert argv[0] in ("path", "show"), argv
         return run(argv[1:]) if argv[0] == "show" else None
 
+    def gateway(argv: list[str]) -> object:
+        from ratedeck.gateway.service import check_gateway
+        from ratedeck.runner.commands.gateway import build_parser as gateway_parser
+        from ratedeck.runner.commands.gateway import gateway_settings
+
+        args = gateway_parser().parse_args(argv)
+        cfg, _ = load_run_config(args)
+        return check_gateway(cfg, gateway_settings(args, cfg))
+
     def presets(argv: list[str]) -> object:
         assert all(name in PRESETS for name in argv), argv
         return argv
@@ -133,6 +142,7 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
         "enqueue": enqueue,
         "sweep": sweep,
         "config": config,
+        "gateway": gateway,
         "presets": presets,
         "completion": completion,
     }

@@ -1,0 +1,209 @@
+"""The gateway as a running thing: the engine (a `Session` fed by a `LiveSource`) and the
+aiohttp server in front of it, on one loop; started together, drained together.
+
+A drain (q, SIGTERM) stops taking new clients, answers the requests still queued
+503 + Retry-After at once (none of them was sent, so the client may send it again
+safely), and lets the ones in flight finish (bounded by `engine.drain_s`), answering
+each with the upstream's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ratedeck.config import ConfigError, RunConfig
+from ratedeck.config.settings import GatewaySettings
+from ratedeck.core.vocab import EventKind
+from ratedeck.engine.commands import Command
+from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.sources.live import LiveSource
+from ratedeck.host.protocol import RunFacts
+from ratedeck.host.session import Session
+
+from .app import GatewayApp
+from .auth import GatewayToken
+from .paths import target_base
+
+if TYPE_CHECKING:
+    from ratedeck.engine.engine import Engine
+
+#: Connections the listening socket holds waiting to be accepted (many idle clients at once).
+BACKLOG = 2048
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) as (host, port); ValueError naming the problem."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"must be HOST:PORT like 127.0.0.1:8788, got {text!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"the port must be a number from 0 to 65535, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"the port must be a number from 0 to 65535, got {port}")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is only reachable from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
+    """The gateway's settings checked before anything starts; `ConfigError` (one line) if wrong."""
+    try:
+        host, port = parse_listen(settings.listen)
+    except ValueError as exc:
+        raise ConfigError("command line", "--listen", str(exc)) from None
+    if not settings.token and not is_loopback(host):
+        raise ConfigError(
+            "command line",
+            "--listen",
+            f"{host} is reachable beyond this machine: give clients a token with --gateway-token env:VAR",
+        )
+    if cfg.target.url is None:
+        raise ConfigError("command line", "--target", "the gateway needs the API's base URL (--target URL)")
+    if not cfg.keys:
+        raise ConfigError("command line", "--keys", "the gateway needs at least one key (--keys env:VAR)")
+    if cfg.target.signing:
+        raise ConfigError(
+            "command line", "--preset", "this target signs its requests; the gateway sends bodies as they are"
+        )
+    for name, value, low in (
+        ("--max-wait", settings.max_wait_s, 0.0),
+        ("--max-body-mb", settings.max_body_mb, 0.0),
+        ("--header-timeout", settings.header_timeout_s, 0.0),
+        ("--body-timeout", settings.body_timeout_s, 0.0),
+    ):
+        if not value > low:
+            raise ConfigError("command line", name, f"must be above {low:g}, got {value:g}")
+    return host, port
+
+
+class GatewayService:
+    """Start with `await start()` (the URL it serves), end with `await stop()` (the run's snapshot)."""
+
+    def __init__(self, cfg: RunConfig, settings: GatewaySettings | None = None, *, transport=None):
+        self.cfg = cfg
+        self.settings = settings or cfg.gateway
+        self.host, self.port = check_gateway(cfg, self.settings)
+        self.source = LiveSource()
+        self.session = Session(cfg, transport=transport, source=self.source)
+        self.app: GatewayApp | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.url = ""
+
+    @property
+    def engine(self) -> Engine:
+        engine = self.session.engine
+        if engine is None:
+            raise RuntimeError("the gateway has not started")
+        return engine
+
+    async def start(self) -> str:
+        engine = await self.session.start()
+        try:
+            await self.source.ready()
+            s = self.settings
+            key_header = self.cfg.target.key_header
+            assert self.cfg.target.url is not None  # check_gateway
+            self.app = GatewayApp(
+                self.source,
+                s,
+                GatewayToken(s.token, key_header),
+                target_base(self.cfg.target.url),
+                engine.redact,
+                usage_streams=self.cfg.preset == "openai",
+            )
+            self._runner = web.AppRunner(
+                self.app.application(),
+                handler_cancellation=True,  # a client that leaves cancels its handler: its request is withdrawn
+                access_log=None,  # the periodic lines say what clients got; a log line per call is noise
+                keepalive_timeout=s.header_timeout_s,  # also closes a connection that never sends its headers
+                shutdown_timeout=self.cfg.drain_s,
+            )
+            await self._runner.setup()
+            self._site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG, reuse_address=True)
+            await self._site.start()
+        except BaseException:
+            await self._close_server()
+            await self.session.stop(drain_timeout_s=0)
+            raise
+        port = self._bound_port()
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}"
+        engine.event(EventKind.INFO, f"gateway at {self.url}: clients' requests are paced here")
+        return self.url
+
+    def _bound_port(self) -> int:
+        server = self._site._server if self._site is not None else None  # aiohttp keeps the socket there
+        for sock in getattr(server, "sockets", None) or ():
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                return int(sock.getsockname()[1])
+        return self.port
+
+    # ---- a session's face, for the console's engine process (host/process_host.py)
+    @property
+    def facts(self) -> RunFacts:
+        return self.session.facts
+
+    @property
+    def server_stats(self) -> dict | None:
+        return None  # never the embedded simulator: the gateway needs a target
+
+    def send(self, command: Command) -> None:
+        self.session.send(command)
+
+    def effective_config(self) -> dict:
+        return self.session.effective_config()
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
+    def snapshot(self) -> Snapshot:
+        """The engine's snapshot with the clients' view (the engine knows no clients)."""
+        snap = self.session.snapshot()
+        return (
+            dataclasses.replace(snap, clients=self.source.view()) if self.session.engine is not None else snap
+        )
+
+    async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
+        """Drain: no new clients, queued requests answered 503 now, in-flight ones finished."""
+        if self.app is not None:
+            self.app.draining = True
+        if self._site is not None:
+            await self._site.stop()  # no new connections
+            self._site = None
+        self.source.close()
+        self.source.withdraw_all()
+        await self.session.stop(drain_timeout_s)
+        self.source.withdraw_all(retries=True)  # retries left queued when the sending stopped
+        await self._close_server()
+        return self.snapshot()
+
+    async def _close_server(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()  # waits for handlers still writing their answers
+
+
+def gateway_session(cfg: RunConfig) -> GatewayService:
+    """The console's engine process runs this instead of a plain session (its [gateway] settings
+    already checked and the token resolved by the command)."""
+    return GatewayService(cfg)
