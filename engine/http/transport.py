@@ -713,8 +713,8 @@ class _Passing:
     def read(self, event: bytes) -> None:
         """Note the usage an event reports (OpenAI's last chunk; Anthropic's message_start and
         message_delta, merged) and an error event. Most events carry neither: one look skips them."""
-        if b'"usage"' not in event and b"error" not in event:
-            return
+        if b"error" not in event and (b'"usage"' not in event or b'"usage":null' in event):
+            return  # OpenAI's chunks with include_usage say "usage":null until the last
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue

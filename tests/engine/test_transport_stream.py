@@ -546,3 +546,14 @@ def test_a_chunked_stream_that_is_not_sse_goes_out_piece_by_piece_as_it_arrives(
     out = run(body)
     assert out.kind is OutcomeKind.OK and out.streamed and seen_before_end == [1]
     assert b"".join(sink.chunks) == b"".join(lines)
+
+
+def test_events_split_on_a_blank_line_in_each_of_the_three_line_endings():
+    from ratedeck.engine.http.transport import _event_end
+
+    assert _event_end(bytearray(b"data: a\n\ndata: b\n\n"), 0) == 9
+    assert _event_end(bytearray(b"data: a\r\n\r\ndata: b"), 0) == 11
+    assert _event_end(bytearray(b"data: a\r\rdata: b"), 0) == 9
+    assert _event_end(bytearray(b"data: a\r\n\r\nx\n\n"), 0) == 11  # the first blank line wins
+    assert _event_end(bytearray(b"data: a\ndata: b\n"), 0) == -1  # not whole yet
+    assert _event_end(bytearray(b"data: a\n\n"), 9) == -1  # searched from where it stopped
