@@ -541,7 +541,10 @@ class HttpTransport(TransportBase):
         the answer began (its deadline, a read timeout, a broken connection) is an outcome that
         says so (`_Passing.broken`), and the connection never stays half-read."""
         try:
-            return await self._pass_on(passing)
+            out = await self._pass_on(passing)
+            if out.error is not None:  # it may quote the upstream's words: every key masked
+                out.error = self.error_text(out.error)
+            return out
         except asyncio.CancelledError:
             if not watch.fired:
                 raise  # stopped from outside (the engine's drain), not timed out
