@@ -520,7 +520,10 @@ class HttpTransport(TransportBase):
         the answer began (its deadline, a read timeout, a broken connection) is an outcome that
         says so (`_Passing.broken`), and the connection never stays half-read."""
         try:
-            return await self._pass_on(passing)
+            out = await self._pass_on(passing)
+            if out.error is not None:  # it may quote the upstream's words: every key masked
+                out.error = self.error_text(out.error)
+            return out
         except asyncio.CancelledError:
             if not watch.fired:
                 raise  # stopped from outside (the engine's drain), not timed out
@@ -692,8 +695,8 @@ class _Passing:
     def read(self, event: bytes) -> None:
         """Note the usage an event reports (OpenAI's last chunk; Anthropic's message_start and
         message_delta, merged) and an error event. Most events carry neither: one look skips them."""
-        if b'"usage"' not in event and b"error" not in event:
-            return
+        if b"error" not in event and (b'"usage"' not in event or b'"usage":null' in event):
+            return  # OpenAI's chunks with include_usage say "usage":null until the last
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue
