@@ -149,3 +149,69 @@ def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
         sys.setprofile(None)
     assert snap.succeeded == 60 and snap.sent >= 60
     assert entries == {"end.finish": 60}, entries
+
+
+def _readme_path_modules() -> list[str]:
+    """The modules and folders the README's numbered request path names, in its order."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    steps = readme[readme.index("A request's path, one direction") :]
+    steps = steps[: steps.index("\n\n", steps.index("\n1. "))]
+    names = re.findall(r"`(engine/[a-z_/]+(?:\.py)?)`", steps)
+    return list(dict.fromkeys(names))
+
+
+def test_a_request_s_walk_follows_the_readme_s_path_entering_each_module_once():
+    """One request, from the workload that made it to its end: every module it is handed to
+    (a call from another module with the request in hand; a task's steps run by the loop are
+    not hand-offs) is one the README's request path names, entered once, in the README's order."""
+    from ratedeck.engine.request import Request
+    from ratedeck.server.simulated import run_virtual
+    from tests.support.engine_helpers import seed_engine
+
+    order = _readme_path_modules()
+    assert order[0] == "engine/sources/" and order[-1] == "engine/path/ending.py", order
+
+    def place(path: str) -> int | None:
+        hits = [
+            i
+            for i, name in enumerate(order)
+            if path == name or (name.endswith("/") and path.startswith(name))
+        ]
+        return hits[-1] if hits else None
+
+    engine, _ = seed_engine(workload={"total": 1}, engine={"graveyard_path": ""})
+    loop_files = {"events.py", "tasks.py", "base_events.py"}
+    entries: list[tuple[str, str]] = []
+
+    def profile(frame, event, _arg):
+        if event != "call" or frame.f_back is None:
+            return
+        callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+        if callee == caller or Path(caller).name in loop_files or not callee.startswith(str(REPO / "engine")):
+            return
+        if callee.endswith("engine/request.py") or not any(
+            isinstance(v, Request) for v in frame.f_locals.values()
+        ):
+            return
+        entries.append((Path(caller).relative_to(REPO).as_posix(), Path(callee).relative_to(REPO).as_posix()))
+
+    sys.setprofile(profile)
+    try:
+        snap = run_virtual(engine.run(30))
+    finally:
+        sys.setprofile(None)
+    assert snap.succeeded == 1
+    entered = [callee for _caller, callee in entries]
+    assert len(entered) == len(set(entered)), f"a module entered twice: {entries}"
+    assert entries[0][0].startswith("engine/sources/"), entries  # the source hands it in
+    places = [place(m) for m in entered]
+    assert None not in places, f"entered a module the README's path does not name: {entries}"
+    assert places == sorted(places), f"out of the README's order {order}: {entries}"
+    assert {
+        "engine/path/intake.py",
+        "engine/queues.py",
+        "engine/path/request_path.py",
+        "engine/path/key.py",
+    } <= set(entered) and entered[-1] == "engine/path/ending.py", entries
