@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(LLM_SCENARIOS)
         + ") sends prompts through OpenAI and Anthropic keys of loopback stubs at their tokens-per-minute limits"
         " and prints tokens per minute, the share of the token capacity, 429s and duplicates from the stub's"
-        " ledger; its strategies: " + ", ".join(LLM_STRATEGIES) + ".",
+        " ledger; its strategies: "
+        + ", ".join(LLM_STRATEGIES)
+        + ". The gateway scenario (opt-in) sends the same"
+        " small prompts straight to an OpenAI stub and through `ratedeck gateway`, and prints the latency the"
+        " gateway adds and its CPU per proxied request.",
     )
     p.add_argument(
         "--duration",
@@ -136,7 +140,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.scenarios = _names(
         "--scenarios",
         args.scenarios,
-        {**SCENARIOS, **JOB_SCENARIOS, **LLM_SCENARIOS},
+        {**SCENARIOS, **JOB_SCENARIOS, **LLM_SCENARIOS, "gateway": None},
         GROUPS,
         DEFAULT_SCENARIOS,
     )
@@ -245,6 +249,11 @@ def run_scenarios(args: argparse.Namespace) -> list:
 
             chosen = [s for s in args.strategies if s in JOB_STRATEGIES] if args.strategies_given else []
             results.append(run_jobs(name, chosen or list(JOB_STRATEGIES), args.loop, args.seed, _progress))
+            continue
+        if name == "gateway":  # opt-in: the gateway's own cost beside a direct client
+            from .gateway import run_gateway
+
+            results.append(run_gateway(args.duration, _progress))
             continue
         if name in LLM_SCENARIOS:
             from .llm import run_llm

@@ -100,6 +100,10 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
     if result.rows and "ratio" in result.rows[0]:
         return jobs_table(result)
+    if any("added_p50_ms" in r for r in result.rows):
+        from .gateway import gateway_table
+
+        return gateway_table(result)
     if any("prompts_ok" in r or "skipped" in r for r in result.rows):
         return llm_table(result)
     head = (
