@@ -482,13 +482,13 @@ class HttpTransport(TransportBase):
     async def _exchange(
         self, client: Client, method: str, url: URL, data: Any, headers: Any, live: Request | None = None
     ) -> Outcome:
-        """One attempt on the wire: the answer read and classified, or why there was none.
-        With `live` (a request whose client waits, `Request.answer`), a streamed answer goes
-        to that client as it arrives (`_stream`)."""
-        t = self.target
+        """One attempt on the wire: sent (a same-origin redirect followed, `_hop`), the answer
+        read, then classified (`_answered`), or why there was none. With `live` (a request whose
+        client waits, `Request.answer`), a streamed answer goes to that client as it arrives
+        (`_stream`)."""
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
-        conn, reading = self._conn, self._reading
+        conn = self._conn
         deadlines = conn.deadlines
         assert deadlines is not None
         watch = deadlines.watch()
@@ -500,12 +500,9 @@ class HttpTransport(TransportBase):
                     method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
                 )
                 status = resp.status
-                resp_headers = resp.headers
-                location = resp_headers.get("Location") if 300 <= status < 400 else None
-                if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
-                    nxt = self._building.same_origin(url, location)
+                if 300 <= status < 400 and hops < MAX_REDIRECTS and self.target.follow_redirects:
+                    nxt = self._hop(url, resp)
                     if nxt is not None:
-                        resp.close()  # its body is not wanted
                         hops += 1
                         url = nxt
                         if status == 303 or (status in (301, 302) and method == "POST"):
@@ -514,7 +511,7 @@ class HttpTransport(TransportBase):
                 if status < 300:
                     if live is not None and _streams(resp, live):
                         return await self._stream(_Passing(live, resp, start), watch)
-                    raw = await read_capped(resp, reading.body_cap)
+                    raw = await read_capped(resp, self._reading.body_cap)
                 else:
                     raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
                 break
@@ -526,11 +523,7 @@ class HttpTransport(TransportBase):
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
             return self._no_answer(TIMEOUT, "timed out", start)
         except BodyTooLarge:
-            self.answers += 1
-            self.statuses[status] += 1
-            self.consecutive_no_answer = 0
-            error = f"HTTP {status} with a body over {t.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
-            return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
+            return self._too_large(status, start)
         except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
             return self._no_answer(
                 TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
@@ -539,10 +532,26 @@ class HttpTransport(TransportBase):
             return self._no_answer(CONNECTION, describe(exc), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
+        return self._answered(status, resp.headers, raw, url, start)
+
+    def _hop(self, url: URL, resp: Any) -> URL | None:
+        """Where a 3xx leads, when it is to be followed: to this target's own origin (its body is
+        then not wanted); else None."""
+        location = resp.headers.get("Location")
+        if location is None:
+            return None
+        nxt = self._building.same_origin(url, location)
+        if nxt is not None:
+            resp.close()
+        return nxt
+
+    def _answered(self, status: int, resp_headers: Any, raw: bytes, url: URL, start: float) -> Outcome:
+        """An answer read whole, counted and classified: the API's own rules first, then its status."""
         latency = time.monotonic() - start
         self.answers += 1
         self.statuses[status] += 1
         self.consecutive_no_answer = 0
+        reading = self._reading
         policy = resp_headers.get("RateLimit-Policy")
         response = Response(status, resp_headers, raw)
         if reading.rules:
@@ -561,6 +570,7 @@ class HttpTransport(TransportBase):
                 )
         if 200 <= status < 300:
             return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
+        t = self.target
         if 300 <= status < 400:
             # Never a success: the answer is somewhere we did not (or may not) go.
             location = resp_headers.get("Location")
@@ -580,6 +590,14 @@ class HttpTransport(TransportBase):
             response,
         )
         return _hinted(outcome, resp_headers)
+
+    def _too_large(self, status: int, start: float) -> Outcome:
+        """A 2xx whose body outgrew `target.max_body_mb` once decompressed: an answer, not read."""
+        self.answers += 1
+        self.statuses[status] += 1
+        self.consecutive_no_answer = 0
+        error = f"HTTP {status} with a body over {self.target.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
+        return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
 
     async def _stream(self, passing: _Passing, watch: _Watch) -> Outcome:
         """A streamed answer passed to its live client (`_pass_on`); the upstream failing after
