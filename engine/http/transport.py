@@ -75,6 +75,253 @@ class TransportBase:
         return None
 
 
+class _Building:
+    """The request-building part of `HttpTransport`: the target's URL in pieces, the headers and
+    lean URLs of each key (built once per key), the path rules and the signer."""
+
+    __slots__ = (
+        "target",
+        "credentials",
+        "post_url",
+        "origin",
+        "base",
+        "base_query",
+        "base_parts",
+        "static",
+        "origin_url",
+        "path",
+        "paths",
+        "signer",
+        "headers_by_key",
+        "lean_by_key",
+    )
+
+    def __init__(self, target: TargetConfig, given: URL, paths: tuple[PathRule, ...]):
+        self.target = target
+        # Credentials in the URL go as HTTP Basic (`key_headers`); the URLs we send carry
+        # none (aiohttp would refuse them beside an Authorization header).
+        self.credentials = (given.user, given.password) if given.user is not None else None
+        parsed = self.post_url = given.with_user(None) if given.user is not None else given
+        self.origin = (parsed.scheme, parsed.host, parsed.port)
+        # Our parameters go after the URL's own query string, in one query.
+        self.base = str(parsed.with_query(None).with_fragment(None))
+        self.base_query = parsed.raw_query_string
+        self.base_parts = (parsed.scheme, parsed.raw_authority, parsed.raw_path)
+        self.static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
+        self.origin_url = str(parsed.origin()) if parsed.is_absolute() else self.base
+        self.path = parsed.path or "/"
+        self.paths = PathTable(paths)
+        self.signer = signer_for(target.signing) if target.signing else None
+        self.headers_by_key: dict[str, dict[str, str]] = {}
+        self.lean_by_key: dict[str, tuple[str, CIMultiDict[str], URL | None] | bool] = {}  # False: not lean
+
+    def fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
+        t = self.target
+        fields: list[tuple[str, str]] = []
+        if t.key_param and not t.key_header:
+            fields.append((t.key_param, key.secret))
+        if t.nonce_param and nonce is not None:
+            fields.append((t.nonce_param, str(nonce)))
+        if t.id_param:
+            fields.append((t.id_param, str(req.id)))
+        if req.params:
+            fields.extend((str(k), str(v)) for k, v in req.params.items())
+        return fields
+
+    def get_url(self, fields: list[tuple[str, str]]) -> URL:
+        parts = [self.base_query, "&".join(f"{k}={quote(v, safe='')}" for k, v in fields), self.static]
+        query = "&".join(p for p in parts if p)
+        # Pre-encoded: skips yarl's quoting, a measurable cost at 5,000/s.
+        return URL(f"{self.base}?{query}" if query else self.base, encoded=True)
+
+    def same_origin(self, current: URL, location: str) -> URL | None:
+        """Where a redirect leads, if that is this target's own origin; else None."""
+        try:
+            nxt = current.join(URL(location))
+        except (ValueError, TypeError):
+            return None
+        return nxt if (nxt.scheme, nxt.host, nxt.port) == self.origin else None
+
+    def key_headers(self, key: KeySpec) -> dict[str, str]:
+        """The headers every request of this key carries (built once per key)."""
+        headers = self.headers_by_key.get(key.label)
+        if headers is None:
+            t = self.target
+            headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
+            if self.credentials is not None:  # credentials in the URL: HTTP Basic, as curl does
+                user, password = self.credentials
+                pair = f"{user}:{password or ''}".encode()
+                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+            for name, value in t.headers.items():  # the config's own headers
+                _put(headers, name, value)
+            if t.key_header:  # and the key's, over any of the same name
+                fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
+                _put(headers, t.key_header, fmt.replace("{key}", key.secret))
+            self.headers_by_key[key.label] = headers
+        return headers
+
+    def lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str], URL | None] | None:
+        """For a plain GET (no shape, signing or path rule): the URL up to the varying fields,
+        the key's headers and, when nothing varies per request (no nonce, id or parameters),
+        the whole URL as a prebuilt `yarl.URL`; built once per key. None when this target
+        needs more."""
+        lean = self.lean_by_key.get(key.label)
+        if lean is False:
+            return None
+        if lean is None:
+            t = self.target
+            rule = self.paths.lookup(self.path)
+            if self.signer is not None or rule is not None or t.method != "GET":
+                self.lean_by_key[key.label] = False
+                return None
+            key_field = (
+                f"{t.key_param}={quote(key.secret, safe='')}" if t.key_param and not t.key_header else ""
+            )
+            head = "&".join(p for p in (self.base_query, key_field) if p)
+            fixed = None
+            if not t.nonce_param and not t.id_param:
+                query = "&".join(p for p in (head, self.static) if p)
+                scheme, authority, path = self.base_parts
+                fixed = (
+                    URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
+                    if query
+                    else URL(self.base, encoded=True)
+                )
+            lean = self.lean_by_key[key.label] = (head, CIMultiDict(self.key_headers(key)), fixed)
+        assert isinstance(lean, tuple)
+        return lean
+
+    def lean_url(self, head: str, req: Request, nonce: int | None) -> URL:
+        """The same query `get_url` builds, from the key's prebuilt head."""
+        t = self.target
+        parts = [head] if head else []
+        if t.nonce_param and nonce is not None:
+            parts.append(f"{t.nonce_param}={nonce}")
+        if t.id_param:
+            parts.append(f"{t.id_param}={req.id}")
+        if req.params:
+            parts.extend(f"{k}={quote(str(v), safe='')}" for k, v in req.params.items())
+        if self.static:
+            parts.append(self.static)
+        query = "&".join(parts)
+        if not query:
+            return URL(self.base, encoded=True)
+        # From parts, not from text: parsing a whole URL string costs several times more.
+        scheme, authority, path = self.base_parts
+        return URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
+
+    def prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
+        """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
+        t = self.target
+        if req.shape is None and (lean := self.lean_get(key)) is not None:
+            if lean[2] is not None and not req.params:
+                return "GET", lean[2], None, lean[1]
+            return "GET", self.lean_url(lean[0], req, nonce), None, lean[1]
+        shape = req.shape
+        if shape is not None and shape.payload is not None:
+            return self.verbatim(key, req, shape, shape.payload)
+        fields = self.fields(key, req, nonce)
+        headers = self.key_headers(key)
+        rule = self.paths.lookup(shape.path if shape is not None and shape.path else self.path)
+        method = (shape.method if shape is not None else None) or (rule.method if rule else None) or t.method
+        if shape is None and self.signer is None and (rule is None or not rule.signed):
+            if method == "GET":  # the common case, kept lean
+                return "GET", self.get_url(fields), None, headers
+            if not req.idempotency_key:
+                return method, self.post_url, dict(fields) | dict(t.params), headers
+        base, base_query = self.base, self.base_query
+        if shape is not None and shape.path:
+            base, base_query = self.origin_url + shape.path, ""
+            path = shape.path
+        else:
+            path = self.path
+        fields.extend(t.params.items())
+        signed = self.signer is not None and (rule is None or rule.signed is not False)
+        signature: dict[str, str] | None = None
+        if signed:
+            assert self.signer is not None
+            signature = self.signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
+            headers = {**headers, **signature}
+        if req.idempotency_key and method != "GET":
+            headers = {**headers, "Idempotency-Key": req.idempotency_key}
+        data: str | None = None
+        if method == "GET":
+            query = "&".join(q for q in (base_query, encode(fields)) if q)
+            url = URL(f"{base}?{query}" if query else base, encoded=True)
+        else:
+            url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
+            if shape is not None and shape.body == "json":
+                data, headers = json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
+            else:
+                data, headers = encode(fields), {**headers, "Content-Type": _FORM}
+        if shape is not None and shape.headers:
+            headers = self.with_extra(headers, shape.headers, signature)
+        return method, url, data, headers
+
+    def with_extra(
+        self, headers: dict[str, str], extra: tuple[tuple[str, str], ...], signed: dict[str, str] | None
+    ) -> dict[str, str]:
+        """`headers` with a shape's `extra` headers (`Shape.headers`) after them: each replaces
+        ours of the same name, except the key's, authorization, the signature's (`signed`) and
+        the framing aiohttp writes itself."""
+        kept = set(_PROTECTED)
+        if self.target.key_header:
+            kept.add(self.target.key_header.lower())
+        if signed:
+            kept.update(name.lower() for name in signed)
+        out = dict(headers)
+        for name, value in extra:
+            if name.lower() not in kept:
+                _put(out, name, value)
+        return out
+
+    def verbatim(self, key: KeySpec, req: Request, shape: Shape, payload: bytes) -> tuple[str, URL, Any, Any]:
+        """A line's object `_body`, sent as it is: its JSON bytes (encoded once, `take_shape`), the
+        key's headers (the key header, the config's headers) and nothing else: no parameters, nonce,
+        id or key field, no target params, no signature (a signing target refuses such lines)."""
+        if self.signer is not None:  # read_jsonl and the store's workload refuse it before this
+            raise SigningError("an object _body is sent as it is and cannot be signed")
+        headers = {**self.key_headers(key), "Content-Type": "application/json"}
+        if req.idempotency_key:
+            headers["Idempotency-Key"] = req.idempotency_key
+        if shape.path:
+            url = URL(self.origin_url + shape.path, encoded=True)
+        else:
+            url = URL(f"{self.base}?{self.base_query}" if self.base_query else self.base, encoded=True)
+        if shape.headers:
+            headers = self.with_extra(headers, shape.headers, None)
+        return shape.method or "POST", url, payload, headers
+
+
+class _Reading:
+    """The answer-reading part of `HttpTransport`: the body cap, the API's rules, the delay
+    hook, and the mask every text from the target goes through."""
+
+    __slots__ = ("mask", "delay_hook", "rules", "rules_read_body", "body_cap")
+
+    def __init__(self, target: TargetConfig, delay_hook: DelayHook | None, mask: Redactor):
+        self.mask = mask
+        self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
+        self.rules = target.rules
+        self.rules_read_body = any(rule.reads_body for rule in target.rules)
+        self.body_cap = target.max_body_mb * MIB
+
+
+class _Connection:
+    """The connection part of `HttpTransport`: the session (opened on the first send), its
+    deadlines, the probe's own session, and the counts of sends."""
+
+    __slots__ = ("client", "max_connections", "sends", "attempts", "deadlines", "probe_close")
+
+    def __init__(self, max_connections: int):
+        self.client: Client | None = None
+        self.max_connections = max_connections
+        self.sends = 0  # session.request calls; the session's request class counts every send
+        self.attempts = [0]
+        self.deadlines: AttemptDeadlines | None = None
+        self.probe_close: Any = None
+
+
 class HttpTransport(TransportBase):
     """aiohttp's client, tuned (`client.py`), keep-alive, the key in a parameter or a header.
 
@@ -117,36 +364,14 @@ class HttpTransport(TransportBase):
         paths: tuple[PathRule, ...] = (),
     ):
         self.target = target
-        self.delay_hook = delay_hook or (json_field_hook(target.delay_field) if target.delay_field else None)
         self.url = url
         given = URL(url)
-        # Credentials in the URL are secrets too: mask them wherever text is shown. They go
-        # as HTTP Basic (`_key_headers`); the URLs we send carry none (aiohttp would refuse
-        # them beside an Authorization header).
-        self._credentials = (given.user, given.password) if given.user is not None else None
-        parsed = self._post_url = given.with_user(None) if given.user is not None else given
-        self._origin = (parsed.scheme, parsed.host, parsed.port)
-        self._mask = Redactor((*secrets, given.password or "", given.user or ""))
-        # Our parameters go after the URL's own query string, in one query.
-        self._base = str(parsed.with_query(None).with_fragment(None))
-        self._base_query = parsed.raw_query_string
-        self._base_parts = (parsed.scheme, parsed.raw_authority, parsed.raw_path)
-        self._client: Client | None = None
-        self._max_connections = max_connections
-        self._body_cap = target.max_body_mb * MIB
-        self._sends = 0  # session.request calls; the session's request class counts every send
-        self._attempts = [0]
-        self._static = "&".join(f"{quote(str(k))}={quote(str(v))}" for k, v in target.params.items())
-        self._origin_url = str(parsed.origin()) if parsed.is_absolute() else self._base
-        self._path = parsed.path or "/"
-        self._paths = PathTable(paths)
-        self._signer = signer_for(target.signing) if target.signing else None
-        self._headers_by_key: dict[str, dict[str, str]] = {}
-        self._lean_by_key: dict[str, tuple[str, CIMultiDict[str], URL | None] | bool] = {}  # False: not lean
-        self._probe_close: Any = None
-        self._deadlines: AttemptDeadlines | None = None
-        self._rules = target.rules
-        self._rules_read_body = any(rule.reads_body for rule in target.rules)
+        self._building = _Building(target, given, paths)
+        # Credentials in the URL are secrets too: masked wherever text is shown.
+        self._reading = _Reading(
+            target, delay_hook, Redactor((*secrets, given.password or "", given.user or ""))
+        )
+        self._conn = _Connection(max_connections)
         self.answers = 0  # HTTP answers read whole, of any status
         self.statuses: Counter[int] = Counter()  # the same, by status
         self.no_answer: Counter[str] = Counter()  # attempts with no answer, by cause
@@ -167,48 +392,39 @@ class HttpTransport(TransportBase):
     @property
     def retried(self) -> int:
         """Sends aiohttp repeated on a new connection after a kept-alive one was found closed."""
-        return self._attempts[0] - self._sends
+        conn = self._conn
+        return conn.attempts[0] - conn.sends
+
+    @property
+    def delay_hook(self) -> DelayHook | None:
+        return self._reading.delay_hook
+
+    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
+        return self._building.prepare(key, req, nonce)
+
+    def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
+        return self._building.fields(key, req, nonce)
+
+    def _get_url(self, fields: list[tuple[str, str]]) -> URL:
+        return self._building.get_url(fields)
+
+    def _key_headers(self, key: KeySpec) -> dict[str, str]:
+        return self._building.key_headers(key)
 
     def _open(self) -> Client:
         # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
         # times every attempt out with one timer for all.
-        self._client = open_client(self.target, self._post_url, self._max_connections, self._attempts)
-        self._deadlines = AttemptDeadlines(self.target.timeout_s)
-        return self._client
+        conn = self._conn
+        conn.client = open_client(self.target, self._building.post_url, conn.max_connections, conn.attempts)
+        conn.deadlines = AttemptDeadlines(self.target.timeout_s)
+        return conn.client
 
     def prober(self) -> ProbeGet | None:
         """`target.probe_url` timed on a session of its own, set up as the traffic's (proxy, TLS)."""
         if not self.target.probe_url:
             return None
-        get, self._probe_close = probe_get(self.target, self.target.probe_url, self.target.timeout_s)
+        get, self._conn.probe_close = probe_get(self.target, self.target.probe_url, self.target.timeout_s)
         return get
-
-    def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
-        t = self.target
-        fields: list[tuple[str, str]] = []
-        if t.key_param and not t.key_header:
-            fields.append((t.key_param, key.secret))
-        if t.nonce_param and nonce is not None:
-            fields.append((t.nonce_param, str(nonce)))
-        if t.id_param:
-            fields.append((t.id_param, str(req.id)))
-        if req.params:
-            fields.extend((str(k), str(v)) for k, v in req.params.items())
-        return fields
-
-    def _get_url(self, fields: list[tuple[str, str]]) -> URL:
-        parts = [self._base_query, "&".join(f"{k}={quote(v, safe='')}" for k, v in fields), self._static]
-        query = "&".join(p for p in parts if p)
-        # Pre-encoded: skips yarl's quoting, a measurable cost at 5,000/s.
-        return URL(f"{self._base}?{query}" if query else self._base, encoded=True)
-
-    def _same_origin(self, current: URL, location: str) -> URL | None:
-        """Where a redirect leads, if that is this target's own origin; else None."""
-        try:
-            nxt = current.join(URL(location))
-        except (ValueError, TypeError):
-            return None
-        return nxt if (nxt.scheme, nxt.host, nxt.port) == self._origin else None
 
     def _show_location(self, current: URL, location: str | None) -> str:
         if not location:
@@ -217,171 +433,20 @@ class HttpTransport(TransportBase):
             shown = safe_url(str(current.join(URL(location))))
         except (ValueError, TypeError):
             shown = "an unreadable Location"
-        return _cut(self._mask(_printable(shown)), 120)
+        return _cut(self._reading.mask(_printable(shown)), 120)
 
     def _note(self, counter: Counter[str], text: str) -> None:
         counter[text if text in counter or len(counter) < _DISTINCT else "other"] += 1
 
-    def _key_headers(self, key: KeySpec) -> dict[str, str]:
-        """The headers every request of this key carries (built once per key)."""
-        headers = self._headers_by_key.get(key.label)
-        if headers is None:
-            t = self.target
-            headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
-            if self._credentials is not None:  # credentials in the URL: HTTP Basic, as curl does
-                user, password = self._credentials
-                pair = f"{user}:{password or ''}".encode()
-                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-            for name, value in t.headers.items():  # the config's own headers
-                _put(headers, name, value)
-            if t.key_header:  # and the key's, over any of the same name
-                fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
-                _put(headers, t.key_header, fmt.replace("{key}", key.secret))
-            self._headers_by_key[key.label] = headers
-        return headers
-
-    def _lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str], URL | None] | None:
-        """For a plain GET (no shape, signing or path rule): the URL up to the varying fields,
-        the key's headers and, when nothing varies per request (no nonce, id or parameters),
-        the whole URL as a prebuilt `yarl.URL`; built once per key. None when this target
-        needs more."""
-        lean = self._lean_by_key.get(key.label)
-        if lean is False:
-            return None
-        if lean is None:
-            t = self.target
-            rule = self._paths.lookup(self._path)
-            if self._signer is not None or rule is not None or t.method != "GET":
-                self._lean_by_key[key.label] = False
-                return None
-            key_field = (
-                f"{t.key_param}={quote(key.secret, safe='')}" if t.key_param and not t.key_header else ""
-            )
-            head = "&".join(p for p in (self._base_query, key_field) if p)
-            fixed = None
-            if not t.nonce_param and not t.id_param:
-                query = "&".join(p for p in (head, self._static) if p)
-                scheme, authority, path = self._base_parts
-                fixed = (
-                    URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
-                    if query
-                    else URL(self._base, encoded=True)
-                )
-            lean = self._lean_by_key[key.label] = (head, CIMultiDict(self._key_headers(key)), fixed)
-        assert isinstance(lean, tuple)
-        return lean
-
-    def _lean_url(self, head: str, req: Request, nonce: int | None) -> URL:
-        """The same query `_get_url` builds, from the key's prebuilt head."""
-        t = self.target
-        parts = [head] if head else []
-        if t.nonce_param and nonce is not None:
-            parts.append(f"{t.nonce_param}={nonce}")
-        if t.id_param:
-            parts.append(f"{t.id_param}={req.id}")
-        if req.params:
-            parts.extend(f"{k}={quote(str(v), safe='')}" for k, v in req.params.items())
-        if self._static:
-            parts.append(self._static)
-        query = "&".join(parts)
-        if not query:
-            return URL(self._base, encoded=True)
-        # From parts, not from text: parsing a whole URL string costs several times more.
-        scheme, authority, path = self._base_parts
-        return URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
-
-    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
-        """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
-        t = self.target
-        if req.shape is None and (lean := self._lean_get(key)) is not None:
-            if lean[2] is not None and not req.params:
-                return "GET", lean[2], None, lean[1]
-            return "GET", self._lean_url(lean[0], req, nonce), None, lean[1]
-        shape = req.shape
-        if shape is not None and shape.payload is not None:
-            return self._verbatim(key, req, shape, shape.payload)
-        fields = self._fields(key, req, nonce)
-        headers = self._key_headers(key)
-        rule = self._paths.lookup(shape.path if shape is not None and shape.path else self._path)
-        method = (shape.method if shape is not None else None) or (rule.method if rule else None) or t.method
-        if shape is None and self._signer is None and (rule is None or not rule.signed):
-            if method == "GET":  # the common case, kept lean
-                return "GET", self._get_url(fields), None, headers
-            if not req.idempotency_key:
-                return method, self._post_url, dict(fields) | dict(t.params), headers
-        base, base_query = self._base, self._base_query
-        if shape is not None and shape.path:
-            base, base_query = self._origin_url + shape.path, ""
-            path = shape.path
-        else:
-            path = self._path
-        fields.extend(t.params.items())
-        signed = self._signer is not None and (rule is None or rule.signed is not False)
-        signature: dict[str, str] | None = None
-        if signed:
-            assert self._signer is not None
-            signature = self._signer(SignInput(method, path, fields, key.secret, key.api_secret or "", nonce))
-            headers = {**headers, **signature}
-        if req.idempotency_key and method != "GET":
-            headers = {**headers, "Idempotency-Key": req.idempotency_key}
-        data: str | None = None
-        if method == "GET":
-            query = "&".join(q for q in (base_query, encode(fields)) if q)
-            url = URL(f"{base}?{query}" if query else base, encoded=True)
-        else:
-            url = URL(f"{base}?{base_query}" if base_query else base, encoded=True)
-            if shape is not None and shape.body == "json":
-                data, headers = json.dumps(dict(fields)), {**headers, "Content-Type": "application/json"}
-            else:
-                data, headers = encode(fields), {**headers, "Content-Type": _FORM}
-        if shape is not None and shape.headers:
-            headers = self._with_extra(headers, shape.headers, signature)
-        return method, url, data, headers
-
-    def _with_extra(
-        self, headers: dict[str, str], extra: tuple[tuple[str, str], ...], signed: dict[str, str] | None
-    ) -> dict[str, str]:
-        """`headers` with a shape's `extra` headers (`Shape.headers`) after them: each replaces
-        ours of the same name, except the key's, authorization, the signature's (`signed`) and
-        the framing aiohttp writes itself."""
-        kept = set(_PROTECTED)
-        if self.target.key_header:
-            kept.add(self.target.key_header.lower())
-        if signed:
-            kept.update(name.lower() for name in signed)
-        out = dict(headers)
-        for name, value in extra:
-            if name.lower() not in kept:
-                _put(out, name, value)
-        return out
-
-    def _verbatim(
-        self, key: KeySpec, req: Request, shape: Shape, payload: bytes
-    ) -> tuple[str, URL, Any, Any]:
-        """A line's object `_body`, sent as it is: its JSON bytes (encoded once, `take_shape`), the
-        key's headers (the key header, the config's headers) and nothing else: no parameters, nonce,
-        id or key field, no target params, no signature (a signing target refuses such lines)."""
-        if self._signer is not None:  # read_jsonl and the store's workload refuse it before this
-            raise SigningError("an object _body is sent as it is and cannot be signed")
-        headers = {**self._key_headers(key), "Content-Type": "application/json"}
-        if req.idempotency_key:
-            headers["Idempotency-Key"] = req.idempotency_key
-        if shape.path:
-            url = URL(self._origin_url + shape.path, encoded=True)
-        else:
-            url = URL(f"{self._base}?{self._base_query}" if self._base_query else self._base, encoded=True)
-        if shape.headers:
-            headers = self._with_extra(headers, shape.headers, None)
-        return shape.method or "POST", url, payload, headers
-
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
-        client = self._client or self._open()
+        client = self._conn.client or self._open()
         t = self.target
-        self._mask.add(key.secret)
+        mask = self._reading.mask
+        mask.add(key.secret)
         if key.api_secret:
-            self._mask.add(key.api_secret)
+            mask.add(key.api_secret)
         try:
-            method, url, data, headers = self._prepare(key, req, nonce)
+            method, url, data, headers = self._building.prepare(key, req, nonce)
         except SigningError as exc:
             return Outcome(CLIENT_ERROR, error=f"not signed: {exc}")
         except (
@@ -417,29 +482,27 @@ class HttpTransport(TransportBase):
     async def _exchange(
         self, client: Client, method: str, url: URL, data: Any, headers: Any, live: Request | None = None
     ) -> Outcome:
-        """One attempt on the wire: the answer read and classified, or why there was none.
-        With `live` (a request whose client waits, `Request.answer`), a streamed answer goes
-        to that client as it arrives (`_stream`)."""
-        t = self.target
+        """One attempt on the wire: sent (a same-origin redirect followed, `_hop`), the answer
+        read, then classified (`_answered`), or why there was none. With `live` (a request whose
+        client waits, `Request.answer`), a streamed answer goes to that client as it arrives
+        (`_stream`)."""
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
-        deadlines = self._deadlines
+        conn = self._conn
+        deadlines = conn.deadlines
         assert deadlines is not None
         watch = deadlines.watch()
         request, proxy = client.session.request, client.proxy
         try:
             while True:
-                self._sends += 1
+                conn.sends += 1
                 resp = await request(
                     method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
                 )
                 status = resp.status
-                resp_headers = resp.headers
-                location = resp_headers.get("Location") if 300 <= status < 400 else None
-                if location is not None and t.follow_redirects and hops < MAX_REDIRECTS:
-                    nxt = self._same_origin(url, location)
+                if 300 <= status < 400 and hops < MAX_REDIRECTS and self.target.follow_redirects:
+                    nxt = self._hop(url, resp)
                     if nxt is not None:
-                        resp.close()  # its body is not wanted
                         hops += 1
                         url = nxt
                         if status == 303 or (status in (301, 302) and method == "POST"):
@@ -448,7 +511,7 @@ class HttpTransport(TransportBase):
                 if status < 300:
                     if live is not None and _streams(resp, live):
                         return await self._stream(_Passing(live, resp, start), watch)
-                    raw = await read_capped(resp, self._body_cap)
+                    raw = await read_capped(resp, self._reading.body_cap)
                 else:
                     raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
                 break
@@ -460,11 +523,7 @@ class HttpTransport(TransportBase):
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
             return self._no_answer(TIMEOUT, "timed out", start)
         except BodyTooLarge:
-            self.answers += 1
-            self.statuses[status] += 1
-            self.consecutive_no_answer = 0
-            error = f"HTTP {status} with a body over {t.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
-            return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
+            return self._too_large(status, start)
         except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
             return self._no_answer(
                 TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
@@ -473,20 +532,36 @@ class HttpTransport(TransportBase):
             return self._no_answer(CONNECTION, describe(exc), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
+        return self._answered(status, resp.headers, raw, url, start)
+
+    def _hop(self, url: URL, resp: Any) -> URL | None:
+        """Where a 3xx leads, when it is to be followed: to this target's own origin (its body is
+        then not wanted); else None."""
+        location = resp.headers.get("Location")
+        if location is None:
+            return None
+        nxt = self._building.same_origin(url, location)
+        if nxt is not None:
+            resp.close()
+        return nxt
+
+    def _answered(self, status: int, resp_headers: Any, raw: bytes, url: URL, start: float) -> Outcome:
+        """An answer read whole, counted and classified: the API's own rules first, then its status."""
         latency = time.monotonic() - start
         self.answers += 1
         self.statuses[status] += 1
         self.consecutive_no_answer = 0
+        reading = self._reading
         policy = resp_headers.get("RateLimit-Policy")
         response = Response(status, resp_headers, raw)
-        if self._rules:
+        if reading.rules:
             # The API's own rules first: a 200 that carries an error, a 403 that is a rate limit.
-            body = raw.decode("utf-8", "replace") if self._rules_read_body or status >= 300 else ""
-            rule = first_match(self._rules, status, resp_headers, body)
+            body = raw.decode("utf-8", "replace") if reading.rules_read_body or status >= 300 else ""
+            rule = first_match(reading.rules, status, resp_headers, body)
             if rule is not None:
                 if rule.kind is OK:
                     return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
-                delay = _delay_of(status, resp_headers, body, self.delay_hook, any_status=True)
+                delay = _delay_of(status, resp_headers, body, reading.delay_hook, any_status=True)
                 if delay is None:
                     delay = rule.delay_s
                 text = self.error_text(body) or f"HTTP {status}"
@@ -495,6 +570,7 @@ class HttpTransport(TransportBase):
                 )
         if 200 <= status < 300:
             return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
+        t = self.target
         if 300 <= status < 400:
             # Never a success: the answer is somewhere we did not (or may not) go.
             location = resp_headers.get("Location")
@@ -503,7 +579,7 @@ class HttpTransport(TransportBase):
             self._note(self.redirects, error)
             return Outcome(CLIENT_ERROR, status, None, latency, error, policy, response)
         body = raw.decode("utf-8", "replace")
-        delay = _delay_of(status, resp_headers, body, self.delay_hook)
+        delay = _delay_of(status, resp_headers, body, reading.delay_hook)
         outcome = Outcome(
             classify(status, body, uses_nonce=bool(t.nonce_param)),
             status,
@@ -514,6 +590,14 @@ class HttpTransport(TransportBase):
             response,
         )
         return _hinted(outcome, resp_headers)
+
+    def _too_large(self, status: int, start: float) -> Outcome:
+        """A 2xx whose body outgrew `target.max_body_mb` once decompressed: an answer, not read."""
+        self.answers += 1
+        self.statuses[status] += 1
+        self.consecutive_no_answer = 0
+        error = f"HTTP {status} with a body over {self.target.max_body_mb} MiB once decompressed (target.max_body_mb); not read"
+        return Outcome(CLIENT_ERROR, status, None, time.monotonic() - start, error)
 
     async def _stream(self, passing: _Passing, watch: _Watch) -> Outcome:
         """A streamed answer passed to its live client (`_pass_on`); the upstream failing after
@@ -550,7 +634,7 @@ class HttpTransport(TransportBase):
         self.answers += 1
         self.statuses[status] += 1
         self.consecutive_no_answer = 0
-        shown = answer_headers(resp.headers.items(), self._mask, streamed=True)
+        shown = answer_headers(resp.headers.items(), self._reading.mask, streamed=True)
         passing.sent = True  # the status and headers are the answer's first bytes: no retry after them
         if not await passing.call(sink.begin(status, shown)):
             return passing.gone()
@@ -563,7 +647,7 @@ class HttpTransport(TransportBase):
             return passing.finished()
         pending = bytearray()
         scan = 0  # where the search for the blank line resumes: no byte is searched twice
-        cap = self._body_cap
+        cap = self._reading.body_cap
         async for piece in content.iter_any():
             pending += piece
             while True:
@@ -594,7 +678,7 @@ class HttpTransport(TransportBase):
         still longer than the cut plus the longest form of a key, a form cut
         at the window's end cannot reach the part kept.
         """
-        mask, limit = self._mask, ERROR_TEXT_CHARS
+        mask, limit = self._reading.mask, ERROR_TEXT_CHARS
         window = 2 * (limit + mask.longest)
         if len(text) > window:
             head = _printable(mask(text[:window]))
@@ -608,11 +692,12 @@ class HttpTransport(TransportBase):
         return Outcome(kind, latency_s=time.monotonic() - start, error=description)
 
     async def close(self) -> None:
-        if self._probe_close is not None:
-            await self._probe_close()
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        conn = self._conn
+        if conn.probe_close is not None:
+            await conn.probe_close()
+        if conn.client is not None:
+            await conn.client.close()
+            conn.client = None
 
 
 #: Request headers a shape's extra headers never replace (lower case): credentials, and the
