@@ -63,6 +63,7 @@ from .common import Clock, Ledger, Stub, mono_clock, serve, work
 from .llm_common import (
     Answered,
     Bucket,
+    Call,
     PromptBook,
     StreamOptions,
     content_text,
@@ -78,6 +79,11 @@ PATH = "/v1/messages"
 
 def rfc3339(when: float) -> str:
     return datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def error(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = {"type": "error", "error": {"type": type_, "message": message}}
+    return web.json_response(body, status=status, headers=headers or {})
 
 
 @dataclass
@@ -146,88 +152,82 @@ class AnthropicState:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         now = self.clock()
         key = request.headers.get("x-api-key", "")
-
-        def record(status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
-            self.ledger.add(
-                at=now,
-                key=key,
-                method=request.method,
-                path=request.path,
-                status=status,
-                outcome=outcome,
-                bucket="messages",
-                cost=cost,
-                detail=detail,
-            )
-
-        def error(
-            status: int, type_: str, message: str, headers: dict[str, str] | None = None
-        ) -> web.Response:
-            body = {"type": "error", "error": {"type": type_, "message": message}}
-            return web.json_response(body, status=status, headers=headers or {})
-
+        call = Call(self.ledger, request, now, key, "messages")
         if key not in self.buckets:
-            record(401, "unauthorized")
+            call.record(401, "unauthorized")
             return error(401, "authentication_error", "invalid x-api-key")
         if request.method != "POST" or request.path != PATH:
-            record(404, "not_found")
+            call.record(404, "not_found")
             return error(404, "not_found_error", f"Not found: {request.method} {request.path}")
         if not request.headers.get("anthropic-version"):
-            record(400, "invalid_request", detail="anthropic-version")
+            call.record(400, "invalid_request", detail="anthropic-version")
             return error(
                 400, "invalid_request_error", "anthropic-version: header is required", self.headers(key, now)
             )
-        try:
-            body = await request.json()
-            messages = body["messages"]
-            max_tokens = int(body["max_tokens"])
-            if not isinstance(messages, list) or max_tokens < 1:
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            record(400, "invalid_request")
-            return error(
-                400,
-                "invalid_request_error",
-                "messages: field required; max_tokens: field required (>= 1)",
-                self.headers(key, now),
-            )
-
+        body = await self.read_body(call)
+        if isinstance(body, web.Response):
+            return body
         if self.overloaded():
             self.book.refusals[key]["overloaded_error"] += 1
-            record(529, "overloaded", detail="overloaded_error")
+            call.record(529, "overloaded", detail="overloaded_error")
             return error(529, "overloaded_error", "Overloaded", self.headers(key, now))
-
+        messages, max_tokens = body["messages"], int(body["max_tokens"])
         system = body.get("system", "")
         text = content_text(system) + "".join(
             content_text(m.get("content")) for m in messages if isinstance(m, dict)
         )
         input_tokens = estimate_tokens(text)
-        b = self.buckets[key]
         wants = {"requests": 1, "input-tokens": input_tokens, "output-tokens": max_tokens}
-        waits = {name: b[name].wait_for(amount, now) for name, amount in wants.items()}
-        over = [name for name, w in waits.items() if w > 0]
-        if over:
-            wait = max(waits.values())
-            self.book.refusals[key]["rate_limit_error"] += 1
-            record(429, "rate_limited", detail=f"rate_limit_error:{over[0]}")
-            headers = {"retry-after": str(max(1, math.ceil(wait))), **self.headers(key, now)}
-            kind = over[0].replace("-", " ")
-            return error(
-                429,
-                "rate_limit_error",
-                f"This request would exceed the rate limit for your organization of "
-                f"{int(b[over[0]].capacity)} {kind} per minute. For details, refer to: "
-                "https://docs.anthropic.com/en/api/rate-limits.",
-                headers,
-            )
-        for name, amount in wants.items():
-            b[name].take(amount, now)
+        refused = self.charge_limits(call, wants)
+        if refused is not None:
+            return refused
         identity = prompt_identity({"system": system, "messages": messages})
         self.book.prompts[key][identity] += 1
 
         await work(self.latency, self.hold)
         return await self.answer(
-            request, body, key, input_tokens, max_tokens, lambda cost: record(200, "ok", cost, identity)
+            request, body, key, input_tokens, max_tokens, lambda cost: call.record(200, "ok", cost, identity)
+        )
+
+    async def read_body(self, call: Call) -> dict[str, Any] | web.Response:
+        try:
+            body = await call.request.json()
+            messages = body["messages"]
+            max_tokens = int(body["max_tokens"])
+            if not isinstance(messages, list) or max_tokens < 1:
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            call.record(400, "invalid_request")
+            return error(
+                400,
+                "invalid_request_error",
+                "messages: field required; max_tokens: field required (>= 1)",
+                self.headers(call.key, call.now),
+            )
+        return body
+
+    def charge_limits(self, call: Call, wants: dict[str, int]) -> web.Response | None:
+        """Every bucket must have room; the refusal names the first that has none."""
+        key, now = call.key, call.now
+        b = self.buckets[key]
+        waits = {name: b[name].wait_for(amount, now) for name, amount in wants.items()}
+        over = [name for name, w in waits.items() if w > 0]
+        if not over:
+            for name, amount in wants.items():
+                b[name].take(amount, now)
+            return None
+        wait = max(waits.values())
+        self.book.refusals[key]["rate_limit_error"] += 1
+        call.record(429, "rate_limited", detail=f"rate_limit_error:{over[0]}")
+        headers = {"retry-after": str(max(1, math.ceil(wait))), **self.headers(key, now)}
+        kind = over[0].replace("-", " ")
+        return error(
+            429,
+            "rate_limit_error",
+            f"This request would exceed the rate limit for your organization of "
+            f"{int(b[over[0]].capacity)} {kind} per minute. For details, refer to: "
+            "https://docs.anthropic.com/en/api/rate-limits.",
+            headers,
         )
 
     async def answer(

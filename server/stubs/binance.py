@@ -56,6 +56,7 @@ import hmac
 import math
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -110,6 +111,61 @@ def split_signature(raw: str) -> tuple[str, str | None]:
         else:
             kept.append(part)
     return "&".join(kept), sig
+
+
+def malformed(name: str) -> str:
+    return f"Mandatory parameter '{name}' was not sent, was empty/null, or malformed."
+
+
+def ban_body(until: float) -> dict[str, Any]:
+    return {
+        "code": -1003,
+        "msg": f"Way too much request weight used; IP banned until {int(until * 1000)}. Please use WebSocket Streams for live updates to avoid bans.",
+    }
+
+
+@dataclass
+class _Call:
+    """One request on its way through the checks: who sent it, what it asked, how to answer."""
+
+    state: BinanceState
+    now: float
+    ip: str
+    method: str
+    path: str
+    raw_query: str
+    body: str
+    params: dict[str, str]
+    backoff: bool = False
+    weight: int = 0
+
+    def record(
+        self, status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
+    ) -> None:
+        self.state.ledger.add(
+            at=self.now,
+            key=self.ip,
+            method=self.method,
+            path=self.path,
+            status=status,
+            outcome=outcome,
+            bucket="weight",
+            cost=cost,
+            during_backoff=backoff,
+            detail=detail,
+        )
+
+    def reply(self, status: int, payload: Any, extra: dict[str, str] | None = None) -> web.Response:
+        headers = self.state.used_headers(self.ip, self.now)
+        headers.update(extra or {})
+        return web.json_response(payload, status=status, headers=headers)
+
+    def fail(
+        self, status: int, code: int, msg: str, outcome: str, extra: dict[str, str] | None = None
+    ) -> web.Response:
+        """A refusal after the limiters: it has used its weight."""
+        self.record(status, outcome, cost=self.weight, backoff=self.backoff, detail=str(code))
+        return self.reply(status, {"code": code, "msg": msg}, extra)
 
 
 class BinanceState:
@@ -179,10 +235,30 @@ class BinanceState:
     # -- the request path -----------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.Response:
-        now = self.clock()
-        method, path = request.method, request.path
+        call = await self.read_call(request)
+        banned = self.check_ban(call)
+        if banned is not None:
+            return banned
+        route = self.route(call.method, call.path, call.params)
+        if route is None:
+            call.record(404, "not_found")
+            return call.reply(404, {"code": -1000, "msg": "Not found."})
+        call.weight, signed, action = route
+        limited = self.charge_limits(call)
+        if limited is not None:
+            return limited
+        api_key = None
+        if signed:
+            api_key = request.headers.get("X-MBX-APIKEY")
+            refused = self.check_signed(call, api_key)
+            if refused is not None:
+                return refused
+        return await self.answer(call, action, api_key)
+
+    async def read_call(self, request: web.Request) -> _Call:
+        now = self.clock()  # the arrival, before the body is read
+        method = request.method
         addr = request.headers.get(self.ip_header) if self.ip_header else None
-        ip = f"ip:{addr or request.remote}"
         raw_query = request.raw_path.partition("?")[2]
         body = await request.text() if method in ("POST", "PUT", "DELETE") else ""
         params: dict[str, str] = {}
@@ -190,42 +266,26 @@ class BinanceState:
             params[k] = v
         for k, v in parse_qsl(raw_query, keep_blank_values=True):  # the query string wins
             params[k] = v
+        return _Call(
+            state=self,
+            now=now,
+            ip=f"ip:{addr or request.remote}",
+            method=method,
+            path=request.path,
+            raw_query=raw_query,
+            body=body,
+            params=params,
+        )
 
-        def record(
-            status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
-        ) -> None:
-            self.ledger.add(
-                at=now,
-                key=ip,
-                method=method,
-                path=path,
-                status=status,
-                outcome=outcome,
-                bucket="weight",
-                cost=cost,
-                during_backoff=backoff,
-                detail=detail,
-            )
-
-        def reply(status: int, payload: Any, extra: dict[str, str] | None = None) -> web.Response:
-            headers = self.used_headers(ip, now)
-            headers.update(extra or {})
-            return web.json_response(payload, status=status, headers=headers)
-
-        # an IP ban comes first
+    def check_ban(self, call: _Call) -> web.Response | None:
+        """An IP ban comes first; failing to back off after a 429 may start one now."""
+        ip, now = call.ip, call.now
         if now < self.ban_until.get(ip, -math.inf):
             until = self.ban_until[ip]
-            record(418, "banned", backoff=True)
-            return reply(
-                418,
-                {
-                    "code": -1003,
-                    "msg": f"Way too much request weight used; IP banned until {int(until * 1000)}. Please use WebSocket Streams for live updates to avoid bans.",
-                },
-                {"Retry-After": str(max(1, math.ceil(until - now)))},
-            )
-        backoff = now < self.backoff_until.get(ip, -math.inf)
-        if backoff:
+            call.record(418, "banned", backoff=True)
+            return call.reply(418, ban_body(until), {"Retry-After": str(max(1, math.ceil(until - now)))})
+        call.backoff = now < self.backoff_until.get(ip, -math.inf)
+        if call.backoff:
             self.violations[ip] += 1
             if self.violations[ip] >= self.ban_after:
                 dur = self.ban_duration(ip)
@@ -233,23 +293,13 @@ class BinanceState:
                 self.violations[ip] = 0
                 self.ban_until[ip] = now + dur
                 self.ban_log.append((ip, now, now + dur))
-                record(418, "banned", backoff=True, detail="ban starts")
-                return reply(
-                    418,
-                    {
-                        "code": -1003,
-                        "msg": f"Way too much request weight used; IP banned until {int((now + dur) * 1000)}. Please use WebSocket Streams for live updates to avoid bans.",
-                    },
-                    {"Retry-After": str(max(1, math.ceil(dur)))},
-                )
+                call.record(418, "banned", backoff=True, detail="ban starts")
+                return call.reply(418, ban_body(now + dur), {"Retry-After": str(max(1, math.ceil(dur)))})
+        return None
 
-        route = self.route(method, path, params)
-        if route is None:
-            record(404, "not_found")
-            return reply(404, {"code": -1000, "msg": "Not found."})
-        weight, signed, action = route
-
-        # the limiters: refuse when this request's weight would take a window over
+    def charge_limits(self, call: _Call) -> web.Response | None:
+        """The limiters: refuse when this request's weight would take a window over."""
+        ip, now, weight = call.ip, call.now, call.weight
         over: tuple[str, int, float] | None = None
         for i, (limit, secs) in enumerate(self.weight_limits):
             if self.weight[(ip, i, int(now // secs))] + weight > limit:
@@ -261,93 +311,76 @@ class BinanceState:
             self.weight[(ip, i, int(now // secs))] += weight
         for i, (_, secs) in enumerate(self.raw_limits):
             self.raw[(ip, i, int(now // secs))] += 1
-        if over is not None:
-            kind, limit, secs = over
-            wait_until = (int(now // secs) + 1) * secs
-            self.backoff_until[ip] = max(self.backoff_until.get(ip, -math.inf), wait_until)
-            num, _, name = interval_name(secs)
-            msg = (
-                f"Too much request weight used; current limit is {limit} request weight per {num} {name}. Please use WebSocket Streams for live updates to avoid polling the API."
-                if kind == "weight"
-                else "Too many requests queued."
+        if over is None:
+            return None
+        kind, limit, secs = over
+        wait_until = (int(now // secs) + 1) * secs
+        self.backoff_until[ip] = max(self.backoff_until.get(ip, -math.inf), wait_until)
+        num, _, name = interval_name(secs)
+        msg = (
+            f"Too much request weight used; current limit is {limit} request weight per {num} {name}. Please use WebSocket Streams for live updates to avoid polling the API."
+            if kind == "weight"
+            else "Too many requests queued."
+        )
+        call.record(429, "rate_limited", cost=weight, backoff=call.backoff, detail=kind)
+        return call.reply(
+            429, {"code": -1003, "msg": msg}, {"Retry-After": str(max(1, math.ceil(wait_until - now)))}
+        )
+
+    def check_signed(self, call: _Call, api_key: str | None) -> web.Response | None:
+        """SIGNED endpoints: the key, then the parameters, the signature, the timestamp."""
+        params = call.params
+        if not api_key:
+            return call.fail(401, -2014, "API-key format invalid.", "unauthorized")
+        if api_key not in self.keys:
+            return call.fail(401, -2015, "Invalid API-key, IP, or permissions for action.", "unauthorized")
+        if "timestamp" not in params or not params["timestamp"].isdigit():
+            return call.fail(400, -1102, malformed("timestamp"), "invalid_request")
+        try:
+            recv_window = float(params.get("recvWindow", "5000"))
+        except ValueError:
+            return call.fail(400, -1102, malformed("recvWindow"), "invalid_request")
+        if recv_window > 60000:
+            return call.fail(
+                400,
+                -1102,
+                "Param 'recvWindow' contains unexpected value. Cannot be greater than 60000.",
+                "invalid_request",
             )
-            record(429, "rate_limited", cost=weight, backoff=backoff, detail=kind)
-            return reply(
-                429, {"code": -1003, "msg": msg}, {"Retry-After": str(max(1, math.ceil(wait_until - now)))}
+        q, qsig = split_signature(call.raw_query)
+        b, bsig = split_signature(call.body)
+        sig = qsig or bsig
+        if not sig:
+            return call.fail(400, -1102, malformed("signature"), "invalid_request")
+        expected = hmac.new(self.keys[api_key].encode(), (q + b).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, sig.lower()):
+            return call.fail(400, -1022, "Signature for this request is not valid.", "bad_signature")
+        ts = int(params["timestamp"])
+        ts_ms = ts / 1000 if ts >= 10**14 else ts  # microseconds are accepted too
+        server_ms = call.now * 1000
+        if not (ts_ms < server_ms + 1000):
+            return call.fail(
+                400,
+                -1021,
+                "Timestamp for this request was 1000ms ahead of the server's time.",
+                "bad_timestamp",
             )
+        if server_ms - ts_ms > recv_window:
+            return call.fail(
+                400, -1021, "Timestamp for this request is outside of the recvWindow.", "bad_timestamp"
+            )
+        return None
 
-        def fail(
-            status: int, code: int, msg: str, outcome: str, extra: dict[str, str] | None = None
-        ) -> web.Response:
-            record(status, outcome, cost=weight, backoff=backoff, detail=str(code))
-            return reply(status, {"code": code, "msg": msg}, extra)
-
-        api_key = None
-        if signed:
-            api_key = request.headers.get("X-MBX-APIKEY")
-            if not api_key:
-                return fail(401, -2014, "API-key format invalid.", "unauthorized")
-            if api_key not in self.keys:
-                return fail(401, -2015, "Invalid API-key, IP, or permissions for action.", "unauthorized")
-            if "timestamp" not in params or not params["timestamp"].isdigit():
-                return fail(
-                    400,
-                    -1102,
-                    "Mandatory parameter 'timestamp' was not sent, was empty/null, or malformed.",
-                    "invalid_request",
-                )
-            try:
-                recv_window = float(params.get("recvWindow", "5000"))
-            except ValueError:
-                return fail(
-                    400,
-                    -1102,
-                    "Mandatory parameter 'recvWindow' was not sent, was empty/null, or malformed.",
-                    "invalid_request",
-                )
-            if recv_window > 60000:
-                return fail(
-                    400,
-                    -1102,
-                    "Param 'recvWindow' contains unexpected value. Cannot be greater than 60000.",
-                    "invalid_request",
-                )
-            q, qsig = split_signature(raw_query)
-            b, bsig = split_signature(body)
-            sig = qsig or bsig
-            if not sig:
-                return fail(
-                    400,
-                    -1102,
-                    "Mandatory parameter 'signature' was not sent, was empty/null, or malformed.",
-                    "invalid_request",
-                )
-            expected = hmac.new(self.keys[api_key].encode(), (q + b).encode(), hashlib.sha256).hexdigest()
-            if not hmac.compare_digest(expected, sig.lower()):
-                return fail(400, -1022, "Signature for this request is not valid.", "bad_signature")
-            ts = int(params["timestamp"])
-            ts_ms = ts / 1000 if ts >= 10**14 else ts  # microseconds are accepted too
-            server_ms = now * 1000
-            if not (ts_ms < server_ms + 1000):
-                return fail(
-                    400,
-                    -1021,
-                    "Timestamp for this request was 1000ms ahead of the server's time.",
-                    "bad_timestamp",
-                )
-            if server_ms - ts_ms > recv_window:
-                return fail(
-                    400, -1021, "Timestamp for this request is outside of the recvWindow.", "bad_timestamp"
-                )
-
+    async def answer(self, call: _Call, action: Any, api_key: str | None) -> web.Response:
+        params = call.params
         if params.get("symbol") is not None and params["symbol"] not in self.symbols:
-            return fail(400, -1121, "Invalid symbol.", "invalid_request")
-        status, payload, extra = await action(params, api_key, now, weight)
+            return call.fail(400, -1121, "Invalid symbol.", "invalid_request")
+        status, payload, extra = await action(params, api_key, call.now, call.weight)
         if status >= 400:
             outcome = "order_limited" if payload["code"] == -1015 else "invalid_request"
-            return fail(status, payload["code"], payload["msg"], outcome, extra)
-        record(status, "ok", cost=weight, backoff=backoff)
-        return reply(status, payload, extra)
+            return call.fail(status, payload["code"], payload["msg"], outcome, extra)
+        call.record(status, "ok", cost=call.weight, backoff=call.backoff)
+        return call.reply(status, payload, extra)
 
     def route(self, method: str, path: str, params: dict[str, str]) -> tuple[int, bool, Any] | None:
         if method == "GET" and path == "/api/v3/ping":

@@ -79,6 +79,39 @@ class Window:
     used: int = 0  # including initial
 
 
+@dataclass
+class _Call:
+    """One request on its way through the checks: the key it is charged to, and how to answer."""
+
+    state: GitHubState
+    now: float
+    method: str
+    path: str
+    resource: str
+    key: str
+
+    def record(
+        self, status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
+    ) -> None:
+        self.state.ledger.add(
+            at=self.now,
+            key=self.key,
+            method=self.method,
+            path=self.path,
+            status=status,
+            outcome=outcome,
+            bucket=self.resource,
+            cost=cost,
+            during_backoff=backoff,
+            detail=detail,
+        )
+
+    def answer(self, status: int, body: Any, extra: dict[str, str] | None = None) -> web.Response:
+        headers = self.state.headers(self.key, self.resource, self.now)
+        headers.update(extra or {})
+        return web.json_response(body, status=status, headers=headers)
+
+
 class GitHubState:
     def __init__(
         self,
@@ -219,34 +252,26 @@ class GitHubState:
         now = self.clock()
         method, path = request.method, request.path
         resource = "search" if path.startswith("/search/") else "core"
+        call = _Call(self, now, method, path, resource, key=f"ip:{request.remote}")
+        refused = self.authenticate(call, request)
+        if refused is not None:
+            return refused
+        if path == "/rate_limit":  # does not count against the primary limit
+            call.record(200, "ok", detail="rate_limit")
+            return call.answer(200, self.rate_limit_body(call.key, now))
+        w = self.open_window(call.key, resource, now)
+        refused = self.check_limits(call, w)
+        if refused is not None:
+            return refused
+        return await self.accept(call, request, w)
 
-        def record(
-            status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
-        ) -> None:
-            self.ledger.add(
-                at=now,
-                key=key,
-                method=method,
-                path=path,
-                status=status,
-                outcome=outcome,
-                bucket=resource,
-                cost=cost,
-                during_backoff=backoff,
-                detail=detail,
-            )
-
-        def answer(status: int, body: Any, extra: dict[str, str] | None = None) -> web.Response:
-            headers = self.headers(key, resource, now)
-            headers.update(extra or {})
-            return web.json_response(body, status=status, headers=headers)
-
+    def authenticate(self, call: _Call, request: web.Request) -> web.Response | None:
+        """A User-Agent is required; a token, when sent, must be known (else the IP is the key)."""
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
-        key = f"ip:{request.remote}"
         if not request.headers.get("User-Agent"):
-            record(403, "no_user_agent")
-            return answer(
+            call.record(403, "no_user_agent")
+            return call.answer(
                 403,
                 {
                     "message": "Request forbidden by administrative rules. Please make sure your request has a User-Agent header.",
@@ -255,50 +280,49 @@ class GitHubState:
             )
         if auth:
             if scheme.lower() not in ("bearer", "token") or token.strip() not in self.token_limits:
-                record(401, "unauthorized")
-                return answer(
+                call.record(401, "unauthorized")
+                return call.answer(
                     401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"}
                 )
-            key = token.strip()
+            call.key = token.strip()
+        return None
 
-        if path == "/rate_limit":  # does not count against the primary limit
-            record(200, "ok", detail="rate_limit")
-            return answer(200, self.rate_limit_body(key, now))
-
-        limit = self.limit(key, resource)
-        w = self.open_window(key, resource, now)
+    def check_limits(self, call: _Call, w: Window) -> web.Response | None:
+        """The primary limit first, then the secondary ones (a hold already given, or a new one)."""
+        key, resource, now = call.key, call.resource, call.now
         told = self.told_until.get((key, resource), -math.inf)
         blocked = self.blocked_until.get(key, -math.inf)
-        if w.used >= limit:
+        if w.used >= self.limit(key, resource):
             self.told_until[(key, resource)] = w.reset
-            record(self.primary_status, "rate_limited", backoff=now < told or now < blocked)
-            return answer(
+            call.record(self.primary_status, "rate_limited", backoff=now < told or now < blocked)
+            return call.answer(
                 self.primary_status,
                 {"message": f"{PRIMARY_MESSAGE} (see rate limits)", "documentation_url": DOCS},
             )
-        reason = "held" if now < blocked else self.secondary_check(key, method, now)
-        if reason is not None:
-            extra = {}
-            if reason != "held":
-                hold_for = (
-                    self.secondary_retry_after
-                    if self.secondary_retry_after is not None
-                    else self.secondary_hold
-                )
-                self.blocked_until[key] = now + hold_for
-            if self.secondary_retry_after is not None:
-                left = self.blocked_until[key] - now
-                extra["retry-after"] = str(max(1, math.ceil(left)))
-            record(
-                self.secondary_status, "secondary_limited", backoff=now < blocked or now < told, detail=reason
+        reason = "held" if now < blocked else self.secondary_check(key, call.method, now)
+        if reason is None:
+            return None
+        extra = {}
+        if reason != "held":
+            hold_for = (
+                self.secondary_retry_after if self.secondary_retry_after is not None else self.secondary_hold
             )
-            return answer(
-                self.secondary_status,
-                {"message": SECONDARY_MESSAGE, "documentation_url": DOCS + "#about-secondary-rate-limits"},
-                extra,
-            )
+            self.blocked_until[key] = now + hold_for
+        if self.secondary_retry_after is not None:
+            left = self.blocked_until[key] - now
+            extra["retry-after"] = str(max(1, math.ceil(left)))
+        call.record(
+            self.secondary_status, "secondary_limited", backoff=now < blocked or now < told, detail=reason
+        )
+        return call.answer(
+            self.secondary_status,
+            {"message": SECONDARY_MESSAGE, "documentation_url": DOCS + "#about-secondary-rate-limits"},
+            extra,
+        )
 
-        # accepted: it uses budget now, whatever the endpoint answers
+    async def accept(self, call: _Call, request: web.Request, w: Window) -> web.Response:
+        """Accepted: it uses budget now, whatever the endpoint answers."""
+        key, method, now = call.key, call.method, call.now
         w.used += 1
         self.points[key].append((now, 5 if method in WRITE_METHODS else 1))
         if method in WRITE_METHODS:
@@ -309,8 +333,10 @@ class GitHubState:
             status, body = await self.route(request, key, now)
         finally:
             self.in_flight[key] -= 1
-        record(status, "ok" if status < 400 else "not_found" if status == 404 else "invalid_request", cost=1)
-        return answer(status, body)
+        call.record(
+            status, "ok" if status < 400 else "not_found" if status == 404 else "invalid_request", cost=1
+        )
+        return call.answer(status, body)
 
     def rate_limit_body(self, key: str, now: float) -> dict[str, Any]:
         res = {}

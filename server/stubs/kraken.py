@@ -53,6 +53,7 @@ import hmac
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -111,6 +112,49 @@ class DecayCounter:
             v = max(0.0, v - self.decay * (when - at)) + cost
             at = when
         return max(0.0, v - self.decay * max(0.0, t - at))
+
+
+def errors(*messages: str) -> web.Response:
+    return web.json_response({"error": list(messages)})
+
+
+@dataclass
+class _Call:
+    """One private call on its way through the checks: who sent it, what it asked, what it costs."""
+
+    ledger: Ledger
+    now: float
+    name: str
+    method: str
+    path: str
+    key: str
+    body: str
+    params: dict[str, str]
+    trading: bool = False
+    bucket: str = "rest"
+    counter: DecayCounter | None = None
+    cost: int = 0
+    backoff: bool = False
+
+    def charge(self) -> None:
+        if self.counter is not None and self.cost:
+            self.counter.add(self.now, self.cost)
+
+    def record(
+        self, outcome: str, bucket: str = "rest", cost: float = 0, backoff: bool = False, detail: str = ""
+    ) -> None:
+        self.ledger.add(
+            at=self.now,
+            key=self.key,
+            method=self.method,
+            path=self.path,
+            status=200,
+            outcome=outcome,
+            bucket=bucket,
+            cost=cost,
+            during_backoff=backoff,
+            detail=detail,
+        )
 
 
 class KrakenState:
@@ -208,94 +252,99 @@ class KrakenState:
 
     async def private(self, request: web.Request) -> web.Response:
         now = self.clock()
-        method_name = request.match_info["name"]
-        path = request.path
-        key = request.headers.get("API-Key", "")
-        sign = request.headers.get("API-Sign", "")
         body = await request.text()
-        params = dict(parse_qsl(body, keep_blank_values=True))
+        call = _Call(
+            ledger=self.ledger,
+            now=now,
+            name=request.match_info["name"],
+            method=request.method,
+            path=request.path,
+            key=request.headers.get("API-Key", ""),
+            body=body,
+            params=dict(parse_qsl(body, keep_blank_values=True)),
+        )
+        refused = self.authenticate(call, request.headers.get("API-Sign", ""))
+        if refused is not None:
+            return refused
+        self.price(call)
+        refused = self.check_nonce(call)
+        if refused is None:
+            refused = self.check_counter(call)
+        if refused is not None:
+            return refused
+        await work(self.latency, self.hold)
+        result, problem = self.execute(call.name, call.params, call.key, now)
+        if problem:
+            call.record("invalid_request", bucket=call.bucket, cost=call.cost, detail=problem)
+            return errors(problem)
+        call.record("ok", bucket=call.bucket, cost=call.cost)
+        return web.json_response({"error": [], "result": result})
 
-        def record(
-            outcome: str, bucket: str = "rest", cost: float = 0, backoff: bool = False, detail: str = ""
-        ) -> None:
-            self.ledger.add(
-                at=now,
-                key=key,
-                method=request.method,
-                path=path,
-                status=200,
-                outcome=outcome,
-                bucket=bucket,
-                cost=cost,
-                during_backoff=backoff,
-                detail=detail,
-            )
-
-        def errors(*messages: str) -> web.Response:
-            return web.json_response({"error": list(messages)})
-
-        if request.method != "POST":
-            record("invalid_request", detail="method")
+    def authenticate(self, call: _Call, sign: str) -> web.Response | None:
+        """A POST to a known call, with a known key and a valid signature."""
+        if call.method != "POST":
+            call.record("invalid_request", detail="method")
             return errors("EGeneral:Invalid arguments")
-        if method_name not in PRIVATE_CALLS:
-            record("not_found")
+        if call.name not in PRIVATE_CALLS:
+            call.record("not_found")
             return web.json_response({"error": ["EGeneral:Unknown method"]}, status=404)
-        if key not in self.keys:
-            record("unauthorized")
+        if call.key not in self.keys:
+            call.record("unauthorized")
             return errors("EAPI:Invalid key")
-        nonce = params.get("nonce", "")
         try:
-            expected = kraken_sign(path, nonce, body, self.keys[key])
+            expected = kraken_sign(call.path, call.params.get("nonce", ""), call.body, self.keys[call.key])
             valid = hmac.compare_digest(expected.encode(), sign.encode())
         except (binascii.Error, ValueError):
             valid = False
         if not valid:
-            record("bad_signature")
+            call.record("bad_signature")
             return errors("EAPI:Invalid signature")
+        return None
 
-        trading = method_name in TRADING_CALLS
+    def price(self, call: _Call) -> None:
+        """The counter this call is charged to, and its cost there."""
+        name, params, key = call.name, call.params, call.key
+        trading = name in TRADING_CALLS
         pair = params.get("pair", "")
-        if trading and method_name == "CancelOrder":
+        if trading and name == "CancelOrder":
             placed = self.orders.get(params.get("txid", ""))
             pair = placed[1] if placed and placed[0] == key else ""
-        cost = 2 if method_name in HISTORY_CALLS else 1
+        cost = 2 if name in HISTORY_CALLS else 1
         if trading:
-            cost = 1 if method_name == "AddOrder" else 0
-            if method_name == "CancelOrder" and pair:
-                age = now - self.orders[params["txid"]][2]
+            cost = 1 if name == "AddOrder" else 0
+            if name == "CancelOrder" and pair:
+                age = call.now - self.orders[params["txid"]][2]
                 cost = next((p for limit, p in CANCEL_PENALTY if age < limit), 0)
-        bucket = f"trading:{pair}" if trading else "rest"
-        counter = (self.trading_counter(key, pair) if pair else None) if trading else self.counter(key)
-        backoff = self.streak[bucket + key]
+        call.trading, call.cost = trading, cost
+        call.bucket = f"trading:{pair}" if trading else "rest"
+        call.counter = (self.trading_counter(key, pair) if pair else None) if trading else self.counter(key)
+        call.backoff = self.streak[call.bucket + key]
 
-        def charge() -> None:
-            if counter is not None and cost:
-                counter.add(now, cost)
-
-        if not nonce.isdigit() or int(nonce) >= 2**64 or int(nonce) <= self.nonces.get(key, -1):
-            charge()
-            record("invalid_nonce", bucket=bucket, cost=cost, backoff=backoff, detail=nonce)
+    def check_nonce(self, call: _Call) -> web.Response | None:
+        nonce = call.params.get("nonce", "")
+        if not nonce.isdigit() or int(nonce) >= 2**64 or int(nonce) <= self.nonces.get(call.key, -1):
+            call.charge()
+            call.record(
+                "invalid_nonce", bucket=call.bucket, cost=call.cost, backoff=call.backoff, detail=nonce
+            )
             return errors("EAPI:Invalid nonce")
-        self.nonces[key] = int(nonce)
+        self.nonces[call.key] = int(nonce)
+        return None
 
-        if counter is not None and counter.read(now) + cost > counter.maximum:
-            self.streak[bucket + key] = True
+    def check_counter(self, call: _Call) -> web.Response | None:
+        counter, cost, streak = call.counter, call.cost, call.bucket + call.key
+        if counter is not None and counter.read(call.now) + cost > counter.maximum:
+            self.streak[streak] = True
             if self.refused_calls_count:
-                charge()
-            message = "EOrder:Rate limit exceeded" if trading else "EAPI:Rate limit exceeded"
-            outcome = "order_limited" if trading else "rate_limited"
-            record(outcome, bucket=bucket, cost=cost if self.refused_calls_count else 0, backoff=backoff)
+                call.charge()
+            message = "EOrder:Rate limit exceeded" if call.trading else "EAPI:Rate limit exceeded"
+            outcome = "order_limited" if call.trading else "rate_limited"
+            charged = cost if self.refused_calls_count else 0
+            call.record(outcome, bucket=call.bucket, cost=charged, backoff=call.backoff)
             return errors(message)
-        self.streak[bucket + key] = False
-        charge()
-
-        await work(self.latency, self.hold)
-        result, problem = self.execute(method_name, params, key, now)
-        if problem:
-            record("invalid_request", bucket=bucket, cost=cost, detail=problem)
-            return errors(problem)
-        record("ok", bucket=bucket, cost=cost)
-        return web.json_response({"error": [], "result": result})
+        self.streak[streak] = False
+        call.charge()
+        return None
 
     def execute(self, name: str, params: dict[str, str], key: str, now: float) -> tuple[Any, str | None]:
         if name == "Balance":

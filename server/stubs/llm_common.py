@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .common import Ledger
+
 # a clock near 1.7e9 s has a 2.4e-7 s resolution: at thousands of tokens a second that is ~1e-3
 # token of noise, which must not turn "full" into "one short"
 EPS = 1e-3
@@ -106,6 +108,30 @@ class PromptBook:
 
 def mask(key: str) -> str:
     return f"{key[:4]}...{key[-2:]}" if len(key) > 8 else "****"
+
+
+@dataclass
+class Call:
+    """One request to an LLM stub: its arrival, the key it came with, and its ledger record."""
+
+    ledger: Ledger
+    request: web.Request
+    now: float
+    key: str
+    bucket: str
+
+    def record(self, status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
+        self.ledger.add(
+            at=self.now,
+            key=self.key,
+            method=self.request.method,
+            path=self.request.path,
+            status=status,
+            outcome=outcome,
+            bucket=self.bucket,
+            cost=cost,
+            detail=detail,
+        )
 
 
 # ---------------------------------------------------------------- streamed answers ("stream": true)

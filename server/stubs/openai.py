@@ -61,6 +61,7 @@ from .common import Clock, Ledger, Stub, mono_clock, serve, work
 from .llm_common import (
     Answered,
     Bucket,
+    Call,
     PromptBook,
     StreamOptions,
     content_text,
@@ -97,6 +98,11 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"not a duration: {text!r}")
     scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
     return sum(float(n) * scale[u] for n, u in parts)
+
+
+def error(status: int, message: str, type_: str, code: str | None, **extra: str) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return web.json_response(body, status=status, headers=extra)
 
 
 @dataclass
@@ -148,26 +154,9 @@ class OpenAIState:
         auth = request.headers.get("Authorization", "")
         scheme, _, key = auth.partition(" ")
         key = key.strip() if scheme.lower() == "bearer" else ""
-
-        def record(status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
-            self.ledger.add(
-                at=now,
-                key=key,
-                method=request.method,
-                path=request.path,
-                status=status,
-                outcome=outcome,
-                bucket="chat",
-                cost=cost,
-                detail=detail,
-            )
-
-        def error(status: int, message: str, type_: str, code: str | None, **extra: str) -> web.Response:
-            body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-            return web.json_response(body, status=status, headers=extra)
-
+        call = Call(self.ledger, request, now, key, "chat")
         if key not in self.requests:
-            record(401, "unauthorized")
+            call.record(401, "unauthorized")
             return error(
                 401,
                 f"Incorrect API key provided: {mask(key)}. You can find your API key at "
@@ -176,40 +165,61 @@ class OpenAIState:
                 "invalid_api_key",
             )
         if request.method != "POST" or request.path != PATH:
-            record(404, "not_found")
+            call.record(404, "not_found")
             return error(404, f"Invalid URL ({request.method} {request.path})", "invalid_request_error", None)
+        body = await self.read_body(call)
+        if isinstance(body, web.Response):
+            return body
+        refused = self.check_quota(call)
+        if refused is not None:
+            return refused
+        messages = body["messages"]
+        prompt = sum(estimate_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or self.default_max_tokens
+        max_tokens = int(max_tokens)
+        cost = prompt + max_tokens
+        refused = self.check_limits(call, cost)
+        if refused is not None:
+            return refused
+        headers = await self.admit(call, messages, cost)
+        return await self.answer(request, body, key, now, prompt, max_tokens, headers)
+
+    async def read_body(self, call: Call) -> dict[str, Any] | web.Response:
         try:
-            body = await request.json()
+            body = await call.request.json()
             messages = body["messages"]
             if not isinstance(messages, list):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            record(400, "invalid_request")
+            call.record(400, "invalid_request")
             return error(
                 400,
                 "'messages' is a required property",
                 "invalid_request_error",
                 None,
-                **self.headers(key, now),
+                **self.headers(call.key, call.now),
             )
+        return body
 
-        if key in self.no_quota:
-            self.book.refusals[key]["insufficient_quota"] += 1
-            record(429, "insufficient_quota", detail="insufficient_quota")
-            return error(
-                429,
-                "You exceeded your current quota, please check your plan and billing details. For more "
-                "information on this error, read the docs: "
-                "https://platform.openai.com/docs/guides/error-codes/api-errors.",
-                "insufficient_quota",
-                "insufficient_quota",
-                **self.headers(key, now),
-            )
+    def check_quota(self, call: Call) -> web.Response | None:
+        key = call.key
+        if key not in self.no_quota:
+            return None
+        self.book.refusals[key]["insufficient_quota"] += 1
+        call.record(429, "insufficient_quota", detail="insufficient_quota")
+        return error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details. For more "
+            "information on this error, read the docs: "
+            "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+            "insufficient_quota",
+            "insufficient_quota",
+            **self.headers(key, call.now),
+        )
 
-        prompt = sum(estimate_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or self.default_max_tokens
-        max_tokens = int(max_tokens)
-        cost = prompt + max_tokens
+    def check_limits(self, call: Call, cost: int) -> web.Response | None:
+        """The requests bucket, then the tokens bucket; the first that refuses is named."""
+        key, now = call.key, call.now
         r, t = self.requests[key], self.tokens[key]
         for kind, bucket, amount, unit, label in (
             ("requests", r, 1, "requests per min (RPM)", "requests"),
@@ -226,7 +236,7 @@ class OpenAIState:
                 r.level = max(0.0, r.level - 1.0)
                 wait = max(wait, bucket.wait_for(amount, now))
                 self.book.refusals[key]["rate_limit_exceeded"] += 1
-                record(429, "rate_limited", detail=f"rate_limit_exceeded:{label}")
+                call.record(429, "rate_limited", detail=f"rate_limit_exceeded:{label}")
                 return error(
                     429,
                     f"Rate limit reached for {self.model} in organization org-{mask(key)} on {unit}: "
@@ -237,17 +247,22 @@ class OpenAIState:
                     "rate_limit_exceeded",
                     **self.headers(key, now),
                 )
-        r.take(1, now)
-        t.take(cost, now)
+        return None
+
+    async def admit(self, call: Call, messages: list[Any], cost: int) -> dict[str, str]:
+        """Charge an accepted request, record it, and the headers its answer carries."""
+        key, now = call.key, call.now
+        self.requests[key].take(1, now)
+        self.tokens[key].take(cost, now)
         identity = prompt_identity(messages)
         self.book.prompts[key][identity] += 1
-        record(200, "ok", cost=cost, detail=identity)
+        call.record(200, "ok", cost=cost, detail=identity)
         headers = self.headers(key, now)
         await work(self.latency, self.hold)
         # as OpenAI's answers say it: the server's own time on the request, in whole ms
         headers["openai-processing-ms"] = str(max(0, round((self.clock() - now) * 1000)))
         headers["openai-organization"] = self.organization
-        return await self.answer(request, body, key, now, prompt, max_tokens, headers)
+        return headers
 
     async def answer(
         self,

@@ -160,6 +160,43 @@ class Sliding:
         return len(self.times) >= self.limit
 
 
+@dataclass
+class _Call:
+    """One request on its way through the checks: whose it is, what it asked, how to answer."""
+
+    ledger: Ledger
+    now: float
+    key: str
+    method: str
+    path: str
+    endpoint: str
+    request_id: str
+
+    def reply(
+        self, status: int, body: Any = None, *, text: str | None = None, extra: dict[str, str] | None = None
+    ) -> web.Response:
+        headers = {"Request-Id": self.request_id, **(extra or {})}
+        if text is None:
+            text = json.dumps(body, indent=2)
+        return web.Response(status=status, text=text, content_type="application/json", headers=headers)
+
+    def record(
+        self, status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
+    ) -> None:
+        self.ledger.add(
+            at=self.now,
+            key=self.key,
+            method=self.method,
+            path=self.path,
+            status=status,
+            outcome=outcome,
+            bucket=self.endpoint,
+            cost=cost,
+            during_backoff=backoff,
+            detail=detail,
+        )
+
+
 class StripeState:
     def __init__(
         self,
@@ -289,143 +326,159 @@ class StripeState:
             ).times.append(now)
 
     async def handle(self, request: web.Request) -> web.Response:
-        now = self.clock()
-        method, path = request.method, request.path
-        self.request_seq += 1
-        request_id = f"req_stub{self.request_seq:012d}"
-        ep, obj_id = self.match(method, path)
-        endpoint = f"{method} {ep[1]}" if ep else f"{method} {path}"
-        key = self.api_key(request) or ""
-
-        def reply(
-            status: int, body: Any = None, *, text: str | None = None, extra: dict[str, str] | None = None
-        ) -> web.Response:
-            headers = {"Request-Id": request_id, **(extra or {})}
-            if text is None:
-                text = json.dumps(body, indent=2)
-            return web.Response(status=status, text=text, content_type="application/json", headers=headers)
-
-        def record(
-            status: int, outcome: str, cost: float = 0, backoff: bool = False, detail: str = ""
-        ) -> None:
-            self.ledger.add(
-                at=now,
-                key=key,
-                method=method,
-                path=path,
-                status=status,
-                outcome=outcome,
-                bucket=endpoint,
-                cost=cost,
-                during_backoff=backoff,
-                detail=detail,
-            )
-
-        if key not in self.keys:
-            record(401, "unauthorized")
-            if not key:
-                msg = "You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY')."
-            else:
-                msg = f"Invalid API Key provided: {key[:8]}{'*' * max(0, len(key) - 12)}{key[-4:]}"
-            return reply(401, error("invalid_request_error", msg))
-
-        # rate limiters first: before validation and before the idempotency layer
-        is_read = method == "GET"
-        reason = self.limited(key, endpoint, is_read, now)
-        backoff = self.streak[key]
-        if reason is not None:
-            self.streak[key] = True
-            if self.count_refused:
-                self.charge_limits(key, endpoint, is_read, now)
-            record(429, "rate_limited", cost=1 if self.count_refused else 0, backoff=backoff, detail=reason)
-            return reply(
-                429,
-                error(
-                    "rate_limit_error",
-                    "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.",
-                    code="rate_limit",
-                ),
-                extra={"Stripe-Rate-Limited-Reason": reason},
-            )
-        self.streak[key] = False
-        self.charge_limits(key, endpoint, is_read, now)
-
+        ep, obj_id = self.match(request.method, request.path)
+        call = self.start_call(request, ep)
+        refused = self.check_key(call)
+        if refused is None:
+            refused = self.check_limits(call)
+        if refused is not None:
+            return refused
         if ep is None:
-            record(404, "not_found", cost=1)
-            return reply(
+            call.record(404, "not_found", cost=1)
+            return call.reply(
                 404,
                 error(
                     "invalid_request_error",
-                    f"Unrecognized request URL ({method}: {path}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.",
+                    f"Unrecognized request URL ({call.method}: {call.path}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.",
                 ),
             )
-
-        # parameters
-        if method == "GET":
-            pairs = list(parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True))
-        else:
-            ctype = (
-                request.headers.get("Content-Type", "application/x-www-form-urlencoded").split(";")[0].strip()
-            )
-            raw = await request.text()
-            if raw and ctype != "application/x-www-form-urlencoded":
-                record(400, "invalid_request", cost=1, detail="content-type")
-                return reply(
-                    400,
-                    error(
-                        "invalid_request_error",
-                        "Invalid request (check that your POST content type is application/x-www-form-urlencoded). If you have any questions, we can help at https://support.stripe.com/.",
-                    ),
-                )
-            pairs = list(parse_qsl(raw, keep_blank_values=True)) + list(
-                parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
-            )
+        pairs = await self.read_params(call, request)
+        if isinstance(pairs, web.Response):
+            return pairs
         params = tuple(sorted(pairs))
-
-        idem = request.headers.get("Idempotency-Key") if method == "POST" else None
-        slot = (key, idem) if idem else None
-        if idem and slot is not None:
-            if len(idem) > 255:
-                record(400, "invalid_request", cost=1, detail="idempotency key length")
-                return reply(
-                    400,
-                    error("invalid_request_error", "Idempotency-Key must be at most 255 characters long."),
-                )
-            saved = self.saved.get(slot)
-            if saved is not None and now - saved.created >= self.idempotency_ttl:
-                del self.saved[slot]
-                saved = None
-            if saved is not None:
-                if (saved.method, saved.path, saved.params) != (method, path, params):
-                    record(400, "idempotency_error", cost=1)
-                    return reply(
-                        400,
-                        error(
-                            "idempotency_error",
-                            f"Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{idem}' if you meant to execute a different request.",
-                        ),
-                    )
-                if saved.in_progress:
-                    record(409, "idempotency_in_use", cost=1)
-                    return reply(
-                        409,
-                        error(
-                            "invalid_request_error",
-                            f"There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): {idem}. Please try again later.",
-                            code="idempotency_key_in_use",
-                        ),
-                    )
-                record(saved.status, "replayed", cost=1)
-                replayed = {"Idempotent-Replayed": "true"} if self.replayed_header else {}
-                return reply(saved.status, text=saved.text, extra={"Idempotency-Key": idem, **replayed})
-
+        idem = request.headers.get("Idempotency-Key") if call.method == "POST" else None
+        if idem:
+            answered = self.check_idempotency(call, idem, params)
+            if answered is not None:
+                return answered
         problem = self.validate(ep, pairs)
         if problem is not None:  # validation failures are not saved
-            record(400, "invalid_request", cost=1, detail=problem["error"]["message"])
-            return reply(400, problem)
+            call.record(400, "invalid_request", cost=1, detail=problem["error"]["message"])
+            return call.reply(400, problem)
+        return await self.run(call, ep, obj_id, pairs, params, idem)
 
+    def start_call(self, request: web.Request, ep: Endpoint | None) -> _Call:
+        now = self.clock()
+        method, path = request.method, request.path
+        self.request_seq += 1
+        return _Call(
+            ledger=self.ledger,
+            now=now,
+            key=self.api_key(request) or "",
+            method=method,
+            path=path,
+            endpoint=f"{method} {ep[1]}" if ep else f"{method} {path}",
+            request_id=f"req_stub{self.request_seq:012d}",
+        )
+
+    def check_key(self, call: _Call) -> web.Response | None:
+        key = call.key
+        if key in self.keys:
+            return None
+        call.record(401, "unauthorized")
+        if not key:
+            msg = "You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY')."
+        else:
+            msg = f"Invalid API Key provided: {key[:8]}{'*' * max(0, len(key) - 12)}{key[-4:]}"
+        return call.reply(401, error("invalid_request_error", msg))
+
+    def check_limits(self, call: _Call) -> web.Response | None:
+        """Rate limiters first: before validation and before the idempotency layer."""
+        key, endpoint, now = call.key, call.endpoint, call.now
+        is_read = call.method == "GET"
+        reason = self.limited(key, endpoint, is_read, now)
+        backoff = self.streak[key]
+        if reason is None:
+            self.streak[key] = False
+            self.charge_limits(key, endpoint, is_read, now)
+            return None
+        self.streak[key] = True
+        if self.count_refused:
+            self.charge_limits(key, endpoint, is_read, now)
+        call.record(429, "rate_limited", cost=1 if self.count_refused else 0, backoff=backoff, detail=reason)
+        return call.reply(
+            429,
+            error(
+                "rate_limit_error",
+                "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.",
+                code="rate_limit",
+            ),
+            extra={"Stripe-Rate-Limited-Reason": reason},
+        )
+
+    async def read_params(self, call: _Call, request: web.Request) -> list[tuple[str, str]] | web.Response:
+        """The query string of a GET; a POST's form body, then its query string."""
+        if call.method == "GET":
+            return list(parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True))
+        ctype = request.headers.get("Content-Type", "application/x-www-form-urlencoded").split(";")[0].strip()
+        raw = await request.text()
+        if raw and ctype != "application/x-www-form-urlencoded":
+            call.record(400, "invalid_request", cost=1, detail="content-type")
+            return call.reply(
+                400,
+                error(
+                    "invalid_request_error",
+                    "Invalid request (check that your POST content type is application/x-www-form-urlencoded). If you have any questions, we can help at https://support.stripe.com/.",
+                ),
+            )
+        return list(parse_qsl(raw, keep_blank_values=True)) + list(
+            parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
+        )
+
+    def check_idempotency(
+        self, call: _Call, idem: str, params: tuple[tuple[str, str], ...]
+    ) -> web.Response | None:
+        """A saved answer for this key is replayed; a mismatch or an overlap is refused."""
+        if len(idem) > 255:
+            call.record(400, "invalid_request", cost=1, detail="idempotency key length")
+            return call.reply(
+                400,
+                error("invalid_request_error", "Idempotency-Key must be at most 255 characters long."),
+            )
+        slot = (call.key, idem)
+        saved = self.saved.get(slot)
+        if saved is not None and call.now - saved.created >= self.idempotency_ttl:
+            del self.saved[slot]
+            saved = None
+        if saved is None:
+            return None
+        if (saved.method, saved.path, saved.params) != (call.method, call.path, params):
+            call.record(400, "idempotency_error", cost=1)
+            return call.reply(
+                400,
+                error(
+                    "idempotency_error",
+                    f"Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{idem}' if you meant to execute a different request.",
+                ),
+            )
+        if saved.in_progress:
+            call.record(409, "idempotency_in_use", cost=1)
+            return call.reply(
+                409,
+                error(
+                    "invalid_request_error",
+                    f"There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): {idem}. Please try again later.",
+                    code="idempotency_key_in_use",
+                ),
+            )
+        call.record(saved.status, "replayed", cost=1)
+        replayed = {"Idempotent-Replayed": "true"} if self.replayed_header else {}
+        return call.reply(saved.status, text=saved.text, extra={"Idempotency-Key": idem, **replayed})
+
+    async def run(
+        self,
+        call: _Call,
+        ep: Endpoint,
+        obj_id: str | None,
+        pairs: list[tuple[str, str]],
+        params: tuple[tuple[str, str], ...],
+        idem: str | None,
+    ) -> web.Response:
+        """Execute, saving the answer under the idempotency key once execution begins."""
+        key, now = call.key, call.now
+        slot = (key, idem) if idem else None
         if slot is not None:
-            self.saved[slot] = Saved(method, path, params, created=now)
+            self.saved[slot] = Saved(call.method, call.path, params, created=now)
         self.in_flight[key] += 1
         try:
             await work(self.latency, self.hold)
@@ -449,9 +502,9 @@ class StripeState:
             if status == 404
             else "invalid_request"
         )
-        record(status, outcome, cost=1)
+        call.record(status, outcome, cost=1)
         extra = {"Idempotency-Key": idem} if idem else None
-        return reply(status, text=text, extra=extra)
+        return call.reply(status, text=text, extra=extra)
 
     def validate(self, ep: Endpoint, pairs: list[tuple[str, str]]) -> dict[str, Any] | None:
         _, _, _, allowed, required = ep
