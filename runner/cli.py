@@ -13,6 +13,7 @@ from typing import Any
 from ratedeck.config import ConfigError
 from ratedeck.config.flags import add_setting_flags
 from ratedeck.config.flags import overrides_from_args as setting_overrides
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.version import version
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             print("ratedeck: interrupted", file=sys.stderr, flush=True)
         except (OSError, ValueError):
             pass
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _main(argv: list[str]) -> int:

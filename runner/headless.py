@@ -1,30 +1,10 @@
 """`ratedeck --no-ui`: periodic metrics on stdout, a final summary, report and plots.
 
-Exit codes, the same for the console (`ratedeck` without --no-ui):
-
-    0    the run ended and every request is accounted for
-    1    nothing worked: the target never answered (attempts ended, none
-         with an HTTP answer: connection refused, timed out, reset, ...;
-         the summary names the causes with counts), or the server refused
-         every key (401, 403 that is no rate limit, a block: the run stops
-         at once and one line names the status and the server's message),
-         or no request succeeded and some failed
-    2    bad input, found before the run: config, flags, or an output path
-         (report, graveyard) that cannot be written
-    3    the accounting does not balance (generated != succeeded + expired
-         + graveyard + shed + queued + in flight): a request was lost
-    4    an output could not be written during or after the run (graveyard
-         or results lines, or the report); the summary says how much was
-         written
-    99   a threshold failed: a `--fail-on` expression (or `[run] fail_on`)
-         held over the report, like `rejected_429>0`; the summary names it
-         with the actual value (99, as k6 uses for thresholds)
-    130  stopped at once by a second Ctrl-C (or SIGTERM/SIGHUP), or
-         interrupted while starting
-
-When several apply, the first of 3, 4, 1, 99, 130 that applies is the code.
-A malformed threshold, an unknown report field in one, or a metrics port
-that cannot be listened on is bad input: exit 2 before the run.
+Exit codes are `ExitCode` (core/exits.py; docs/exit-codes.md lists them), the
+same for the console (`ratedeck` without --no-ui). `conclude` gathers every one
+that applies to a run and returns the first by `exits.ORDER`. A malformed
+threshold, an unknown report field in one, or a metrics port that cannot be
+listened on is bad input (`ExitCode.USAGE`) before the run.
 
 Signals: the first SIGINT, SIGTERM or SIGHUP stops generating and drains
 (in-flight requests finish, bounded by engine.drain_timeout_s), then prints
@@ -48,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
+from ratedeck.core.exits import ExitCode, first_of
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
 from ratedeck.engine.snapshot import BudgetRow, ClusterView, KeyRow, LatencySummary, Makespan, Snapshot
@@ -60,15 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ratedeck.runner.prometheus import LoopSource, MetricsServer
-
-EXIT_OK = 0
-EXIT_NO_ANSWER = 1
-EXIT_USAGE = 2
-EXIT_UNBALANCED = 3
-EXIT_OUTPUT = 4
-EXIT_THRESHOLD = 99
-EXIT_INTERRUPTED = 130
-EXIT_ORDER = (EXIT_UNBALANCED, EXIT_OUTPUT, EXIT_NO_ANSWER, EXIT_THRESHOLD, EXIT_INTERRUPTED)
 
 DEAD_TARGET_S = 10.0
 DEAD_TARGET_ATTEMPTS = 50
@@ -505,7 +477,7 @@ def conclude(
     err = sys.stderr
     if snap.no_limit:  # no limit given, none advertised: a usage error, said in one line
         _say(f"ratedeck: {cfg.target.url or 'the target'}: {snap.no_limit}", err)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
         t = server_stats["totals"]
@@ -515,14 +487,14 @@ def conclude(
             f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}",
             out,
         )
-    codes: list[int] = []
+    codes: list[ExitCode] = []
     if facts.graveyard_problem:
         _say(
             f"ratedeck: graveyard incomplete: {facts.graveyard_written} of {snap.graveyard} buried requests"
             f" written ({facts.graveyard_problem})",
             err,
         )
-        codes.append(EXIT_OUTPUT)
+        codes.append(ExitCode.OUTPUT)
     elif facts.graveyard_path and facts.graveyard_written:
         _say(f"graveyard: {facts.graveyard_written} requests in {facts.graveyard_path}", out)
     if facts.results_problem:
@@ -530,7 +502,7 @@ def conclude(
             f"ratedeck: results incomplete: {facts.results_written} lines written ({facts.results_problem})",
             err,
         )
-        codes.append(EXIT_OUTPUT)
+        codes.append(ExitCode.OUTPUT)
     elif facts.results_path:
         _say(f"results: {facts.results_written} requests in {facts.results_path}", out)
     for problem in facts.problems:
@@ -543,7 +515,7 @@ def conclude(
             f" for ({snap.balance():+d}); a request was lost or counted twice",
             err,
         )
-        codes.append(EXIT_UNBALANCED)
+        codes.append(ExitCode.UNBALANCED)
     store = facts.store
     if store is not None:
         if store.problem or store.unjournaled:
@@ -552,13 +524,13 @@ def conclude(
                 f" ({store.problem or 'not written'})",
                 err,
             )
-            codes.append(EXIT_OUTPUT)
+            codes.append(ExitCode.OUTPUT)
         elif store.journaled != ended(snap):
             _say(
                 f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}",
                 err,
             )
-            codes.append(EXIT_UNBALANCED)
+            codes.append(ExitCode.UNBALANCED)
         if store.counts.uncertain:
             _say(
                 f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
@@ -574,7 +546,7 @@ def conclude(
     nothing = nothing_worked(snap, facts)
     if nothing is not None:
         _say(Redactor(k.secret for k in cfg.keys)(f"ratedeck: {nothing}"), err)
-        codes.append(EXIT_NO_ANSWER)
+        codes.append(ExitCode.FAILED)
     report = build_report(snap, server_stats, facts.store)
     if thresholds:
         verdicts = evaluate(list(thresholds), report)
@@ -593,20 +565,17 @@ def conclude(
         for v in failed:
             _say(f"ratedeck: threshold failed: {v.line()}", err)
         if failed:
-            codes.append(EXIT_THRESHOLD)
+            codes.append(ExitCode.THRESHOLD)
     if cfg.report is not None:
         report_problem = write_report(snap, cfg.report, server_stats, report=report)
         if report_problem:
             _say(f"ratedeck: {report_problem}", err)
-            codes.append(EXIT_OUTPUT)
+            codes.append(ExitCode.OUTPUT)
         elif cfg.report != "-":
             _say(f"report written to {cfg.report}", out)
     if stopped_at_once:
-        codes.append(EXIT_INTERRUPTED)
-    for code in EXIT_ORDER:
-        if code in codes:
-            return code
-    return EXIT_OK
+        codes.append(ExitCode.INTERRUPTED)
+    return first_of(codes)
 
 
 @dataclass(frozen=True)
@@ -638,7 +607,7 @@ async def run_headless(
     if problems:
         for problem in problems:
             _say(f"ratedeck: {problem}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     loop = asyncio.get_running_loop()
     if procs > 1:
         signals = StopSignals(loop).install()
@@ -656,7 +625,7 @@ async def run_headless(
             exporter = serve_metrics(source, metrics.port, metrics.host)
         except MetricsPortError as exc:
             _say(f"ratedeck: {exc}", sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
     signals = StopSignals(loop).install()  # before the start: Ctrl-C while starting drains too
     try:
         return await _run(cfg, interval_s, out, signals, thresholds, source, exporter, metrics)
@@ -748,11 +717,11 @@ async def _run_sharded(
     except (ConfigError, ShardError) as exc:
         await loop.run_in_executor(None, host.abort)
         _say(f"ratedeck: {exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except (OSError, RuntimeError, TimeoutError) as exc:
         await loop.run_in_executor(None, host.abort)
         _say(f"ratedeck: cannot start: {exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     where = "embedded simulator" if cfg.target.url is None else "target"
     _say(
         f"ratedeck: {_keys(len(cfg.keys))} in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
@@ -809,10 +778,10 @@ async def _run(
         engine = await session.start()
     except ConfigError as exc:
         _say(f"ratedeck: {exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except OSError as exc:
         _say(f"ratedeck: cannot start: {exc.strerror or exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     if source is not None:
         source.engine = engine
     finished = engine.finished

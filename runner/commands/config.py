@@ -7,6 +7,7 @@ import sys
 import tomli_w
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.paths import user_config_path, user_themes_dir
 from ratedeck.core.secrets import Redactor, mask_secret, masked_password, safe_url
 from ratedeck.core.version import version
@@ -26,13 +27,13 @@ USAGE = (
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if argv else 2
+        return ExitCode.OK if argv else ExitCode.USAGE
     what, rest = argv[0], argv[1:]
     if what == "path":
         if rest not in ([], ["--themes"]):
             return fail(f"config path: unexpected {' '.join(rest)!r} (only --themes)")
         print(user_themes_dir() if rest else user_config_path())
-        return 0
+        return ExitCode.OK
     if what == "show":
         parsed = parse_args(run_parser("ratedeck config show"), rest)
         if isinstance(parsed, int):
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
         except ConfigError as exc:
             return fail(str(exc))
         sys.stdout.write(shown_config(plan.cfg, plan.source))
-        return 0
+        return ExitCode.OK
     return fail(f"config: unknown command {what!r}; use 'config path' or 'config show'")
 
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from ratedeck.config import ConfigError, RunConfig, load_config
+from ratedeck.core.exits import ExitCode
 from ratedeck.engine.sources.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     except StoreError as exc:
         return fail(f"enqueue: {store.url}: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
-    return 0
+    return ExitCode.OK
 
 
 def _load(args: argparse.Namespace) -> tuple[RunConfig, KeyPins]:

@@ -24,6 +24,7 @@ from ratedeck.config import (
     to_toml_dict,
     with_graveyard_place,
 )
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
@@ -33,14 +34,7 @@ from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_con
 from ratedeck.store.work import open_for_run
 
 from ..cli import overrides_from_args
-from ..headless import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    Metrics,
-    check_outputs,
-    conclude,
-    run_headless,
-)
+from ..headless import Metrics, check_outputs, conclude, run_headless
 from ..thresholds import Threshold, ThresholdError, parse
 from .common import fail, flag_value
 
@@ -216,7 +210,7 @@ def save_config(cfg: RunConfig, path: str) -> int:
     except OSError as exc:
         return fail(f"{path}: cannot write: {exc.strerror or exc}")
     print(f"ratedeck: wrote the effective config to {path} (load it with --config {path})")
-    return 0
+    return ExitCode.OK
 
 
 # ---------------------------------------------------------------- the console
@@ -244,7 +238,7 @@ def run_console(
     if problems:
         for problem in problems:
             fail(problem)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg)
     exporter = None
     if metrics is not None:
@@ -274,7 +268,7 @@ def run_console(
             drain, write the report and leave, printing nothing."""
             if concluding.wait(cfg.drain_s + 5.0):
                 return  # the ordinary path finishes the job
-            code = EXIT_INTERRUPTED
+            code = ExitCode.INTERRUPTED
             try:
                 nowhere = open(os.devnull, "w")
                 sys.stdout = sys.stderr = nowhere  # the terminal is gone: a write there fails or waits

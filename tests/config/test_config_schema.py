@@ -14,11 +14,23 @@ from typing import Any
 import pytest
 
 from ratedeck.config import PRESETS, build_config, load_config, to_toml_dict
-from ratedeck.config.docs import KINDS, REFERENCE, SCHEMA, reference, schema, stale
+from ratedeck.config.docs import (
+    EXITS,
+    EXITS_BEGIN,
+    EXITS_END,
+    KINDS,
+    REFERENCE,
+    SCHEMA,
+    exit_codes_page,
+    reference,
+    schema,
+    stale,
+)
 from ratedeck.config.flags import overrides_from_args
 from ratedeck.config.load import PRESET_DIR
 from ratedeck.config.rows import FIELDS, NO_SWITCH, ROWS
 from ratedeck.config.settings import RunnerSettings
+from ratedeck.core.exits import MEANING, ORDER, ExitCode
 from ratedeck.core.seed_server import SEED_KEYS
 from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
 from ratedeck.engine.settings import EngineSettings
@@ -37,13 +49,35 @@ def test_the_generated_reference_and_schema_are_current():
 
 
 def test_a_missing_or_edited_generated_file_is_stale(tmp_path):
-    assert set(stale(tmp_path)) == {REFERENCE, SCHEMA}
+    assert set(stale(tmp_path)) == {REFERENCE, SCHEMA, EXITS}
     (tmp_path / "docs").mkdir()
     (tmp_path / REFERENCE).write_text(reference())
     (tmp_path / SCHEMA).write_text(json.dumps(schema(), indent=2) + "\n")
+    (tmp_path / EXITS).write_text((REPO / EXITS).read_text())
     assert stale(tmp_path) == []
     (tmp_path / REFERENCE).write_text(reference().replace("in_flight_per_key", "in_flight"))
     assert stale(tmp_path) == [REFERENCE]
+    (tmp_path / EXITS).write_text((REPO / EXITS).read_text().replace("| 99 |", "| 98 |"))
+    assert stale(tmp_path) == [REFERENCE, EXITS]
+
+
+def test_the_exit_codes_page_lists_every_code_from_the_enum():
+    """docs/exit-codes.md's table is `ExitCode`: each code once with its meaning, and the order rule."""
+    text = (REPO / EXITS).read_text()
+    table = text[text.index(EXITS_BEGIN) : text.index(EXITS_END)]
+    for code in ExitCode:
+        assert table.count(f"| {int(code)} |") == 1, code
+        assert MEANING[code].replace("|", "\\|") in table, code
+    assert f"the first of {', '.join(str(int(c)) for c in ORDER)} is the code" in table
+    assert "A run that achieved nothing fails" in text  # the prose around the table is kept
+
+
+def test_the_exit_codes_page_keeps_its_prose_when_the_table_is_made_anew():
+    page = f"# Title\n\nbefore\n\n{EXITS_BEGIN}\nold table\n{EXITS_END}\n\nafter\n"
+    made = exit_codes_page(page)
+    assert made.startswith("# Title\n\nbefore\n\n") and made.endswith("\n\nafter\n")
+    assert "old table" not in made and "| 130 |" in made
+    assert exit_codes_page(None).startswith("# Exit codes")
 
 
 def test_the_docs_command_checks_the_files():
