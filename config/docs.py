@@ -44,6 +44,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "paths": ("table of tables", {"type": "object", "additionalProperties": {"type": "object"}}),
     "pools": ("table of integers", {"type": "object", "additionalProperties": {"type": "integer"}}),
     "server": ("table (the simulator's)", {"type": "object"}),
+    "procs": ('whole number or "auto"', {"type": ["integer", "string"]}),
     "statuses": ("list of HTTP statuses", {"type": "array", "items": {"type": "integer"}}),
 }
 

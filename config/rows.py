@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_rate
+from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_duration, parse_rate
 from ratedeck.core.vocab import Arrival, Excess, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
@@ -810,6 +810,51 @@ ROWS: tuple[Row, ...] = (
             switch=True,
         ),
         save="never",
+    ),
+    Row(
+        "run.procs",
+        "procs",
+        p.procs,
+        'engine processes, the keys shared out among them; "auto": one per core',
+        "runner",
+        _flag("--procs", "N|auto", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.interval_s",
+        "duration",
+        lambda v: parse_duration(v, low=0.05, low_open=False, high=86_400.0),
+        "headless: print the metrics every this many seconds (or 500ms)",
+        "runner",
+        _flag("--interval", "S", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_port",
+        "integer",
+        p.count(0, 65535),
+        "serve Prometheus metrics at http://HOST:PORT/metrics during the run (0: any free port)",
+        "runner",
+        _flag("--metrics-port", "PORT", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_host",
+        "string",
+        p.text,
+        "the address metrics_port listens on",
+        "runner",
+        _flag("--metrics-host", "HOST", keep_empty=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_linger_s",
+        "duration",
+        lambda v: parse_duration(v, low=0.0, low_open=False, high=86_400.0),
+        "after the run, keep serving the final metrics this long (30s, 2m) or until Ctrl-C",
+        "runner",
+        _flag("--metrics-linger", "S", check=True),
+        save="changed",
     ),
     # ---------------------------------------------------------------- [console]
     Row(

@@ -356,10 +356,14 @@ def check_output_path(path: str | os.PathLike, what: str) -> str | None:
 
 def check_outputs(cfg: RunConfig) -> list[str]:
     """Every output path of the run that cannot be written, one line each."""
-    report = cfg.report if cfg.report != "-" else None  # "-": stdout
-    wanted = [(report, "report"), (cfg.engine.graveyard_path, "graveyard"), (cfg.results, "results")]
-    messages = getattr(cfg, "messages", None)
-    if messages is not None and getattr(messages, "shed_path", None):
+    report = cfg.runner.report if cfg.runner.report != "-" else None  # "-": stdout
+    wanted = [
+        (report, "report"),
+        (cfg.engine_settings.engine.graveyard_path, "graveyard"),
+        (cfg.runner.results, "results"),
+    ]
+    messages = cfg.engine_settings.messages
+    if messages is not None and messages.shed_path:
         wanted.append((messages.shed_path, "shed file"))
     problems: list[str] = []
     bad_dirs: set[Path] = set()  # one line per place (a graveyard next to an unwritable report)
@@ -476,17 +480,60 @@ def conclude(
     """
     err = sys.stderr
     if snap.no_limit:  # no limit given, none advertised: a usage error, said in one line
-        _say(f"ratedeck: {cfg.target.url or 'the target'}: {snap.no_limit}", err)
+        _say(f"ratedeck: {cfg.engine_settings.target.url or 'the target'}: {snap.no_limit}", err)
         return ExitCode.USAGE
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
-        t = server_stats["totals"]
+        _say(simulator_line(server_stats), out)
+    codes = _output_codes(snap, facts, out, err)
+    if snap.balance() != 0:
+        accounted = snap.generated - snap.balance()
         _say(
-            f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
-            f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
-            f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}",
-            out,
+            f"ratedeck: the accounting does not balance: {snap.generated} generated, {accounted} accounted"
+            f" for ({snap.balance():+d}); a request was lost or counted twice",
+            err,
         )
+        codes.append(ExitCode.UNBALANCED)
+    if facts.store is not None:
+        codes += _store_codes(facts.store, snap, err)
+    if snap.uncertain:
+        _say(
+            f"ratedeck: {snap.uncertain} requests are uncertain: a write that may have happened"
+            " (--results lists them with the server's request id); not sent on another key",
+            err,
+        )
+    nothing = nothing_worked(snap, facts)
+    if nothing is not None:
+        _say(Redactor(k.secret for k in cfg.engine_settings.keys)(f"ratedeck: {nothing}"), err)
+        codes.append(ExitCode.FAILED)
+    report = build_report(snap, server_stats, facts.store)
+    if thresholds and _thresholds_failed(thresholds, report, out, err):
+        codes.append(ExitCode.THRESHOLD)
+    if cfg.runner.report is not None:
+        report_problem = write_report(snap, cfg.runner.report, server_stats, report=report)
+        if report_problem:
+            _say(f"ratedeck: {report_problem}", err)
+            codes.append(ExitCode.OUTPUT)
+        elif cfg.runner.report != "-":
+            _say(f"report written to {cfg.runner.report}", out)
+    if stopped_at_once:
+        codes.append(ExitCode.INTERRUPTED)
+    return first_of(codes)
+
+
+def simulator_line(server_stats: dict) -> str:
+    """The embedded simulator's own count of the run, and whether its window audit held."""
+    t = server_stats["totals"]
+    return (
+        f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
+        f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
+        f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}"
+    )
+
+
+def _output_codes(snap: Snapshot, facts: RunFacts, out: TextIO, err: TextIO) -> list[ExitCode]:
+    """Say where the graveyard and results lines went, or how much of them did not; OUTPUT per
+    file left incomplete. The run's other problems are said here too."""
     codes: list[ExitCode] = []
     if facts.graveyard_problem:
         _say(
@@ -508,74 +555,53 @@ def conclude(
     for problem in facts.problems:
         if problem not in (facts.graveyard_problem, facts.results_problem):
             _say(f"ratedeck: {problem}", err)
-    if snap.balance() != 0:
-        accounted = snap.generated - snap.balance()
+    return codes
+
+
+def _store_codes(store: StoreReport, snap: Snapshot, err: TextIO) -> list[ExitCode]:
+    """A store run's journal checked against the run's own count: OUTPUT when endings went
+    unwritten, UNBALANCED when the two counts differ. Uncertain jobs are said, not failed."""
+    codes: list[ExitCode] = []
+    if store.problem or store.unjournaled:
         _say(
-            f"ratedeck: the accounting does not balance: {snap.generated} generated, {accounted} accounted"
-            f" for ({snap.balance():+d}); a request was lost or counted twice",
+            f"ratedeck: store incomplete: {store.journaled} endings journaled, {store.unjournaled} not"
+            f" ({store.problem or 'not written'})",
             err,
         )
+        codes.append(ExitCode.OUTPUT)
+    elif store.journaled != ended(snap):
+        _say(f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}", err)
         codes.append(ExitCode.UNBALANCED)
-    store = facts.store
-    if store is not None:
-        if store.problem or store.unjournaled:
-            _say(
-                f"ratedeck: store incomplete: {store.journaled} endings journaled, {store.unjournaled} not"
-                f" ({store.problem or 'not written'})",
-                err,
-            )
-            codes.append(ExitCode.OUTPUT)
-        elif store.journaled != ended(snap):
-            _say(
-                f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}",
-                err,
-            )
-            codes.append(ExitCode.UNBALANCED)
-        if store.counts.uncertain:
-            _say(
-                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
-                " (or their write may have happened), and they are not sent again",
-                err,
-            )
-    if snap.uncertain:
+    if store.counts.uncertain:
         _say(
-            f"ratedeck: {snap.uncertain} requests are uncertain: a write that may have happened"
-            " (--results lists them with the server's request id); not sent on another key",
+            f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
+            " (or their write may have happened), and they are not sent again",
             err,
         )
-    nothing = nothing_worked(snap, facts)
-    if nothing is not None:
-        _say(Redactor(k.secret for k in cfg.keys)(f"ratedeck: {nothing}"), err)
-        codes.append(ExitCode.FAILED)
-    report = build_report(snap, server_stats, facts.store)
-    if thresholds:
-        verdicts = evaluate(list(thresholds), report)
-        report["thresholds"] = [
-            {
-                "expression": v.threshold.expression,
-                "field": v.threshold.field,
-                "value": v.actual,
-                "failed": v.failed,
-            }
-            for v in verdicts
-        ]
-        for v in verdicts:
-            _say(f"threshold    {'FAILED' if v.failed else 'ok    '} {v.line()}", out)
-        failed = [v for v in verdicts if v.failed]
-        for v in failed:
-            _say(f"ratedeck: threshold failed: {v.line()}", err)
-        if failed:
-            codes.append(ExitCode.THRESHOLD)
-    if cfg.report is not None:
-        report_problem = write_report(snap, cfg.report, server_stats, report=report)
-        if report_problem:
-            _say(f"ratedeck: {report_problem}", err)
-            codes.append(ExitCode.OUTPUT)
-        elif cfg.report != "-":
-            _say(f"report written to {cfg.report}", out)
-    if stopped_at_once:
-        codes.append(ExitCode.INTERRUPTED)
-    return first_of(codes)
+    return codes
+
+
+def _thresholds_failed(
+    thresholds: list[Threshold] | tuple[Threshold, ...], report: dict, out: TextIO, err: TextIO
+) -> bool:
+    """Check `thresholds` over `report`, print each verdict and keep them in the report's
+    `thresholds`; whether any failed."""
+    verdicts = evaluate(list(thresholds), report)
+    report["thresholds"] = [
+        {
+            "expression": v.threshold.expression,
+            "field": v.threshold.field,
+            "value": v.actual,
+            "failed": v.failed,
+        }
+        for v in verdicts
+    ]
+    for v in verdicts:
+        _say(f"threshold    {'FAILED' if v.failed else 'ok    '} {v.line()}", out)
+    failed = [v for v in verdicts if v.failed]
+    for v in failed:
+        _say(f"ratedeck: threshold failed: {v.line()}", err)
+    return bool(failed)
 
 
 @dataclass(frozen=True)
@@ -620,7 +646,7 @@ async def run_headless(
     if metrics is not None:
         from .prometheus import LoopSource, MetricsPortError, serve_metrics
 
-        source = LoopSource(loop, cfg.capacity_tps)
+        source = LoopSource(loop, cfg.engine_settings.capacity_tps)
         try:
             exporter = serve_metrics(source, metrics.port, metrics.host)
         except MetricsPortError as exc:
@@ -637,7 +663,7 @@ async def run_headless(
 
 def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     """A sharded run with `workload.total`: every request generated and none left anywhere."""
-    total = cfg.workload.total
+    total = cfg.engine_settings.workload.total
     if snap.no_limit:
         return True  # no limit given and none advertised: the run stops
     return (
@@ -669,7 +695,7 @@ async def _watch(
     (which it cancels at the end, with its own)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    deadline = started + cfg.duration_s if cfg.duration_s else None
+    deadline = started + cfg.runner.duration_s if cfg.runner.duration_s else None
     next_print = started + interval_s
     waiters = [asyncio.ensure_future(signals.drain.wait()), *waiters]
     try:
@@ -722,10 +748,10 @@ async def _run_sharded(
         await loop.run_in_executor(None, host.abort)
         _say(f"ratedeck: cannot start: {exc}", sys.stderr)
         return ExitCode.USAGE
-    where = "embedded simulator" if cfg.target.url is None else "target"
+    where = "embedded simulator" if cfg.engine_settings.target.url is None else "target"
     _say(
-        f"ratedeck: {_keys(len(cfg.keys))} in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
-        f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        f"ratedeck: {_keys(len(cfg.engine_settings.keys))} in {host.procs} processes, {_capacity(cfg.engine_settings.capacity_tps)},"
+        f" {where}" + (f", {cfg.runner.duration_s:g} s" if cfg.runner.duration_s else ", Ctrl-C to stop"),
         out,
     )
     await _watch(
@@ -756,7 +782,7 @@ async def _run_sharded(
         stopped_at_once=host.aborted or signals.now.is_set(),
         thresholds=thresholds,
     )
-    if cfg.plot:
+    if cfg.runner.plot:
         from .plots import run_charts
 
         _say(run_charts(snap, color=out.isatty()), out)
@@ -788,8 +814,8 @@ async def _run(
     assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
-        f"ratedeck: {_keys(len(cfg.keys))}, {_capacity(cfg.capacity_tps)}, {where} {session.shown_target}"
-        + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        f"ratedeck: {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)}, {where} {session.shown_target}"
+        + (f", {cfg.runner.duration_s:g} s" if cfg.runner.duration_s else ", Ctrl-C to stop"),
         out,
     )
     if exporter is not None:
@@ -818,7 +844,7 @@ async def _run(
         stopped_at_once=at_once,
         thresholds=thresholds,
     )
-    if cfg.plot:
+    if cfg.runner.plot:
         from .plots import run_charts
 
         _say(run_charts(snap, color=out.isatty()), out)

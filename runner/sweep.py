@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     try:
         settings = server_settings(args)
-        capacity = point_config(args, rates[0], "off", settings).capacity_tps
+        capacity = point_config(args, rates[0], "off", settings).engine_settings.capacity_tps
     except (ConfigError, ValueError) as exc:
         print(f"ratedeck sweep: {exc}", file=sys.stderr)
         return ExitCode.USAGE

@@ -56,16 +56,17 @@ def shown_config(cfg: RunConfig, source: str | None) -> str:
     for name in ("url", "proxy", "probe_url"):  # user:password@ in any of them
         if target.get(name):
             target[name] = masked_password(target[name])
-    literal = [s for s in cfg.key_sources if not s.strip().startswith(("env:", "@"))]
+    literal = [s for s in cfg.runner.key_sources if not s.strip().startswith(("env:", "@"))]
     if literal and "secrets" in data.get("keys", {}):
         data["keys"]["secrets"] = [
-            s if s.strip().startswith(("env:", "@")) else mask_secret(s) for s in cfg.key_sources
+            s if s.strip().startswith(("env:", "@")) else mask_secret(s) for s in cfg.runner.key_sources
         ]
     head = [
         f"# ratedeck {version()}: the config in force",
-        f"# from: {'preset ' + cfg.preset + ' + ' if cfg.preset else ''}{source or 'no config file'} + flags",
+        f"# from: {'preset ' + cfg.runner.preset + ' + ' if cfg.runner.preset else ''}{source or 'no config file'} + flags",
         f"# user config file: {user_config_path()}",
-        "# keys: " + (", ".join(f"{k.label} {mask_secret(k.secret)}" for k in cfg.keys) or "none"),
+        "# keys: "
+        + (", ".join(f"{k.label} {mask_secret(k.secret)}" for k in cfg.engine_settings.keys) or "none"),
     ]
     text = "\n".join(head) + "\n" + tomli_w.dumps(data)
-    return Redactor(k.secret for k in cfg.keys)(text)
+    return Redactor(k.secret for k in cfg.engine_settings.keys)(text)

@@ -39,14 +39,14 @@ def main(argv: list[str]) -> int:
     args = parsed
     try:
         cfg, pins = _load(args)
-        budgets = tuple(b.name for b in cfg.budgets)
-        signed = bool(cfg.target.signing)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins, signed=signed))
-        if cfg.store.strip() == "memory":
+        budgets = tuple(b.name for b in cfg.engine_settings.budgets)
+        signed = bool(cfg.engine_settings.target.signing)
+        items = list(read_jsonl(args.file, tuple(cfg.engine_settings.pools), budgets, pins, signed=signed))
+        if cfg.runner.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
             )
-        store = open_for_run(cfg)
+        store = open_for_run(cfg.runner, cfg.engine_settings)
     except ConfigError as exc:
         return fail(str(exc))
     assert store is not None
@@ -74,7 +74,7 @@ def _load(args: argparse.Namespace) -> tuple[RunConfig, KeyPins]:
     if args.config or args.preset:
         try:
             cfg = load_config(args.config, args.preset, overrides)
-            return cfg, KeyPins(cfg.keys)
+            return cfg, KeyPins(cfg.engine_settings.keys)
         except ConfigError as exc:
             if not (exc.key.startswith("keys") or exc.key == "--keys"):
                 raise  # not about the keys: the same problem without them

@@ -122,6 +122,7 @@ SAMPLES = {
     "table": "Accept: text/plain",
     "strings": "k-1,k-2",
     "limits": "10/1s",
+    "procs": "auto",
 }
 
 
@@ -140,6 +141,31 @@ def test_each_flag_sets_the_setting_of_its_row(row):
     assert key in overrides[section], argv
     if flag.switch is not NO_SWITCH:
         assert overrides[section][key] == flag.switch
+
+
+def test_the_run_flags_that_are_no_engine_setting_are_rows_too():
+    """--procs, --interval and --metrics-* are [run] settings: a flag, a key of the file, a reference line."""
+    args = build_parser().parse_args(
+        ["--procs", "auto", "--interval", "500ms", "--metrics-port", "0", "--metrics-host", "::1"]
+        + ["--metrics-linger", "2m"]
+    )
+    assert overrides_from_args(args)["run"] == {
+        "procs": "auto",
+        "interval_s": 0.5,
+        "metrics_port": 0,
+        "metrics_host": "::1",
+        "metrics_linger_s": 120.0,
+    }
+    run = build_config(
+        {"run": {"procs": 3, "interval_s": "2s", "metrics_port": 9100}}, keys_needed=False
+    ).runner
+    assert (run.procs, run.interval_s, run.metrics_port, run.metrics_host) == (3, 2.0, 9100, "127.0.0.1")
+    assert to_toml_dict(load_config(preset="seed", overrides={"run": {"procs": 3}}))["run"]["procs"] == 3
+    saved = to_toml_dict(load_config(preset="seed")).get("run", {})
+    assert not {"procs", "interval_s", "metrics_port", "metrics_host", "metrics_linger_s"} & set(saved)
+    for bad, needle in (({"procs": 0}, "at least 1"), ({"interval_s": "10ms"}, "run.interval_s")):
+        with pytest.raises(Exception, match=needle):
+            build_config({"run": bad}, keys_needed=False)
 
 
 def test_no_flag_sets_nothing():

@@ -46,7 +46,7 @@ def write_lines(tmp_path, lines, name="work.jsonl"):
 async def run_engine(cfg, url, seconds, results=None):
     from ratedeck.host.session import ResultsFile
 
-    transport = http_transport(cfg, url)
+    transport = http_transport(cfg.engine_settings, url)
     engine = Engine(cfg, transport)
     seen = Endings()
     engine.watch(seen)
@@ -236,7 +236,7 @@ def test_key_lines_are_checked_before_anything_is_sent(tmp_path):
 
     def check(lines):
         cfg = load_config(**cfg_for(lines))
-        Workload.from_config(cfg, random.Random(0))
+        Workload.from_config(cfg.engine_settings, random.Random(0))
 
     from ratedeck.core.secrets import fingerprint
 

@@ -175,7 +175,9 @@ def test_a_target_that_never_answers_is_not_waited_on_forever(monkeypatch, tmp_p
             "keys": {"secrets": KEYS.split(","), "limits": ["20/1s"]},
         }
     )
-    assert cfg.duration_s is None and cfg.workload.total is None  # nothing else would stop it
+    assert (
+        cfg.runner.duration_s is None and cfg.engine_settings.workload.total is None
+    )  # nothing else would stop it
     start = time.monotonic()
     code = asyncio.run(asyncio.wait_for(headless.run_headless(cfg, interval_s=1.0), 30))
     out, err = capsys.readouterr()
