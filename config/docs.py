@@ -19,6 +19,8 @@ from typing import Any
 
 from ratedeck.core.exits import MEANING, ORDER, ExitCode
 
+from .flags import preset_value
+from .load import DEMO_PRESET
 from .rows import NO_DEFAULT, NO_SWITCH, ROWS, Row
 
 #: Each row kind: how the reference names its type, and its JSON schema.
@@ -57,12 +59,25 @@ EXITS_END = "<!-- end of the generated exit codes -->"
 
 
 def _shown_default(row: Row) -> str:
+    """The default as JSON, then the demo preset's value where it sets another (from its file)."""
     value = row.default
-    if value is NO_DEFAULT or value is None or value == {} or value == ():
-        return ""
+    shown = ""
+    if not (value is NO_DEFAULT or value is None or value == {} or value == ()):
+        shown = f"`{json.dumps(value.value if isinstance(value, Enum) else value)}`"
+    demo = preset_value(row, DEMO_PRESET)
+    keys = row.path == "keys.secrets"  # the demo keys are noise in a reference
+    if row.section and not keys and demo is not NO_DEFAULT and demo != _as_toml(value):
+        shown += f"{'; ' if shown else ''}`--preset {DEMO_PRESET}`: `{json.dumps(demo)}`"
+    return shown
+
+
+def _as_toml(value: Any) -> Any:
+    """A default as a preset file would write it, to compare the two."""
     if isinstance(value, Enum):
-        value = value.value
-    return f"`{json.dumps(value)}`"
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
 def _type(row: Row) -> str:

@@ -36,13 +36,15 @@ from .settings import ConsoleSettings, RunConfig, RunnerSettings
 
 #: The presets: one TOML file each, a `description` line and config tables; "seed" first.
 PRESET_DIR = Path(__file__).parent / "presets"
+#: The preset a run starts from when it names no target: the embedded simulator's.
+DEMO_PRESET = "seed"
 
 
 def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every preset by name, and a line saying what each is (the files ship with the package)."""
     presets: dict[str, dict[str, Any]] = {}
     descriptions: dict[str, str] = {}
-    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != "seed", f.stem))
+    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != DEMO_PRESET, f.stem))
     for file in files:
         with file.open("rb") as fh:
             data = tomllib.load(fh)
@@ -89,7 +91,7 @@ def load_config(
     # the key as a Bearer token), never the seed server's ways.
     implicit = preset is None and not named_target and not file_names_target
     if implicit:
-        preset = "seed"
+        preset = DEMO_PRESET
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(

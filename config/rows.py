@@ -145,7 +145,7 @@ ROWS: tuple[Row, ...] = (
         p.method,
         "HTTP method",
         "engine",
-        _flag("--method", choices=("GET", "POST"), help="HTTP method (default GET)"),
+        _flag("--method", choices=("GET", "POST")),
         choices=("GET", "POST"),
     ),
     Row(
@@ -250,12 +250,7 @@ ROWS: tuple[Row, ...] = (
         p.seconds(p.MAX_TIMEOUT_S),
         "seconds to wait for an answer",
         "engine",
-        _flag(
-            "--timeout",
-            "S",
-            help="seconds to wait for an answer (default 10s; 1s with --preset seed)",
-            keep_empty=True,
-        ),
+        _flag("--timeout", "S", keep_empty=True),
     ),
     Row(
         "target.delay_field",
@@ -299,7 +294,7 @@ ROWS: tuple[Row, ...] = (
         lambda v: parse_rate(v, allow_zero=False, high=p.MAX_PROBE_RATE),
         "probes per second, on their own connection",
         "engine",
-        _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
+        _flag("--probe-rate", "N", help="probes per second with --probe-url", check=True),
     ),
     # The HTTP client's network settings (engine/http/client.py; docs/configuration.md#the-network).
     Row(
@@ -450,7 +445,7 @@ ROWS: tuple[Row, ...] = (
         p.headroom,
         '"adaptive" (learned from the answers) or fixed milliseconds',
         "engine",
-        _flag("--headroom", "MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)", check=True),
+        _flag("--headroom", "MS|adaptive", help="fixed headroom in ms, or 'adaptive'", check=True),
     ),
     Row(
         "engine.headroom_initial_ms",
@@ -479,12 +474,7 @@ ROWS: tuple[Row, ...] = (
         p.count(0, MAX_COUNT),
         "429s the run may spend narrowing its headroom (0: never probe; keep 0 where a server bans)",
         "engine",
-        _flag(
-            "--rejection-budget",
-            "N",
-            help="429s the run may spend narrowing its headroom (default 0: never probe; keep 0 where a server bans)",
-            check=True,
-        ),
+        _flag("--rejection-budget", "N", check=True),
     ),
     Row(
         help='"auto": "burst" for a job fed as fast as the limits allow, else "even"; "even": spread'
@@ -509,7 +499,7 @@ ROWS: tuple[Row, ...] = (
         "integer",
         p.count(1, p.MAX_QUEUE),
         "the main queue's size; unset: 4 x keys x in_flight_per_key, at least 1000, so queued work always"
-        " waits for every key's limiter (the seed preset: 50)",
+        " waits for every key's limiter",
         "engine",
         optional=True,
     ),
@@ -525,7 +515,7 @@ ROWS: tuple[Row, ...] = (
         "engine.ttl_s",
         "duration",
         p.seconds(),
-        "request time-to-live, for data that goes stale; unset: work never expires (the seed preset: 1s)",
+        "request time-to-live, for data that goes stale; unset: work never expires",
         "engine",
         _flag(
             "--ttl",
@@ -540,7 +530,7 @@ ROWS: tuple[Row, ...] = (
         "duration",
         p.seconds(p.MAX_TIMEOUT_S, allow_zero=True),
         "how long the end waits for requests in flight; unset: the request timeout + 1s, so each is"
-        " answered or times out (the seed preset: 2s)",
+        " answered or times out",
         "engine",
         optional=True,
     ),
@@ -572,8 +562,7 @@ ROWS: tuple[Row, ...] = (
         "boolean",
         p.boolean,
         "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
-        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown); "
-        "the seed preset turns it off",
+        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown)",
         "engine",
     ),
     Row(
@@ -787,13 +776,7 @@ ROWS: tuple[Row, ...] = (
         "where the work lives: memory, sqlite:PATH (durable), redis://host:port/db (shared); "
         "fill it with 'ratedeck enqueue'",
         "store",
-        _flag(
-            "--store",
-            "URL",
-            help="where the work lives: memory (default), sqlite:PATH (durable), redis://host:port/db (shared);"
-            " fill it with 'ratedeck enqueue'",
-            keep_empty=True,
-        ),
+        _flag("--store", "URL", keep_empty=True),
         save="changed",
     ),
     Row(

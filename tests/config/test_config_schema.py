@@ -168,6 +168,35 @@ def test_the_run_flags_that_are_no_engine_setting_are_rows_too():
             build_config({"run": bad}, keys_needed=False)
 
 
+def test_flag_help_shows_defaults_and_the_demo_preset_from_the_rows_and_its_file():
+    """A default in --help is generated from the row's field and the demo preset's file, never
+    written by hand: each flag's help names its default once, and the demo preset's value where
+    it differs."""
+    from ratedeck.config.flags import DEMO_PRESET, demo_value, flag_help, shown_value
+
+    helps = {row.flag.name: flag_help(row) for row in FLAG_ROWS}
+    assert helps["--timeout"].endswith(f"(default 10s; 1s with --preset {DEMO_PRESET})")
+    assert helps["--rate"].endswith(f"(default: capacity; 90 with --preset {DEMO_PRESET})")
+    assert helps["--method"] == "HTTP method (default GET)"
+    for row in FLAG_ROWS:
+        text = helps[row.flag.name]
+        assert text.count("default") <= 1 or "(default:" in text, text
+        if row.flag.switch is NO_SWITCH and "(default" not in (row.flag.help or row.help):
+            default = shown_value(row, row.default)
+            assert default is None or f"default {default}" in text, text
+        demo = demo_value(row)
+        if demo is not None and demo != shown_value(row, row.default):
+            assert f"{demo} with --preset {DEMO_PRESET}" in text, text
+
+
+def test_a_changed_preset_file_changes_the_help(monkeypatch):
+    from ratedeck.config import flags
+
+    row = next(row for row in FLAG_ROWS if row.path == "target.timeout_s")
+    monkeypatch.setitem(flags.PRESETS, flags.DEMO_PRESET, {"target": {"timeout_s": 3}})
+    assert flags.flag_help(row).endswith(f"(default 10s; 3s with --preset {flags.DEMO_PRESET})")
+
+
 def test_no_flag_sets_nothing():
     assert overrides_from_args(build_parser().parse_args([])) == {}
 
