@@ -120,9 +120,11 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
     target every shard sends to (the shared simulator's, when `cfg` has none).
 
     Fewer than `n` when there are fewer keys (or fewer requests in `total`)."""
-    if cfg.engine_settings.messages is not None:
+    es = cfg.engine_settings
+    wl, eng = es.workload, es.engine
+    if es.messages is not None:
         raise ShardError("--procs above 1 does not run messages ([messages]); use one process")
-    if cfg.engine_settings.workload.file:
+    if wl.file:
         raise ShardError("--procs above 1 does not split a workload file; use one process")
     if cfg.runner.results:
         raise ShardError("--procs above 1 does not write --results; use one process")
@@ -131,46 +133,34 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             "--procs above 1 does not split a --store run; start one `ratedeck --store URL` per process "
             "(each is a member of the store)"
         )
-    n = max(1, min(n, len(cfg.engine_settings.keys)))
-    if cfg.engine_settings.workload.total is not None:
-        n = max(1, min(n, cfg.engine_settings.workload.total))
+    n = max(1, min(n, len(es.keys)))
+    if wl.total is not None:
+        n = max(1, min(n, wl.total))
     if n == 1:
         return [cfg if url is None else _with_url(cfg, url)]
-    groups = [cfg.engine_settings.keys[i::n] for i in range(n)]
-    host_policies = tuple(
-        split_policy(p, n, "the host-wide limit") for p in cfg.engine_settings.host_policies
-    )
+    groups = [es.keys[i::n] for i in range(n)]
+    host_policies = tuple(split_policy(p, n, "the host-wide limit") for p in es.host_policies)
     budgets = tuple(
         dataclasses.replace(
             b, policies=tuple(split_policy(p, n, f"the host budget {b.name!r}") for p in b.policies)
         )
         if b.scope == "host"
         else b
-        for b in cfg.engine_settings.budgets
+        for b in es.budgets
     )
     capacity = [sum(min(p.rate for p in k.policies) if k.policies else 0.0 for k in g) for g in groups]
     whole = sum(capacity)
     shares = [c / whole if whole > 0 else 1.0 / n for c in capacity]
-    totals = (
-        _shares(cfg.engine_settings.workload.total, shares)
-        if cfg.engine_settings.workload.total is not None
-        else [None] * n
-    )
+    totals = _shares(wl.total, shares) if wl.total is not None else [None] * n
     out = []
     for i, keys in enumerate(groups):
-        rate = (
-            cfg.engine_settings.workload.rate * shares[i]
-            if cfg.engine_settings.workload.rate is not None
-            else None
-        )
-        workload = dataclasses.replace(cfg.engine_settings.workload, rate=rate, total=totals[i])
+        rate = wl.rate * shares[i] if wl.rate is not None else None
+        workload = dataclasses.replace(wl, rate=rate, total=totals[i])
         engine = dataclasses.replace(
-            cfg.engine_settings.engine,
-            queue_max=max(1, cfg.engine_settings.engine.queue_max // n)
-            if cfg.engine_settings.engine.queue_max is not None
-            else None,
-            rejection_budget=cfg.engine_settings.engine.rejection_budget // n,
-            graveyard_path=_numbered(cfg.engine_settings.engine.graveyard_path, i),
+            eng,
+            queue_max=max(1, eng.queue_max // n) if eng.queue_max is not None else None,
+            rejection_budget=eng.rejection_budget // n,
+            graveyard_path=_numbered(eng.graveyard_path, i),
         )
         shard = cfg.replace(
             keys=keys,
@@ -181,7 +171,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             report=None,
             plot=False,
             fail_on=(),
-            seed=cfg.engine_settings.seed + i if cfg.engine_settings.seed is not None else None,
+            seed=es.seed + i if es.seed is not None else None,
         )
         out.append(shard if url is None else _with_url(shard, url))
     return out
@@ -318,9 +308,8 @@ class ShardedHost:
         self.hosts: list[ProcessHost] = []
         self._simulator: SimulatorProcess | None = None
         self._owner: dict[str, ProcessHost] = {}
-        self._order = {
-            k.label: i for i, k in enumerate(cfg.engine_settings.keys)
-        }  # keys shown in the config's order
+        keys = cfg.engine_settings.keys
+        self._order = {k.label: i for i, k in enumerate(keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
         self._merged = Snapshot(

@@ -95,14 +95,9 @@ def test_config_reference_loads(sandbox):
     (sandbox / "requests.jsonl").write_text('{"symbol": "ABC"}\n')
     (sandbox / "ratedeck.toml").write_text(block)
     cfg = load_config("ratedeck.toml")
-    assert [k.label for k in cfg.engine_settings.keys] == ["k1", "k2"] and cfg.engine_settings.keys[
-        1
-    ].policies[0].limit == 10
-    assert (
-        cfg.engine_settings.host_policies
-        and cfg.engine_settings.pools == {"read": 8, "write": 2}
-        and cfg.engine_settings.messages.calls == 3
-    )
+    es = cfg.engine_settings
+    assert [k.label for k in es.keys] == ["k1", "k2"] and es.keys[1].policies[0].limit == 10
+    assert es.host_policies and es.pools == {"read": 8, "write": 2} and es.messages.calls == 3
 
 
 def test_the_benchmark_tables_are_rendered_from_their_reports():
