@@ -198,10 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro, scaling = run_micro(args)
     except BenchError as exc:
         print(f"ratedeck bench: error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except KeyboardInterrupt:
         print("ratedeck bench: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     print(
         f"\n{command}  (loop {args.loop}; every strategy offered each scenario's capacity; "
         "429s and nonce rejections as the simulator counted them; latency = round trip of "
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ratedeck bench: error: {problem}", file=sys.stderr)
             return ExitCode.USAGE
         print(f"\nreport written to {args.report}")
-    return 0
+    return ExitCode.OK
 
 
 def _progress(text: str) -> None:
