@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import LOOP_NAMES
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ from .scenarios import (
     STRATEGIES,
 )
 
-EXIT_USAGE = 2
 DEFAULT_DURATION_S = 20.0
 QUICK_DURATION_S = 2.0
 LLM_DURATION_S = 40.0  # the llm group's default per strategy; --duration overrides it
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
     except UsageError as exc:
         print(f"ratedeck bench: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     from .output import bar_charts, micro_table, report_dict, scenario_table, write_report
     from .procs import BenchError
 
@@ -202,10 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro, scaling = run_micro(args)
     except BenchError as exc:
         print(f"ratedeck bench: error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except KeyboardInterrupt:
         print("ratedeck bench: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     print(
         f"\n{command}  (loop {args.loop}; every strategy offered each scenario's capacity; "
         "429s and nonce rejections as the simulator counted them; latency = round trip of "
@@ -227,9 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = write_report(data, args.report)
         if problem:
             print(f"ratedeck bench: error: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
         print(f"\nreport written to {args.report}")
-    return 0
+    return ExitCode.OK
 
 
 def _progress(text: str) -> None:

@@ -3,17 +3,74 @@
 from __future__ import annotations
 
 import argparse
+from enum import Enum
 from typing import Any
 
 from ratedeck.engine.settings import ConfigError
 
-from .load import parse_setting
-from .rows import NO_SWITCH, ROWS, Row
+from .load import DEMO_PRESET, PRESETS, parse_setting
+from .rows import NO_DEFAULT, NO_SWITCH, ROWS, Row
 
 
 def flag_rows() -> list[Row]:
     """The rows that have a flag, in the rows' order."""
     return [row for row in ROWS if row.flag is not None]
+
+
+def shown_value(row: Row, value: Any) -> str | None:
+    """A setting's value as its flag would take it ("10s", "GET", "adaptive"); None: nothing to
+    show (unset, empty, a list, a table or a yes/no)."""
+    if value is NO_DEFAULT or value is None or isinstance(value, bool | list | tuple | dict):
+        return None
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, str):
+        return value or None
+    if row.kind == "duration":
+        return f"{value:g}s"
+    if row.kind in ("milliseconds", "headroom"):
+        return f"{value:g} ms"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def preset_value(row: Row, preset: str) -> Any:
+    """What `preset` sets the row's setting to, as its file writes it; NO_DEFAULT where it sets none."""
+    table = PRESETS.get(preset, {})
+    if row.section:
+        table = table.get(row.section, {})
+    return table.get(row.key, NO_DEFAULT)
+
+
+def demo_value(row: Row) -> str | None:
+    """The demo preset's value of the row's setting, shown, where it sets one; else None."""
+    demo = preset_value(row, DEMO_PRESET)
+    if demo is NO_DEFAULT:
+        return None
+    try:
+        return shown_value(row, row.read(demo) if row.parse is not None else demo)
+    except ValueError:
+        return None
+
+
+def flag_help(row: Row) -> str:
+    """A flag's --help line: what it does, then its default and the demo preset's value where it
+    differs ("default 10s; 1s with --preset study"), from the row and the preset files. A help that
+    says what unset means ("(default: capacity)") keeps that instead of the default; a flag that
+    only switches something on shows neither."""
+    flag = row.flag
+    assert flag is not None
+    text = flag.help or row.help
+    if flag.switch is not NO_SWITCH:
+        return text
+    default, demo = shown_value(row, row.default), demo_value(row)
+    notes = [] if "(default" in text or default is None else [f"default {default}"]
+    if demo is not None and demo != default:
+        notes.append(f"{demo} with --preset {DEMO_PRESET}")
+    if not notes:
+        return text
+    if text.endswith(")") and "(default" in text:  # one parenthesis: "(default: capacity; 90 with ...)"
+        return f"{text[:-1]}; {'; '.join(notes)})"
+    return f"{text} ({'; '.join(notes)})"
 
 
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +84,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
             into = groups.get(flag.group) or groups.setdefault(
                 flag.group, parser.add_mutually_exclusive_group()
             )
-        kwargs: dict[str, Any] = {"help": flag.help or row.help}
+        kwargs: dict[str, Any] = {"help": flag_help(row)}
         if flag.switch is not NO_SWITCH:
             kwargs["action"] = "store_true"
         else:

@@ -17,7 +17,7 @@ from ratedeck.core.numbers import SettingError, check_simulator_numbers, show
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.study_server import STUDY, current_name
-from ratedeck.engine.api_rules import parse_budgets, parse_paths
+from ratedeck.engine.api_rules import BudgetSpec, PathRule, parse_budgets, parse_paths
 from ratedeck.engine.settings import (
     ConfigError,
     CostConfig,
@@ -37,13 +37,15 @@ from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSetting
 
 #: The presets: one TOML file each, a `description` line and config tables; "study" first.
 PRESET_DIR = Path(__file__).parent / "presets"
+#: The preset a run starts from when it names no target: the embedded simulator's.
+DEMO_PRESET = STUDY
 
 
 def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every preset by name, and a line saying what each is (the files ship with the package)."""
     presets: dict[str, dict[str, Any]] = {}
     descriptions: dict[str, str] = {}
-    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != STUDY, f.stem))
+    files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != DEMO_PRESET, f.stem))
     for file in files:
         with file.open("rb") as fh:
             data = tomllib.load(fh)
@@ -91,7 +93,7 @@ def load_config(
     # the key as a Bearer token), never the seed server's ways.
     implicit = preset is None and not named_target and not file_names_target
     if implicit:
-        preset = STUDY
+        preset = DEMO_PRESET
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(
@@ -116,7 +118,7 @@ def load_config(
             "command line",
             "--keys",
             f"no API keys given for {safe_url(data['target']['url'])}; pass --keys "
-            "(the seed demo keys are only for the embedded simulator or --preset seed)",
+            "(the study demo keys are only for the embedded simulator or --preset study)",
         )
     cfg = build_config(data, source, keys_needed=keys_needed)
     return cfg.replace(preset=preset)
@@ -217,63 +219,25 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
     `keys_needed=False`: the [keys] secrets are neither read nor required (no keys).
     """
-    if not isinstance(data, dict):
-        raise ConfigError(source, "config", f"must be a table, got {show(data)}")
-    for name in data:
-        if name not in _SECTIONS:
-            raise ConfigError(
-                source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
-            )
-        if name in ("preset", "budgets"):  # [[budgets]] is a list of tables
-            continue
-        if not isinstance(data[name], dict):
-            raise ConfigError(source, name, "must be a table, like [" + name + "]")
-    target = TargetConfig(**_table(data, "target", source))
-    if not target.key_header and not target.key_param:
-        raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
-    _check_probe(target, source)
-    _check_tls(target, source)
-    if target.url and target.key_header and target.key_header.lower() == "authorization":
-        creds = urlsplit(target.url)
-        if creds.username or creds.password:
-            raise ConfigError(
-                source,
-                "target.url",
-                "carries user:password and the key goes in the Authorization header; "
-                "use one (--key-header/--key-param to send the key elsewhere)",
-            )
+    _check_sections(data, source)
+    target = _target(data, source)
     engine = EngineConfig(**_table(data, "engine", source))
     _check_engine(engine, source)
     workload = WorkloadConfig(**_table(data, "workload", source))
     if workload.file is not None and not _is_file(workload.file):
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
-    keys_table = data.get("keys", {})
-    if not keys_needed:
-        keys_table = {}
+    keys_table = data.get("keys", {}) if keys_needed else {}
     keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default) if keys_needed else ()
     key_sources = keys_table.get("secrets", [])
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)
     console = _table(data, "console", source)
-    server = data.get("server", {})
-    if isinstance(server, dict) and "mode" in server:
-        server = {**server, "mode": current_name("mode", server["mode"])}
-    try:
-        check_simulator_numbers(server)
-    except SettingError as exc:
-        raise ConfigError(source, f"server.{exc.name}", exc.problem) from None
+    server = _server(data, source)
     host_policies: tuple[Policy, ...] = ()
     if "host_limits" in keys_table and keys_table["host_limits"] != []:
         host_policies = parsers.policies(keys_table["host_limits"], source, "keys.host_limits")
     pools = parsers.pools(data.get("pools", {}), source)
-    try:
-        budgets = parse_budgets(data.get("budgets", []))
-    except ValueError as exc:
-        raise ConfigError(source, "budgets", str(exc)) from None
-    try:
-        paths = parse_paths(data.get("paths", {}), {b.name for b in budgets})
-    except ValueError as exc:
-        raise ConfigError(source, "paths", str(exc)) from None
+    budgets, paths = _budgets_and_paths(data, source)
     _check_signing(target, keys, source)
     costs = CostConfig(**_table(data, "costs", source))
     messages = None
@@ -298,8 +262,69 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
         gateway=GatewaySettings(**_table(data, "gateway", source)),
-        server=dict(server),
+        server=server,
     )
+
+
+def _check_sections(data: Any, source: str) -> None:
+    """`data` is a table of known sections, each a table (`[[budgets]]` a list of them)."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "config", f"must be a table, got {show(data)}")
+    for name in data:
+        if name not in _SECTIONS:
+            raise ConfigError(
+                source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
+            )
+        if name in ("preset", "budgets"):  # [[budgets]] is a list of tables
+            continue
+        if not isinstance(data[name], dict):
+            raise ConfigError(source, name, "must be a table, like [" + name + "]")
+
+
+def _target(data: dict[str, Any], source: str) -> TargetConfig:
+    """[target], checked: the key reaches the server one way, the probe and TLS files make sense."""
+    target = TargetConfig(**_table(data, "target", source))
+    if not target.key_header and not target.key_param:
+        raise ConfigError(source, "target", "set key_param or key_header so the key reaches the server")
+    _check_probe(target, source)
+    _check_tls(target, source)
+    if target.url and target.key_header and target.key_header.lower() == "authorization":
+        creds = urlsplit(target.url)
+        if creds.username or creds.password:
+            raise ConfigError(
+                source,
+                "target.url",
+                "carries user:password and the key goes in the Authorization header; "
+                "use one (--key-header/--key-param to send the key elsewhere)",
+            )
+    return target
+
+
+def _server(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The embedded simulator's [server] table, its numbers checked (the simulator reads the rest)."""
+    server = data.get("server", {})
+    if isinstance(server, dict) and "mode" in server:
+        server = {**server, "mode": current_name("mode", server["mode"])}
+    try:
+        check_simulator_numbers(server)
+    except SettingError as exc:
+        raise ConfigError(source, f"server.{exc.name}", exc.problem) from None
+    return dict(server)
+
+
+def _budgets_and_paths(
+    data: dict[str, Any], source: str
+) -> tuple[tuple[BudgetSpec, ...], tuple[PathRule, ...]]:
+    """[[budgets]] and [paths]; a path may name only the budgets declared."""
+    try:
+        budgets = parse_budgets(data.get("budgets", []))
+    except ValueError as exc:
+        raise ConfigError(source, "budgets", str(exc)) from None
+    try:
+        paths = parse_paths(data.get("paths", {}), {b.name for b in budgets})
+    except ValueError as exc:
+        raise ConfigError(source, "paths", str(exc)) from None
+    return budgets, paths
 
 
 def _check_signing(target: TargetConfig, keys: tuple[KeySpec, ...], source: str) -> None:

@@ -218,6 +218,26 @@ def count(low: int | None, high: int | None) -> Parser:
     return lambda v: whole(v, low=low, high=high)
 
 
+MAX_PROCS = 256
+
+
+def procs(value: Any) -> int | str:
+    """Engine processes: a whole number from 1, or "auto" (one per core, counted when the run starts)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None:
+        raise ValueError(f"expected a whole number of processes or 'auto', got {show(value)}")
+    if n < 1:
+        raise ValueError(f"must be at least 1, got {n}")
+    if n > MAX_PROCS:
+        raise ValueError(f"at most {MAX_PROCS} processes, got {n}")
+    return n
+
+
 def strings(what: str) -> Parser:
     def parse(value: Any) -> tuple[str, ...]:
         if isinstance(value, str):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_rate
+from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_duration, parse_rate
 from ratedeck.core.vocab import Arrival, Excess, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
@@ -145,7 +145,7 @@ ROWS: tuple[Row, ...] = (
         p.method,
         "HTTP method",
         "engine",
-        _flag("--method", choices=("GET", "POST"), help="HTTP method (default GET)"),
+        _flag("--method", choices=("GET", "POST")),
         choices=("GET", "POST"),
     ),
     Row(
@@ -250,12 +250,7 @@ ROWS: tuple[Row, ...] = (
         p.seconds(p.MAX_TIMEOUT_S),
         "seconds to wait for an answer",
         "engine",
-        _flag(
-            "--timeout",
-            "S",
-            help="seconds to wait for an answer (default 10s; 1s with --preset seed)",
-            keep_empty=True,
-        ),
+        _flag("--timeout", "S", keep_empty=True),
     ),
     Row(
         "target.delay_field",
@@ -299,7 +294,7 @@ ROWS: tuple[Row, ...] = (
         lambda v: parse_rate(v, allow_zero=False, high=p.MAX_PROBE_RATE),
         "probes per second, on their own connection",
         "engine",
-        _flag("--probe-rate", "N", help="probes per second with --probe-url (default 10)", check=True),
+        _flag("--probe-rate", "N", help="probes per second with --probe-url", check=True),
     ),
     # The HTTP client's network settings (engine/http/client.py; docs/configuration.md#the-network).
     Row(
@@ -450,7 +445,7 @@ ROWS: tuple[Row, ...] = (
         p.headroom,
         '"adaptive" (learned from the answers) or fixed milliseconds',
         "engine",
-        _flag("--headroom", "MS|adaptive", help="fixed headroom in ms, or 'adaptive' (default)", check=True),
+        _flag("--headroom", "MS|adaptive", help="fixed headroom in ms, or 'adaptive'", check=True),
     ),
     Row(
         "engine.headroom_initial_ms",
@@ -479,12 +474,7 @@ ROWS: tuple[Row, ...] = (
         p.count(0, MAX_COUNT),
         "429s the run may spend narrowing its headroom (0: never probe; keep 0 where a server bans)",
         "engine",
-        _flag(
-            "--rejection-budget",
-            "N",
-            help="429s the run may spend narrowing its headroom (default 0: never probe; keep 0 where a server bans)",
-            check=True,
-        ),
+        _flag("--rejection-budget", "N", check=True),
     ),
     Row(
         help='"auto": "burst" for a job fed as fast as the limits allow, else "even"; "even": spread'
@@ -509,7 +499,7 @@ ROWS: tuple[Row, ...] = (
         "integer",
         p.count(1, p.MAX_QUEUE),
         "the main queue's size; unset: 4 x keys x in_flight_per_key, at least 1000, so queued work always"
-        " waits for every key's limiter (the seed preset: 50)",
+        " waits for every key's limiter",
         "engine",
         optional=True,
     ),
@@ -525,7 +515,7 @@ ROWS: tuple[Row, ...] = (
         "engine.ttl_s",
         "duration",
         p.seconds(),
-        "request time-to-live, for data that goes stale; unset: work never expires (the seed preset: 1s)",
+        "request time-to-live, for data that goes stale; unset: work never expires",
         "engine",
         _flag(
             "--ttl",
@@ -540,7 +530,7 @@ ROWS: tuple[Row, ...] = (
         "duration",
         p.seconds(p.MAX_TIMEOUT_S, allow_zero=True),
         "how long the end waits for requests in flight; unset: the request timeout + 1s, so each is"
-        " answered or times out (the seed preset: 2s)",
+        " answered or times out",
         "engine",
         optional=True,
     ),
@@ -572,8 +562,7 @@ ROWS: tuple[Row, ...] = (
         "boolean",
         p.boolean,
         "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
-        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown); "
-        "the seed preset turns it off",
+        "at a time until answered (a wrong limit's first 429 then has no company in a cooldown)",
         "engine",
     ),
     Row(
@@ -787,13 +776,7 @@ ROWS: tuple[Row, ...] = (
         "where the work lives: memory, sqlite:PATH (durable), redis://host:port/db (shared); "
         "fill it with 'ratedeck enqueue'",
         "store",
-        _flag(
-            "--store",
-            "URL",
-            help="where the work lives: memory (default), sqlite:PATH (durable), redis://host:port/db (shared);"
-            " fill it with 'ratedeck enqueue'",
-            keep_empty=True,
-        ),
+        _flag("--store", "URL", keep_empty=True),
         save="changed",
     ),
     Row(
@@ -810,6 +793,51 @@ ROWS: tuple[Row, ...] = (
             switch=True,
         ),
         save="never",
+    ),
+    Row(
+        "run.procs",
+        "procs",
+        p.procs,
+        'engine processes, the keys shared out among them; "auto": one per core',
+        "runner",
+        _flag("--procs", "N|auto", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.interval_s",
+        "duration",
+        lambda v: parse_duration(v, low=0.05, low_open=False, high=86_400.0),
+        "headless: print the metrics every this many seconds (or 500ms)",
+        "runner",
+        _flag("--interval", "S", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_port",
+        "integer",
+        p.count(0, 65535),
+        "serve Prometheus metrics at http://HOST:PORT/metrics during the run (0: any free port)",
+        "runner",
+        _flag("--metrics-port", "PORT", check=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_host",
+        "string",
+        p.text,
+        "the address metrics_port listens on",
+        "runner",
+        _flag("--metrics-host", "HOST", keep_empty=True),
+        save="changed",
+    ),
+    Row(
+        "run.metrics_linger_s",
+        "duration",
+        lambda v: parse_duration(v, low=0.0, low_open=False, high=86_400.0),
+        "after the run, keep serving the final metrics this long (30s, 2m) or until Ctrl-C",
+        "runner",
+        _flag("--metrics-linger", "S", check=True),
+        save="changed",
     ),
     # ---------------------------------------------------------------- [gateway]
     # `ratedeck gateway` only: its own flags (runner/commands/gateway.py), none on the run command.

@@ -23,17 +23,19 @@ def _value(row: Row, value: Any) -> Any:
     return value
 
 
-def _section(section: str, obj: Any) -> dict[str, Any]:
+def _section(section: str, *objs: Any) -> dict[str, Any]:
     """A section's settings as a TOML table, by its rows.
 
     TOML has no null: an optional setting that is off is left out when off is
     its default, and written as "" (which switches it off) when it is not, so
     a saved `nonce_param = None` never comes back as "nonce". A row saved
-    "changed" is left out at its default; "never" is never written.
+    "changed" is left out at its default; "never" is never written. A section
+    whose values land in several settings objects (`[run]`: `FIELDS`) reads each
+    from the first of `objs` that has it.
     """
     out: dict[str, Any] = {}
     for key, row in section_rows(section).items():
-        value = getattr(obj, key)
+        value = getattr(next(o for o in objs if hasattr(o, key)), key)
         if row.save == "never" or (row.save == "changed" and value == row.default):
             continue
         if value is None:
@@ -54,44 +56,45 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     never leaks a key. A run on a preset's keys saves `preset = NAME` instead.
     Limits are written exactly (`1/1.0005s`), never rounded.
     """
-    default = cfg.keys[0].policies if cfg.keys else ()
-    preset_keys = PRESETS.get(cfg.preset or "", {}).get("keys", {}).get("secrets")
+    es, runner = cfg.engine_settings, cfg.runner
+    default = es.keys[0].policies if es.keys else ()
+    preset_keys = PRESETS.get(runner.preset or "", {}).get("keys", {}).get("secrets")
     secrets: list[str] | None
     if include_secrets:
-        secrets = [k.secret for k in cfg.keys]
-    elif preset_keys is not None and list(cfg.key_sources) == list(preset_keys):
+        secrets = [k.secret for k in es.keys]
+    elif preset_keys is not None and list(runner.key_sources) == list(preset_keys):
         secrets = None  # the preset supplies them
-    elif cfg.key_sources and all(s.strip().startswith(("env:", "@")) for s in cfg.key_sources):
-        secrets = list(cfg.key_sources)
+    elif runner.key_sources and all(s.strip().startswith(("env:", "@")) for s in runner.key_sources):
+        secrets = list(runner.key_sources)
     else:
         secrets = ["env:RATEDECK_KEYS"]
     # No limit given: none is written (none is invented on loading either).
     keys: dict[str, Any] = {"limits": [format_policy(p) for p in default]} if default else {}
-    if cfg.key_weighted:
+    if es.key_weighted:
         keys["unit"] = "weight"
     if secrets is not None:
         keys["secrets"] = secrets
-    by_key = {k.label: [format_policy(p) for p in k.policies] for k in cfg.keys if k.policies != default}
+    by_key = {k.label: [format_policy(p) for p in k.policies] for k in es.keys if k.policies != default}
     if by_key:
         keys["limits_by_key"] = by_key
-    if cfg.host_policies:
-        keys["host_limits"] = [format_policy(p) for p in cfg.host_policies]
-    out: dict[str, Any] = {"preset": cfg.preset} if cfg.preset else {}
+    if es.host_policies:
+        keys["host_limits"] = [format_policy(p) for p in es.host_policies]
+    out: dict[str, Any] = {"preset": runner.preset} if runner.preset else {}
     out |= {
-        "target": _section("target", cfg.target),
+        "target": _section("target", es.target),
         "keys": keys,
-        "engine": _section("engine", cfg.engine),
-        "workload": _section("workload", cfg.workload),
+        "engine": _section("engine", es.engine),
+        "workload": _section("workload", es.workload),
     }
     if cfg.server:
         out["server"] = dict(cfg.server)
-    if cfg.pools:
-        out["pools"] = dict(cfg.pools)
-    if cfg.budgets:
-        out["budgets"] = budgets_to_toml(cfg.budgets)
-    if cfg.paths:
-        out["paths"] = paths_to_toml(cfg.paths)
-    run = _section("run", cfg)
+    if es.pools:
+        out["pools"] = dict(es.pools)
+    if es.budgets:
+        out["budgets"] = budgets_to_toml(es.budgets)
+    if es.paths:
+        out["paths"] = paths_to_toml(es.paths)
+    run = _section("run", runner, es)
     if run:
         out["run"] = run
     console = _section("console", cfg.console)
@@ -100,6 +103,6 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     gateway = _section("gateway", cfg.gateway)
     if gateway:
         out["gateway"] = gateway
-    if cfg.messages is not None:
-        out["messages"] = _section("messages", cfg.messages)
+    if es.messages is not None:
+        out["messages"] = _section("messages", es.messages)
     return out

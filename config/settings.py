@@ -1,9 +1,10 @@
 """The settings of one run, per layer: the engine's, the runner's, the console's, the simulator's.
 
 `RunConfig` combines them; the runner hands each layer its own part
-(`engine_settings` to the engine, `runner`, `console`, `server`). Its
-attributes also read through to the parts (`cfg.target`, `cfg.report`,
-`cfg.theme`), so code that reads one setting needs no path to it.
+(`engine_settings` to the engine, `runner`, `console`, `server`). A setting
+is read where its row puts it and nowhere else: `cfg.engine_settings.target`,
+`cfg.runner.report`, `cfg.console.theme` (the row's section and layer say
+which part: config/rows.py `FIELDS`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratedeck.core.paths import run_graveyard_path
-from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
-from ratedeck.engine.api_rules import BudgetSpec, PathRule
 from ratedeck.engine.settings import (
     GRAVEYARD_AUTO,
-    EngineConfig,
     EngineSettings,
-    KeySpec,
-    MessagesConfig,
-    TargetConfig,
-    WorkloadConfig,
 )
 
 
@@ -41,6 +35,11 @@ class RunnerSettings:
     store: str = "memory"  # memory, sqlite:PATH or redis://host:port/db (ratedeck.store)
     resume: bool = False
     preset: str | None = None
+    procs: int | str = 1  # engine processes, or "auto": one per core (resolved when the run starts)
+    interval_s: float = 5.0  # headless metrics period
+    metrics_port: int | None = None  # serve /metrics here during the run (0: any free port)
+    metrics_host: str = "127.0.0.1"
+    metrics_linger_s: float | None = None  # keep serving the final metrics this long after the run
     key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
 
 
@@ -103,125 +102,7 @@ class RunConfig:
         shown = (
             f"RunConfig({self.engine_settings!r}, {self.runner!r}, {self.console!r}, server={self.server!r})"
         )
-        return redact(shown, [k.secret for k in self.keys])
-
-    # ---- the engine's part
-
-    @property
-    def target(self) -> TargetConfig:
-        return self.engine_settings.target
-
-    @property
-    def keys(self) -> tuple[KeySpec, ...]:
-        return self.engine_settings.keys
-
-    @property
-    def engine(self) -> EngineConfig:
-        return self.engine_settings.engine
-
-    @property
-    def workload(self) -> WorkloadConfig:
-        return self.engine_settings.workload
-
-    @property
-    def messages(self) -> MessagesConfig | None:
-        return self.engine_settings.messages
-
-    @property
-    def budgets(self) -> tuple[BudgetSpec, ...]:
-        return self.engine_settings.budgets
-
-    @property
-    def paths(self) -> tuple[PathRule, ...]:
-        return self.engine_settings.paths
-
-    @property
-    def pools(self) -> dict[str, int]:
-        return self.engine_settings.pools
-
-    @property
-    def host_policies(self) -> tuple[Policy, ...]:
-        return self.engine_settings.host_policies
-
-    @property
-    def key_weighted(self) -> bool:
-        return self.engine_settings.key_weighted
-
-    @property
-    def seed(self) -> int | None:
-        return self.engine_settings.seed
-
-    @property
-    def capacity_tps(self) -> float:
-        return self.engine_settings.capacity_tps
-
-    @property
-    def arrival_rate(self) -> float:
-        return self.engine_settings.arrival_rate
-
-    @property
-    def main_queue_max(self) -> int:
-        return self.engine_settings.main_queue_max
-
-    @property
-    def drain_s(self) -> float:
-        return self.engine_settings.drain_s
-
-    # ---- the runner's and the store's
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.runner.duration_s
-
-    @property
-    def report(self) -> str | None:
-        return self.runner.report
-
-    @property
-    def plot(self) -> bool:
-        return self.runner.plot
-
-    @property
-    def fail_on(self) -> tuple[str, ...]:
-        return self.runner.fail_on
-
-    @property
-    def results(self) -> str | None:
-        return self.runner.results
-
-    @property
-    def results_body(self) -> bool:
-        return self.runner.results_body
-
-    @property
-    def results_id(self) -> str:
-        return self.runner.results_id
-
-    @property
-    def store(self) -> str:
-        return self.runner.store
-
-    @property
-    def resume(self) -> bool:
-        return self.runner.resume
-
-    @property
-    def preset(self) -> str | None:
-        return self.runner.preset
-
-    @property
-    def key_sources(self) -> tuple[str, ...]:
-        return self.runner.key_sources
-
-    # ---- the console's
-
-    @property
-    def theme(self) -> str | None:
-        return self.console.theme
-
-    @property
-    def keymap(self) -> dict[str, str]:
-        return self.console.keymap
+        return redact(shown, [k.secret for k in self.engine_settings.keys])
 
 
 def with_graveyard_place(cfg: RunConfig, now: float | None = None) -> RunConfig:
@@ -230,7 +111,8 @@ def with_graveyard_place(cfg: RunConfig, now: float | None = None) -> RunConfig:
     own under the XDG state directory (core/paths.py); never the working directory.
     Called where a run starts, not when the config is read, so `config show` and a saved
     config keep "auto"."""
-    if cfg.engine.graveyard_path != GRAVEYARD_AUTO:
+    engine = cfg.engine_settings.engine
+    if engine.graveyard_path != GRAVEYARD_AUTO:
         return cfg
-    path = str(run_graveyard_path(cfg.report, now))
-    return cfg.replace(engine=dataclasses.replace(cfg.engine, graveyard_path=path))
+    path = str(run_graveyard_path(cfg.runner.report, now))
+    return cfg.replace(engine=dataclasses.replace(engine, graveyard_path=path))

@@ -73,11 +73,11 @@ def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
             "--listen",
             f"{host} is reachable beyond this machine: give clients a token with --gateway-token env:VAR",
         )
-    if cfg.target.url is None:
+    if cfg.engine_settings.target.url is None:
         raise ConfigError("command line", "--target", "the gateway needs the API's base URL (--target URL)")
-    if not cfg.keys:
+    if not cfg.engine_settings.keys:
         raise ConfigError("command line", "--keys", "the gateway needs at least one key (--keys env:VAR)")
-    if cfg.target.signing:
+    if cfg.engine_settings.target.signing:
         raise ConfigError(
             "command line", "--preset", "this target signs its requests; the gateway sends bodies as they are"
         )
@@ -118,22 +118,22 @@ class GatewayService:
         try:
             await self.source.ready()
             s = self.settings
-            key_header = self.cfg.target.key_header
-            assert self.cfg.target.url is not None  # check_gateway
+            key_header = self.cfg.engine_settings.target.key_header
+            assert self.cfg.engine_settings.target.url is not None  # check_gateway
             self.app = GatewayApp(
                 self.source,
                 s,
                 GatewayToken(s.token, key_header),
-                target_base(self.cfg.target.url),
+                target_base(self.cfg.engine_settings.target.url),
                 engine.redact,
-                usage_streams=self.cfg.preset == "openai",
+                usage_streams=self.cfg.runner.preset == "openai",
             )
             self._runner = web.AppRunner(
                 self.app.application(),
                 handler_cancellation=True,  # a client that leaves cancels its handler: its request is withdrawn
                 access_log=None,  # the periodic lines say what clients got; a log line per call is noise
                 keepalive_timeout=s.header_timeout_s,  # also closes a connection that never sends its headers
-                shutdown_timeout=self.cfg.drain_s,
+                shutdown_timeout=self.cfg.engine_settings.drain_s,
             )
             await self._runner.setup()
             self._site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG, reuse_address=True)

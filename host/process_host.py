@@ -50,7 +50,7 @@ class ProcessHost:
         self.publish_s = publish_s
         self.server_stats: dict | None = None
         self.aborted = False  # stopped at once (`abort`), not drained
-        self._latest = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps)
+        self._latest = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.engine_settings.capacity_tps)
         self._facts = RunFacts()
         self._final: Snapshot | None = None
         self._started: Future = Future()

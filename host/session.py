@@ -59,9 +59,9 @@ def embedded_server_settings(cfg: RunConfig):
     if "mode" in table:
         table["mode"] = current_name("mode", table["mode"])
     if "keys" not in table:
-        table["keys"] = [k.secret for k in cfg.keys]
-    if "policies" not in table and cfg.keys and table.get("mode", STUDY) != STUDY:
-        table["policies"] = [str(p) for p in cfg.keys[0].policies]
+        table["keys"] = [k.secret for k in cfg.engine_settings.keys]
+    if "policies" not in table and cfg.engine_settings.keys and table.get("mode", STUDY) != STUDY:
+        table["policies"] = [str(p) for p in cfg.engine_settings.keys[0].policies]
     try:
         return ServerSettings.from_dict(table)
     except ValueError as exc:
@@ -83,7 +83,7 @@ class Session:
         self.server: RunningServer | None = None  # the embedded simulator, when there is no target
         self.server_stats: dict | None = None  # its own count, kept at stop
         self.engine: Engine | None = None
-        self.target_url: str | None = cfg.target.url
+        self.target_url: str | None = cfg.engine_settings.target.url
         self.results: ResultsFile | None = None  # --results: one line per finished request
         self.store_run: StoreRun | None = None  # --store: the engine's work comes from a store
         self.store_report: StoreReport | None = None  # kept at stop
@@ -100,7 +100,7 @@ class Session:
         tune_gc()  # an engine process: collect less often (core/loops.py)
         try:
             if self._transport is None:
-                url = cfg.target.url
+                url = cfg.engine_settings.target.url
                 if url is None:
                     from ratedeck.server.app import start_server
 
@@ -108,7 +108,7 @@ class Session:
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
                 self._transport = http_transport(cfg.engine_settings, url)
-            store = open_for_run(cfg)
+            store = open_for_run(cfg.runner, cfg.engine_settings)
             if store is not None and self._source is not None:
                 # The work comes from the given source; a store many processes share still shares
                 # the budgets. One that only holds jobs has nothing to give such a run.
@@ -125,7 +125,9 @@ class Session:
                     cfg.engine_settings, self._transport, source=self._source, shared_state=shared
                 )
             elif store is not None:
-                self.store_run = StoreRun(cfg, store, random.Random(cfg.seed))
+                self.store_run = StoreRun(
+                    cfg.runner, cfg.engine_settings, store, random.Random(cfg.engine_settings.seed)
+                )
                 await self.store_run.prepare()
                 # A store many processes share (Redis) also shares the keys' budgets and gates.
                 self.engine = Engine(
@@ -139,9 +141,9 @@ class Session:
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
-            if cfg.results:
+            if cfg.runner.results:
                 self.results = ResultsFile(
-                    cfg.results, self.engine, body=cfg.results_body, link=cfg.results_id
+                    cfg.runner.results, self.engine, body=cfg.runner.results_body, link=cfg.runner.results_id
                 )
                 self.engine.watch(self.results)
             self.engine.start()
@@ -177,7 +179,7 @@ class Session:
 
     def snapshot(self) -> Snapshot:
         if self.engine is None:
-            return Snapshot(phase=Phase.STARTING, capacity_tps=self.cfg.capacity_tps)
+            return Snapshot(phase=Phase.STARTING, capacity_tps=self.cfg.engine_settings.capacity_tps)
         return self.engine.snapshot()
 
     def _started(self) -> Engine:
@@ -262,12 +264,12 @@ def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     """The run's config with the live settings (headroom, backpressure, rate) folded in."""
     h = engine.headroom
     eng = dataclasses.replace(
-        cfg.engine,
+        cfg.engine_settings.engine,
         backpressure=engine.backpressure,
         headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
     fed = engine.source.fed  # a job with no arrival rate stays one when saved
-    wl = dataclasses.replace(cfg.workload, rate=None if fed else engine.source.rate)
+    wl = dataclasses.replace(cfg.engine_settings.workload, rate=None if fed else engine.source.rate)
     return cfg.replace(engine=eng, workload=wl)
 
 

@@ -120,45 +120,47 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
     target every shard sends to (the shared simulator's, when `cfg` has none).
 
     Fewer than `n` when there are fewer keys (or fewer requests in `total`)."""
-    if cfg.messages is not None:
+    es = cfg.engine_settings
+    wl, eng = es.workload, es.engine
+    if es.messages is not None:
         raise ShardError("--procs above 1 does not run messages ([messages]); use one process")
-    if cfg.workload.file:
+    if wl.file:
         raise ShardError("--procs above 1 does not split a workload file; use one process")
-    if cfg.results:
+    if cfg.runner.results:
         raise ShardError("--procs above 1 does not write --results; use one process")
-    if cfg.store != "memory":
+    if cfg.runner.store != "memory":
         raise ShardError(
             "--procs above 1 does not split a --store run; start one `ratedeck --store URL` per process "
             "(each is a member of the store)"
         )
-    n = max(1, min(n, len(cfg.keys)))
-    if cfg.workload.total is not None:
-        n = max(1, min(n, cfg.workload.total))
+    n = max(1, min(n, len(es.keys)))
+    if wl.total is not None:
+        n = max(1, min(n, wl.total))
     if n == 1:
         return [cfg if url is None else _with_url(cfg, url)]
-    groups = [cfg.keys[i::n] for i in range(n)]
-    host_policies = tuple(split_policy(p, n, "the host-wide limit") for p in cfg.host_policies)
+    groups = [es.keys[i::n] for i in range(n)]
+    host_policies = tuple(split_policy(p, n, "the host-wide limit") for p in es.host_policies)
     budgets = tuple(
         dataclasses.replace(
             b, policies=tuple(split_policy(p, n, f"the host budget {b.name!r}") for p in b.policies)
         )
         if b.scope == "host"
         else b
-        for b in cfg.budgets
+        for b in es.budgets
     )
     capacity = [sum(min(p.rate for p in k.policies) if k.policies else 0.0 for k in g) for g in groups]
     whole = sum(capacity)
     shares = [c / whole if whole > 0 else 1.0 / n for c in capacity]
-    totals = _shares(cfg.workload.total, shares) if cfg.workload.total is not None else [None] * n
+    totals = _shares(wl.total, shares) if wl.total is not None else [None] * n
     out = []
     for i, keys in enumerate(groups):
-        rate = cfg.workload.rate * shares[i] if cfg.workload.rate is not None else None
-        workload = dataclasses.replace(cfg.workload, rate=rate, total=totals[i])
+        rate = wl.rate * shares[i] if wl.rate is not None else None
+        workload = dataclasses.replace(wl, rate=rate, total=totals[i])
         engine = dataclasses.replace(
-            cfg.engine,
-            queue_max=max(1, cfg.engine.queue_max // n) if cfg.engine.queue_max is not None else None,
-            rejection_budget=cfg.engine.rejection_budget // n,
-            graveyard_path=_numbered(cfg.engine.graveyard_path, i),
+            eng,
+            queue_max=max(1, eng.queue_max // n) if eng.queue_max is not None else None,
+            rejection_budget=eng.rejection_budget // n,
+            graveyard_path=_numbered(eng.graveyard_path, i),
         )
         shard = cfg.replace(
             keys=keys,
@@ -169,14 +171,14 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             report=None,
             plot=False,
             fail_on=(),
-            seed=cfg.seed + i if cfg.seed is not None else None,
+            seed=es.seed + i if es.seed is not None else None,
         )
         out.append(shard if url is None else _with_url(shard, url))
     return out
 
 
 def _with_url(cfg: RunConfig, url: str) -> RunConfig:
-    return cfg.replace(target=dataclasses.replace(cfg.target, url=url))
+    return cfg.replace(target=dataclasses.replace(cfg.engine_settings.target, url=url))
 
 
 def merge_facts(parts: Sequence[RunFacts]) -> RunFacts:
@@ -306,10 +308,13 @@ class ShardedHost:
         self.hosts: list[ProcessHost] = []
         self._simulator: SimulatorProcess | None = None
         self._owner: dict[str, ProcessHost] = {}
-        self._order = {k.label: i for i, k in enumerate(cfg.keys)}  # keys shown in the config's order
+        keys = cfg.engine_settings.keys
+        self._order = {k.label: i for i, k in enumerate(keys)}  # keys shown in the config's order
         self._shares: list[float] = []
         self._parts: tuple[Snapshot, ...] = ()
-        self._merged = Snapshot(phase=Phase.STARTING, capacity_tps=cfg.capacity_tps, procs=procs)
+        self._merged = Snapshot(
+            phase=Phase.STARTING, capacity_tps=cfg.engine_settings.capacity_tps, procs=procs
+        )
         self._lock = threading.Lock()
 
     @property
@@ -319,19 +324,19 @@ class ShardedHost:
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the simulator (if there is no target) and every engine process."""
         url = None
-        if self.cfg.target.url is None:
+        if self.cfg.engine_settings.target.url is None:
             from .session import embedded_server_settings
 
             self._simulator = SimulatorProcess(embedded_server_settings(self.cfg))
             url = self._simulator.start(timeout_s)
         configs = shard_configs(self.cfg, self.procs, url)
         self.procs = len(configs)
-        capacity = [c.capacity_tps for c in configs]
+        capacity = [c.engine_settings.capacity_tps for c in configs]
         whole = sum(capacity)
         self._shares = [c / whole if whole > 0 else 1.0 / len(configs) for c in capacity]
         self.hosts = [ProcessHost(c, self.publish_s, shard=True) for c in configs]
         for host, c in zip(self.hosts, configs, strict=True):
-            for k in c.keys:
+            for k in c.engine_settings.keys:
                 self._owner[k.label] = host
         for host in self.hosts:
             host.launch()

@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from ratedeck.core.exits import ExitCode
+
 
 def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a subprocess
     """Exit at once: only imports run before `cli.main`, nothing is open or half written.
@@ -25,7 +27,7 @@ def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a
         sys.stderr.write("ratedeck: interrupted\n")
         sys.stderr.flush()
     finally:
-        os._exit(130)
+        os._exit(ExitCode.INTERRUPTED)
 
 
 def _started_as_the_command() -> bool:

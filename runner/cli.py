@@ -10,10 +10,9 @@ import sys
 import threading
 from typing import Any
 
-from ratedeck.config import ConfigError
 from ratedeck.config.flags import add_setting_flags
 from ratedeck.config.flags import overrides_from_args as setting_overrides
-from ratedeck.core.numbers import parse_duration
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.version import version
 
 from . import quiet_startup_interrupt
@@ -38,50 +37,14 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", metavar="NAME", help="built-in settings; 'seed' matches the seed server")
     add_setting_flags(p)  # one flag per setting that has one (ratedeck.config.rows)
-    p.add_argument(
-        "--metrics-port",
-        metavar="PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics during the run (0: any free port)",
-    )
-    p.add_argument(
-        "--metrics-host",
-        metavar="HOST",
-        default="127.0.0.1",
-        help="address for --metrics-port (default 127.0.0.1)",
-    )
-    p.add_argument(
-        "--metrics-linger",
-        metavar="S",
-        help="after the run, keep serving the final metrics this long (30s, 2m) or until Ctrl-C",
-    )
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
-    p.add_argument(
-        "--procs",
-        metavar="N|auto",
-        help="engine processes, keys shared out among them (auto: one per core; default 1)",
-    )
-    p.add_argument(
-        "--interval", default="5s", metavar="S", help="headless metrics every S seconds (or 500ms)"
-    )
     p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
     return p
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Flags as a config dict that `load_config` merges over the file (ratedeck.config.flags).
-
-    `--interval` is no config setting: it is checked too and left in `args.interval` as seconds.
-    """
-    args.interval = _number("--interval", args.interval)
+    """Flags as a config dict that `load_config` merges over the file (ratedeck.config.flags)."""
     return setting_overrides(args)
-
-
-def _number(flag: str, text: Any) -> float:
-    """`--interval`'s value: the headless metrics period in seconds."""
-    try:
-        return parse_duration(text, low=0.05, low_open=False, high=86_400.0)
-    except ValueError as exc:
-        raise ConfigError("command line", flag, str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print("ratedeck: interrupted", file=sys.stderr, flush=True)
         except (OSError, ValueError):
             pass
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _main(argv: list[str]) -> int:

@@ -1,30 +1,10 @@
 """`ratedeck --no-ui`: periodic metrics on stdout, a final summary, report and plots.
 
-Exit codes, the same for the console (`ratedeck` without --no-ui):
-
-    0    the run ended and every request is accounted for
-    1    nothing worked: the target never answered (attempts ended, none
-         with an HTTP answer: connection refused, timed out, reset, ...;
-         the summary names the causes with counts), or the server refused
-         every key (401, 403 that is no rate limit, a block: the run stops
-         at once and one line names the status and the server's message),
-         or no request succeeded and some failed
-    2    bad input, found before the run: config, flags, or an output path
-         (report, graveyard) that cannot be written
-    3    the accounting does not balance (generated != succeeded + expired
-         + graveyard + shed + queued + in flight): a request was lost
-    4    an output could not be written during or after the run (graveyard
-         or results lines, or the report); the summary says how much was
-         written
-    99   a threshold failed: a `--fail-on` expression (or `[run] fail_on`)
-         held over the report, like `rejected_429>0`; the summary names it
-         with the actual value (99, as k6 uses for thresholds)
-    130  stopped at once by a second Ctrl-C (or SIGTERM/SIGHUP), or
-         interrupted while starting
-
-When several apply, the first of 3, 4, 1, 99, 130 that applies is the code.
-A malformed threshold, an unknown report field in one, or a metrics port
-that cannot be listened on is bad input: exit 2 before the run.
+Exit codes are `ExitCode` (core/exits.py; docs/exit-codes.md lists them), the
+same for the console (`ratedeck` without --no-ui). `conclude` gathers every one
+that applies to a run and returns the first by `exits.ORDER`. A malformed
+threshold, an unknown report field in one, or a metrics port that cannot be
+listened on is bad input (`ExitCode.USAGE`) before the run.
 
 Signals: the first SIGINT, SIGTERM or SIGHUP stops generating and drains
 (in-flight requests finish, bounded by engine.drain_timeout_s), then prints
@@ -48,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
+from ratedeck.core.exits import ExitCode, first_of
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
 from ratedeck.engine.snapshot import (
@@ -68,15 +49,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ratedeck.runner.prometheus import LoopSource, MetricsServer
-
-EXIT_OK = 0
-EXIT_NO_ANSWER = 1
-EXIT_USAGE = 2
-EXIT_UNBALANCED = 3
-EXIT_OUTPUT = 4
-EXIT_THRESHOLD = 99
-EXIT_INTERRUPTED = 130
-EXIT_ORDER = (EXIT_UNBALANCED, EXIT_OUTPUT, EXIT_NO_ANSWER, EXIT_THRESHOLD, EXIT_INTERRUPTED)
 
 DEAD_TARGET_S = 10.0
 DEAD_TARGET_ATTEMPTS = 50
@@ -403,10 +375,14 @@ def check_output_path(path: str | os.PathLike, what: str) -> str | None:
 
 def check_outputs(cfg: RunConfig) -> list[str]:
     """Every output path of the run that cannot be written, one line each."""
-    report = cfg.report if cfg.report != "-" else None  # "-": stdout
-    wanted = [(report, "report"), (cfg.engine.graveyard_path, "graveyard"), (cfg.results, "results")]
-    messages = getattr(cfg, "messages", None)
-    if messages is not None and getattr(messages, "shed_path", None):
+    report = cfg.runner.report if cfg.runner.report != "-" else None  # "-": stdout
+    wanted = [
+        (report, "report"),
+        (cfg.engine_settings.engine.graveyard_path, "graveyard"),
+        (cfg.runner.results, "results"),
+    ]
+    messages = cfg.engine_settings.messages
+    if messages is not None and messages.shed_path:
         wanted.append((messages.shed_path, "shed file"))
     problems: list[str] = []
     bad_dirs: set[Path] = set()  # one line per place (a graveyard next to an unwritable report)
@@ -523,38 +499,12 @@ def conclude(
     """
     err = sys.stderr
     if snap.no_limit:  # no limit given, none advertised: a usage error, said in one line
-        _say(f"ratedeck: {cfg.target.url or 'the target'}: {snap.no_limit}", err)
-        return EXIT_USAGE
+        _say(f"ratedeck: {cfg.engine_settings.target.url or 'the target'}: {snap.no_limit}", err)
+        return ExitCode.USAGE
     _say("\n".join(summary_lines(snap, facts)), out)
     if server_stats:
-        t = server_stats["totals"]
-        _say(
-            f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
-            f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
-            f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}",
-            out,
-        )
-    codes: list[int] = []
-    if facts.graveyard_problem:
-        _say(
-            f"ratedeck: graveyard incomplete: {facts.graveyard_written} of {snap.graveyard} buried requests"
-            f" written ({facts.graveyard_problem})",
-            err,
-        )
-        codes.append(EXIT_OUTPUT)
-    elif facts.graveyard_path and facts.graveyard_written:
-        _say(f"graveyard: {facts.graveyard_written} requests in {facts.graveyard_path}", out)
-    if facts.results_problem:
-        _say(
-            f"ratedeck: results incomplete: {facts.results_written} lines written ({facts.results_problem})",
-            err,
-        )
-        codes.append(EXIT_OUTPUT)
-    elif facts.results_path:
-        _say(f"results: {facts.results_written} requests in {facts.results_path}", out)
-    for problem in facts.problems:
-        if problem not in (facts.graveyard_problem, facts.results_problem):
-            _say(f"ratedeck: {problem}", err)
+        _say(simulator_line(server_stats), out)
+    codes = _output_codes(snap, facts, out, err)
     if snap.balance() != 0:
         accounted = snap.generated - snap.balance()
         _say(
@@ -562,28 +512,9 @@ def conclude(
             f" for ({snap.balance():+d}); a request was lost or counted twice",
             err,
         )
-        codes.append(EXIT_UNBALANCED)
-    store = facts.store
-    if store is not None:
-        if store.problem or store.unjournaled:
-            _say(
-                f"ratedeck: store incomplete: {store.journaled} endings journaled, {store.unjournaled} not"
-                f" ({store.problem or 'not written'})",
-                err,
-            )
-            codes.append(EXIT_OUTPUT)
-        elif store.journaled != ended(snap):
-            _say(
-                f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}",
-                err,
-            )
-            codes.append(EXIT_UNBALANCED)
-        if store.counts.uncertain:
-            _say(
-                f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
-                " (or their write may have happened), and they are not sent again",
-                err,
-            )
+        codes.append(ExitCode.UNBALANCED)
+    if facts.store is not None:
+        codes += _store_codes(facts.store, snap, err)
     if snap.uncertain:
         _say(
             f"ratedeck: {snap.uncertain} requests are uncertain: a write that may have happened"
@@ -592,40 +523,104 @@ def conclude(
         )
     nothing = nothing_worked(snap, facts)
     if nothing is not None:
-        _say(Redactor(k.secret for k in cfg.keys)(f"ratedeck: {nothing}"), err)
-        codes.append(EXIT_NO_ANSWER)
+        _say(Redactor(k.secret for k in cfg.engine_settings.keys)(f"ratedeck: {nothing}"), err)
+        codes.append(ExitCode.FAILED)
     report = build_report(snap, server_stats, facts.store)
-    if thresholds:
-        verdicts = evaluate(list(thresholds), report)
-        report["thresholds"] = [
-            {
-                "expression": v.threshold.expression,
-                "field": v.threshold.field,
-                "value": v.actual,
-                "failed": v.failed,
-            }
-            for v in verdicts
-        ]
-        for v in verdicts:
-            _say(f"threshold    {'FAILED' if v.failed else 'ok    '} {v.line()}", out)
-        failed = [v for v in verdicts if v.failed]
-        for v in failed:
-            _say(f"ratedeck: threshold failed: {v.line()}", err)
-        if failed:
-            codes.append(EXIT_THRESHOLD)
-    if cfg.report is not None:
-        report_problem = write_report(snap, cfg.report, server_stats, report=report)
+    if thresholds and _thresholds_failed(thresholds, report, out, err):
+        codes.append(ExitCode.THRESHOLD)
+    if cfg.runner.report is not None:
+        report_problem = write_report(snap, cfg.runner.report, server_stats, report=report)
         if report_problem:
             _say(f"ratedeck: {report_problem}", err)
-            codes.append(EXIT_OUTPUT)
-        elif cfg.report != "-":
-            _say(f"report written to {cfg.report}", out)
+            codes.append(ExitCode.OUTPUT)
+        elif cfg.runner.report != "-":
+            _say(f"report written to {cfg.runner.report}", out)
     if stopped_at_once:
-        codes.append(EXIT_INTERRUPTED)
-    for code in EXIT_ORDER:
-        if code in codes:
-            return code
-    return EXIT_OK
+        codes.append(ExitCode.INTERRUPTED)
+    return first_of(codes)
+
+
+def simulator_line(server_stats: dict) -> str:
+    """The embedded simulator's own count of the run, and whether its window audit held."""
+    t = server_stats["totals"]
+    return (
+        f"simulator    accepted {t['accepted']}  429 {t['rejected_429']}  nonce rejected {t['rejected_nonce']}"
+        f"  during cooldown {t['requests_during_cooldown']}  escalations {t['escalations']}"
+        f"  audit {'ok' if server_stats['audit_ok'] else 'EXCEEDED'}"
+    )
+
+
+def _output_codes(snap: Snapshot, facts: RunFacts, out: TextIO, err: TextIO) -> list[ExitCode]:
+    """Say where the graveyard and results lines went, or how much of them did not; OUTPUT per
+    file left incomplete. The run's other problems are said here too."""
+    codes: list[ExitCode] = []
+    if facts.graveyard_problem:
+        _say(
+            f"ratedeck: graveyard incomplete: {facts.graveyard_written} of {snap.graveyard} buried requests"
+            f" written ({facts.graveyard_problem})",
+            err,
+        )
+        codes.append(ExitCode.OUTPUT)
+    elif facts.graveyard_path and facts.graveyard_written:
+        _say(f"graveyard: {facts.graveyard_written} requests in {facts.graveyard_path}", out)
+    if facts.results_problem:
+        _say(
+            f"ratedeck: results incomplete: {facts.results_written} lines written ({facts.results_problem})",
+            err,
+        )
+        codes.append(ExitCode.OUTPUT)
+    elif facts.results_path:
+        _say(f"results: {facts.results_written} requests in {facts.results_path}", out)
+    for problem in facts.problems:
+        if problem not in (facts.graveyard_problem, facts.results_problem):
+            _say(f"ratedeck: {problem}", err)
+    return codes
+
+
+def _store_codes(store: StoreReport, snap: Snapshot, err: TextIO) -> list[ExitCode]:
+    """A store run's journal checked against the run's own count: OUTPUT when endings went
+    unwritten, UNBALANCED when the two counts differ. Uncertain jobs are said, not failed."""
+    codes: list[ExitCode] = []
+    if store.problem or store.unjournaled:
+        _say(
+            f"ratedeck: store incomplete: {store.journaled} endings journaled, {store.unjournaled} not"
+            f" ({store.problem or 'not written'})",
+            err,
+        )
+        codes.append(ExitCode.OUTPUT)
+    elif store.journaled != ended(snap):
+        _say(f"ratedeck: the store journaled {store.journaled} endings, the run counted {ended(snap)}", err)
+        codes.append(ExitCode.UNBALANCED)
+    if store.counts.uncertain:
+        _say(
+            f"ratedeck: {store.counts.uncertain} jobs are uncertain: a killed run may have sent them"
+            " (or their write may have happened), and they are not sent again",
+            err,
+        )
+    return codes
+
+
+def _thresholds_failed(
+    thresholds: list[Threshold] | tuple[Threshold, ...], report: dict, out: TextIO, err: TextIO
+) -> bool:
+    """Check `thresholds` over `report`, print each verdict and keep them in the report's
+    `thresholds`; whether any failed."""
+    verdicts = evaluate(list(thresholds), report)
+    report["thresholds"] = [
+        {
+            "expression": v.threshold.expression,
+            "field": v.threshold.field,
+            "value": v.actual,
+            "failed": v.failed,
+        }
+        for v in verdicts
+    ]
+    for v in verdicts:
+        _say(f"threshold    {'FAILED' if v.failed else 'ok    '} {v.line()}", out)
+    failed = [v for v in verdicts if v.failed]
+    for v in failed:
+        _say(f"ratedeck: threshold failed: {v.line()}", err)
+    return bool(failed)
 
 
 @dataclass(frozen=True)
@@ -657,7 +652,7 @@ async def run_headless(
     if problems:
         for problem in problems:
             _say(f"ratedeck: {problem}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     loop = asyncio.get_running_loop()
     if procs > 1:
         signals = StopSignals(loop).install()
@@ -670,12 +665,12 @@ async def run_headless(
     if metrics is not None:
         from .prometheus import LoopSource, MetricsPortError, serve_metrics
 
-        source = LoopSource(loop, cfg.capacity_tps)
+        source = LoopSource(loop, cfg.engine_settings.capacity_tps)
         try:
             exporter = serve_metrics(source, metrics.port, metrics.host)
         except MetricsPortError as exc:
             _say(f"ratedeck: {exc}", sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
     signals = StopSignals(loop).install()  # before the start: Ctrl-C while starting drains too
     try:
         return await _run(cfg, interval_s, out, signals, thresholds, source, exporter, metrics)
@@ -687,7 +682,7 @@ async def run_headless(
 
 def _workload_done(cfg: RunConfig, snap: Snapshot) -> bool:
     """A sharded run with `workload.total`: every request generated and none left anywhere."""
-    total = cfg.workload.total
+    total = cfg.engine_settings.workload.total
     if snap.no_limit:
         return True  # no limit given and none advertised: the run stops
     return (
@@ -719,7 +714,7 @@ async def _watch(
     (which it cancels at the end, with its own)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    deadline = started + cfg.duration_s if cfg.duration_s else None
+    deadline = started + cfg.runner.duration_s if cfg.runner.duration_s else None
     next_print = started + interval_s
     waiters = [asyncio.ensure_future(signals.drain.wait()), *waiters]
     try:
@@ -767,15 +762,15 @@ async def _run_sharded(
     except (ConfigError, ShardError) as exc:
         await loop.run_in_executor(None, host.abort)
         _say(f"ratedeck: {exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except (OSError, RuntimeError, TimeoutError) as exc:
         await loop.run_in_executor(None, host.abort)
         _say(f"ratedeck: cannot start: {exc}", sys.stderr)
-        return EXIT_USAGE
-    where = "embedded simulator" if cfg.target.url is None else "target"
+        return ExitCode.USAGE
+    where = "embedded simulator" if cfg.engine_settings.target.url is None else "target"
     _say(
-        f"ratedeck: {_keys(len(cfg.keys))} in {host.procs} processes, {_capacity(cfg.capacity_tps)},"
-        f" {where}" + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        f"ratedeck: {_keys(len(cfg.engine_settings.keys))} in {host.procs} processes, {_capacity(cfg.engine_settings.capacity_tps)},"
+        f" {where}" + (f", {cfg.runner.duration_s:g} s" if cfg.runner.duration_s else ", Ctrl-C to stop"),
         out,
     )
     await _watch(
@@ -806,7 +801,7 @@ async def _run_sharded(
         stopped_at_once=host.aborted or signals.now.is_set(),
         thresholds=thresholds,
     )
-    if cfg.plot:
+    if cfg.runner.plot:
         from .plots import run_charts
 
         _say(run_charts(snap, color=out.isatty()), out)
@@ -828,18 +823,18 @@ async def _run(
         engine = await session.start()
     except ConfigError as exc:
         _say(f"ratedeck: {exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except OSError as exc:
         _say(f"ratedeck: cannot start: {exc.strerror or exc}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     if source is not None:
         source.engine = engine
     finished = engine.finished
     assert finished is not None  # made by session.start()
     where = "embedded simulator" if session.server else "target"
     _say(
-        f"ratedeck: {_keys(len(cfg.keys))}, {_capacity(cfg.capacity_tps)}, {where} {session.shown_target}"
-        + (f", {cfg.duration_s:g} s" if cfg.duration_s else ", Ctrl-C to stop"),
+        f"ratedeck: {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)}, {where} {session.shown_target}"
+        + (f", {cfg.runner.duration_s:g} s" if cfg.runner.duration_s else ", Ctrl-C to stop"),
         out,
     )
     if exporter is not None:
@@ -868,7 +863,7 @@ async def _run(
         stopped_at_once=at_once,
         thresholds=thresholds,
     )
-    if cfg.plot:
+    if cfg.runner.plot:
         from .plots import run_charts
 
         _say(run_charts(snap, color=out.isatty()), out)

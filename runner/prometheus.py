@@ -18,7 +18,7 @@ import concurrent.futures
 import errno
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,68 +124,93 @@ def _counter(name: str, doc: str, value: float | None = None, labels: tuple[str,
 
 
 def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[Metric]:
-    """Every metric family for one snapshot."""
-    buckets = buckets or {}
-    out: list[Metric] = []
+    """Every metric family for one snapshot, in a fixed order (scrapes diff cleanly)."""
+    return [
+        *_request_families(snap),
+        *_attempt_families(snap),
+        *_key_families(snap),
+        *_gate_families(snap),
+        *_run_families(snap),
+        *_latency_families(snap, buckets or {}),
+        *_message_families(snap),
+        *(client_families(snap.clients) if snap.clients is not None else ()),
+    ]
 
-    def gauge(name: str, doc: str, value: float) -> None:
-        out.append(GaugeMetricFamily(name, doc, value=value))
 
-    # requests: each ends in one place
-    out.append(_counter("ratedeck_requests_generated", "Requests made by the workload.", snap.generated))
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _labelled(family: Any, rows: Iterable[tuple[Any, float]]) -> Any:
+    """`family` with one sample per (label, value) row; a label is a string or a list of them."""
+    for label, value in rows:
+        family.add_metric([label] if isinstance(label, str) else list(label), value)
+    return family
+
+
+def _request_families(snap: Snapshot) -> list[Metric]:
+    """Requests: each ends in one place, or is still pending somewhere."""
     ended = _counter(
         "ratedeck_requests",
         "Requests that ended, by where (succeeded, expired, graveyard, shed, uncertain).",
         None,
         ("outcome",),
     )
-    for outcome, value in (
-        ("succeeded", snap.succeeded),
-        ("expired", snap.expired),
-        ("graveyard", snap.graveyard),
-        ("shed", snap.shed),
-        ("uncertain", snap.uncertain),
-    ):
-        ended.add_metric([outcome], value)
-    out.append(ended)
     pending = GaugeMetricFamily(
         "ratedeck_requests_pending", "Requests not ended yet, by where they are.", labels=["where"]
     )
-    for where, value in (("main", snap.main_depth), ("dlq", snap.dlq_depth), ("in_flight", snap.in_flight)):
-        pending.add_metric([where], value)
-    out.append(pending)
+    return [
+        _counter("ratedeck_requests_generated", "Requests made by the workload.", snap.generated),
+        _labelled(
+            ended,
+            (
+                ("succeeded", snap.succeeded),
+                ("expired", snap.expired),
+                ("graveyard", snap.graveyard),
+                ("shed", snap.shed),
+                ("uncertain", snap.uncertain),
+            ),
+        ),
+        _labelled(
+            pending, (("main", snap.main_depth), ("dlq", snap.dlq_depth), ("in_flight", snap.in_flight))
+        ),
+    ]
 
-    # attempts
-    out.append(
-        _counter("ratedeck_attempts_sent", "Attempts sent (a retried request once per attempt).", snap.sent)
-    )
+
+def _attempt_families(snap: Snapshot) -> list[Metric]:
+    """Attempts: sent, answered or given up, retried, and why the failed ones failed."""
     attempts = _counter("ratedeck_attempts", "Attempts answered or given up, by outcome.", None, ("outcome",))
-    for outcome, value in (
-        ("succeeded", snap.succeeded),
-        ("rejected_429", snap.rejected_429),
-        ("rejected_other", snap.rejected_other),
-        ("failed", snap.failed),
-    ):
-        attempts.add_metric([outcome], value)
-    out.append(attempts)
-    out.append(_counter("ratedeck_retries", "Attempts queued again for a retry.", snap.retried))
     failures = _counter(
         "ratedeck_failures", "Failed attempts (5xx, timeouts, no answer) by cause.", None, ("cause",)
     )
-    for cause, value in snap.failures:
-        failures.add_metric([cause], value)
-    out.append(failures)
     errors = _counter(
         "ratedeck_errors",
         "Attempts that did not succeed, by HTTP status and cause.",
         None,
         ("status", "cause"),
     )
-    for row in snap.errors:
-        errors.add_metric(["none" if row.status is None else str(row.status), row.cause], row.count)
-    out.append(errors)
+    return [
+        _counter("ratedeck_attempts_sent", "Attempts sent (a retried request once per attempt).", snap.sent),
+        _labelled(
+            attempts,
+            (
+                ("succeeded", snap.succeeded),
+                ("rejected_429", snap.rejected_429),
+                ("rejected_other", snap.rejected_other),
+                ("failed", snap.failed),
+            ),
+        ),
+        _counter("ratedeck_retries", "Attempts queued again for a retry.", snap.retried),
+        _labelled(failures, snap.failures),
+        _labelled(
+            errors,
+            ((("none" if e.status is None else str(e.status), e.cause), e.count) for e in snap.errors),
+        ),
+    ]
 
-    # per key (labels are key ids, never secrets)
+
+def _key_families(snap: Snapshot) -> list[Metric]:
+    """Per key; the labels are key ids, never secrets."""
     key_sent = _counter("ratedeck_key_attempts_sent", "Attempts sent with each key.", None, ("key",))
     key_attempts = _counter(
         "ratedeck_key_attempts",
@@ -242,7 +267,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         window_limit.add_metric([k.label], k.window_limit)
         window_ratio.add_metric([k.label], k.window_used / k.window_limit if k.window_limit else 0.0)
         key_state.add_metric([k.label, str(k.state)], 1.0)
-    out += [
+    return [
         key_sent,
         key_attempts,
         key_in_flight,
@@ -255,7 +280,9 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         shared,
     ]
 
-    # cooldown gates (one per key, and "host")
+
+def _gate_families(snap: Snapshot) -> list[Metric]:
+    """The cooldown gates: one per key, and "host"."""
     gate_open = GaugeMetricFamily(
         "ratedeck_gate_open", "1 when the cooldown gate is open, 0 when closed.", labels=["gate"]
     )
@@ -274,55 +301,70 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         gate_left.add_metric([g.name], g.left_s)
         gate_closures.add_metric([g.name], g.closures)
         gate_escalations.add_metric([g.name], g.escalations)
-    out += [gate_open, gate_left, gate_closures, gate_escalations]
+    return [gate_open, gate_left, gate_closures, gate_escalations]
 
-    # rates, capacity, settings, queues
-    gauge(
-        "ratedeck_capacity_rps", "Requests per second every key's limits allow together.", snap.capacity_tps
-    )
-    gauge(
-        "ratedeck_live_capacity_rps",
-        "Requests per second the keys that can send now allow, headroom included.",
-        snap.live_capacity_tps,
-    )
-    gauge("ratedeck_throughput_rps", "Successes per second since the start.", snap.throughput_tps)
-    gauge("ratedeck_current_throughput_rps", "Successes in the last full second.", snap.current_tps)
-    gauge("ratedeck_arrival_rate_rps", "The workload's arrival rate.", snap.arrival_rate)
-    gauge("ratedeck_headroom_seconds", "Margin added to every window.", _seconds(snap.headroom_ms))
-    gauge(
-        "ratedeck_headroom_adaptive",
-        "1 when the headroom is learned, 0 when fixed.",
-        float(snap.headroom_adaptive),
-    )
-    gauge("ratedeck_backpressure", "1 when backpressure is on.", float(snap.backpressure))
-    gauge("ratedeck_queue_max", "Main queue size with backpressure on.", snap.main_max)
+
+def _run_families(snap: Snapshot) -> list[Metric]:
+    """Rates, capacity, the live settings, the queues, and the client's own cost."""
     depth = GaugeMetricFamily(
         "ratedeck_queue_depth", "Requests waiting, by queue (main, dlq).", labels=["queue"]
     )
-    depth.add_metric(["main"], snap.main_depth)
-    depth.add_metric(["dlq"], snap.dlq_depth)
-    out.append(depth)
-    gauge("ratedeck_in_flight", "Attempts in flight.", snap.in_flight)
-    gauge("ratedeck_elapsed_seconds", "Seconds since the run started.", snap.elapsed_s)
     phase = GaugeMetricFamily("ratedeck_phase", "1 for the run's current phase.", labels=["phase"])
-    phase.add_metric([str(snap.phase)], 1.0)
-    out.append(phase)
-    # the client's own cost: is ratedeck the bottleneck? (rate(cpu)/processes near 1: yes)
-    out.append(
+    return [
+        _gauge(
+            "ratedeck_capacity_rps",
+            "Requests per second every key's limits allow together.",
+            snap.capacity_tps,
+        ),
+        _gauge(
+            "ratedeck_live_capacity_rps",
+            "Requests per second the keys that can send now allow, headroom included.",
+            snap.live_capacity_tps,
+        ),
+        _gauge("ratedeck_throughput_rps", "Successes per second since the start.", snap.throughput_tps),
+        _gauge("ratedeck_current_throughput_rps", "Successes in the last full second.", snap.current_tps),
+        _gauge("ratedeck_arrival_rate_rps", "The workload's arrival rate.", snap.arrival_rate),
+        _gauge("ratedeck_headroom_seconds", "Margin added to every window.", _seconds(snap.headroom_ms)),
+        _gauge(
+            "ratedeck_headroom_adaptive",
+            "1 when the headroom is learned, 0 when fixed.",
+            float(snap.headroom_adaptive),
+        ),
+        _gauge("ratedeck_backpressure", "1 when backpressure is on.", float(snap.backpressure)),
+        _gauge("ratedeck_queue_max", "Main queue size with backpressure on.", snap.main_max),
+        _labelled(depth, (("main", snap.main_depth), ("dlq", snap.dlq_depth))),
+        _gauge("ratedeck_in_flight", "Attempts in flight.", snap.in_flight),
+        _gauge("ratedeck_elapsed_seconds", "Seconds since the run started.", snap.elapsed_s),
+        _labelled(phase, ((str(snap.phase), 1.0),)),
+        # the client's own cost: is ratedeck the bottleneck? (rate(cpu)/processes near 1: yes)
         _counter(
             "ratedeck_client_cpu_seconds",
             "CPU seconds of the engine's processes since the start.",
             snap.cpu_s,
-        )
-    )
-    gauge("ratedeck_client_processes", "Engine processes (--procs).", snap.procs)
-    gauge(
-        "ratedeck_loop_lag_seconds",
-        "How late the engine's timers fired, worst of the last seconds.",
-        _seconds(snap.loop_lag_ms),
-    )
+        ),
+        _gauge("ratedeck_client_processes", "Engine processes (--procs).", snap.procs),
+        _gauge(
+            "ratedeck_loop_lag_seconds",
+            "How late the engine's timers fired, worst of the last seconds.",
+            _seconds(snap.loop_lag_ms),
+        ),
+    ]
 
-    # latency: histograms in seconds, and the engine's own quantiles
+
+#: The latency histograms: name, the snapshot's attribute, help.
+HISTOGRAMS = (
+    ("ratedeck_latency_seconds", "latency", "Send -> answer latency of successful requests."),
+    (
+        "ratedeck_latency_total_seconds",
+        "latency_total",
+        "Arrival (intended arrival at a fixed rate) -> done latency of successful requests.",
+    ),
+    ("ratedeck_queue_wait_seconds", "queue_wait", "Arrival -> first send, every request sent."),
+)
+
+
+def _latency_families(snap: Snapshot, buckets: dict[str, Buckets]) -> list[Metric]:
+    """Latency: the engine's own quantiles, and histograms in seconds."""
     quantiles = GaugeMetricFamily(
         "ratedeck_latency_quantile_seconds",
         "Latency quantiles since the start (quantile 1 is the maximum), by stage: send_answer (send -> "
@@ -333,37 +375,30 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         lat: LatencySummary = getattr(snap, attr)
         for q, name in QUANTILES:
             quantiles.add_metric([stage, q], _seconds(getattr(lat, name)))
-    out.append(quantiles)
-    for name, attr, doc in (
-        ("ratedeck_latency_seconds", "latency", "Send -> answer latency of successful requests."),
-        (
-            "ratedeck_latency_total_seconds",
-            "latency_total",
-            "Arrival (intended arrival at a fixed rate) -> done latency of successful requests.",
-        ),
-        ("ratedeck_queue_wait_seconds", "queue_wait", "Arrival -> first send, every request sent."),
-    ):
+    out: list[Metric] = [quantiles]
+    for name, attr, doc in HISTOGRAMS:
         lat = getattr(snap, attr)
         edges = buckets.get(attr) or lat.buckets  # the snapshot carries them (a console run's child too)
         rows = [(f"{_seconds(edge):g}", count) for edge, count in edges] + [("+Inf", lat.count)]
         out.append(HistogramMetricFamily(name, doc, buckets=rows, sum_value=_seconds(lat.mean * lat.count)))
-
-    # a message run's own accounting
-    m = snap.messages
-    if m is not None:
-        out.append(_counter("ratedeck_messages_generated", "Messages arrived at the entry.", m.generated))
-        msgs = _counter("ratedeck_messages", "Messages that ended, by outcome.", None, ("outcome",))
-        for outcome, value in (("completed", m.completed), ("failed", m.failed), ("shed", m.shed)):
-            msgs.add_metric([outcome], value)
-        out.append(msgs)
-        waiting = GaugeMetricFamily("ratedeck_messages_pending", "Messages not ended yet.", labels=["where"])
-        waiting.add_metric(["queued"], m.queued)
-        waiting.add_metric(["in_progress"], m.in_progress)
-        out.append(waiting)
-        gauge("ratedeck_message_goodput_rps", "Messages completed per second since the start.", m.goodput_tps)
-    if snap.clients is not None:
-        out += client_families(snap.clients)
     return out
+
+
+def _message_families(snap: Snapshot) -> list[Metric]:
+    """A message run's own accounting; none for other runs."""
+    m = snap.messages
+    if m is None:
+        return []
+    msgs = _counter("ratedeck_messages", "Messages that ended, by outcome.", None, ("outcome",))
+    waiting = GaugeMetricFamily("ratedeck_messages_pending", "Messages not ended yet.", labels=["where"])
+    return [
+        _counter("ratedeck_messages_generated", "Messages arrived at the entry.", m.generated),
+        _labelled(msgs, (("completed", m.completed), ("failed", m.failed), ("shed", m.shed))),
+        _labelled(waiting, (("queued", m.queued), ("in_progress", m.in_progress))),
+        _gauge(
+            "ratedeck_message_goodput_rps", "Messages completed per second since the start.", m.goodput_tps
+        ),
+    ]
 
 
 def client_families(c: ClientView) -> list[Metric]:

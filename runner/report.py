@@ -13,7 +13,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratedeck.engine.snapshot import ClusterView, KeyRow, LatencySummary, Makespan, MessageStats, Snapshot
+from ratedeck.engine.snapshot import (
+    BudgetRow,
+    ClusterView,
+    ErrorRow,
+    KeyRow,
+    LatencySummary,
+    Makespan,
+    MessageStats,
+    Snapshot,
+)
 from ratedeck.store.work import StoreReport
 
 SCHEMA_VERSION = 1
@@ -41,6 +50,14 @@ def latency_report(lat: LatencySummary) -> dict:
     }
 
 
+def _r(x: float, n: int = 2) -> float:
+    return round(float(x), n)
+
+
+def _maybe(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 1)
+
+
 def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreReport | None = None) -> dict:
     """Report fields from a final snapshot. Keys appear masked only.
 
@@ -49,130 +66,42 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
     With `--store`, `store` holds the store's count of every job (`store_report`);
     with a shared one, `cluster` the members and shared queues last read (`cluster_report`).
     """
-    r = lambda x, n=2: round(float(x), n)  # noqa: E731
-    maybe = lambda x: None if x is None else round(float(x), 1)  # noqa: E731
     report: dict = {
         "schema_version": SCHEMA_VERSION,
-        "duration_s": r(snap.elapsed_s, 3),
-        "capacity_tps": r(snap.capacity_tps),
-        "live_capacity_tps": r(snap.live_capacity_tps),
-        "throughput_tps": r(snap.throughput_tps),
-        "pct_capacity": r(snap.pct_capacity),
-        "requests": {
-            "generated": snap.generated,
-            "sent": snap.sent,
-            "succeeded": snap.succeeded,
-            "rejected_429": snap.rejected_429,
-            "rejected_other": snap.rejected_other,
-            "failed": snap.failed,
-            "expired": snap.expired,
-            "retried": snap.retried,
-            "graveyard": snap.graveyard,
-            "shed": snap.shed,
-            "queued_at_end": snap.main_depth + snap.dlq_depth,
-            "in_flight_at_end": snap.in_flight,
-            "uncertain": snap.uncertain,
-        },
+        "duration_s": _r(snap.elapsed_s, 3),
+        "capacity_tps": _r(snap.capacity_tps),
+        "live_capacity_tps": _r(snap.live_capacity_tps),
+        "throughput_tps": _r(snap.throughput_tps),
+        "pct_capacity": _r(snap.pct_capacity),
+        "requests": requests_report(snap),
         "balance_ok": snap.balance() == 0,
         "failures": dict(snap.failures),
-        "errors": [
-            {
-                "status": e.status,
-                "kind": str(e.kind),
-                "cause": e.cause,
-                "count": e.count,
-                "last_key": e.last_key,
-                "last_text": e.last_text,  # masked by the engine
-            }
-            for e in snap.errors
-        ],
+        "errors": [error_report(e) for e in snap.errors],
         "latency_ms": latency_report(snap.latency),
         "latency_total_ms": latency_report(snap.latency_total),
         "queue_wait_ms": latency_report(snap.queue_wait),
-        "headroom_ms": {
-            "final": r(snap.headroom_ms, 1),
-            "min": r(snap.headroom_min_ms, 1),
-            "max": r(snap.headroom_max_ms, 1),
-            "adaptive": snap.headroom_adaptive,
-        },
-        "headroom": {
-            "source": snap.headroom_source,
-            "rtt_spread_ms": maybe(snap.rtt_spread_ms),
-            "network_spread_ms": maybe(snap.network_spread_ms),
-            "server_time_ms": maybe(snap.server_time_ms),
-            "rejection_budget": snap.rejection_budget,
-            "rejections_spent": snap.rejections_spent,
-            "probe_sent": snap.probe_sent,
-        },
+        **headroom_report(snap),
         "queues": {
             "main_max": snap.main_peak,
-            "main_avg": r(snap.main_avg),
+            "main_avg": _r(snap.main_avg),
             "dlq_max": snap.dlq_peak,
-            "dlq_avg": r(snap.dlq_avg),
+            "dlq_avg": _r(snap.dlq_avg),
             "graveyard": snap.graveyard,
         },
-        "keys": [
-            {
-                "key": f"{k.label} {k.masked}",
-                "label": k.label,
-                "sent": k.sent,
-                "succeeded": k.succeeded,
-                "rejected_429": k.rejected_429,
-                "errors": k.errors,
-                "last_status": k.last_status,
-                "paused": k.state == "paused",
-                "state": k.state,
-                "server_remaining": k.server_remaining,
-                "server_limit": k.server_limit,
-                "told_limit": k.told_limit,
-                "learned_limit": k.learned_limit,
-                **estimate_fields(k, snap.elapsed_s),
-            }
-            for k in snap.keys
-        ],
-        "budgets": [
-            {
-                "name": b.name,
-                "owner": b.owner,
-                "used": b.used,
-                "limit": b.limit,
-                "unit": b.unit,
-                "per_min": b.per_min,
-                "reserved": b.reserved,
-                "settled": b.settled,
-            }
-            for b in snap.budgets
-        ],
+        "keys": [key_report(k, snap.elapsed_s) for k in snap.keys],
+        "budgets": [budget_report(b) for b in snap.budgets],
         "series": {
             "tps": list(snap.tps_series),
-            "p50_ms": [r(x) for x in snap.p50_series],
-            "p99_ms": [r(x) for x in snap.p99_series],
+            "p50_ms": [_r(x) for x in snap.p50_series],
+            "p99_ms": [_r(x) for x in snap.p99_series],
         },
         "gates": [
             {"name": g.name, "closures": g.closures, "escalations": g.escalations}
             for g in snap.gates
             if g.closures
         ],
-    }
-    report["keys_refused"] = [
-        {
-            "key": f"{k.label} {k.masked}",
-            "label": k.label,
-            "fingerprint": k.fingerprint or None,
-            "status": k.refused_status,
-            "message": k.refused_message,  # masked by the engine
-        }
-        for k in snap.keys
-        if k.state == "blocked"
-    ]
-    cpu_us = snap.cpu_us_per_request
-    report["client"] = {
-        "procs": snap.procs,
-        "cpu_s": r(snap.cpu_s, 3),
-        "cpu_us_per_request": r(cpu_us, 1) if cpu_us is not None else None,
-        "cpu_cores": r(snap.cpu_cores, 3) if snap.cpu_cores is not None else None,
-        "loop_lag_ms": r(snap.loop_lag_ms, 1),
-        "loop": snap.loop or None,
+        "keys_refused": [refused_report(k) for k in snap.keys if k.state == "blocked"],
+        "client": client_report(snap),
     }
     if snap.messages is not None:
         report["messages"] = messages_report(snap.messages)
@@ -185,6 +114,116 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
     if snap.makespan is not None:
         report["makespan"] = makespan_report(snap.makespan)
     return report
+
+
+def requests_report(snap: Snapshot) -> dict:
+    """Where every request went: the counters the accounting balances."""
+    return {
+        "generated": snap.generated,
+        "sent": snap.sent,
+        "succeeded": snap.succeeded,
+        "rejected_429": snap.rejected_429,
+        "rejected_other": snap.rejected_other,
+        "failed": snap.failed,
+        "expired": snap.expired,
+        "retried": snap.retried,
+        "graveyard": snap.graveyard,
+        "shed": snap.shed,
+        "queued_at_end": snap.main_depth + snap.dlq_depth,
+        "in_flight_at_end": snap.in_flight,
+        "uncertain": snap.uncertain,
+    }
+
+
+def error_report(e: ErrorRow) -> dict:
+    """One kind of failed attempt, with the last key and text that had it (masked by the engine)."""
+    return {
+        "status": e.status,
+        "kind": str(e.kind),
+        "cause": e.cause,
+        "count": e.count,
+        "last_key": e.last_key,
+        "last_text": e.last_text,
+    }
+
+
+def headroom_report(snap: Snapshot) -> dict:
+    """`headroom_ms` (where it ended and its range) and `headroom` (what it was learned from)."""
+    return {
+        "headroom_ms": {
+            "final": _r(snap.headroom_ms, 1),
+            "min": _r(snap.headroom_min_ms, 1),
+            "max": _r(snap.headroom_max_ms, 1),
+            "adaptive": snap.headroom_adaptive,
+        },
+        "headroom": {
+            "source": snap.headroom_source,
+            "rtt_spread_ms": _maybe(snap.rtt_spread_ms),
+            "network_spread_ms": _maybe(snap.network_spread_ms),
+            "server_time_ms": _maybe(snap.server_time_ms),
+            "rejection_budget": snap.rejection_budget,
+            "rejections_spent": snap.rejections_spent,
+            "probe_sent": snap.probe_sent,
+        },
+    }
+
+
+def key_report(k: KeyRow, elapsed_s: float) -> dict:
+    """One key's line: its counts, state, the server's counts and its limit estimate."""
+    return {
+        "key": f"{k.label} {k.masked}",
+        "label": k.label,
+        "sent": k.sent,
+        "succeeded": k.succeeded,
+        "rejected_429": k.rejected_429,
+        "errors": k.errors,
+        "last_status": k.last_status,
+        "paused": k.state == "paused",
+        "state": k.state,
+        "server_remaining": k.server_remaining,
+        "server_limit": k.server_limit,
+        "told_limit": k.told_limit,
+        "learned_limit": k.learned_limit,
+        **estimate_fields(k, elapsed_s),
+    }
+
+
+def budget_report(b: BudgetRow) -> dict:
+    """One budget of one owner (a key or the host): used, its limit, reserved and settled."""
+    return {
+        "name": b.name,
+        "owner": b.owner,
+        "used": b.used,
+        "limit": b.limit,
+        "unit": b.unit,
+        "per_min": b.per_min,
+        "reserved": b.reserved,
+        "settled": b.settled,
+    }
+
+
+def refused_report(k: KeyRow) -> dict:
+    """A key the server refused for good, with its status and message (masked by the engine)."""
+    return {
+        "key": f"{k.label} {k.masked}",
+        "label": k.label,
+        "fingerprint": k.fingerprint or None,
+        "status": k.refused_status,
+        "message": k.refused_message,
+    }
+
+
+def client_report(snap: Snapshot) -> dict:
+    """The client's own cost: processes, CPU, how late the loop ran."""
+    cpu_us = snap.cpu_us_per_request
+    return {
+        "procs": snap.procs,
+        "cpu_s": _r(snap.cpu_s, 3),
+        "cpu_us_per_request": _r(cpu_us, 1) if cpu_us is not None else None,
+        "cpu_cores": _r(snap.cpu_cores, 3) if snap.cpu_cores is not None else None,
+        "loop_lag_ms": _r(snap.loop_lag_ms, 1),
+        "loop": snap.loop or None,
+    }
 
 
 def makespan_report(m: Makespan) -> dict:

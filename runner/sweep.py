@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratedeck.config import ConfigError, load_config
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.engine import Engine
@@ -319,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         rates = check_args(args)
     except SweepArgumentError as exc:
         print(f"ratedeck sweep: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         settings = server_settings(args)
-        capacity = point_config(args, rates[0], "off", settings).capacity_tps
+        capacity = point_config(args, rates[0], "off", settings).engine_settings.capacity_tps
     except (ConfigError, ValueError) as exc:
         print(f"ratedeck sweep: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     where = "embedded HTTP simulator, real time" if args.live else "simulator rules on a virtual clock"
     print(
         f"sweep: {len(rates)} rates x 2 throttles x {args.duration:g} s, {args.calls} {args.pattern} call(s)"
@@ -340,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
                 points.append(run_point(args, rate, throttle))
     except KeyboardInterrupt:
         print("ratedeck sweep: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except OSError as exc:
         print(f"ratedeck sweep: cannot run: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     for line in table(points, capacity, args):
         print(line)
     if not all(p.balance_ok for p in points):
@@ -365,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"ratedeck sweep: cannot write report {args.report}: {exc.strerror or exc}", file=sys.stderr
             )
-            return 1
+            return ExitCode.FAILED
         print(f"report written to {args.report}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

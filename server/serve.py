@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.numbers import MAX_SIM_KEYS, check_simulator_numbers, fraction, latency_range, whole
 from ratedeck.core.policy import parse_policy
@@ -31,8 +32,6 @@ from .settings import (
     standard_settings,
     study_settings,
 )
-
-EXIT_USAGE = 2
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,13 +159,13 @@ def run_serve(args: argparse.Namespace) -> int:
         host = _option("--host", _parse_host, args.host)
     except ValueError as exc:
         print(f"ratedeck serve: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
             reset_token = secrets.token_urlsafe(16) if getattr(args, "allow_reset", False) else None
             return runner.run(_serve_forever(settings, host, port, reset_token))
     except KeyboardInterrupt:
-        return 0  # a second Ctrl-C during shutdown: still quiet
+        return ExitCode.OK  # a second Ctrl-C during shutdown: still quiet
 
 
 async def _serve_forever(
@@ -175,14 +174,14 @@ async def _serve_forever(
     problem = await _lookup_problem(host, port)
     if problem is not None:
         print(f"ratedeck serve: error: --host: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         server = await start_server(settings, host, port, reset_token=reset_token)
     except OSError as exc:
         print(
             f"ratedeck serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr
         )
-        return 1
+        return ExitCode.FAILED
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -198,7 +197,7 @@ async def _serve_forever(
         await stop.wait()
     finally:
         await server.close()
-    return 0
+    return ExitCode.OK
 
 
 def _base_settings(args: argparse.Namespace) -> ServerSettings:

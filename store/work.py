@@ -40,12 +40,7 @@ from ratedeck.core.secrets import fingerprint, safe_url
 from ratedeck.core.vocab import Arrival, Ending, EventKind, Pacing
 from ratedeck.engine.settings import (
     ConfigError,
-    EngineConfig,
     EngineSettings,
-    KeySpec,
-    MessagesConfig,
-    TargetConfig,
-    WorkloadConfig,
 )
 from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth
 
@@ -77,8 +72,8 @@ NOT_KEPT = (
 MARK_MIN = 4
 
 
-class RunSettings(Protocol):
-    """What a store run reads of a run's settings (the config layer's `RunConfig` has it all)."""
+class StoreChoice(Protocol):
+    """The store's own two settings (the config layer's `RunnerSettings` has them)."""
 
     @property
     def store(self) -> str: ...  # memory, sqlite:PATH or redis://host:port/db
@@ -86,41 +81,17 @@ class RunSettings(Protocol):
     @property
     def resume(self) -> bool: ...  # take back the jobs a killed run held
 
-    @property
-    def target(self) -> TargetConfig: ...
 
-    @property
-    def engine(self) -> EngineConfig: ...
-
-    @property
-    def workload(self) -> WorkloadConfig: ...
-
-    @property
-    def messages(self) -> MessagesConfig | None: ...
-
-    @property
-    def arrival_rate(self) -> float: ...
-
-    @property
-    def engine_settings(self) -> EngineSettings: ...
-
-    @property
-    def main_queue_max(self) -> int: ...  # the main queue's size (`queue_max` or derived)
-
-    @property
-    def keys(self) -> tuple[KeySpec, ...]: ...  # what a job's `_key` may name
-
-
-def open_for_run(cfg: RunSettings) -> WorkStore | None:
+def open_for_run(choice: StoreChoice, cfg: EngineSettings) -> WorkStore | None:
     """The run's store (None: memory), its settings checked; `ConfigError` naming the problem.
 
     A store holds its own work: `--workload` goes in with `ratedeck enqueue`, and
     `[messages]` runs have no store yet. `--resume` needs a store that outlives a
     process.
     """
-    shown = safe_url(cfg.store) or cfg.store
-    if cfg.store.strip() == MEMORY:
-        if cfg.resume:
+    shown = safe_url(choice.store) or choice.store
+    if choice.store.strip() == MEMORY:
+        if choice.resume:
             raise ConfigError(
                 "command line",
                 "--resume",
@@ -136,7 +107,7 @@ def open_for_run(cfg: RunSettings) -> WorkStore | None:
     if cfg.messages is not None:
         raise ConfigError("config", "messages", "message workloads cannot run from a store (yet)")
     try:
-        return open_store(cfg.store)
+        return open_store(choice.store)
     except StoreError as exc:
         raise ConfigError("--store", shown, str(exc)) from None
 
@@ -183,7 +154,9 @@ class StoreWorkload(Workload):
         self.mark_problem: str | None = None
 
     @classmethod
-    def for_store(cls, cfg: RunSettings, rng: random.Random, store: WorkStore, member: str) -> StoreWorkload:
+    def for_store(
+        cls, cfg: EngineSettings, rng: random.Random, store: WorkStore, member: str
+    ) -> StoreWorkload:
         w = cfg.workload
         return cls(
             store,
@@ -195,7 +168,7 @@ class StoreWorkload(Workload):
             total=w.total,
             rng=rng,
             fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
-            depth=fed_depth(cfg.engine_settings),
+            depth=fed_depth(cfg),
             pins=KeyPins(cfg.keys),
             signed=bool(cfg.target.signing),
         )
@@ -422,8 +395,9 @@ def last_sends(
 class StoreRun:
     """An engine's source and journal on `store`, and what happens at its start and end."""
 
-    def __init__(self, cfg: RunSettings, store: WorkStore, rng: random.Random):
+    def __init__(self, choice: StoreChoice, cfg: EngineSettings, store: WorkStore, rng: random.Random):
         self.cfg = cfg
+        self.resume = choice.resume
         self.store = store
         self.member = f"run-{uuid.uuid4().hex[:12]}"
         self.source = StoreWorkload.for_store(cfg, rng, store, self.member)
@@ -443,7 +417,7 @@ class StoreRun:
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
         try:
-            if self.cfg.resume:
+            if self.resume:
                 self.recovered = await self.store.recover(self.member, retry=self._retry)
             else:
                 self.left_claimed = (await self.store.counts()).claimed

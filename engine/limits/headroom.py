@@ -475,7 +475,7 @@ class HeadroomController:
         self,
         *,
         initial_ms: float = 100.0,
-        min_ms: float = 0.0,
+        min_ms: float = 1.0,  # as engine.headroom_min_ms: timers have about 1 ms grain
         max_ms: float = 500.0,
         fixed_ms: float | None = None,
         rejection_budget: int = 0,

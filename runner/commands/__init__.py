@@ -8,6 +8,8 @@ package loads no subcommand: `ratedeck --help` and a run stay quick to start.
 
 from __future__ import annotations
 
+from ratedeck.core.exits import help_line
+
 #: Every subcommand: its module here, and its one line for `ratedeck --help`.
 TABLE: dict[str, tuple[str, str]] = {
     "serve": ("serve", "the simulator: a rate-limited API to play against"),
@@ -37,7 +39,7 @@ SUBCOMMANDS = tuple(COMMANDS)
 #: The module of the command with no name.
 RUN = "run"
 
-EXIT_CODES = "0 ok, 1 nothing worked (no answer, every key refused, or no success), 2 bad input, 3 accounting mismatch, 4 an output not written, 99 a --fail-on threshold held, 130 stopped at once by a second Ctrl-C, or interrupted while starting"
+EXIT_CODES = help_line()
 
 
 def command_module(name: str) -> str:

@@ -8,15 +8,16 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from ratedeck.config import ConfigError
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.numbers import parse_duration
 
 T = TypeVar("T")
 
 
 def fail(message: str) -> int:
-    """Print "ratedeck: MESSAGE" on stderr; the exit code for bad input (2)."""
+    """Print "ratedeck: MESSAGE" on stderr; the exit code for bad input."""
     print(f"ratedeck: {message}", file=sys.stderr)
-    return 2
+    return ExitCode.USAGE
 
 
 def flag_value(flag: str, text: object, parse: Callable[[object], T]) -> T:
@@ -33,13 +34,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
     def error(message: str) -> NoReturn:
         print(f"{prog}: error: {message} (see {prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(ExitCode.USAGE)
 
     parser.error = error  # type: ignore[method-assign]
     try:
         return parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else 2
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
 
 
 def option_value(argv: list[str], flag: str) -> str | None:

@@ -7,6 +7,8 @@ import importlib
 import re
 import sys
 
+from ratedeck.core.exits import ExitCode
+
 from ..cli import build_parser as run_parser
 from . import COMMANDS, command_module
 from .common import fail
@@ -23,10 +25,10 @@ _WITH_FLAGS = {"serve": True, "bench": True, "sweep": False, "replay": False, "e
 def main(argv: list[str]) -> int:
     if argv in (["bash"], ["zsh"]):
         sys.stdout.write(completion_script(argv[0]))
-        return 0
+        return ExitCode.OK
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0
+        return ExitCode.OK
     return fail("completion: say which shell: 'ratedeck completion bash' or 'ratedeck completion zsh'")
 
 

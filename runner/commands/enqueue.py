@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from ratedeck.config import ConfigError, RunConfig, load_config
+from ratedeck.core.exits import ExitCode
 from ratedeck.engine.sources.workload import KeyPins, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
@@ -38,14 +39,14 @@ def main(argv: list[str]) -> int:
     args = parsed
     try:
         cfg, pins = _load(args)
-        budgets = tuple(b.name for b in cfg.budgets)
-        signed = bool(cfg.target.signing)
-        items = list(read_jsonl(args.file, tuple(cfg.pools), budgets, pins, signed=signed))
-        if cfg.store.strip() == "memory":
+        budgets = tuple(b.name for b in cfg.engine_settings.budgets)
+        signed = bool(cfg.engine_settings.target.signing)
+        items = list(read_jsonl(args.file, tuple(cfg.engine_settings.pools), budgets, pins, signed=signed))
+        if cfg.runner.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."
             )
-        store = open_for_run(cfg)
+        store = open_for_run(cfg.runner, cfg.engine_settings)
     except ConfigError as exc:
         return fail(str(exc))
     assert store is not None
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     except StoreError as exc:
         return fail(f"enqueue: {store.url}: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
-    return 0
+    return ExitCode.OK
 
 
 def _load(args: argparse.Namespace) -> tuple[RunConfig, KeyPins]:
@@ -73,7 +74,7 @@ def _load(args: argparse.Namespace) -> tuple[RunConfig, KeyPins]:
     if args.config or args.preset:
         try:
             cfg = load_config(args.config, args.preset, overrides)
-            return cfg, KeyPins(cfg.keys)
+            return cfg, KeyPins(cfg.engine_settings.keys)
         except ConfigError as exc:
             if not (exc.key.startswith("keys") or exc.key == "--keys"):
                 raise  # not about the keys: the same problem without them

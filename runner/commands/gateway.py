@@ -22,11 +22,11 @@ from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.config.load import parse_setting
 from ratedeck.config.parsers import resolve_secrets
 from ratedeck.config.settings import GatewaySettings
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
 
 from ..cli import build_parser as run_parser
 from ..headless import (
-    EXIT_USAGE,
     Metrics,
     StopSignals,
     _capacity,
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     try:
         plan = plan_run(args)
         cfg = plan.cfg
-        if cfg.messages is not None:
+        if cfg.engine_settings.messages is not None:
             raise ConfigError(
                 "config", "messages", "the gateway's work comes from its clients, not [messages]"
             )
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
             metrics=plan.metrics,
             make_session=gateway_session,
         )
-    out = sys.stderr if cfg.report == "-" else sys.stdout
+    out = sys.stderr if cfg.runner.report == "-" else sys.stdout
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(
             run_gateway(cfg, settings, plan.interval_s, out, thresholds=plan.thresholds, metrics=plan.metrics)
@@ -169,7 +169,7 @@ async def run_gateway(
     if problems:
         for problem in problems:
             _say(f"ratedeck: {problem}", sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     loop = asyncio.get_running_loop()
     service = GatewayService(cfg, settings)
     exporter = None
@@ -177,22 +177,22 @@ async def run_gateway(
     if metrics is not None:
         from ..prometheus import LoopSource, MetricsPortError, serve_metrics
 
-        scrapes = LoopSource(loop, cfg.capacity_tps)  # each scrape taken on this loop
+        scrapes = LoopSource(loop, cfg.engine_settings.capacity_tps)  # each scrape taken on this loop
         try:
             exporter = serve_metrics(scrapes, metrics.port, metrics.host)
         except MetricsPortError as exc:
             _say(f"ratedeck: {exc}", sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
     signals = StopSignals(loop).install()
     try:
         try:
             url = await service.start()
         except ConfigError as exc:
             _say(f"ratedeck: {exc}", sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
         except OSError as exc:
             _say(f"ratedeck: --listen {settings.listen}: cannot listen: {exc.strerror or exc}", sys.stderr)
-            return EXIT_USAGE
+            return ExitCode.USAGE
         if scrapes is not None:
             scrapes.engine = service  # its snapshot carries the clients' view
         finished = service.engine.finished
@@ -233,7 +233,7 @@ async def run_gateway(
 def _start_line(url: str, target: str, cfg: RunConfig, settings: GatewaySettings) -> str:
     token = "present the gateway token" if settings.token else "need no token (loopback only)"
     return (
-        f"ratedeck: gateway at {url} for {target}, {_keys(len(cfg.keys))}, {_capacity(cfg.capacity_tps)};"
+        f"ratedeck: gateway at {url} for {target}, {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)};"
         f" clients {token}; Ctrl-C or SIGTERM drains"
     )
 

@@ -8,6 +8,7 @@ import sys
 import tomli_w
 
 from ratedeck.config import PRESET_DESCRIPTIONS, PRESETS
+from ratedeck.core.exits import ExitCode
 
 from .common import parse_args
 
@@ -30,11 +31,11 @@ def main(argv: list[str]) -> int:
         for name in PRESETS:
             print(f"{name:<{width}}  {PRESET_DESCRIPTIONS.get(name, '')}")
         print("\nUse one with --preset NAME; 'ratedeck presets NAME' prints what it sets.")
-        return 0
+        return ExitCode.OK
     name = parsed.name
     if name not in PRESETS:
         print(f"ratedeck: presets: unknown preset {name!r}; known: {', '.join(PRESETS)}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     print(f"# {name}: {PRESET_DESCRIPTIONS.get(name, '')}")
     print(tomli_w.dumps(PRESETS[name]), end="")
-    return 0
+    return ExitCode.OK

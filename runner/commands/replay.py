@@ -8,6 +8,7 @@ import os
 import sys
 
 from ratedeck.config import ConfigError
+from ratedeck.core.exits import ExitCode
 
 from ..cli import build_parser as run_parser
 from ..replay import DEFAULT_ENDINGS, ReplayError, parse_endings, read_requests, workload_file
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         print(f"ratedeck: replay: {note}", file=sys.stderr)
     if not got.items:
         print(f"ratedeck: replay: nothing to replay in {args.file}", file=sys.stderr)
-        return 0
+        return ExitCode.OK
     print(f"ratedeck: replay: {len(got.items)} requests from {args.file}", file=sys.stderr)
     args.workload = workload_file(got.items)
     try:

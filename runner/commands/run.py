@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
@@ -26,8 +26,8 @@ from ratedeck.config import (
     to_toml_dict,
     with_graveyard_place,
 )
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
-from ratedeck.core.numbers import parse_duration, whole
 from ratedeck.core.paths import user_config_path
 from ratedeck.core.study_server import STUDY
 from ratedeck.host.process_host import ProcessHost
@@ -36,16 +36,12 @@ from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_con
 from ratedeck.store.work import open_for_run
 
 from ..cli import overrides_from_args
-from ..headless import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    Metrics,
-    check_outputs,
-    conclude,
-    run_headless,
-)
+from ..headless import Metrics, check_outputs, conclude, run_headless
 from ..thresholds import Threshold, ThresholdError, parse
-from .common import fail, flag_value
+from .common import fail
+
+if TYPE_CHECKING:
+    from ..prometheus import MetricsServer
 
 
 class RunPlan:
@@ -73,49 +69,45 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     options from the flags; raises ConfigError (one line) for anything wrong."""
     cfg, source = load_run_config(args)
     check_store(cfg)
-    if cfg.preset not in (None, STUDY) and cfg.target.url is None and not cfg.server:
+    if cfg.runner.preset not in (None, STUDY) and cfg.engine_settings.target.url is None and not cfg.server:
         # The simulator speaks the seed's conventions (a key parameter): a real API's preset
         # against it only ever meets refusals.
         raise ConfigError(
             "command line",
             "--target",
-            f"the {cfg.preset} preset is for the real API: give its URL with --target "
-            f"('ratedeck presets {cfg.preset}' shows the recipe)",
+            f"the {cfg.runner.preset} preset is for the real API: give its URL with --target "
+            f"('ratedeck presets {cfg.runner.preset}' shows the recipe)",
         )
     thresholds = []
-    for i, expression in enumerate(cfg.fail_on):
+    for i, expression in enumerate(cfg.runner.fail_on):
         try:
             thresholds.append(parse(expression))
         except ThresholdError as exc:
             if args.fail_on:
                 raise ConfigError("command line", "--fail-on", str(exc)) from None
             raise ConfigError(source or "config", f"run.fail_on[{i}]", str(exc)) from None
-    metrics = None
-    if args.metrics_port is not None:
-        port = flag_value("--metrics-port", args.metrics_port, lambda v: whole(v, low=0, high=65535))
-        linger = 0.0
-        if args.metrics_linger is not None:
-            linger = flag_value(
-                "--metrics-linger",
-                args.metrics_linger,
-                lambda v: parse_duration(v, low=0.0, low_open=False, high=86_400.0),
-            )
-        host = (args.metrics_host or "").strip()
-        if not host:
-            raise ConfigError(
-                "command line", "--metrics-host", "must be an address like 127.0.0.1 or 0.0.0.0"
-            )
-        metrics = Metrics(port, host, linger)
-    elif args.metrics_linger is not None:
-        raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
+    metrics = _metrics(cfg)
     procs = _procs(args, cfg, metrics)
-    return RunPlan(cfg, source, thresholds, metrics, args.interval, procs)
+    return RunPlan(cfg, source, thresholds, metrics, cfg.runner.interval_s, procs)
+
+
+def _metrics(cfg: RunConfig) -> Metrics | None:
+    """Where /metrics is served (`metrics_port`), if anywhere; a host or linger without sense is bad input."""
+    run = cfg.runner
+    if run.metrics_port is None:
+        if run.metrics_linger_s is not None:
+            raise ConfigError("command line", "--metrics-linger", "needs --metrics-port")
+        return None
+    host = run.metrics_host.strip()
+    if not host:
+        raise ConfigError("command line", "--metrics-host", "must be an address like 127.0.0.1 or 0.0.0.0")
+    return Metrics(run.metrics_port, host, run.metrics_linger_s or 0.0)
 
 
 def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Metrics | None) -> int:
     """`--procs`, checked against the run: a run that cannot be split is bad input."""
     try:
-        procs = parse_procs(args.procs)
+        procs = parse_procs(cfg.runner.procs)
     except ValueError as exc:
         raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs: ")) from None
     if procs > 1:
@@ -130,7 +122,7 @@ def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Metrics | None) ->
 
 def check_store(cfg: RunConfig) -> None:
     """Open and close the run's store, so a bad one is one line (exit 2) before anything starts."""
-    store = open_for_run(cfg)
+    store = open_for_run(cfg.runner, cfg.engine_settings)
     if store is not None:
         asyncio.run(store.close())
 
@@ -147,7 +139,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if plan.interval_s <= 0:
         return fail("--interval: must be above 0 seconds")
     if args.no_ui:
-        out = sys.stderr if cfg.report == "-" else None  # stdout is the report's
+        out = sys.stderr if cfg.runner.report == "-" else None  # stdout is the report's
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(
                 run_headless(
@@ -219,7 +211,7 @@ def save_config(cfg: RunConfig, path: str) -> int:
     except OSError as exc:
         return fail(f"{path}: cannot write: {exc.strerror or exc}")
     print(f"ratedeck: wrote the effective config to {path} (load it with --config {path})")
-    return 0
+    return ExitCode.OK
 
 
 # ---------------------------------------------------------------- the console
@@ -240,15 +232,12 @@ def run_console(
     `metrics`, /metrics is served from this process, from the snapshots the
     console already receives: the engine's process does nothing more.
     """
-    # textual loads only for the console, never for a headless run
-    from ratedeck.console.app import RatedeckApp
-
     cfg = with_graveyard_place(cfg)  # none named: next to the report, else the XDG state dir
     problems = check_outputs(cfg)
     if problems:
         for problem in problems:
             fail(problem)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     host: SpawnedHost = ShardedHost(cfg, procs) if procs > 1 else ProcessHost(cfg, make_session=make_session)
     exporter = None
     if metrics is not None:
@@ -260,71 +249,107 @@ def run_console(
         except MetricsPortError as exc:
             return fail(str(exc))
     try:
-        try:
-            host.start()
-        except ConfigError as exc:
-            return fail(str(exc))
-        except (OSError, RuntimeError, TimeoutError) as exc:
-            host.abort()
-            return fail(f"cannot start the engine: {exc}")
-        except BaseException:  # Ctrl-C while the engine starts: leave no process behind
-            host.abort()
-            raise
-
-        concluding = threading.Event()  # the ordinary quit got past the console
-
-        def hangup() -> None:
-            """SIGHUP: quit as for q; if that is stuck on a terminal that went away,
-            drain, write the report and leave, printing nothing."""
-            if concluding.wait(cfg.drain_s + 5.0):
-                return  # the ordinary path finishes the job
-            code = EXIT_INTERRUPTED
-            try:
-                nowhere = open(os.devnull, "w")
-                sys.stdout = sys.stderr = nowhere  # the terminal is gone: a write there fails or waits
-                with _signals_held():
-                    final = host.stop_blocking()
-                    code = conclude(
-                        final,
-                        host.facts,
-                        cfg,
-                        out=nowhere,
-                        server_stats=host.server_stats,
-                        stopped_at_once=host.aborted,
-                        thresholds=thresholds,
-                    )
-                if exporter is not None:
-                    exporter.close()
-            finally:
-                os._exit(code)  # Textual's shutdown would wait on the dead terminal
-
-        app = RatedeckApp(
-            host, theme=cfg.theme, keymap=cfg.keymap or None, duration_s=cfg.duration_s, on_hangup=hangup
-        )
-        try:
-            final = app.run()
-        finally:
-            concluding.set()
-            with _signals_held():  # the drain and the report are not cut short by a late signal
-                final_snap = host.stop_blocking()
-        final = final or final_snap
-        out = sys.stderr if cfg.report == "-" else sys.stdout
-        with _signals_held():
-            code = conclude(
-                final,
-                host.facts,
-                cfg,
-                out=out,
-                server_stats=host.server_stats,
-                stopped_at_once=host.aborted,
-                thresholds=thresholds,
-            )
-        if exporter is not None and metrics is not None and metrics.linger_s > 0 and not host.aborted:
-            _linger(exporter.url, metrics.linger_s, out)
-        return code
+        not_started = _start(host)
+        if not_started is not None:
+            return fail(not_started)
+        return _console(cfg, host, thresholds, metrics, exporter)
     finally:
         if exporter is not None:
             exporter.close()
+
+
+def _start(host: SpawnedHost) -> str | None:
+    """Start the engine's process; what went wrong, in one line, else None. A failed or
+    interrupted start leaves no process behind."""
+    try:
+        host.start()
+    except ConfigError as exc:
+        return str(exc)
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        host.abort()
+        return f"cannot start the engine: {exc}"
+    except BaseException:  # Ctrl-C while the engine starts
+        host.abort()
+        raise
+    return None
+
+
+def _console(
+    cfg: RunConfig,
+    host: SpawnedHost,
+    thresholds: list[Threshold] | tuple[Threshold, ...],
+    metrics: Metrics | None,
+    exporter: MetricsServer | None,
+) -> int:
+    """The console over a started engine, then the last drain, the summary and the report."""
+    # textual loads only for the console, never for a headless run
+    from ratedeck.console.app import RatedeckApp
+
+    concluding = threading.Event()  # the ordinary quit got past the console
+    app = RatedeckApp(
+        host,
+        theme=cfg.console.theme,
+        keymap=cfg.console.keymap or None,
+        duration_s=cfg.runner.duration_s,
+        on_hangup=_hangup(cfg, host, thresholds, exporter, concluding),
+    )
+    try:
+        final = app.run()
+    finally:
+        concluding.set()
+        with _signals_held():  # the drain and the report are not cut short by a late signal
+            final_snap = host.stop_blocking()
+    final = final or final_snap
+    out = sys.stderr if cfg.runner.report == "-" else sys.stdout
+    with _signals_held():
+        code = conclude(
+            final,
+            host.facts,
+            cfg,
+            out=out,
+            server_stats=host.server_stats,
+            stopped_at_once=host.aborted,
+            thresholds=thresholds,
+        )
+    if exporter is not None and metrics is not None and metrics.linger_s > 0 and not host.aborted:
+        _linger(exporter.url, metrics.linger_s, out)
+    return code
+
+
+def _hangup(
+    cfg: RunConfig,
+    host: SpawnedHost,
+    thresholds: list[Threshold] | tuple[Threshold, ...],
+    exporter: MetricsServer | None,
+    concluding: threading.Event,
+) -> Callable[[], None]:
+    """What SIGHUP does: quit as for q; if that is stuck on a terminal that went away,
+    drain, write the report and leave, printing nothing."""
+
+    def hangup() -> None:
+        if concluding.wait(cfg.engine_settings.drain_s + 5.0):
+            return  # the ordinary path finishes the job
+        code: int = ExitCode.INTERRUPTED
+        try:
+            nowhere = open(os.devnull, "w")
+            sys.stdout = sys.stderr = nowhere  # the terminal is gone: a write there fails or waits
+            with _signals_held():
+                final = host.stop_blocking()
+                code = conclude(
+                    final,
+                    host.facts,
+                    cfg,
+                    out=nowhere,
+                    server_stats=host.server_stats,
+                    stopped_at_once=host.aborted,
+                    thresholds=thresholds,
+                )
+            if exporter is not None:
+                exporter.close()
+        finally:
+            os._exit(code)  # Textual's shutdown would wait on the dead terminal
+
+    return hangup
 
 
 def _linger(url: str, seconds: float, out) -> None:

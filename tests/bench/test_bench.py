@@ -201,8 +201,8 @@ def test_every_micro_run_s_engine_config_loads(job):
     args = parse_args(["--micro", "full"])
     keys = generated_keys(5)
     cfg = engine_config(throughput_spec(job, "http://127.0.0.1:9/api/request", keys, 3.0, args))
-    assert cfg.workload.rate == 1_000_000.0 and len(cfg.keys) == 5
+    assert cfg.engine_settings.workload.rate == 1_000_000.0 and len(cfg.engine_settings.keys) == 5
     for depth in SCALE_QUEUE:
         spec = queue_spec("http://127.0.0.1:9/api/request", keys, depth, 3.0, args)
         cfg = engine_config(spec, backpressure=False, ttl_s=3600.0, queue_max=1)
-        assert cfg.workload.total == depth
+        assert cfg.engine_settings.workload.total == depth

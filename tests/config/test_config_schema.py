@@ -14,11 +14,23 @@ from typing import Any
 import pytest
 
 from ratedeck.config import PRESETS, build_config, load_config, to_toml_dict
-from ratedeck.config.docs import KINDS, REFERENCE, SCHEMA, reference, schema, stale
+from ratedeck.config.docs import (
+    EXITS,
+    EXITS_BEGIN,
+    EXITS_END,
+    KINDS,
+    REFERENCE,
+    SCHEMA,
+    exit_codes_page,
+    reference,
+    schema,
+    stale,
+)
 from ratedeck.config.flags import overrides_from_args
 from ratedeck.config.load import PRESET_DIR
 from ratedeck.config.rows import FIELDS, NO_SWITCH, ROWS
 from ratedeck.config.settings import RunnerSettings
+from ratedeck.core.exits import MEANING, ORDER, ExitCode
 from ratedeck.core.study_server import STUDY_KEYS
 from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
 from ratedeck.engine.settings import EngineSettings
@@ -37,13 +49,35 @@ def test_the_generated_reference_and_schema_are_current():
 
 
 def test_a_missing_or_edited_generated_file_is_stale(tmp_path):
-    assert set(stale(tmp_path)) == {REFERENCE, SCHEMA}
+    assert set(stale(tmp_path)) == {REFERENCE, SCHEMA, EXITS}
     (tmp_path / "docs").mkdir()
     (tmp_path / REFERENCE).write_text(reference())
     (tmp_path / SCHEMA).write_text(json.dumps(schema(), indent=2) + "\n")
+    (tmp_path / EXITS).write_text((REPO / EXITS).read_text())
     assert stale(tmp_path) == []
     (tmp_path / REFERENCE).write_text(reference().replace("in_flight_per_key", "in_flight"))
     assert stale(tmp_path) == [REFERENCE]
+    (tmp_path / EXITS).write_text((REPO / EXITS).read_text().replace("| 99 |", "| 98 |"))
+    assert stale(tmp_path) == [REFERENCE, EXITS]
+
+
+def test_the_exit_codes_page_lists_every_code_from_the_enum():
+    """docs/exit-codes.md's table is `ExitCode`: each code once with its meaning, and the order rule."""
+    text = (REPO / EXITS).read_text()
+    table = text[text.index(EXITS_BEGIN) : text.index(EXITS_END)]
+    for code in ExitCode:
+        assert table.count(f"| {int(code)} |") == 1, code
+        assert MEANING[code].replace("|", "\\|") in table, code
+    assert f"the first of {', '.join(str(int(c)) for c in ORDER)} is the code" in table
+    assert "A run that achieved nothing fails" in text  # the prose around the table is kept
+
+
+def test_the_exit_codes_page_keeps_its_prose_when_the_table_is_made_anew():
+    page = f"# Title\n\nbefore\n\n{EXITS_BEGIN}\nold table\n{EXITS_END}\n\nafter\n"
+    made = exit_codes_page(page)
+    assert made.startswith("# Title\n\nbefore\n\n") and made.endswith("\n\nafter\n")
+    assert "old table" not in made and "| 130 |" in made
+    assert exit_codes_page(None).startswith("# Exit codes")
 
 
 def test_the_docs_command_checks_the_files():
@@ -88,6 +122,7 @@ SAMPLES = {
     "table": "Accept: text/plain",
     "strings": "k-1,k-2",
     "limits": "10/1s",
+    "procs": "auto",
 }
 
 
@@ -106,6 +141,60 @@ def test_each_flag_sets_the_setting_of_its_row(row):
     assert key in overrides[section], argv
     if flag.switch is not NO_SWITCH:
         assert overrides[section][key] == flag.switch
+
+
+def test_the_run_flags_that_are_no_engine_setting_are_rows_too():
+    """--procs, --interval and --metrics-* are [run] settings: a flag, a key of the file, a reference line."""
+    args = build_parser().parse_args(
+        ["--procs", "auto", "--interval", "500ms", "--metrics-port", "0", "--metrics-host", "::1"]
+        + ["--metrics-linger", "2m"]
+    )
+    assert overrides_from_args(args)["run"] == {
+        "procs": "auto",
+        "interval_s": 0.5,
+        "metrics_port": 0,
+        "metrics_host": "::1",
+        "metrics_linger_s": 120.0,
+    }
+    run = build_config(
+        {"run": {"procs": 3, "interval_s": "2s", "metrics_port": 9100}}, keys_needed=False
+    ).runner
+    assert (run.procs, run.interval_s, run.metrics_port, run.metrics_host) == (3, 2.0, 9100, "127.0.0.1")
+    assert to_toml_dict(load_config(preset="study", overrides={"run": {"procs": 3}}))["run"]["procs"] == 3
+    saved = to_toml_dict(load_config(preset="study")).get("run", {})
+    assert not {"procs", "interval_s", "metrics_port", "metrics_host", "metrics_linger_s"} & set(saved)
+    for bad, needle in (({"procs": 0}, "at least 1"), ({"interval_s": "10ms"}, "run.interval_s")):
+        with pytest.raises(Exception, match=needle):
+            build_config({"run": bad}, keys_needed=False)
+
+
+def test_flag_help_shows_defaults_and_the_demo_preset_from_the_rows_and_its_file():
+    """A default in --help is generated from the row's field and the demo preset's file, never
+    written by hand: each flag's help names its default once, and the demo preset's value where
+    it differs."""
+    from ratedeck.config.flags import DEMO_PRESET, demo_value, flag_help, shown_value
+
+    helps = {row.flag.name: flag_help(row) for row in FLAG_ROWS}
+    assert helps["--timeout"].endswith(f"(default 10s; 1s with --preset {DEMO_PRESET})")
+    assert helps["--rate"].endswith(f"(default: capacity; 90 with --preset {DEMO_PRESET})")
+    assert helps["--method"] == "HTTP method (default GET)"
+    for row in FLAG_ROWS:
+        text = helps[row.flag.name]
+        assert text.count("default") <= 1 or "(default:" in text, text
+        if row.flag.switch is NO_SWITCH and "(default" not in (row.flag.help or row.help):
+            default = shown_value(row, row.default)
+            assert default is None or f"default {default}" in text, text
+        demo = demo_value(row)
+        if demo is not None and demo != shown_value(row, row.default):
+            assert f"{demo} with --preset {DEMO_PRESET}" in text, text
+
+
+def test_a_changed_preset_file_changes_the_help(monkeypatch):
+    from ratedeck.config import flags
+
+    row = next(row for row in FLAG_ROWS if row.path == "target.timeout_s")
+    monkeypatch.setitem(flags.PRESETS, flags.DEMO_PRESET, {"target": {"timeout_s": 3}})
+    assert flags.flag_help(row).endswith(f"(default 10s; 3s with --preset {flags.DEMO_PRESET})")
 
 
 def test_no_flag_sets_nothing():
@@ -155,7 +244,7 @@ def test_seed_is_an_old_name_for_the_study_preset_and_says_so(tmp_path, capsys):
     assert "seed" not in PRESETS  # an alias, not a preset of its own
     study = load_config(preset="study")
     assert capsys.readouterr().err == ""
-    by_flag = load_config(preset="seed")
+    by_flag = load_config(preset="study")
     assert capsys.readouterr().err == 'preset "seed" is an old name for "study"\n'
     file = tmp_path / "old.toml"
     file.write_text('preset = "seed"\n')

@@ -48,8 +48,11 @@ def test_a_probe_never_goes_to_the_rate_limited_path():
             "keys": {"secrets": ["k"]},
         },
     )
-    assert cfg.target.probe_url == "http://h:9/health" and cfg.target.probe_rate == 5.0
-    assert load_config(preset="study").target.probe_url is None  # off unless asked for
+    assert (
+        cfg.engine_settings.target.probe_url == "http://h:9/health"
+        and cfg.engine_settings.target.probe_rate == 5.0
+    )
+    assert load_config(preset="study").engine_settings.target.probe_url is None  # off unless asked for
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def write_lines(tmp_path, lines):
 async def run_preset(preset, url, tmp_path, seconds, **overrides):
     overrides.setdefault("engine", {})["graveyard_path"] = str(tmp_path / "graveyard.jsonl")
     cfg = load_config(preset=preset, overrides={"target": {"url": url}, **overrides})
-    transport = http_transport(cfg, url)
+    transport = http_transport(cfg.engine_settings, url)
     engine = Engine(cfg, transport)
     try:
         return await engine.run(seconds)

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from ratedeck.config import load_config
+from ratedeck.core.exits import ExitCode
 from ratedeck.core.vocab import Ending
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.http.transport import http_transport
@@ -45,7 +46,7 @@ def write_lines(tmp_path, lines, name="work.jsonl"):
 async def run_engine(cfg, url, seconds, results=None):
     from ratedeck.host.session import ResultsFile
 
-    transport = http_transport(cfg, url)
+    transport = http_transport(cfg.engine_settings, url)
     engine = Engine(cfg, transport)
     seen = Endings()
     engine.watch(seen)
@@ -235,7 +236,7 @@ def test_key_lines_are_checked_before_anything_is_sent(tmp_path):
 
     def check(lines):
         cfg = load_config(**cfg_for(lines))
-        Workload.from_config(cfg, random.Random(0))
+        Workload.from_config(cfg.engine_settings, random.Random(0))
 
     from ratedeck.core.secrets import fingerprint
 
@@ -263,7 +264,7 @@ def test_some_uncertain_requests_alone_exit_0_and_fail_on_uncertain_fails_the_ru
     cfg = load_config(overrides={"run": {"report": str(report)}})
     snap = Snapshot(generated=10, succeeded=8, uncertain=2, sent=12, failed=2)
     assert snap.balance() == 0
-    assert headless.conclude(snap, RunFacts(answers=12), cfg, out=sys.stdout) == headless.EXIT_OK
+    assert headless.conclude(snap, RunFacts(answers=12), cfg, out=sys.stdout) == ExitCode.OK
     out, err = capsys.readouterr()
     assert "8 succeeded + 2 uncertain" in out and "2 requests are uncertain" in err
     data = json.loads(report.read_text())
@@ -272,7 +273,7 @@ def test_some_uncertain_requests_alone_exit_0_and_fail_on_uncertain_fails_the_ru
     code = headless.conclude(
         snap, RunFacts(answers=12), cfg, out=io.StringIO(), thresholds=[parse("uncertain>0")]
     )
-    assert code == headless.EXIT_THRESHOLD
+    assert code == ExitCode.THRESHOLD
 
 
 def test_pinned_work_waits_in_its_key_s_own_queue_and_never_blocks_the_others():

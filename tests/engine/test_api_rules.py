@@ -115,13 +115,19 @@ def test_a_config_with_budgets_paths_rules_and_signing_saves_and_loads_back_the_
         "paths": {"/0/private/Ledgers": {"weight": 2}, "/0/private/AddOrder": {"budgets": ["trading"]}},
     }
     cfg = build_config(data, "test")
-    assert [k.api_secret for k in cfg.keys] == ["c2VjcmV0MQ==", "c2VjcmV0Mg=="]
+    assert [k.api_secret for k in cfg.engine_settings.keys] == ["c2VjcmV0MQ==", "c2VjcmV0Mg=="]
     assert "c2VjcmV0MQ" not in repr(cfg) and "KEY1" not in repr(cfg)
     path = tmp_path / "saved.toml"
     path.write_text(tomli_w.dumps(to_toml_dict(cfg)))
     again = load_config(str(path))
-    assert again.target == cfg.target and again.budgets == cfg.budgets and again.paths == cfg.paths
-    assert [k.api_secret for k in again.keys] == [k.api_secret for k in cfg.keys]
+    assert (
+        again.engine_settings.target == cfg.engine_settings.target
+        and again.engine_settings.budgets == cfg.engine_settings.budgets
+        and again.engine_settings.paths == cfg.engine_settings.paths
+    )
+    assert [k.api_secret for k in again.engine_settings.keys] == [
+        k.api_secret for k in cfg.engine_settings.keys
+    ]
     assert "c2VjcmV0" not in path.read_text()
 
 
@@ -181,7 +187,7 @@ def test_a_signing_hook_signs_each_request_when_it_leaves_and_its_errors_never_s
                 "engine": {"graveyard_path": str(tmp_path / "g.jsonl"), "max_attempts": 1},
             }
         )
-        transport = http_transport(cfg, cfg.target.url)
+        transport = http_transport(cfg.engine_settings, cfg.engine_settings.target.url)
         snap = await Engine(cfg, transport).run(3.0)
         await transport.close()
         await runner.cleanup()

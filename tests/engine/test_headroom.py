@@ -54,7 +54,7 @@ def test_zero_budget_never_probes_below_the_evidence_or_a_rejection_floor():
 
 def test_a_budget_allows_probing_below_the_evidence():
     rng = random.Random(6)
-    h = HeadroomController(initial_ms=100, narrow_ms_per_s=50, rejection_budget=3)
+    h = HeadroomController(initial_ms=100, min_ms=0.0, narrow_ms_per_s=50, rejection_budget=3)
     t = feed(h, 6000, 0.0, lambda: rng.uniform(0.0, 0.1))  # 60 clean seconds
     # Answered slots take the prober's cap; the fallback stays with the evidence.
     assert h.budget.cap_ms < h.target_ms <= h.value_ms

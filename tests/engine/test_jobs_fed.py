@@ -198,7 +198,7 @@ def test_a_fed_job_with_a_ttl_queues_no_more_than_the_keys_send_before_it_passes
     # queue's 100, most of which would expire waiting; and sends stay evenly paced (behind a
     # burst, what waits would wait a whole window, longer than the TTL).
     cfg = job_config(tmp_path, "5/1s", 2, 60)
-    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, ttl_s=1.0))
+    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine_settings.engine, ttl_s=1.0))
     engine = Engine(cfg, PolicyTransport((parse_policy("5/1s"),)))
     assert engine.source.depth == 5
     snap = run_virtual(engine.run(60.0))

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from ratedeck.config import load_config
+from ratedeck.core.exits import ExitCode
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Snapshot
@@ -174,11 +175,13 @@ def test_a_target_that_never_answers_is_not_waited_on_forever(monkeypatch, tmp_p
             "keys": {"secrets": KEYS.split(","), "limits": ["20/1s"]},
         }
     )
-    assert cfg.duration_s is None and cfg.workload.total is None  # nothing else would stop it
+    assert (
+        cfg.runner.duration_s is None and cfg.engine_settings.workload.total is None
+    )  # nothing else would stop it
     start = time.monotonic()
     code = asyncio.run(asyncio.wait_for(headless.run_headless(cfg, interval_s=1.0), 30))
     out, err = capsys.readouterr()
-    assert code == headless.EXIT_NO_ANSWER == 1
+    assert code == ExitCode.FAILED == 1
     assert time.monotonic() - start < 15
     assert "no answer from the target" in out and "connection refused x" in out
     assert "the target never answered" in err and "connection refused x" in err
@@ -188,7 +191,7 @@ def test_accounting_that_does_not_balance_exits_3(capsys):
     snap = Snapshot(generated=5, succeeded=3, sent=3)
     code = headless.conclude(snap, RunFacts(answers=3), load_config(), out=sys.stdout)
     out, err = capsys.readouterr()
-    assert code == headless.EXIT_UNBALANCED == 3
+    assert code == ExitCode.UNBALANCED == 3
     assert "MISMATCH 2" in out and "the accounting does not balance: 5 generated, 3 accounted for" in err
 
 

@@ -247,12 +247,12 @@ def test_messages_section_selects_the_message_workload():
     # No arrival rate given: messages arrive at the keys' capacity divided by the calls each needs.
     keys = {"secrets": [f"key-{i:03d}" for i in range(5)], "limits": ["20/1s"]}
     cfg = build_config({"keys": keys, "messages": {"calls": 3, "throttle": 25}})
-    assert cfg.messages.calls == 3 and cfg.messages.throttle == 25.0
+    assert cfg.engine_settings.messages.calls == 3 and cfg.engine_settings.messages.throttle == 25.0
     engine = Engine(cfg, SimulatedTransport(ServerSettings()))
     assert isinstance(engine.source, MessageWorkload)
     assert engine.source.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
     assert to_toml_dict(cfg)["messages"]["calls"] == 3
     plain = load_config(preset="study")
-    assert plain.messages is None and not isinstance(
+    assert plain.engine_settings.messages is None and not isinstance(
         Engine(plain, SimulatedTransport(ServerSettings())).source, MessageWorkload
     )

@@ -31,10 +31,10 @@ def engine_for(url: str, **server_kw):
 
 def test_a_named_target_gets_no_limit_of_seeds():
     _eng, cfg = engine_for("http://api.example/v1")
-    assert all(k.policies == () for k in cfg.keys)
-    assert cfg.capacity_tps == 0
+    assert all(k.policies == () for k in cfg.engine_settings.keys)
+    assert cfg.engine_settings.capacity_tps == 0
     seed = load_config()  # the embedded simulator keeps the study preset's 20/1s
-    assert [str(p) for p in seed.keys[0].policies] == ["20/1s"]
+    assert [str(p) for p in seed.engine_settings.keys[0].policies] == ["20/1s"]
 
 
 def test_it_adopts_what_the_server_advertises_and_runs_at_it():
@@ -152,8 +152,8 @@ def test_config_show_shows_no_limit_the_user_never_gave():
 
 def test_a_told_limit_is_checked_first_on_a_named_target_not_on_the_seed():
     named = load_config(overrides={"target": {"url": "http://api.example/v1"}, "keys": {"secrets": ["k"]}})
-    assert named.engine.slow_start is True
-    assert load_config().engine.slow_start is False  # the embedded simulator's own 20/1s
+    assert named.engine_settings.engine.slow_start is True
+    assert load_config().engine_settings.engine.slow_start is False  # the embedded simulator's own 20/1s
 
 
 def test_a_capacity_nobody_stated_is_shown_as_not_known_never_as_a_placeholder():

@@ -159,19 +159,19 @@ def config_data(assignments) -> dict:
 
 def comparable(cfg):
     return (
-        cfg.target,
-        cfg.keys,
-        cfg.engine,
-        cfg.workload,
-        cfg.messages,
-        cfg.duration_s,
-        cfg.report,
-        cfg.plot,
-        cfg.seed,
-        cfg.theme,
-        cfg.keymap,
-        cfg.host_policies,
-        cfg.pools,
+        cfg.engine_settings.target,
+        cfg.engine_settings.keys,
+        cfg.engine_settings.engine,
+        cfg.engine_settings.workload,
+        cfg.engine_settings.messages,
+        cfg.runner.duration_s,
+        cfg.runner.report,
+        cfg.runner.plot,
+        cfg.engine_settings.seed,
+        cfg.console.theme,
+        cfg.console.keymap,
+        cfg.engine_settings.host_policies,
+        cfg.engine_settings.pools,
     )
 
 
@@ -186,7 +186,9 @@ def test_any_value_in_any_field_gives_a_config_or_one_config_error(assignments):
         assert "PROP-KEY" not in str(exc)
         return
     assert "PROP-KEY" not in repr(cfg)
-    assert math.isfinite(cfg.arrival_rate) and 0 <= cfg.arrival_rate <= MAX_RATE
+    assert (
+        math.isfinite(cfg.engine_settings.arrival_rate) and 0 <= cfg.engine_settings.arrival_rate <= MAX_RATE
+    )
     # what loads, saves, and loads back to the same settings
     saved = tomllib.loads(tomli_w.dumps(to_toml_dict(cfg, include_secrets=True)))
     saved.pop("preset", None)

@@ -278,7 +278,7 @@ async def test_a_drain_finishes_in_flight_answers_queued_503_and_takes_no_new_cl
 async def test_two_gateways_share_a_keys_budget_through_redis(redis_server):
     async with Recorder() as target:
         cfg = _plain(target.url, "5/1s").replace(store=redis_server.url)
-        cfg = cfg.replace(keys=cfg.keys[:1])  # one key, 5 per second, for both gateways
+        cfg = cfg.replace(keys=cfg.engine_settings.keys[:1])  # one key, 5 per second, for both gateways
         async with running_gateway(cfg) as one, running_gateway(cfg) as two, aiohttp.ClientSession() as s:
             answers = await asyncio.gather(
                 *(post(s, gw.url, body={"n": i}, path="/v1/items") for gw in (one, two) for i in range(6))

@@ -35,18 +35,20 @@ def _cfg(**sections):
 def test_keys_are_dealt_round_robin_and_the_rate_and_total_shared_by_capacity():
     cfg = _cfg(workload={"rate": 90.0, "total": 1001})
     parts = shard_configs(cfg, 2, "http://127.0.0.1:1/api/request")
-    assert [[k.label for k in p.keys] for p in parts] == [["k1", "k3", "k5"], ["k2", "k4"]]
-    assert [p.workload.rate for p in parts] == pytest.approx([54.0, 36.0])  # 3 : 2 keys of 20/s
-    assert sum(p.workload.total for p in parts) == 1001
-    assert {p.target.url for p in parts} == {"http://127.0.0.1:1/api/request"}
-    assert all(p.report is None and not p.fail_on for p in parts)  # the parent reports
+    assert [[k.label for k in p.engine_settings.keys] for p in parts] == [["k1", "k3", "k5"], ["k2", "k4"]]
+    assert [p.engine_settings.workload.rate for p in parts] == pytest.approx(
+        [54.0, 36.0]
+    )  # 3 : 2 keys of 20/s
+    assert sum(p.engine_settings.workload.total for p in parts) == 1001
+    assert {p.engine_settings.target.url for p in parts} == {"http://127.0.0.1:1/api/request"}
+    assert all(p.runner.report is None and not p.runner.fail_on for p in parts)  # the parent reports
 
 
 def test_a_host_wide_limit_is_divided_so_the_processes_together_never_exceed_it():
     cfg = _cfg(keys={"host_limits": ["75/1s"]})
     parts = shard_configs(cfg, 2)
-    assert [p.host_policies for p in parts] == [(Policy(37, 1.0),)] * 2
-    assert sum(p.host_policies[0].limit for p in parts) <= 75
+    assert [p.engine_settings.host_policies for p in parts] == [(Policy(37, 1.0),)] * 2
+    assert sum(p.engine_settings.host_policies[0].limit for p in parts) <= 75
 
 
 def test_split_policy_rounds_down_divides_a_bucket_s_drain_and_refuses_zero():
@@ -78,7 +80,7 @@ limits = ["30/1m"]
     cfg = load_config(preset="study", overrides=data)
     parts = shard_configs(cfg, 4)
     for p in parts:
-        budgets = {b.name: b.policies[0].limit for b in p.budgets}
+        budgets = {b.name: b.policies[0].limit for b in p.engine_settings.budgets}
         assert budgets == {"ip": 15, "search": 30}
 
 
@@ -99,7 +101,10 @@ def test_procs_with_a_store_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_each_process_writes_its_own_graveyard():
     parts = shard_configs(_cfg(engine={"graveyard_path": "out/dead.jsonl"}), 2)
-    assert [p.engine.graveyard_path for p in parts] == ["out/dead.p1.jsonl", "out/dead.p2.jsonl"]
+    assert [p.engine_settings.engine.graveyard_path for p in parts] == [
+        "out/dead.p1.jsonl",
+        "out/dead.p2.jsonl",
+    ]
 
 
 @pytest.mark.parametrize("text,expected", [(None, 1), ("1", 1), (" 3 ", 3), ("auto", 4), ("AUTO", 4), (2, 2)])

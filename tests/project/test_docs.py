@@ -96,8 +96,9 @@ def test_config_reference_loads(sandbox):
     (sandbox / "requests.jsonl").write_text('{"symbol": "ABC"}\n')
     (sandbox / "ratedeck.toml").write_text(block)
     cfg = load_config("ratedeck.toml")
-    assert [k.label for k in cfg.keys] == ["k1", "k2"] and cfg.keys[1].policies[0].limit == 10
-    assert cfg.host_policies and cfg.pools == {"read": 8, "write": 2} and cfg.messages.calls == 3
+    es = cfg.engine_settings
+    assert [k.label for k in es.keys] == ["k1", "k2"] and es.keys[1].policies[0].limit == 10
+    assert es.host_policies and es.pools == {"read": 8, "write": 2} and es.messages.calls == 3
 
 
 def test_the_benchmark_tables_are_rendered_from_their_reports():

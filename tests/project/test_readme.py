@@ -84,4 +84,8 @@ def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
         cfg = load_config(args.config, args.preset, overrides_from_args(args))
-        assert cfg.preset == args.preset and cfg.keys and cfg.target.url == args.target
+        assert (
+            cfg.runner.preset == args.preset
+            and cfg.engine_settings.keys
+            and cfg.engine_settings.target.url == args.target
+        )

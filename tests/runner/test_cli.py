@@ -84,12 +84,12 @@ def test_save_config_round_trips_and_never_writes_a_literal_key(tmp_path, capsys
         cfg = load_config(str(out_path))
     finally:
         del os.environ["RATEDECK_KEYS"]
-    assert [k.secret for k in cfg.keys] == ["SECRET-AAAA-1111", "SECRET-BBBB-2222"]
+    assert [k.secret for k in cfg.engine_settings.keys] == ["SECRET-AAAA-1111", "SECRET-BBBB-2222"]
     # a seed-preset profile keeps the preset instead of the keys
     code, _, _ = run_cli(capsys, "--save-config", str(tmp_path / "seed.toml"))
     saved = (tmp_path / "seed.toml").read_text()
     assert 'preset = "study"' in saved and STUDY_KEYS[0] not in saved
-    assert load_config(str(tmp_path / "seed.toml")).keys == load_config().keys
+    assert load_config(str(tmp_path / "seed.toml")).engine_settings.keys == load_config().engine_settings.keys
 
 
 @pytest.mark.slow

@@ -51,20 +51,30 @@ def test_paths_follow_xdg(xdg, monkeypatch):
 
 def test_the_user_config_is_read_under_the_flags(xdg, tmp_path):
     cfg, source = _cfg()
-    assert source is None and cfg.engine.in_flight_per_key != 3
+    assert source is None and cfg.engine_settings.engine.in_flight_per_key != 3
     path = _user_config(
         xdg, '[engine]\nin_flight_per_key = 3\nttl_s = "2s"\n[console]\ntheme = "ratedeck-light"\n'
     )
     cfg, source = _cfg()
     assert source == str(path)
-    assert cfg.engine.in_flight_per_key == 3 and cfg.engine.ttl_s == 2 and cfg.theme == "ratedeck-light"
-    assert [k.secret for k in cfg.keys] == list(STUDY_KEYS)  # the study preset fills in the rest
+    assert (
+        cfg.engine_settings.engine.in_flight_per_key == 3
+        and cfg.engine_settings.engine.ttl_s == 2
+        and cfg.console.theme == "ratedeck-light"
+    )
+    assert [k.secret for k in cfg.engine_settings.keys] == list(
+        STUDY_KEYS
+    )  # the study preset fills in the rest
     cfg, _ = _cfg("--in-flight", "5")  # flags win
-    assert cfg.engine.in_flight_per_key == 5 and cfg.engine.ttl_s == 2
+    assert cfg.engine_settings.engine.in_flight_per_key == 5 and cfg.engine_settings.engine.ttl_s == 2
     other = tmp_path / "other.toml"
     other.write_text('preset = "study"\n[engine]\nttl_s = 4.0\n')
     cfg, source = _cfg("--config", str(other))  # --config replaces it
-    assert source == str(other) and cfg.engine.ttl_s == 4 and cfg.engine.in_flight_per_key != 3
+    assert (
+        source == str(other)
+        and cfg.engine_settings.engine.ttl_s == 4
+        and cfg.engine_settings.engine.in_flight_per_key != 3
+    )
 
 
 def test_a_user_config_with_its_own_target_and_keys(xdg):
@@ -72,11 +82,13 @@ def test_a_user_config_with_its_own_target_and_keys(xdg):
         xdg, '[target]\nurl = "https://api.example.com/v1"\n[keys]\nsecrets = ["user-key-000000001"]\n'
     )
     cfg, _ = _cfg()
-    assert cfg.target.url == "https://api.example.com/v1" and [k.secret for k in cfg.keys] == [
-        "user-key-000000001"
-    ]
+    assert cfg.engine_settings.target.url == "https://api.example.com/v1" and [
+        k.secret for k in cfg.engine_settings.keys
+    ] == ["user-key-000000001"]
     cfg, _ = _cfg("--target", "https://other.example.com/x")
-    assert [k.secret for k in cfg.keys] == ["user-key-000000001"]  # the user's keys, never the demo keys
+    assert [k.secret for k in cfg.engine_settings.keys] == [
+        "user-key-000000001"
+    ]  # the user's keys, never the demo keys
 
 
 def test_a_target_flag_without_keys_still_never_gets_the_demo_keys(xdg, capsys):
@@ -132,8 +144,14 @@ def test_a_small_config_file_without_a_target_runs_on_the_embedded_simulator(tmp
     tiny = tmp_path / "tiny.toml"
     tiny.write_text("[workload]\nrate = 50\n")
     cfg, source = _cfg("--config", str(tiny))
-    assert source == str(tiny) and cfg.workload.rate == 50 and cfg.target.url is None
-    assert [k.secret for k in cfg.keys] == list(STUDY_KEYS) and cfg.target.nonce_param == "nonce"
+    assert (
+        source == str(tiny)
+        and cfg.engine_settings.workload.rate == 50
+        and cfg.engine_settings.target.url is None
+    )
+    assert [k.secret for k in cfg.engine_settings.keys] == list(
+        STUDY_KEYS
+    ) and cfg.engine_settings.target.nonce_param == "nonce"
     named = tmp_path / "named.toml"
     named.write_text('[target]\nurl = "https://api.example.com/v1"\n')
     with pytest.raises(ConfigError, match="no API keys given"):

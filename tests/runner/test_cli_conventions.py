@@ -81,7 +81,7 @@ def test_durations_take_units_everywhere(capsys):
 
     args = build_parser().parse_args(["--duration", "2m", "--ttl", "500ms", "--interval", "1.5s"])
     o = overrides_from_args(args)
-    assert o["run"]["duration_s"] == 120 and o["engine"]["ttl_s"] == 0.5 and args.interval == 1.5
+    assert o["run"]["duration_s"] == 120 and o["engine"]["ttl_s"] == 0.5 and o["run"]["interval_s"] == 1.5
     sweep = sweep_parser().parse_args(["--duration", "1m", "--ttl", "250ms"])
     assert (sweep.duration, sweep.ttl) == (60, 0.25)
     assert _durations_as_seconds(["--quick", "--duration", "2m"], ("--duration",)) == [

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
+from ratedeck.core.exits import ExitCode
 from ratedeck.runner import thresholds as th
 from ratedeck.runner.cli import main
-from ratedeck.runner.headless import EXIT_THRESHOLD
 from tests.runner.test_report_schema import validate
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
@@ -44,7 +44,7 @@ def test_a_run_told_a_higher_limit_fails_its_threshold_and_passes_without_it(tmp
     # Told 30/1s per key and offered that much, against a seed server that allows 20/1s.
     flags = ["--no-ui", "--limit", "30/1s", "--rate", "150", "--duration", "3s", "--interval", "10s"]
     failing = _cli(tmp_path, *flags, "--fail-on", "rejected_429>0", "--report", str(report))
-    assert failing.returncode == EXIT_THRESHOLD == 99, failing.stderr
+    assert failing.returncode == ExitCode.THRESHOLD == 99, failing.stderr
     data = json.loads(report.read_text())
     assert validate(data) == []
     n = data["requests"]["rejected_429"]

@@ -217,10 +217,10 @@ def test_fail_on_still_holds_on_a_run_that_worked(target, tmp_path):
 
 def test_a_named_target_gets_no_seed_defaults():
     cfg = load_config(overrides={"target": {"url": "http://127.0.0.1:9/x"}, "keys": {"secrets": ["k-1"]}})
-    e = cfg.engine
+    e = cfg.engine_settings.engine
     assert e.ttl_s is None and e.queue_max is None and e.drain_timeout_s is None
-    assert cfg.main_queue_max == 1000
-    assert cfg.drain_s == cfg.target.timeout_s + 1.0
+    assert cfg.engine_settings.main_queue_max == 1000
+    assert cfg.engine_settings.drain_s == cfg.engine_settings.target.timeout_s + 1.0
     assert e.graveyard_path == "auto"
     many = load_config(
         overrides={
@@ -229,9 +229,13 @@ def test_a_named_target_gets_no_seed_defaults():
             "engine": {"in_flight_per_key": 8},
         }
     )
-    assert many.main_queue_max == 4 * 50 * 8  # every key's limiter kept busy
+    assert many.engine_settings.main_queue_max == 4 * 50 * 8  # every key's limiter kept busy
     seed = load_config(preset="study")
-    assert (seed.engine.ttl_s, seed.main_queue_max, seed.drain_s) == (1.0, 50, 2.0)
+    assert (
+        seed.engine_settings.engine.ttl_s,
+        seed.engine_settings.main_queue_max,
+        seed.engine_settings.drain_s,
+    ) == (1.0, 50, 2.0)
     shown = shown_config(cfg, None)
     assert "ttl_s" not in shown and "queue_max" not in shown and "drain_timeout_s" not in shown, shown
 
@@ -241,10 +245,10 @@ def test_ttl_is_opt_in_and_empty_switches_it_off(tmp_path):
     config.write_text(
         '[target]\nurl = "http://127.0.0.1:9/x"\n[keys]\nsecrets = ["k-1"]\n[engine]\nttl_s = 30\n'
     )
-    assert load_config(str(config)).engine.ttl_s == 30.0
-    assert load_config(str(config), overrides={"engine": {"ttl_s": ""}}).engine.ttl_s is None
+    assert load_config(str(config)).engine_settings.engine.ttl_s == 30.0
+    assert load_config(str(config), overrides={"engine": {"ttl_s": ""}}).engine_settings.engine.ttl_s is None
     config.write_text('[engine]\nttl_s = ""\n')
-    assert load_config(str(config), preset="study").engine.ttl_s is None
+    assert load_config(str(config), preset="study").engine_settings.engine.ttl_s is None
 
 
 def test_jobs_from_a_file_never_expire_by_default(target, tmp_path):

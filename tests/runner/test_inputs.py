@@ -249,7 +249,7 @@ def test_absurd_delays_are_capped_and_bad_ones_refused():
 def test_repr_never_shows_a_key():
     secret = "LITERAL-SECRET-abcdef123"
     cfg = load_config(overrides={"keys": {"secrets": [secret]}, "target": {"params": {"token": secret}}})
-    assert secret not in repr(cfg) and secret not in repr(cfg.keys[0])
+    assert secret not in repr(cfg) and secret not in repr(cfg.engine_settings.keys[0])
     assert secret[:8] not in repr(cfg)
 
 
@@ -287,15 +287,27 @@ def test_a_saved_config_loads_back_to_the_same_settings(tmp_path, monkeypatch):
     assert KEY not in saved and f"@{keyfile}" in saved
     (tmp_path / "saved.toml").write_text(saved)
     again = load_config(str(tmp_path / "saved.toml"))
-    assert again.target == cfg.target and again.target.nonce_param is None and again.target.id_param is None
-    assert again.keys == cfg.keys and again.keys[0].policies == (Policy(1, 1.0005), parse_policy("7/333.3ms"))
-    assert again.messages == cfg.messages and again.messages.shed_path is None
-    assert again.engine == cfg.engine and again.workload == cfg.workload
+    assert (
+        again.engine_settings.target == cfg.engine_settings.target
+        and again.engine_settings.target.nonce_param is None
+        and again.engine_settings.target.id_param is None
+    )
+    assert again.engine_settings.keys == cfg.engine_settings.keys and again.engine_settings.keys[
+        0
+    ].policies == (Policy(1, 1.0005), parse_policy("7/333.3ms"))
+    assert (
+        again.engine_settings.messages == cfg.engine_settings.messages
+        and again.engine_settings.messages.shed_path is None
+    )
+    assert (
+        again.engine_settings.engine == cfg.engine_settings.engine
+        and again.engine_settings.workload == cfg.engine_settings.workload
+    )
 
 
 def test_an_absurd_capacity_never_becomes_an_absurd_arrival_rate():
     cfg = load_config(overrides={"keys": {"limits": ["1000000000/1ms"]}})
-    assert math.isfinite(cfg.arrival_rate) and cfg.arrival_rate <= 1_000_000
+    assert math.isfinite(cfg.engine_settings.arrival_rate) and cfg.engine_settings.arrival_rate <= 1_000_000
 
 
 # ---------------------------------------------------------------- themes

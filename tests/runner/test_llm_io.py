@@ -197,7 +197,7 @@ def test_a_signing_target_refuses_an_object_body_line_before_the_run(tmp_path):
         }
     )
     with pytest.raises(ConfigError, match="signs its requests"):
-        Workload.from_config(cfg, random.Random(0))
+        Workload.from_config(cfg.engine_settings, random.Random(0))
 
 
 def test_the_cli_refuses_a_bad_line_in_one_line_without_a_traceback(tmp_path):
@@ -217,7 +217,7 @@ def test_the_cli_refuses_a_bad_line_in_one_line_without_a_traceback(tmp_path):
 
 def test_results_id_names_id_or_an_own_field():
     assert (
-        load_config(overrides={"run": {"results_id": "custom_id"}}, keys_needed=False).results_id
+        load_config(overrides={"run": {"results_id": "custom_id"}}, keys_needed=False).runner.results_id
         == "custom_id"
     )
     with pytest.raises(ConfigError, match="results_id"):

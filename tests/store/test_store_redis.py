@@ -343,7 +343,9 @@ def test_the_docs_member_commands_load_as_written():
     for command in members:
         args = build_parser().parse_args(shlex.split(command)[1:])
         cfg = load_config(args.config, args.preset, overrides_from_args(args))
-        assert cfg.store == "redis://127.0.0.1:6379/0" and cfg.target.url == args.target
+        assert (
+            cfg.runner.store == "redis://127.0.0.1:6379/0" and cfg.engine_settings.target.url == args.target
+        )
 
 
 @pytest.mark.parametrize("which", ["shared", "store"])

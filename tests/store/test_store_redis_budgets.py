@@ -223,7 +223,7 @@ def test_three_members_share_binances_weight_per_ip_and_never_exceed_it(redis_se
                         "engine": {"graveyard_path": str(tmp_path / f"g{i}.jsonl")},
                     },
                 )
-                transports.append(http_transport(cfg, stub.url))
+                transports.append(http_transport(cfg.engine_settings, stub.url))
                 shared = RedisShared(redis_server.url, namespace="binance")
                 engines.append(Engine(cfg, transports[-1], shared_state=shared))
             start = stub.now()
@@ -275,7 +275,7 @@ def test_three_members_share_one_openai_keys_tokens(redis_server, tmp_path):
                         "engine": {"graveyard_path": str(tmp_path / f"g{i}.jsonl")},
                     },
                 )
-                transports.append(http_transport(cfg, stub.url))
+                transports.append(http_transport(cfg.engine_settings, stub.url))
                 shared = RedisShared(redis_server.url, namespace="openai")
                 engines.append(Engine(cfg, transports[-1], shared_state=shared))
             started = stub.now()

@@ -338,7 +338,7 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
     )
 
     async def scenario() -> None:
-        dead = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        dead = Engine(cfg, http_transport(cfg.engine_settings, "http://127.0.0.1:9/x"))
         wall = time.time()
         for i in range(18):  # the dead run: 18 sends of k1 in its last 0.6 s
             dead.workers[0].limiter.record(dead.clock() - 0.6 + i * 0.03)
@@ -350,7 +350,7 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
         assert set(kept) == {first, fingerprint(secrets[1])} and len(kept[first][1]) == 18
         sends = last_sends(kept, wall)
         assert len(sends[first]) > 18 and fingerprint(secrets[1]) not in sends  # it sent nothing
-        fresh = Engine(cfg, http_transport(cfg, "http://127.0.0.1:9/x"))
+        fresh = Engine(cfg, http_transport(cfg.engine_settings, "http://127.0.0.1:9/x"))
         assert fresh.seed_sends(sends) == len(sends[first])
         now = fresh.clock()
         k1, k2 = fresh.workers
@@ -413,7 +413,7 @@ def test_resume_sends_a_killed_run_s_jobs_again_where_a_repeat_does_nothing_twic
             }
         )
         store = SqliteStore.open(path)
-        run_ = StoreRun(cfg, store, random.Random(1))
+        run_ = StoreRun(cfg.runner, cfg.engine_settings, store, random.Random(1))
         await run_.prepare()
         c = await store.counts()
         assert run_.recovered == 3

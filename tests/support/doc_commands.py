@@ -92,7 +92,7 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
 
     def run(argv: list[str]) -> object:
         cfg, _ = load_run_config(build_parser().parse_args(argv))
-        parse_all(cfg.fail_on)
+        parse_all(cfg.runner.fail_on)
         return cfg
 
     def serve(argv: list[str]) -> object:
