@@ -244,14 +244,14 @@ def test_seed_is_an_old_name_for_the_study_preset_and_says_so(tmp_path, capsys):
     assert "seed" not in PRESETS  # an alias, not a preset of its own
     study = load_config(preset="study")
     assert capsys.readouterr().err == ""
-    by_flag = load_config(preset="study")
+    by_flag = load_config(preset="seed")
     assert capsys.readouterr().err == 'preset "seed" is an old name for "study"\n'
     file = tmp_path / "old.toml"
     file.write_text('preset = "seed"\n')
     by_file = load_config(str(file))
     assert capsys.readouterr().err == 'preset "seed" is an old name for "study"\n'
     for cfg in (by_flag, by_file):
-        assert cfg.preset == "study"
+        assert cfg.runner.preset == "study"
         assert cfg.engine_settings == study.engine_settings and cfg.server == study.server
 
 
