@@ -14,7 +14,9 @@ import os
 import signal
 import sys
 
-from ratedeck.core.exits import ExitCode
+#: ExitCode.INTERRUPTED, written out: the handler must work before any other import has
+#: run (tests/runner/test_cli_conventions.py holds the two equal).
+INTERRUPTED = 130
 
 
 def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a subprocess
@@ -27,7 +29,7 @@ def quiet_startup_interrupt(signum, frame):  # pragma: no cover - exercised in a
         sys.stderr.write("ratedeck: interrupted\n")
         sys.stderr.flush()
     finally:
-        os._exit(ExitCode.INTERRUPTED)
+        os._exit(INTERRUPTED)
 
 
 def _started_as_the_command() -> bool:

@@ -139,3 +139,11 @@ def test_completion_without_a_shell_is_exit_2(capsys):
     assert main(["completion"]) == 2
     assert main(["completion", "fish"]) == 2
     assert "bash" in capsys.readouterr().err
+
+
+def test_the_startup_interrupt_exits_with_the_interrupted_code():
+    """The handler that runs before any import writes the code out; it must be ExitCode's."""
+    from ratedeck.core.exits import ExitCode
+    from ratedeck.runner import INTERRUPTED
+
+    assert INTERRUPTED == ExitCode.INTERRUPTED
