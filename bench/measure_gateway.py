@@ -3,6 +3,7 @@
     .venv/bin/python -m ratedeck.bench.measure_gateway openai 40            # 3 keys, one with no quota
     .venv/bin/python -m ratedeck.bench.measure_gateway openai-stream 40     # the same, half the prompts streamed
     .venv/bin/python -m ratedeck.bench.measure_gateway anthropic 40         # 2 keys, 3% 529s
+    .venv/bin/python -m ratedeck.bench.measure_gateway two 40               # two gateways, one redis-server
 
 A gateway (the preset as shipped, no tier told) runs in front of the stub; the official
 SDK, with its retries off (`max_retries=0`), sends prompts of many sizes through it, 40 at
@@ -72,8 +73,8 @@ async def _anthropic_call(client: Any, line: dict, seen: Seen) -> None:
         seen.errors[f"{type(exc).__name__} {getattr(exc, 'status_code', '')}".strip()] += 1
 
 
-async def _drive(call: Any, lines: list[dict], seconds: float) -> None:
-    """AT_ONCE workers take the next prompt until `seconds` pass, then finish what they hold."""
+async def _drive(call: Any, lines: list[dict], seconds: float, at_once: int = AT_ONCE) -> None:
+    """`at_once` workers take the next prompt until `seconds` pass, then finish what they hold."""
     todo = iter(enumerate(lines))
     stop_at = time.monotonic() + seconds
 
@@ -83,7 +84,7 @@ async def _drive(call: Any, lines: list[dict], seconds: float) -> None:
                 return
             await call(i, line)
 
-    await asyncio.gather(*(worker() for _ in range(AT_ONCE)))
+    await asyncio.gather(*(worker() for _ in range(at_once)))
 
 
 def _window(stub: Any, started: float) -> tuple[float, float]:
@@ -91,10 +92,15 @@ def _window(stub: Any, started: float) -> tuple[float, float]:
     return (min(arrivals), max(arrivals)) if arrivals else (started, started)
 
 
-async def _gateway(preset: str, url: str, keys: list[str]) -> GatewayService:
-    cfg = load_config(
-        None, preset, {"target": {"url": url}, "keys": {"secrets": keys}, "engine": {"graveyard_path": ""}}
-    )
+async def _gateway(preset: str, url: str, keys: list[str], store: str | None = None) -> GatewayService:
+    data: dict[str, Any] = {
+        "target": {"url": url},
+        "keys": {"secrets": keys},
+        "engine": {"graveyard_path": ""},
+    }
+    if store is not None:
+        data["run"] = {"store": store}
+    cfg = load_config(None, preset, data)
     service = GatewayService(cfg, GatewaySettings(listen="127.0.0.1:0", token=TOKEN))
     await service.start()
     return service
@@ -167,16 +173,69 @@ async def anthropic_run(seconds: float) -> str:
         )
 
 
+async def two_run(seconds: float) -> str:
+    """Two gateways, each with its own SDK client (20 at a time), one key pool through one redis-server."""
+    import openai
+
+    from ratedeck.bench.cluster import RedisProcess
+
+    live = OPENAI_KEYS[:2]
+    redis = RedisProcess()
+    try:
+        async with await start_openai(
+            keys=OPENAI_KEYS, rpm=500, tpm=30_000, minute_s=MINUTE_S, no_quota=OPENAI_KEYS[2:], latency=0.3
+        ) as stub:
+            started = stub.now()
+            services = [await _gateway("openai", stub.url, OPENAI_KEYS, redis.url) for _ in range(2)]
+            clients = [
+                openai.AsyncOpenAI(base_url=s.url + "/v1", api_key=TOKEN, max_retries=0, timeout=600)
+                for s in services
+            ]
+            seen = Seen()
+            lines = prompts(6000, "/v1/chat/completions")
+            try:
+                await asyncio.gather(
+                    *(
+                        _drive(
+                            lambda i, line, c=c: _openai_call(c, line, False, seen),
+                            lines[n::2],
+                            seconds,
+                            AT_ONCE // 2,
+                        )
+                        for n, c in enumerate(clients)
+                    )
+                )
+            finally:
+                for c in clients:
+                    await c.close()
+                snaps = [await s.stop(drain_timeout_s=5.0) for s in services]
+            start, end = _window(stub, started)
+            used = sum(stub.ledger.units(key=k) for k in live)
+            cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
+            book = stub.state.book
+            rate = sum(c["rate_limit_exceeded"] for c in book.refusals.values())
+            quota = sum(c["insufficient_quota"] for c in book.refusals.values())
+            return (
+                f"two gateways: {used:,.0f} of {cap:,.0f} tokens ({used / cap:.3f}); rate-limit 429s {rate}, "
+                f"insufficient_quota {quota}, duplicates {book.duplicates()}; client ok {seen.ok}, "
+                f"errors {dict(seen.errors) or 0}; engines succeeded {[s.succeeded for s in snaps]}"
+            )
+    finally:
+        redis.close()
+
+
 def main(argv: list[str]) -> int:
     which = argv[0] if argv else "openai"
     seconds = float(argv[1]) if len(argv) > 1 else 40.0
     if which == "anthropic":
         line = asyncio.run(anthropic_run(seconds))
+    elif which == "two":
+        line = asyncio.run(two_run(seconds))
     elif which in ("openai", "openai-stream"):
         line = asyncio.run(openai_run(seconds, which == "openai-stream"))
     else:
         print(
-            f"measure_gateway: unknown case {which!r}; known: openai, openai-stream, anthropic",
+            f"measure_gateway: unknown case {which!r}; known: openai, openai-stream, anthropic, two",
             file=sys.stderr,
         )
         return 2
