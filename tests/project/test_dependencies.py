@@ -13,7 +13,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("core", "engine", "server", "host", "config", "store", "console", "bench", "runner", "themes")
+LAYERS = (
+    "core",
+    "engine",
+    "server",
+    "host",
+    "config",
+    "store",
+    "gateway",
+    "console",
+    "bench",
+    "runner",
+    "themes",
+)
 # Import name -> distribution name, where they differ.
 DISTRIBUTION = {
     "tomli_w": "tomli-w",
@@ -21,7 +33,13 @@ DISTRIBUTION = {
     "pyrate_limiter": "pyrate-limiter",
 }
 # Imported only by the parts an extra installs (checked against that extra).
-EXTRA = {"redis": "redis", "aiolimiter": "bench", "pyrate_limiter": "bench"}
+EXTRA = {
+    "redis": "redis",
+    "aiolimiter": "bench",
+    "pyrate_limiter": "bench",
+    "openai": "bench",
+    "anthropic": "bench",
+}
 
 
 def _imported() -> set[str]:
