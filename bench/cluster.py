@@ -43,7 +43,8 @@ WARMUP_S = 5.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,10 +57,10 @@ class RedisProcess:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("bench cluster: redis-server is not installed (apt-get install redis-server)")
-        self.port = _free_port()
+        self.port = free_port()
         # a cluster node also listens on port + 10000 (its bus): that one must be free too
         while cluster and not (self.port + 10000 < 65536 and port_free(self.port + 10000)):
-            self.port = _free_port()
+            self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="ratedeck-bench-redis-")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         if cluster:
@@ -160,7 +161,8 @@ def command_counts(url: str) -> dict[str, int]:
     return total
 
 
-def _cpu_s(pid: int) -> float | None:
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc); None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -205,7 +207,7 @@ def run_members(
         for at in (WARMUP_S, duration_s - 1.0):
             time.sleep(max(0.0, started + at - time.monotonic()))
             for i, (proc, _r, _l) in enumerate(procs):
-                samples[i].append((time.monotonic() - started, _cpu_s(proc.pid)))
+                samples[i].append((time.monotonic() - started, process_cpu_s(proc.pid)))
         for proc, _r, _l in procs:
             try:
                 proc.wait(timeout=max(5.0, started + duration_s + 60 - time.monotonic()))

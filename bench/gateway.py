@@ -26,6 +26,7 @@ import aiohttp
 
 from ratedeck.server.stubs.openai import start_openai
 
+from .cluster import free_port, process_cpu_s
 from .output import ScenarioResult
 
 NAME = "gateway"
@@ -35,19 +36,6 @@ TOKEN = "bench-gateway-token"
 RATE = 40.0
 CONCURRENCY = 4
 _BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 8}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -156,16 +144,16 @@ async def _measure(seconds: float, progress: Callable[[str], None]) -> list[dict
         progress(f"{NAME}: straight to the stub for {seconds:g} s")
         lat, err = await _drive(f"{stub.url}/v1/chat/completions", direct_headers, seconds)
         direct = _row("direct", lat, err, seconds)
-        port = _free_port()
+        port = free_port()
         gateway = await asyncio.to_thread(_start_gateway, stub.url, port)
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             headers = {"Authorization": f"Bearer {TOKEN}"}
             await _drive(url, headers, 2.0)  # each key's first answer, and warm connections
             progress(f"{NAME}: through the gateway for {seconds:g} s")
-            cpu0 = _cpu_s(gateway.pid)
+            cpu0 = process_cpu_s(gateway.pid) or 0.0
             lat, err = await _drive(url, headers, seconds)
-            cpu = _cpu_s(gateway.pid) - cpu0
+            cpu = (process_cpu_s(gateway.pid) or cpu0) - cpu0
         finally:
             gateway.send_signal(signal.SIGTERM)
             await asyncio.to_thread(gateway.wait, 30)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ratedeck.bench.measure_llm import ANTHROPIC_KEYS, MINUTE_S, OPENAI_KEYS, prompts
+from ratedeck.bench.measure_llm import ANTHROPIC_KEYS, MINUTE_S, OPENAI_KEYS, prompts, sending_window
 from ratedeck.config import load_config
 from ratedeck.config.settings import GatewaySettings
 from ratedeck.gateway.service import GatewayService
@@ -87,11 +87,6 @@ async def _drive(call: Any, lines: list[dict], seconds: float, at_once: int = AT
     await asyncio.gather(*(worker() for _ in range(at_once)))
 
 
-def _window(stub: Any, started: float) -> tuple[float, float]:
-    arrivals = stub.ledger.arrivals()
-    return (min(arrivals), max(arrivals)) if arrivals else (started, started)
-
-
 async def _gateway(preset: str, url: str, keys: list[str], store: str | None = None) -> GatewayService:
     data: dict[str, Any] = {
         "target": {"url": url},
@@ -126,7 +121,7 @@ async def openai_run(seconds: float, stream_half: bool) -> str:
         finally:
             await client.close()
             snap = await service.stop(drain_timeout_s=5.0)
-        start, end = _window(stub, started)
+        start, end = sending_window(stub, started)
         used = sum(stub.ledger.units(key=k) for k in live)
         cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
         book = stub.state.book
@@ -160,7 +155,7 @@ async def anthropic_run(seconds: float) -> str:
         finally:
             await client.close()
             snap = await service.stop(drain_timeout_s=5.0)
-        start, end = _window(stub, started)
+        start, end = sending_window(stub, started)
         used = sum(stub.state.output_used.values())
         cap = sum(stub.allowed_capacity(start, end, key=k, bucket="output-tokens") for k in keys)
         book = stub.state.book
@@ -209,7 +204,7 @@ async def two_run(seconds: float) -> str:
                 for c in clients:
                     await c.close()
                 snaps = [await s.stop(drain_timeout_s=5.0) for s in services]
-            start, end = _window(stub, started)
+            start, end = sending_window(stub, started)
             used = sum(stub.ledger.units(key=k) for k in live)
             cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
             book = stub.state.book

@@ -83,7 +83,7 @@ async def run(
     return await run_job(preset, url, lines, seconds, keys={"secrets": keys}, **overrides)
 
 
-def _sending(stub, started: float) -> tuple[float, float]:
+def sending_window(stub, started: float) -> tuple[float, float]:
     """From the first request's arrival to the last one's (the stub's start if none came)."""
     arrivals = stub.ledger.arrivals()
     return (min(arrivals), max(arrivals)) if arrivals else (started, started)
@@ -96,7 +96,7 @@ async def openai(seconds: float, latency: float = 0.3) -> Result:
     ) as stub:
         start = stub.now()
         snap = await run("openai", stub.url, prompts(6000, "/v1/chat/completions"), seconds, OPENAI_KEYS)
-        start, end = _sending(stub, start)
+        start, end = sending_window(stub, start)
         used = sum(stub.ledger.units(key=k) for k in live)
         cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
         book = stub.state.book
@@ -118,7 +118,7 @@ async def anthropic(seconds: float, latency: float = 0.3) -> Result:
     ) as stub:
         start = stub.now()
         snap = await run("anthropic", stub.url, prompts(6000, "/v1/messages"), seconds, ANTHROPIC_KEYS)
-        start, end = _sending(stub, start)
+        start, end = sending_window(stub, start)
         used = sum(stub.state.output_used.values())
         cap = sum(stub.allowed_capacity(start, end, key=k, bucket="output-tokens") for k in ANTHROPIC_KEYS)
         book = stub.state.book
