@@ -45,6 +45,14 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "budgets": ("array of tables", {"type": ["array", "object"], "items": {"type": "object"}}),
     "paths": ("table of tables", {"type": "object", "additionalProperties": {"type": "object"}}),
     "pools": ("table of integers", {"type": "object", "additionalProperties": {"type": "integer"}}),
+    "prices": (
+        "table of tables of USD per million tokens",
+        {
+            "type": "object",
+            "additionalProperties": {"type": "object", "additionalProperties": {"type": "number"}},
+        },
+    ),
+    "dollars": ('US dollars, or "$2.50"', _NUMBER_OR_TEXT),
     "server": ("table (the simulator's)", {"type": "object"}),
     "procs": ('whole number or "auto"', {"type": ["integer", "string"]}),
     "statuses": ("list of HTTP statuses", {"type": "array", "items": {"type": "integer"}}),

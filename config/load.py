@@ -30,6 +30,7 @@ from ratedeck.engine.settings import (
 )
 
 from . import parsers
+from .pricing import load_prices, price_data
 from .rows import BY_PATH, ROWS, section_rows
 from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
 
@@ -244,6 +245,8 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     if "messages" in data:
         messages = MessagesConfig(**_table(data, "messages", source))
     seed = run.pop("seed", None)
+    max_cost = run.pop("max_cost", None)
+    prices = price_data(load_prices(data, source))
     return RunConfig(
         engine_settings=EngineSettings(
             target=target,
@@ -258,6 +261,8 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
             host_policies=host_policies,
             key_weighted=keys_table.get("unit") == "weight",
             seed=seed,
+            prices=prices,
+            max_cost=max_cost,
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ratedeck.core.numbers import MAX_DURATION_S, parse_duration, parse_milliseconds, show, whole
+from ratedeck.core.numbers import MAX_DURATION_S, number, parse_duration, parse_milliseconds, show, whole
 from ratedeck.core.policy import Policy, PolicyError, parse_policy
 from ratedeck.core.secrets import safe_url
 from ratedeck.core.throttle import parse_throttle
@@ -212,6 +212,16 @@ def ms(high: float) -> Parser:
 
 def seconds(high: float = MAX_DURATION_S, *, allow_zero: bool = False) -> Parser:
     return lambda v: parse_duration(v, low=0.0, low_open=not allow_zero, high=high)
+
+
+#: The largest cost cap a run takes, in US dollars.
+MAX_DOLLARS = 1_000_000_000.0
+
+
+def dollars(value: Any) -> float:
+    """An amount of US dollars above 0: 25, 2.5, "2.50" or "$2.50"."""
+    text = value.strip().removeprefix("$") if isinstance(value, str) else value
+    return number(text, low=0.0, low_open=True, high=MAX_DOLLARS, unit="US dollars")
 
 
 def count(low: int | None, high: int | None) -> Parser:

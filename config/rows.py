@@ -684,6 +684,14 @@ ROWS: tuple[Row, ...] = (
         "engine",
     ),
     Row("pools", "pools", None, "[pools] name = connections: connection pools a request can name", "engine"),
+    Row(
+        "prices",
+        "prices",
+        None,
+        '[prices."model"]: USD per million tokens (input, output; cached_input, cache_write,'
+        " cache_write_1h), over the shipped config/prices tables (docs/money.md)",
+        "engine",
+    ),
     Row("server", "server", None, "the embedded simulator's settings (`ratedeck serve --help`)", "server"),
     # ---------------------------------------------------------------- [run]
     Row(
@@ -713,6 +721,27 @@ ROWS: tuple[Row, ...] = (
         "print TPS and latency charts at the end (headless)",
         "runner",
         _flag("--plot", switch=True),
+    ),
+    Row(
+        "run.max_cost",
+        "dollars",
+        p.dollars,
+        "stop admitting requests before what was spent plus what the requests in flight may cost would"
+        " pass this many US dollars; in-flight ones finish (docs/money.md)",
+        "engine",
+        _flag("--max-cost", "DOLLARS", check=True),
+        optional=True,
+        save="changed",
+    ),
+    Row(
+        "run.dry_run",
+        "boolean",
+        p.boolean,
+        "read and check the whole workload, print per model the requests, tokens, the cost range and"
+        " the least time the limits allow; send nothing",
+        "runner",
+        _flag("--dry-run", switch=True),
+        save="never",
     ),
     Row(
         "run.seed",

@@ -9,6 +9,7 @@ from ratedeck.core.policy import format_policy
 from ratedeck.engine.api_rules import budgets_to_toml, paths_to_toml
 
 from .load import PRESETS
+from .pricing import user_prices
 from .rows import Row, section_rows
 from .settings import RunConfig
 
@@ -92,6 +93,9 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
         out["pools"] = dict(es.pools)
     if es.budgets:
         out["budgets"] = budgets_to_toml(es.budgets)
+    prices = user_prices(es.prices)
+    if prices:
+        out["prices"] = prices
     if es.paths:
         out["paths"] = paths_to_toml(es.paths)
     run = _section("run", runner, es)

@@ -40,6 +40,7 @@ class RunnerSettings:
     metrics_port: int | None = None  # serve /metrics here during the run (0: any free port)
     metrics_host: str = "127.0.0.1"
     metrics_linger_s: float | None = None  # keep serving the final metrics this long after the run
+    dry_run: bool = False  # check the workload and print what it would cost; send nothing
     key_sources: tuple[str, ...] = field(default=(), repr=False)  # as written: literal, env:VAR or @FILE
 
 

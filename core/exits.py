@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad input, found before anything started
     UNBALANCED = 3  # a request was lost from the accounting
     OUTPUT = 4  # an output could not be written
+    COST_CAP = 5  # --max-cost stopped admission: work was left unsent
     THRESHOLD = 99  # a --fail-on threshold held (99, as k6 uses for thresholds)
     INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
@@ -27,6 +28,7 @@ ORDER: tuple[ExitCode, ...] = (
     ExitCode.UNBALANCED,
     ExitCode.OUTPUT,
     ExitCode.FAILED,
+    ExitCode.COST_CAP,
     ExitCode.THRESHOLD,
     ExitCode.INTERRUPTED,
 )
@@ -38,6 +40,7 @@ SHORT: dict[ExitCode, str] = {
     ExitCode.USAGE: "bad input",
     ExitCode.UNBALANCED: "accounting mismatch",
     ExitCode.OUTPUT: "an output not written",
+    ExitCode.COST_CAP: "the --max-cost cap left work unsent",
     ExitCode.THRESHOLD: "a --fail-on threshold held",
     ExitCode.INTERRUPTED: "stopped at once by a second Ctrl-C, or interrupted while starting",
 }
@@ -51,6 +54,8 @@ MEANING: dict[ExitCode, str] = {
     " unknown field in it, a metrics port in use",
     ExitCode.UNBALANCED: "the accounting does not balance (a request was lost); always fails a run",
     ExitCode.OUTPUT: "an output could not be written (graveyard, results, report)",
+    ExitCode.COST_CAP: "the `--max-cost` cap stopped admission before the job was done: what was in flight"
+    " finished, the rest was not sent (a store keeps it pending for the next run)",
     ExitCode.THRESHOLD: "a threshold failed (as k6)",
     ExitCode.INTERRUPTED: "stopped at once by a second Ctrl-C, or interrupted while starting",
 }

@@ -297,3 +297,20 @@ def check_simulator_numbers(table: Any) -> None:
     )
     if base is not None and cap is not None and cap < base:
         raise SettingError("escalation_cap_s", f"must be at least escalation_base_s ({base:g}), got {cap:g}")
+
+
+def usd(amount: float | None) -> str:
+    """US dollars as people read them: "$12.40", "$0.47", "$0.0036" (cents hide a small
+    amount); None is "unknown" (a model with no price), never $0."""
+    if amount is None:
+        return "unknown"
+    if amount != 0 and abs(amount) < 0.1:
+        return f"${amount:.4f}"
+    return f"${amount:,.2f}"
+
+
+def usd_range(low: float | None, high: float | None) -> str:
+    """A cost range, "$0.09–$0.47"; "unknown" when either end is."""
+    if low is None or high is None:
+        return "unknown"
+    return f"{usd(low)}–{usd(high)}"

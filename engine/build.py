@@ -32,6 +32,7 @@ from ratedeck.engine.observe.loop_watch import LoopWatch
 from ratedeck.engine.observe.makespan import MakespanMeter
 from ratedeck.engine.observe.metrics import Metrics
 from ratedeck.engine.observe.snapshot_builder import SnapshotBuilder, SnapshotParts
+from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.path.ending import RunEnd
 from ratedeck.engine.path.intake import Intake
 from ratedeck.engine.path.key import UNKNOWN_LIMIT, KeyLeases, KeyLimits, Learning
@@ -125,6 +126,10 @@ def build_parts(
             run, keys, limits.gates, limits.store_gate, headroom, metrics, queues, log, ends, redact
         )
         cluster = _cluster(cfg, member, shared_state)
+    # What the answers cost: with prices (the config's) or a cost cap; a library run without either counts none.
+    spend = SpendMeter.from_settings(cfg, log) if cfg.prices or cfg.max_cost is not None else None
+    if spend is not None and spend.gating:
+        ends.watch(spend)  # a request's reservation ends with it
     path = RequestPath(
         transport=transport,
         queues=queues,
@@ -139,6 +144,7 @@ def build_parts(
         cooldown=cooldown if cooldown is not None else SharedGates(log, cluster),
         redact=redact,
         pools=cfg.pools,
+        spend=spend,
     )
     intake = _intake(cfg, run, queues, metrics, keys, path, ends, source, log)
     learning = Learning(
@@ -161,7 +167,7 @@ def build_parts(
     loop = LoopWatch(log, lambda: metrics.sent - keys.in_flight())
     probe = _probe(cfg, transport)
     parts = (run, metrics, queues, headroom, keys, limits.gates, source, intake, ends, log, loop, probe)
-    snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster=cluster, makespan=makespan))
+    snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster=cluster, makespan=makespan, spend=spend))
     return EngineParts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
         source, limits, keys, ends, cluster, path, intake, makespan, loop, snapshots,
@@ -196,6 +202,7 @@ def _intake(
         pools=path.pool_capacity,
         # A generated load with no rate of its own follows the limits keys discover.
         follow_discovered=cfg.workload.rate is None and cfg.workload.file is None,
+        spend=path.spend,
     )
 
 

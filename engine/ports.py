@@ -152,6 +152,13 @@ class SourceSink(Protocol):
     def source_done(self) -> None:
         """The source will make nothing more; the run may finish when the queues empty."""
 
+    @property
+    def spend_gate(self) -> bool:
+        """Whether a job's source must ask `admit_spend` before queueing a request."""
+
+    async def admit_spend(self, req: Request) -> bool:
+        """Reserve `req`'s cost within the cost cap; False when the cap is reached (stop making)."""
+
     def live_capacity(self, now: float) -> float:
         """Requests per second the keys that can send now allow."""
 

@@ -187,6 +187,9 @@ class EngineSettings:
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
     key_weighted: bool = False  # [keys] unit = "weight": a key's own limits count request weight
     seed: int | None = None  # random seed for jitter and arrivals
+    # USD per million tokens by model ({"gpt-4o": {"input": 2.5, "output": 10.0}}): config/prices
+    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    max_cost: float | None = None  # USD: admission stops before spent + reserved would pass it
 
     @property
     def capacity_tps(self) -> float:

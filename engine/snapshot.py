@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ratedeck.core.numbers import usd
 from ratedeck.core.vocab import EventKind, Excess, KeyState, MessagePattern, OutcomeKind, Phase
 
 
@@ -25,6 +26,56 @@ class Makespan:
         if self.jobs == 0 or self.least_s <= 0:
             return None
         return self.elapsed_s / self.least_s
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRow:
+    """What one model cost on one key, from the `usage` of its answers (engine/observe/spend.py).
+
+    `usd` is None when the model has no price: unknown, never 0. `unmetered`
+    counts successful answers that reported no usage (their cost is not in `usd`)."""
+
+    model: str
+    key: str
+    answers: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float | None = 0.0
+    unmetered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """The run's bill so far: per model and key, the priced total, and the `--max-cost` cap.
+
+    `reserved_usd` is what requests admitted and not yet ended may still cost
+    (their estimate's ceiling); `capped` says the cap stopped admission."""
+
+    rows: tuple[SpendRow, ...] = ()
+    total_usd: float = 0.0  # the priced rows' sum
+    unpriced: tuple[str, ...] = ()  # models answered that have no price
+    reserved_usd: float = 0.0
+    cap_usd: float | None = None
+    capped: bool = False
+
+    def by_model(self) -> dict[str, float | None]:
+        """USD per model over every key (None: the model has no price)."""
+        out: dict[str, float | None] = {}
+        for r in self.rows:
+            before = out.get(r.model, 0.0)
+            out[r.model] = None if r.usd is None or before is None else before + r.usd
+        return out
+
+    def line(self) -> str:
+        """One line: "$0.0123 spent (gpt-4o-mini $0.0100, claude-x unknown), cap $1.00, $0.0300 reserved"."""
+        models = ", ".join(f"{m} {usd(v)}" for m, v in self.by_model().items())
+        text = f"{usd(self.total_usd)} spent" + (f" ({models})" if models else "")
+        if self.unpriced:
+            text += f"; no price: {', '.join(self.unpriced)}"
+        if self.cap_usd is not None:
+            text += f", cap {usd(self.cap_usd)}" + (" reached" if self.capped else "")
+            text += f", {usd(self.reserved_usd)} reserved" if self.reserved_usd else ""
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +407,8 @@ class Snapshot:
     no_limit: str = ""
     # live clients (the gateway): what they see of the queue; None for other sources
     clients: ClientView | None = None
+    # what the answers cost in USD (LLM usage against config/prices); None when nothing was priced
+    spend: Spend | None = None
 
     @property
     def answered(self) -> int:

@@ -41,6 +41,7 @@ from ratedeck.engine.snapshot import (
     Snapshot,
 )
 from ratedeck.host.session import RunFacts, Session
+from ratedeck.runner.money import cap_line, spend_lines
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
 from ratedeck.store.work import StoreReport
@@ -115,6 +116,8 @@ def metrics_block(snap: Snapshot) -> list[str]:
             f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
         )
     lines += token_lines(snap)
+    if snap.spend is not None:
+        lines.append(f"spend        {snap.spend.line()}")
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
     return lines
@@ -258,6 +261,8 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
             + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )
     lines += token_key_lines(snap)
+    if snap.spend is not None:
+        lines += spend_lines(snap.spend)[1:]  # the run's line is the metrics block's
     return lines
 
 
@@ -521,6 +526,10 @@ def conclude(
             " (--results lists them with the server's request id); not sent on another key",
             err,
         )
+    capped = cap_line(cfg, snap, facts.store)
+    if capped is not None:
+        _say(capped, err)
+        codes.append(ExitCode.COST_CAP)
     nothing = nothing_worked(snap, facts)
     if nothing is not None:
         _say(Redactor(k.secret for k in cfg.engine_settings.keys)(f"ratedeck: {nothing}"), err)

@@ -133,6 +133,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         *_run_families(snap),
         *_latency_families(snap, buckets or {}),
         *_message_families(snap),
+        *_spend_families(snap),
         *(client_families(snap.clients) if snap.clients is not None else ()),
     ]
 
@@ -361,6 +362,32 @@ HISTOGRAMS = (
     ),
     ("ratedeck_queue_wait_seconds", "queue_wait", "Arrival -> first send, every request sent."),
 )
+
+
+def _spend_families(snap: Snapshot) -> list[Metric]:
+    """LLM spend from the answers' usage, per model and key (a model with no price has no sample:
+    its spend is unknown, not 0), and the --max-cost cap with what is reserved under it."""
+    spend = snap.spend
+    if spend is None:
+        return []
+    cost = _counter(
+        "ratedeck_cost_usd", "US dollars the answers cost, from their usage at the model's price.", None,
+        ("model", "key"),
+    )  # fmt: skip
+    for r in spend.rows:
+        if r.usd is not None:
+            cost.add_metric([r.model, r.key], r.usd)
+    families: list[Metric] = [cost]
+    if spend.cap_usd is not None:
+        families.append(_gauge("ratedeck_cost_cap_usd", "The --max-cost cap in US dollars.", spend.cap_usd))
+        families.append(
+            _gauge(
+                "ratedeck_cost_reserved_usd",
+                "US dollars the requests admitted and not ended may still cost (their estimate's ceiling).",
+                spend.reserved_usd,
+            )
+        )
+    return families
 
 
 def _latency_families(snap: Snapshot, buckets: dict[str, Buckets]) -> list[Metric]:

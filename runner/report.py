@@ -25,6 +25,8 @@ from ratedeck.engine.snapshot import (
 )
 from ratedeck.store.work import StoreReport
 
+from .money import spend_report
+
 SCHEMA_VERSION = 1
 SCHEMA_FILE = "report.schema.json"
 
@@ -113,6 +115,8 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["cluster"] = cluster_report(snap.cluster)
     if snap.makespan is not None:
         report["makespan"] = makespan_report(snap.makespan)
+    if snap.spend is not None:
+        report["spend"] = spend_report(snap.spend)
     return report
 
 

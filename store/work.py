@@ -191,6 +191,11 @@ class StoreWorkload(Workload):
         if self.idempotent:
             req.idempotency_key = job.key
 
+    def unmade(self, req: Request) -> None:
+        job = self.jobs.get(req.id)
+        if job is not None:
+            self._unqueue(req, job)
+
     async def before_submit(self, req: Request, sink: SourceSink) -> bool:
         """Mark `req`'s job sending (with the next few, one commit) before it may be sent.
 

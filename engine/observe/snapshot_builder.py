@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .loop_watch import LoopWatch
     from .makespan import MakespanMeter
     from .metrics import Metrics
+    from .spend import SpendMeter
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class SnapshotParts:
     probe: Probe | None = None
     cluster: ClusterMember | None = None
     makespan: MakespanMeter | None = None
+    spend: SpendMeter | None = None
 
 
 class SnapshotBuilder:
@@ -131,6 +133,7 @@ class SnapshotBuilder:
             fed=source.fed,
             uncertain=m.uncertain,
             no_limit=p.ends.no_limit_text,
+            spend=p.spend.view() if p.spend is not None else None,
         )
 
     def _makespan(self) -> Makespan | None:

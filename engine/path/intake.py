@@ -13,6 +13,7 @@ from ratedeck.engine.request import Request
 if TYPE_CHECKING:
     from ratedeck.core.vocab import EventKind
     from ratedeck.engine.observe.metrics import Metrics
+    from ratedeck.engine.observe.spend import SpendMeter
     from ratedeck.engine.ports import Burial, EventSink, RunClock, Source
     from ratedeck.engine.queues import WorkQueues
     from ratedeck.engine.request import CallFn
@@ -44,6 +45,7 @@ class Intake:
         "idempotency",
         "pools",
         "follow_discovered",
+        "spend",
         "_next_id",
     )
 
@@ -64,6 +66,7 @@ class Intake:
         idempotency: bool = False,
         pools: dict[str, int] | None = None,
         follow_discovered: bool = True,
+        spend: SpendMeter | None = None,
     ) -> None:
         self.run = run
         self.work = queues
@@ -80,6 +83,7 @@ class Intake:
         self.pools = pools or {}
         # A generated load with no rate of its own follows the limits keys discover.
         self.follow_discovered = follow_discovered
+        self.spend = spend  # the --max-cost cap a job's source asks before queueing (`admit_spend`)
         self._next_id = 0
 
     # The run's loop and state, as a source reads them.
@@ -169,6 +173,16 @@ class Intake:
             return False
         self.burial.shed(req)
         return True
+
+    @property
+    def spend_gate(self) -> bool:
+        """Whether a job's source must ask `admit_spend` before queueing (a cost cap is set)."""
+        return self.spend is not None and self.spend.gating
+
+    async def admit_spend(self, req: Request) -> bool:
+        """Reserve `req`'s most possible cost within the cost cap (waiting while in-flight
+        requests may free room); False when the cap is reached: make no more requests."""
+        return self.spend is None or await self.spend.admit(req)
 
     def source_done(self) -> None:
         self.ends.check_finished()

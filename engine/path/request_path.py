@@ -28,6 +28,7 @@ from ratedeck.engine.http import outcome as oc
 from ratedeck.engine.http.transport import Transport
 from ratedeck.engine.limits.headroom import HeadroomController
 from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.ports import Cooldown, Endings, EventSink, GateWatcher, SendStamp
 from ratedeck.engine.queues import Graveyard, WorkQueues
 from ratedeck.engine.request import Request
@@ -83,8 +84,10 @@ class RequestPath:
         cooldown: Cooldown,
         redact: Redactor,
         pools: dict[str, int] | None = None,
+        spend: SpendMeter | None = None,
     ) -> None:
         self.transport = transport
+        self.spend = spend  # what the answers cost (None: no prices, no cap)
         self.queues = queues
         self.metrics = metrics
         self.headroom = headroom
@@ -206,6 +209,8 @@ class RequestPath:
         req.last_status = result.status
         req.result = result
         worker.limits.learn(result, req, stamps, now)
+        if self.spend is not None:
+            self.spend.answered(req, result)
         verdict = decide(result, req, self.settle_rules, now)
         self._apply(verdict, worker, req, result, now)
 

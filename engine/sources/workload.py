@@ -71,6 +71,7 @@ class Workload:
         self._waker = Waker()
         # True when `before_submit` must run (and be awaited) before each request is queued.
         self.marks = False
+        self.capped = False  # the cost cap stopped it (`SourceSink.admit_spend`): lines were left
 
     @classmethod
     def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
@@ -106,6 +107,9 @@ class Workload:
 
     def made(self, req: Request) -> None:
         """`req` was just made from the next item, before it is submitted (a store ties it to its job)."""
+
+    def unmade(self, req: Request) -> None:
+        """`req` was made but will never be queued (the cost cap): a store gives its job back."""
 
     def poke(self) -> None:
         self._waker.poke()
@@ -175,6 +179,10 @@ class Workload:
             if line_id is not None:
                 req.line_id = line_id
             self.made(req)
+            if sink.spend_gate and not await sink.admit_spend(req):
+                self.capped = True
+                self.unmade(req)
+                break
             if self.marks and not await self.before_submit(req, sink):
                 break
             if self.signed and shape is not None and shape.verbatim:  # a store's job, checked now

@@ -117,6 +117,8 @@ def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Metrics | None) ->
             raise ConfigError("command line", "--procs", str(exc).removeprefix("--procs ")) from None
         if metrics is not None and args.no_ui:
             raise ConfigError("command line", "--procs", "above 1 does not serve --metrics-port headless yet")
+        if cfg.engine_settings.max_cost is not None:
+            raise ConfigError("command line", "--procs", "above 1 cannot share one --max-cost cap; use 1")
     return procs
 
 
@@ -136,6 +138,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     cfg = plan.cfg
     if args.save_config:
         return save_config(cfg, args.save_config)
+    if cfg.runner.dry_run:
+        from ratedeck.runner.dryrun import dry_run
+
+        return dry_run(cfg)
     if plan.interval_s <= 0:
         return fail("--interval: must be above 0 seconds")
     if args.no_ui:

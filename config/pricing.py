@@ -7,10 +7,18 @@ overrides or adds models with the same fields in a `[prices."model-name"]`
 table of their config; a model they name replaces the shipped price whole.
 
 Every problem is one `ConfigError` naming the file, the model and the value.
+
+Every run gets both providers' tables, whatever its preset: a model name says
+its provider (no model is in two files, `shipped_prices` checks it), so one
+table prices an OpenAI preset, an Anthropic one, a gateway in front of
+either, or a target named without a preset that speaks either API. The
+engine receives the table as plain data (`price_data`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -89,6 +97,11 @@ def read_price_file(path: str | Path) -> dict[str, Price]:
     return parse_prices(data.get("models", {}), shown, "models")
 
 
+@functools.cache
+def _shipped() -> PriceTable:
+    return shipped_prices()
+
+
 def shipped_prices(directory: str | Path = PRICE_DIR) -> PriceTable:
     """Every shipped price file merged (files in name order; no model is in two)."""
     prices: dict[str, Price] = {}
@@ -102,7 +115,22 @@ def shipped_prices(directory: str | Path = PRICE_DIR) -> PriceTable:
 
 def load_prices(config: Mapping[str, Any] | None = None, source: str = "config") -> PriceTable:
     """The shipped prices with the `[prices."model"]` tables of a user's config over them."""
-    table = shipped_prices()
+    table = _shipped()
     if not config or "prices" not in config:
         return table
     return table.merged(parse_prices(config["prices"], source, "prices"))
+
+
+def price_data(table: PriceTable) -> dict[str, dict[str, float]]:
+    """A table as the engine's plain data: {model: {field: USD per million tokens}}, unset fields left out."""
+    return {
+        model: {k: v for k, v in dataclasses.asdict(price).items() if v is not None}
+        for model, price in table.prices.items()
+    }
+
+
+def user_prices(prices: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """The models of a run's plain-data prices that the shipped tables do not hold as they are:
+    what a saved config writes as its `[prices."model"]` tables."""
+    shipped = price_data(_shipped())
+    return {model: dict(fields) for model, fields in prices.items() if shipped.get(model) != fields}
