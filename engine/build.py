@@ -126,10 +126,7 @@ def build_parts(
             run, keys, limits.gates, limits.store_gate, headroom, metrics, queues, log, ends, redact
         )
         cluster = _cluster(cfg, member, shared_state)
-    # What the answers cost: with prices (the config's) or a cost cap; a library run without either counts none.
-    spend = SpendMeter.from_settings(cfg, log) if cfg.prices or cfg.max_cost is not None else None
-    if spend is not None and spend.gating:
-        ends.watch(spend)  # a request's reservation ends with it
+    spend = _spend(cfg, log, ends)
     path = RequestPath(
         transport=transport,
         queues=queues,
@@ -172,6 +169,17 @@ def build_parts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
         source, limits, keys, ends, cluster, path, intake, makespan, loop, snapshots,
     )  # fmt: skip
+
+
+def _spend(cfg: EngineSettings, log: EventLog, ends: RunEnd) -> SpendMeter | None:
+    """What the answers cost: with prices (the config's) or a cost cap; a library run with
+    neither counts none. With a cap, a request's reservation ends with it (a finish watcher)."""
+    if not cfg.prices and cfg.max_cost is None:
+        return None
+    spend = SpendMeter.from_settings(cfg, log)
+    if spend.gating:
+        ends.watch(spend)
+    return spend
 
 
 def _intake(

@@ -123,6 +123,7 @@ SAMPLES = {
     "strings": "k-1,k-2",
     "limits": "10/1s",
     "procs": "auto",
+    "dollars": "$2.50",
 }
 
 
@@ -210,7 +211,7 @@ def test_the_rows_are_the_settings_objects_fields():
         assert rows == [f.name for f in dataclasses.fields(cls)], section
     run = {row.key for row in ROWS if row.section == "run"}
     not_in_file = {"preset", "key_sources"}  # set by --preset and [keys] secrets
-    assert run == {f.name for f in dataclasses.fields(RunnerSettings)} - not_in_file | {"seed"}
+    assert run == {f.name for f in dataclasses.fields(RunnerSettings)} - not_in_file | {"seed", "max_cost"}
     engine_parts = {f.name for f in dataclasses.fields(EngineSettings)}
     assert {"budgets", "paths", "pools"} <= engine_parts
     assert "cooldown" not in {row.key for row in ROWS}
