@@ -304,9 +304,13 @@ def usd(amount: float | None) -> str:
     amount); None is "unknown" (a model with no price), never $0."""
     if amount is None:
         return "unknown"
-    if amount != 0 and abs(amount) < 0.1:
-        return f"${amount:.4f}"
-    return f"${amount:,.2f}"
+    if amount == 0 or abs(amount) >= 0.1:
+        return f"${amount:,.2f}"
+    # two significant figures below a dime, never fewer than two decimals: $0.09, $0.012, $0.0036
+    places = min(8, 1 - math.floor(math.log10(abs(amount))))
+    text = f"{amount:.{places}f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
 
 
 def usd_range(low: float | None, high: float | None) -> str:

@@ -13,6 +13,7 @@ from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from ratedeck.core.numbers import usd
 from ratedeck.engine.snapshot import Snapshot
 
 from . import numbers
@@ -97,9 +98,28 @@ def header_text(snap: Snapshot, draining: bool = False, drain_reason: str = "") 
         f"[$text-muted]generated[/] {numbers.count(snap.generated)}",
         f"[$text-muted]shed[/] {numbers.count(snap.shed)}",
     ]
+    if snap.spend is not None:
+        parts.insert(len(parts) - 4, spend_text(snap))  # before the request totals
     if balance:
         parts.insert(1, f"[b $text-error]unaccounted {balance}[/]")
     return "  ".join(parts)
+
+
+def spend_text(snap: Snapshot) -> str:
+    """The header's bill: "spent $0.0123", with the cost cap ("of $1.00", "cap reached") and
+    the models with no price ("+ 1 unpriced")."""
+    spend = snap.spend
+    if spend is None:
+        return ""
+    text = f"[$text-muted]spent[/] [b]{usd(spend.total_usd)}[/]"
+    if spend.unpriced:
+        text += f" [$text-warning]+ {len(spend.unpriced)} unpriced[/]"
+    if spend.cap_usd is not None:
+        if spend.capped:
+            text += f" [b $text-warning]cap {usd(spend.cap_usd)} reached[/]"
+        else:
+            text += f" [$text-muted]of[/] {usd(spend.cap_usd)}"
+    return text
 
 
 class RunBar(SnapshotPanel, Static):

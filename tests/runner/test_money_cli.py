@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ratedeck.core.exits import ExitCode
+from ratedeck.core.numbers import usd_range
 from ratedeck.server.stubs.openai import start_openai
 
 RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
@@ -89,7 +90,7 @@ async def test_a_dry_run_sends_nothing_and_its_range_holds_the_real_bill(tmp_pat
         assert dry["dry_run"] is True and dry["requests"] == 12 and dry["sent"] == 0
         (model,) = dry["models"]
         assert model["model"] == "gpt-4o-mini" and model["output_tokens_max"] == 12 * MAX_TOKENS
-        assert f"${dry['usd_min']:.4f}–${dry['usd_max']:.4f}" in out
+        assert usd_range(dry["usd_min"], dry["usd_max"]) in out  # like $0.0026–$0.0074
         assert dry["least_s"] is not None
         code, out, err = await cli(tmp_path, *target(stub), "--workload", str(work), "--report", "run.json")
         assert code == ExitCode.OK, err
