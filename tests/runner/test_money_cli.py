@@ -147,3 +147,23 @@ async def test_max_cost_stops_under_the_cap_and_a_resumed_store_finishes_the_res
         assert code == ExitCode.OK, err
         assert len(stub.ledger.accepted()) == n
         assert stub.state.book.duplicates() == 0
+
+
+@run_async
+async def test_max_cost_on_a_workload_file_reports_the_lines_not_sent(tmp_path):
+    n = 30
+    work = prompts(tmp_path, n)
+    async with await start_openai(keys=[SECRET], rpm=1000, tpm=1_000_000, latency=0.05) as stub:
+        code, out, _ = await cli(
+            tmp_path, *target(stub), "--workload", str(work), "--dry-run", "--report", "-"
+        )
+        dry = json.loads(out)
+        cap = round(dry["usd_max"] / 2, 6)
+        code, out, err = await cli(tmp_path, *target(stub), "--workload", str(work), "--max-cost", f"${cap}")
+        sent = len(stub.ledger.accepted())
+        billed = server_spend(stub)
+    assert code == ExitCode.COST_CAP, err
+    assert 0 < sent < n and billed <= cap
+    assert f"{n - sent} of {n} lines not sent" in err
+    assert "cap $" in out and "reached" in out  # the summary's spend line
+    assert SECRET not in out + err
