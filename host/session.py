@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import json
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
@@ -30,6 +31,7 @@ from ratedeck.engine.ports import ResultsHost, Source
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.sources.batch import BatchFormat, batch_format, failed, output_record
 from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 
@@ -141,9 +143,15 @@ class Session:
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
-            if cfg.runner.results:
+            if cfg.runner.results or cfg.runner.errors:
                 self.results = ResultsFile(
-                    cfg.runner.results, self.engine, body=cfg.runner.results_body, link=cfg.runner.results_id
+                    cfg.runner.results,
+                    self.engine,
+                    body=cfg.runner.results_body,
+                    link=cfg.runner.results_id,
+                    errors=cfg.runner.errors,
+                    store=self.store_run is not None,
+                    append=self.store_run is not None and cfg.runner.resume,
                 )
                 self.engine.watch(self.results)
             self.engine.start()
@@ -171,9 +179,9 @@ class Session:
             graveyard_written=graveyard.written if graveyard is not None else 0,
             graveyard_problem=graveyard.problem if graveyard is not None else None,
             problems=tuple(engine.problems) if engine is not None else (),
-            results_path=self.results.path if self.results is not None else None,
-            results_written=self.results.out.written if self.results is not None else 0,
-            results_problem=self.results.out.problem if self.results is not None else None,
+            results_path=self.results.shown_path if self.results is not None else None,
+            results_written=self.results.written if self.results is not None else 0,
+            results_problem=self.results.problem if self.results is not None else None,
             store=self.store_report,
         )
 
@@ -297,15 +305,60 @@ class ResultsFile:
     request_id (the server's id of the attempt that left it uncertain, when it
     gave one), and with `--results-body` the answer's body: parsed when the
     answer is JSON (its Content-Type says so and it parses whole), else text.
+
+    A line of a provider's batch file (`engine/sources/batch.py`) is written in
+    that API's output format instead, always with the answer's body and request id.
+    In a store run (`store`) a batch line left queued or in flight is not written: it
+    goes back to the store, and the run that ends it writes it. `append` (a `--resume`)
+    continues the files a killed run left, and writes no `custom_id` they already hold.
+    `errors` (`--errors FILE`) takes the lines that did not succeed, as a Batch API's
+    error file does; `path` may then be None (only the errors are kept).
     """
 
-    def __init__(self, path: str, engine: ResultsHost, body: bool = False, link: str = "_id"):
+    def __init__(
+        self,
+        path: str | None,
+        engine: ResultsHost,
+        body: bool = False,
+        link: str = "_id",
+        *,
+        errors: str | None = None,
+        store: bool = False,
+        append: bool = False,
+    ):
         self.path = path
         self.engine = engine
         self.body = body
         self.link = link
+        self.store = store
         self.redact = engine.redact
-        self.out = JsonLines(path, "results", fresh=True)  # a new file for this run (a graveyard appends)
+        # custom_ids already written (a resumed run's files hold the killed run's)
+        self.done: set[Any] = set()
+        self.out = self._open(path, "results", append) if path else None
+        self.errors = self._open(errors, "errors", append) if errors else None
+
+    def _open(self, path: str, what: str, append: bool) -> JsonLines:
+        """A new file for this run (a graveyard appends), or with `append` the one a killed run left."""
+        if append:
+            self.done |= written_custom_ids(path)
+        return JsonLines(path, what, fresh=not append)
+
+    @property
+    def shown_path(self) -> str | None:
+        """Where the lines go, as the summary says it."""
+        if self.errors is None:
+            return self.path
+        if self.out is None:
+            return f"{self.errors.path} (errors only)"
+        return f"{self.path} (errors in {self.errors.path})"
+
+    @property
+    def written(self) -> int:
+        return sum(f.written for f in (self.out, self.errors) if f is not None)
+
+    @property
+    def problem(self) -> str | None:
+        return next((f.problem for f in (self.out, self.errors) if f is not None and f.problem), None)
 
     def finished(self, req: Request, ending: Ending) -> None:
         self._write(req, str(ending), self.engine.clock())
@@ -320,9 +373,11 @@ class ResultsFile:
                 self._write(req, "in_flight", now)
 
     def _write(self, req: Request, ending: str, now: float) -> None:
-        key = req.key  # the key of its latest attempt (None: never sent)
-        if self.out.problem is not None:
+        fmt = batch_format(req.params)
+        if fmt is not None:
+            self._write_batch(req, fmt, ending)
             return
+        key = req.key  # the key of its latest attempt (None: never sent)
         wall = self.engine.wall_time
         result = req.result
         sent = req.first_sent_at
@@ -351,7 +406,29 @@ class ResultsFile:
             record["request_id"] = req.request_id
         if self.body:
             record["body"] = self._body(result)
-        self.out.write(record)
+        self._put(record, ending != str(Ending.SUCCEEDED))
+
+    def _write_batch(self, req: Request, fmt: BatchFormat, ending: str) -> None:
+        """`req`'s line in its batch format's output, once per custom_id."""
+        if self.store and ending in ("queued", "in_flight"):
+            return  # back to the store: the run that ends it writes it
+        custom_id = req.line_id
+        if custom_id in self.done:
+            return
+        self.done.add(custom_id)
+        result = req.result
+        response = result.response if isinstance(result, Outcome) else None
+        request_id = _request_id(response) or req.request_id
+        error = self.redact(req.last_error, 500) if req.last_error else None
+        body = self._body(result) if response is not None else None
+        record = output_record(fmt, custom_id, ending, req.last_status, body, request_id, error)
+        self._put(record, failed(record))
+
+    def _put(self, record: dict[str, Any], bad: bool) -> None:
+        """Write `record` to the errors file when it failed and there is one, else to the results."""
+        out = self.errors if bad and self.errors is not None else self.out
+        if out is not None and out.problem is None:
+            out.write(record)
 
     def _line_id(self, req: Request) -> Any:
         """The value of the line's `link` field: its `_id`, or one of its own fields."""
@@ -379,7 +456,57 @@ class ResultsFile:
         return self.redact(raw, RESULTS_BODY_CHARS)
 
     def close(self) -> None:
-        self.out.close()
+        for f in (self.out, self.errors):
+            if f is not None:
+                f.close()
+
+
+#: The headers a server names its answer by (OpenAI's, Anthropic's and Stripe's).
+REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+
+
+def _request_id(response: Any) -> str | None:
+    """The server's id of an answer, from its headers; None if it gave none."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name in REQUEST_ID_HEADERS:
+        try:
+            value = headers.get(name) or headers.get(name.title())
+        except AttributeError:
+            return None
+        if value:
+            return str(value)
+    return None
+
+
+def written_custom_ids(path: str) -> set[Any]:
+    """The custom_ids of the batch lines in a results file a killed run left (none if it has none).
+
+    A kill -9 may have cut the last line short: that part is cut off, so the next line starts
+    on a line of its own."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError:
+        return set()
+    if data and not data.endswith(b"\n"):
+        whole = data[: data.rfind(b"\n") + 1]
+        try:
+            with p.open("r+b") as fh:
+                fh.truncate(len(whole))
+        except OSError:
+            pass
+        data = whole
+    ids: set[Any] = set()
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "custom_id" in record:
+            ids.add(record["custom_id"])
+    return ids
 
 
 def _is_json(headers: Any) -> bool:
