@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.sources.batch import BatchFormat, batch_format, failed, output_record
+from ratedeck.engine.sources.workload import Workload
 from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 
@@ -151,7 +153,8 @@ class Session:
                     link=cfg.runner.results_id,
                     errors=cfg.runner.errors,
                     store=self.store_run is not None,
-                    append=self.store_run is not None and cfg.runner.resume,
+                    append=self.store_run is not None,
+                    resume=cfg.runner.resume,
                 )
                 self.engine.watch(self.results)
             self.engine.start()
@@ -260,6 +263,9 @@ class Session:
             if self.results is not None:
                 if self.engine.ended_at is not None:
                     self.results.left_over()
+                    source = self.engine.source
+                    if self.store_run is None and isinstance(source, Workload) and source.items is not None:
+                        self.results.not_read(source.items)
                 self.results.close()
         if self._transport is not None:
             await self._transport.close()
@@ -309,8 +315,10 @@ class ResultsFile:
     A line of a provider's batch file (`engine/sources/batch.py`) is written in
     that API's output format instead, always with the answer's body and request id.
     In a store run (`store`) a batch line left queued or in flight is not written: it
-    goes back to the store, and the run that ends it writes it. `append` (a `--resume`)
-    continues the files a killed run left, and writes no `custom_id` they already hold.
+    goes back to the store, and the run that ends it writes it. A store run `append`s to
+    the files the store's earlier runs wrote (a kill -9's partial last line cut off), and
+    a `resume` writes no `custom_id` they already hold (a job a killed run answered but had
+    not yet journaled is sent again; its second answer is not written).
     `errors` (`--errors FILE`) takes the lines that did not succeed, as a Batch API's
     error file does; `path` may then be None (only the errors are kept).
     """
@@ -325,6 +333,7 @@ class ResultsFile:
         errors: str | None = None,
         store: bool = False,
         append: bool = False,
+        resume: bool = False,
     ):
         self.path = path
         self.engine = engine
@@ -334,13 +343,16 @@ class ResultsFile:
         self.redact = engine.redact
         # custom_ids already written (a resumed run's files hold the killed run's)
         self.done: set[Any] = set()
-        self.out = self._open(path, "results", append) if path else None
-        self.errors = self._open(errors, "errors", append) if errors else None
+        self.out = self._open(path, "results", append, resume) if path else None
+        self.errors = self._open(errors, "errors", append, resume) if errors else None
 
-    def _open(self, path: str, what: str, append: bool) -> JsonLines:
-        """A new file for this run (a graveyard appends), or with `append` the one a killed run left."""
+    def _open(self, path: str, what: str, append: bool, resume: bool) -> JsonLines:
+        """A new file for this run (a graveyard appends), or with `append` the one the store's
+        earlier runs wrote; a `resume` writes none of the custom_ids it holds."""
         if append:
-            self.done |= written_custom_ids(path)
+            ids = written_custom_ids(path)
+            if resume:
+                self.done |= ids
         return JsonLines(path, what, fresh=not append)
 
     @property
@@ -371,6 +383,21 @@ class ResultsFile:
         for req in self.engine.in_flight_requests():
             if req.ending is None:
                 self._write(req, "in_flight", now)
+
+    def not_read(self, items: Iterator[dict]) -> None:
+        """After a file run stopped (a cap, a stop): the batch lines it never read, as never sent,
+        so a batch file's every line has its output line. A ratedeck file's are left unread."""
+        try:
+            for item in items:
+                fmt = batch_format(item)
+                if fmt is None:
+                    return
+                custom_id = item.get("_id")
+                if custom_id not in self.done:
+                    self.done.add(custom_id)
+                    self._put(output_record(fmt, custom_id, "queued", None, None, None, None), True)
+        except ConfigError:
+            return  # the file changed since it was checked: what was read is written
 
     def _write(self, req: Request, ending: str, now: float) -> None:
         fmt = batch_format(req.params)

@@ -456,6 +456,10 @@ def _in_format(p: Path, n: int, obj: dict, first: int, fmt: BatchFormat | None) 
             )
             raise ConfigError(str(p), f"line {n}", problem)
         return obj
+    other = format_of(obj)
+    if other is not None and other is not fmt:
+        problem = f"is {other.shown} line, but line {first} makes this {fmt.shown} file: one format per file"
+        raise ConfigError(str(p), f"line {n}", problem)
     try:
         return translate(obj, fmt)
     except BatchLineError as exc:
