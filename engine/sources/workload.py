@@ -22,7 +22,14 @@ from ratedeck.core.vocab import Arrival
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
-from ratedeck.engine.sources.batch import BatchFormat, BatchLineError, format_of, translate
+from ratedeck.engine.sources.batch import (
+    BATCH_FIELD,
+    BatchFormat,
+    BatchLineError,
+    batch_format,
+    format_of,
+    translate,
+)
 
 if TYPE_CHECKING:
     from ratedeck.engine.ports import SourceSink
@@ -362,6 +369,10 @@ def _check_shape(obj: dict, budgets: tuple[str, ...], signed: bool = False) -> s
         if name not in budgets:
             known = ", ".join(budgets) if budgets else "none are configured ([[budgets]] in the config)"
             return f"_budget {name!r} is not a budget; budgets: {known}"
+    if BATCH_FIELD in obj and (
+        batch_format(obj) is None or not isinstance(obj.get("_body"), dict) or "_id" not in obj
+    ):
+        return f"{BATCH_FIELD} is what a batch file's line becomes: a format (openai, anthropic) with an object _body and an _id"
     if "_id" in obj:
         return id_problem(obj["_id"])
     return None

@@ -155,3 +155,13 @@ def test_anthropic_output_is_succeeded_errored_canceled_or_expired():
     assert output_record(BatchFormat.ANTHROPIC, "m5", "expired", None, None, None, None)["result"] == {
         "type": "expired"
     }
+
+
+def test_a_hand_written_batch_field_needs_what_a_translated_line_has(tmp_path):
+    text = refused(tmp_path, [{"_batch": "openai", "q": 1}])
+    assert "line 1: _batch is what a batch file's line becomes" in text
+    text = refused(tmp_path, [{"_batch": "gemini", "_id": "a", "_body": {}}])
+    assert "line 1: _batch" in text
+    # A translated line (a store's job, a replayed results line) reads as itself.
+    line = {"_id": "a", "_method": "POST", "_path": "/v1/messages", "_body": MSG, BATCH_FIELD: "anthropic"}
+    assert list(read_jsonl(write(tmp_path, [line]))) == [line]
