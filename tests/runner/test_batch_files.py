@@ -329,3 +329,54 @@ def test_a_resumed_store_run_writes_no_custom_id_the_file_holds_and_cuts_a_parti
     fresh = ResultsFile(str(out), Host())  # a file run: a new file
     fresh.close()
     assert out.read_text() == ""
+
+
+@run_async
+async def test_errors_splits_a_ratedeck_workloads_failed_lines_out_and_a_bad_path_is_exit_2(tmp_path):
+    lines = [
+        {"_id": f"p{i}", "_path": "/v1/chat/completions", "_body": x["body"]}
+        for i, x in enumerate(openai_lines(3))
+    ]
+    lines.append({"_id": "lost", "_path": "/v1/nowhere", "_body": {"model": "gpt-4o-mini"}})
+    work = write(tmp_path / "prompts.jsonl", lines)
+    out, errors = tmp_path / "answers.jsonl", tmp_path / "failed.jsonl"
+    async with await start_openai(keys=KEYS, rpm=1000, tpm=1_000_000) as stub:
+        run = [
+            "--no-ui",
+            "--preset",
+            "openai",
+            "--target",
+            stub.url,
+            "--keys",
+            KEYS[0],
+            "--workload",
+            str(work),
+        ]
+        code, _, stderr = await cli(tmp_path, *run, "--results", str(out), "--errors", str(errors))
+        assert code == 0, stderr
+        code, _, stderr = await cli(tmp_path, *run, "--errors", str(tmp_path / "no-such-dir" / "e.jsonl"))
+        assert code == 2 and "errors" in stderr and "no such directory" in stderr, stderr
+    good, bad = read(out), read(errors)
+    assert sorted(x["line_id"] for x in good) == ["p0", "p1", "p2"] and all(
+        x["ending"] == "succeeded" for x in good
+    )
+    assert [(x["line_id"], x["ending"], x["status"]) for x in bad] == [("lost", "graveyard", 404)]
+
+
+def test_a_run_split_over_processes_refuses_errors_as_it_does_results():
+    from ratedeck.config import load_config
+    from ratedeck.host.shards import ShardError, shard_configs
+
+    cfg = load_config(preset="study", overrides={"keys": {"secrets": ["k1-000000000001", "k2-000000000002"]}})
+    assert len(shard_configs(cfg, 2)) == 2
+    with pytest.raises(ShardError, match="--errors"):
+        shard_configs(
+            load_config(
+                preset="study",
+                overrides={
+                    "keys": {"secrets": ["k1-000000000001", "k2-000000000002"]},
+                    "run": {"errors": "e.jsonl"},
+                },
+            ),
+            2,
+        )
