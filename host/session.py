@@ -155,6 +155,7 @@ class Session:
                     store=self.store_run is not None,
                     append=self.store_run is not None,
                     resume=cfg.runner.resume,
+                    request_id_headers=cfg.engine_settings.target.request_id_headers,
                 )
                 self.engine.watch(self.results)
             self.engine.start()
@@ -334,6 +335,7 @@ class ResultsFile:
         store: bool = False,
         append: bool = False,
         resume: bool = False,
+        request_id_headers: tuple[str, ...] = (),
     ):
         self.path = path
         self.engine = engine
@@ -341,6 +343,8 @@ class ResultsFile:
         self.link = link
         self.store = store
         self.redact = engine.redact
+        # Where a batch line's request id is read: the target's own headers, then the usual ones.
+        self.request_id_headers = tuple(dict.fromkeys((*request_id_headers, *REQUEST_ID_HEADERS)))
         # custom_ids already written (a resumed run's files hold the killed run's)
         self.done: set[Any] = set()
         self.out = self._open(path, "results", append, resume) if path else None
@@ -445,9 +449,9 @@ class ResultsFile:
         self.done.add(custom_id)
         result = req.result
         response = result.response if isinstance(result, Outcome) else None
-        request_id = _request_id(response) or req.request_id
+        request_id = req.request_id or _request_id(response, self.request_id_headers)
         error = self.redact(req.last_error, 500) if req.last_error else None
-        body = self._body(result) if response is not None else None
+        body = self._body(result, whole=True) if response is not None else None
         record = output_record(fmt, custom_id, ending, req.last_status, body, request_id, error)
         self._put(record, failed(record))
 
@@ -465,7 +469,9 @@ class ResultsFile:
             value = req.params.get(self.link) if req.params else None
         return Graveyard.scrub(value, self.redact)
 
-    def _body(self, result: Any) -> Any:
+    def _body(self, result: Any, whole: bool = False) -> Any:
+        """The answer's body: parsed when it is JSON (up to `RESULTS_BODY_CHARS`, or any size when
+        `whole`: a batch output line carries the whole answer), else text cut to that size."""
         response = result.response if isinstance(result, Outcome) else None
         raw: Any = response.body if isinstance(response, Response) else None
         if isinstance(raw, bytes | bytearray):
@@ -473,7 +479,7 @@ class ResultsFile:
         if not isinstance(raw, str):
             return None
         assert isinstance(response, Response)
-        if len(raw) <= RESULTS_BODY_CHARS and _is_json(response.headers):
+        if (whole or len(raw) <= RESULTS_BODY_CHARS) and _is_json(response.headers):
             try:
                 parsed = json.loads(raw)
             except ValueError:
@@ -488,22 +494,22 @@ class ResultsFile:
                 f.close()
 
 
-#: The headers a server names its answer by (OpenAI's, Anthropic's and Stripe's).
+#: The headers a server names its answer by (OpenAI's, Anthropic's and Stripe's), after the target's own.
 REQUEST_ID_HEADERS = ("x-request-id", "request-id")
 
 
-def _request_id(response: Any) -> str | None:
-    """The server's id of an answer, from its headers; None if it gave none."""
+def _request_id(response: Any, names: tuple[str, ...]) -> str | None:
+    """The server's id of an answer, from the first of the headers `names` it has; None if none."""
     headers = getattr(response, "headers", None)
     if headers is None:
         return None
-    for name in REQUEST_ID_HEADERS:
+    for name in names:
         try:
-            value = headers.get(name) or headers.get(name.title())
+            value = headers.get(name) or headers.get(name.lower())
         except AttributeError:
             return None
         if value:
-            return str(value)
+            return "".join(c for c in str(value) if c.isprintable())[:200]
     return None
 
 

@@ -283,7 +283,7 @@ class Host:
     """What a results file reads of an engine (`ports.ResultsHost`), for a file written by hand."""
 
     def redact(self, text: str, limit: int | None = None) -> str:
-        return text
+        return text if limit is None else text[:limit]
 
     def clock(self) -> float:
         return 0.0
@@ -380,3 +380,27 @@ def test_a_run_split_over_processes_refuses_errors_as_it_does_results():
             ),
             2,
         )
+
+
+def test_a_batch_output_line_keeps_an_answer_past_64_kib_whole_and_names_its_request_id(tmp_path):
+    from ratedeck.core.vocab import Ending
+    from ratedeck.engine.http.outcome import OK, Outcome
+    from ratedeck.engine.http.transport import Response
+    from ratedeck.engine.request import Request
+    from ratedeck.host.session import RESULTS_BODY_CHARS, ResultsFile
+
+    answer = {"id": "chatcmpl-1", "choices": [{"message": {"content": "word " * RESULTS_BODY_CHARS}}]}
+    headers = {"Content-Type": "application/json", "x-request-id": "req_big"}
+    req = Request(1, 0.0, 10.0, params={"_batch": "openai"})
+    req.line_id, req.last_status = "big", 200
+    req.result = Outcome(OK, 200, response=Response(200, headers, json.dumps(answer).encode()))
+    plain = Request(2, 0.0, 10.0)
+    plain.result = req.result
+    out = tmp_path / "output.jsonl"
+    results = ResultsFile(str(out), Host(), body=True)
+    results.finished(req, Ending.SUCCEEDED)
+    results.finished(plain, Ending.SUCCEEDED)
+    results.close()
+    batch, ours = read(out)
+    assert batch["response"] == {"status_code": 200, "request_id": "req_big", "body": answer}
+    assert isinstance(ours["body"], str) and len(ours["body"]) <= RESULTS_BODY_CHARS  # a ratedeck line is cut
