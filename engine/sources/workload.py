@@ -399,6 +399,11 @@ def read_jsonl(
     its requests, so an object `_body` is refused. A bad line is reported with
     its number before the run starts.
 
+    A provider's batch file (OpenAI Batch input, Anthropic Message Batches requests; the first
+    line says which, and every line must agree) is read as it is: each line becomes such a line
+    (`batch.translate`), with `_batch` naming its format for the results file. A repeated
+    `custom_id` is refused as a repeated `_id` is.
+
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
     costs the memory of the queue, not of the file; the check pass holds the
@@ -426,7 +431,7 @@ def _lines(
     p = Path(path)
     first: tuple[int, BatchFormat | None] | None = None  # the first line's number and format
     try:
-        with p.open(encoding="utf-8") as f:
+        with p.open(encoding="utf-8-sig") as f:  # a byte-order mark some editors write is no line's
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue

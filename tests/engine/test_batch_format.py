@@ -165,3 +165,9 @@ def test_a_hand_written_batch_field_needs_what_a_translated_line_has(tmp_path):
     # A translated line (a store's job, a replayed results line) reads as itself.
     line = {"_id": "a", "_method": "POST", "_path": "/v1/messages", "_body": MSG, BATCH_FIELD: "anthropic"}
     assert list(read_jsonl(write(tmp_path, [line]))) == [line]
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(openai_line("r1")).encode() + b"\n")
+    assert [i["_id"] for i in read_jsonl(str(path))] == ["r1"]
