@@ -354,9 +354,9 @@ class ResultsFile:
         """A new file for this run (a graveyard appends), or with `append` the one the store's
         earlier runs wrote; a `resume` writes none of the custom_ids it holds."""
         if append:
-            ids = written_custom_ids(path)
+            cut_partial_line(path)
             if resume:
-                self.done |= ids
+                self.done |= written_custom_ids(path)
         return JsonLines(path, what, fresh=not append)
 
     @property
@@ -513,32 +513,47 @@ def _request_id(response: Any, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def written_custom_ids(path: str) -> set[Any]:
-    """The custom_ids of the batch lines in a results file a killed run left (none if it has none).
-
-    A kill -9 may have cut the last line short: that part is cut off, so the next line starts
-    on a line of its own."""
+def cut_partial_line(path: str) -> None:
+    """Cut off the last line of a JSONL file when a kill -9 left it short, so the next line
+    written starts on a line of its own (only the file's tail is read)."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with p.open("r+b") as fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            at = size
+            while at > 0:  # back, a block at a time, to the last newline
+                start = max(0, at - 65536)
+                fh.seek(start)
+                block = fh.read(at - start)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    fh.truncate(start + nl + 1)
+                    return
+                at = start
+            fh.truncate(0)
     except OSError:
-        return set()
-    if data and not data.endswith(b"\n"):
-        whole = data[: data.rfind(b"\n") + 1]
-        try:
-            with p.open("r+b") as fh:
-                fh.truncate(len(whole))
-        except OSError:
-            pass
-        data = whole
+        return  # no file yet, or not ours to mend: JsonLines says what it cannot write
+
+
+def written_custom_ids(path: str) -> set[Any]:
+    """The custom_ids of the batch lines in a results file a killed run left (none if it has none)."""
     ids: set[Any] = set()
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "custom_id" in record:
-            ids.add(record["custom_id"])
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "custom_id" in record:
+                    ids.add(record["custom_id"])
+    except OSError:
+        pass
     return ids
 
 

@@ -404,3 +404,24 @@ def test_a_batch_output_line_keeps_an_answer_past_64_kib_whole_and_names_its_req
     batch, ours = read(out)
     assert batch["response"] == {"status_code": 200, "request_id": "req_big", "body": answer}
     assert isinstance(ours["body"], str) and len(ours["body"]) <= RESULTS_BODY_CHARS  # a ratedeck line is cut
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (b"", b""),
+        (b'{"a": 1}\n', b'{"a": 1}\n'),
+        (b'{"a": 1}\n{"b": ', b'{"a": 1}\n'),
+        (b'{"b": ', b""),
+        (b'{"a": 1}\n' + b"x" * 200_000, b'{"a": 1}\n'),  # a cut line longer than a block
+    ],
+)
+def test_a_kill_9s_cut_last_line_is_cut_off_before_a_store_run_adds_to_the_file(tmp_path, before, after):
+    from ratedeck.host.session import cut_partial_line
+
+    path = tmp_path / "output.jsonl"
+    path.write_bytes(before)
+    cut_partial_line(str(path))
+    assert path.read_bytes() == after
+    cut_partial_line(str(tmp_path / "none.jsonl"))  # no file yet: nothing to mend
+    assert not (tmp_path / "none.jsonl").exists()
