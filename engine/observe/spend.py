@@ -67,7 +67,7 @@ def _usage(result: Outcome) -> Any:
     body = getattr(response, "body", None)
     if not isinstance(body, (bytes, str)) or not body:
         return None
-    if (b'"usage"' if isinstance(body, bytes) else '"usage"') not in body:
+    if isinstance(body, bytes) and b'"usage"' not in body:
         return None  # no usage to read: not worth parsing the whole answer
     try:
         doc = json.loads(body)
