@@ -27,6 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ratedeck.core.numbers import usd
 from ratedeck.core.vocab import EventKind, OutcomeKind
 from ratedeck.engine.limits.costs import CostModel
 from ratedeck.engine.limits.prices import Price, PriceTable, cost_usd, estimate_range_usd
@@ -184,7 +185,7 @@ class SpendMeter:
         while self.spent + self.reserved + need > cap + 1e-12:
             if not self._holds:
                 return self._stop(
-                    f"the next request may cost up to ${need:.4f}, and ${self.spent:.4f} is spent"
+                    f"the next request may cost up to {usd(need)}, and {usd(self.spent)} is spent"
                 )
             if self._freed is None:
                 self._freed = asyncio.Event()
@@ -198,7 +199,7 @@ class SpendMeter:
         self.capped = True
         self.event(
             EventKind.INFO,
-            f"cost cap ${self.cap:.2f} reached: {why}; no new requests, those in flight finish",
+            f"cost cap {usd(self.cap)} reached: {why}; no new requests, those in flight finish",
         )
         return False
 
