@@ -4,6 +4,9 @@ plan of a workload, the summary's and report's spend, the Prometheus series, the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,4 +203,20 @@ def test_the_cost_model_used_for_the_reservation_is_the_configs(tmp_path):
     costs = cfg.engine_settings.costs
     assert (
         CostModel(costs.estimate, costs.max_tokens).units(chat("gpt-4o", 8)["_body"])["output_tokens"] == 1024
+    )
+
+
+def test_one_cap_cannot_be_shared_by_several_processes(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ratedeck.runner.cli", "--preset", "openai", "--target", "http://127.0.0.1:9"]
+        + ["--keys", f"{SECRET},{SECRET[::-1]}", "--procs", "2", "--max-cost", "1", "--no-ui"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")},
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert (
+        "--procs: above 1 cannot share one --max-cost cap" in proc.stderr and "Traceback" not in proc.stderr
     )
