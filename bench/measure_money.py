@@ -1,6 +1,7 @@
 """Measure the bill on the OpenAI stub (wall time), as docs/measurements.md's money runs are made.
 
     .venv/bin/python -m ratedeck.bench.measure_money 200
+    .venv/bin/python -m ratedeck.bench.measure_money 200 told   # the dry run's least time
 
 Writes `n` prompts of many sizes (bench/measure_llm.py's: 20..2,000 characters, max_tokens
 50..400, gpt-4o-mini) and runs the `ratedeck` command in a subprocess against one loopback
@@ -12,6 +13,10 @@ stub (2 keys; it writes half of each max_tokens):
 3. `--max-cost` at half the dry run's ceiling, on a SQLite store: the exit code, the spend,
    what the stub billed for that run, the jobs left pending; then the same store without the
    cap (`--resume`): the rest, and each prompt sent once.
+
+`told`: the stub allows each key 60 requests at once and 10 a second (its minute scaled to
+6 s), and the run is told the same (`--limit 60@10/s`): the dry run's least time beside
+the real run's makespan (its last success) and the least time the engine worked out.
 """
 
 from __future__ import annotations
@@ -106,9 +111,32 @@ async def measure(n: int) -> dict:
         }
 
 
+async def measure_told(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        work = cwd / "prompts.jsonl"
+        work.write_text("".join(json.dumps(x) + "\n" for x in prompts(n, "/v1/chat/completions")))
+        async with await start_openai(keys=KEYS, rpm=60, tpm=2_000_000, minute_s=6.0, latency=0.2) as stub:
+            target = ["--preset", "openai", "--target", stub.url, "--keys", ",".join(KEYS), "--no-ui"]
+            target += ["--limit", "60@10/s"]
+            code, out, err = await cli(cwd, *target, "--workload", str(work), "--dry-run", "--report", "-")
+            assert code == 0, err
+            dry = json.loads(out)
+            code, _, err = await cli(cwd, *target, "--workload", str(work), "--report", "run.json")
+            assert code == 0, err
+            report = json.loads((cwd / "run.json").read_text())
+        return {
+            "requests": n,
+            "dry_least_s": dry["least_s"],
+            "makespan": report["makespan"],
+            "rejected_429": report["requests"]["rejected_429"],
+        }
+
+
 def main(argv: list[str]) -> None:
     n = int(argv[0]) if argv else 200
-    print(json.dumps(asyncio.run(measure(n)), indent=2))
+    told = len(argv) > 1 and argv[1] == "told"
+    print(json.dumps(asyncio.run(measure_told(n) if told else measure(n)), indent=2))
 
 
 if __name__ == "__main__":
