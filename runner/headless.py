@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -38,6 +39,7 @@ from ratedeck.engine.snapshot import (
     KeyRow,
     LatencySummary,
     Makespan,
+    Progress,
     Snapshot,
 )
 from ratedeck.host.session import RunFacts, Session
@@ -82,6 +84,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
     mode = "adaptive" if snap.headroom_adaptive else "fixed"
     lines = [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
+        *([progress_line(snap.progress)] if snap.progress is not None else []),
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         + (
             f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)"
@@ -118,6 +121,32 @@ def metrics_block(snap: Snapshot) -> list[str]:
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
     return lines
+
+
+def progress_line(p: Progress) -> str:
+    """A job of known size: "jobs  1,234 of 3,000 (41%)  ETA 2m10s  least 2m02s" (`Progress`:
+    the ETA and the least time the limits allow for what remains); a job done says no ETA."""
+    line = f"jobs  {p.done:,} of {p.total:,} ({math.floor(100 * p.fraction)}%)"
+    if p.remaining == 0:
+        return line
+    line += f"  ETA {eta_text(p.eta_s)}"
+    if p.least_s is not None:
+        line += f"  least {eta_text(p.least_s)}"
+    return line
+
+
+def eta_text(seconds: float | None) -> str:
+    """A time left as "45s", "2m10s" or "3h05m"; "unknown" when it is not known yet."""
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    whole = max(0, math.ceil(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 def clients_line(c: ClientView) -> str:
