@@ -10,7 +10,8 @@ of each budget is what the jobs that succeeded spent on average (one request,
 weight 1, before any).
 
 Once enough is done, the pace observed over the last `PACE_WINDOW_S` (jobs
-ended per second) says how long the rest takes at that pace; the ETA moves
+ended per second, measured again after a stall: keys paused, a cooldown)
+says how long the rest takes at that pace; the ETA moves
 from the limits' figure toward it as the share done grows to `BLEND_AT`, and
 never goes below the limits' figure: nothing finishes faster than the limits
 allow. With no limit known yet (the server has not said), the pace alone.
@@ -46,7 +47,13 @@ BLEND_AT = 0.2
 #: The pace counts only once this many jobs have ended over at least `MIN_PACE_S` seconds.
 MIN_PACE_JOBS = 10
 MIN_PACE_S = 1.0
+#: No ending for `STALL_S` (or `STALL_GAPS` of the usual gap between endings, if longer) is a
+#: stall: the pace is measured again from after it.
+STALL_S = 2.0
+STALL_GAPS = 4.0
 _SAMPLE_EVERY_S = 0.25
+#: The limits' least time is worked out again at most this often (the console asks ten times a second).
+_LEAST_EVERY_S = 0.25
 
 Demands = list[tuple[Sequence[Limits], float]]
 
@@ -76,19 +83,29 @@ class ProgressMeter:
         self.makespan = makespan  # what the jobs that succeeded spent, each fixed window's first turn
         self._ended = 0
         self._samples: deque[tuple[float, int]] = deque()  # (when, jobs ended by then), oldest first
-        self._least: tuple[float, int, float | None] | None = None  # (when, done, least_s): once a second
+        self._least: tuple[float, int, float | None] | None = None  # (when, done, least_s), kept a while
 
     def finished(self, req: Request, ending: Ending) -> None:
         """The finish watcher: one more job ended; the pace is sampled a few times a second."""
         self._ended += 1
         now = self.run.clock()
         samples = self._samples
+        if samples and now - samples[-1][0] > self._gap():
+            samples.clear()  # a stall (keys paused, a cooldown): the pace starts again after it
         if not samples or now - samples[-1][0] >= _SAMPLE_EVERY_S:
             samples.append((now, self._ended))
             while len(samples) > 2 and now - samples[1][0] >= PACE_WINDOW_S:
                 samples.popleft()
         else:
             samples[-1] = (samples[-1][0], self._ended)
+
+    def _gap(self) -> float:
+        """How long without an ending is a stall: `STALL_S`, or `STALL_GAPS` of the window's mean
+        gap between endings when that is longer (slow answers are a pace, not a stall)."""
+        samples = self._samples
+        (t0, n0), (t1, n1) = samples[0], samples[-1]
+        mean_gap = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+        return max(STALL_S, STALL_GAPS * mean_gap)
 
     def pace(self) -> float | None:
         """Jobs ended per second over the last `PACE_WINDOW_S`, first sample to last (a job sent in
@@ -121,7 +138,7 @@ class ProgressMeter:
     def _least_for(self, total: int, done: int, rtt_s: float) -> float | None:
         now = self.run.clock()
         cached = self._least
-        if cached is not None and (cached[1] == done or now - cached[0] < 1.0):
+        if cached is not None and (cached[1] == done or now - cached[0] < _LEAST_EVERY_S):
             return cached[2]
         least = self.least_remaining(total, done, rtt_s)
         self._least = (now, done, least)
