@@ -85,6 +85,7 @@ class EngineParts:
     path: RequestPath
     intake: Intake
     makespan: MakespanMeter | None
+    progress: ProgressMeter
     loop: LoopWatch
     snapshots: SnapshotBuilder
 
@@ -159,15 +160,14 @@ def build_parts(
     if source.job:  # a job (a workload file, a store): its makespan against the least time the limits allow
         makespan = MakespanMeter(keys, run, cfg.key_weighted)
         ends.watch(makespan)
-    progress = ProgressMeter(source, keys, run, makespan)  # done of total, when the work's size is known
-    ends.watch(progress)
+    progress = ProgressMeter(source, keys, run, metrics, makespan)  # done of total, when the size is known
     loop = LoopWatch(log, lambda: metrics.sent - keys.in_flight())
     probe = _probe(cfg, transport)
     parts = (run, metrics, queues, headroom, keys, limits.gates, source, intake, ends, log, loop, probe)
     snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster=cluster, makespan=makespan, progress=progress))
     return EngineParts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
-        source, limits, keys, ends, cluster, path, intake, makespan, loop, snapshots,
+        source, limits, keys, ends, cluster, path, intake, makespan, progress, loop, snapshots,
     )  # fmt: skip
 
 

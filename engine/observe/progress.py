@@ -16,8 +16,8 @@ from the limits' figure toward it as the share done grows to `BLEND_AT`, and
 never goes below the limits' figure: nothing finishes faster than the limits
 allow. With no limit known yet (the server has not said), the pace alone.
 
-`ProgressMeter` is a finish watcher (it samples the pace as requests end) and
-builds a snapshot's `Progress`; `eta` is the pure blend.
+`ProgressMeter` samples the pace on the engine's ticker (never on a request's
+path) and builds a snapshot's `Progress`; `eta` is the pure blend.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ratedeck.core.policy import MAX_LIMIT
-from ratedeck.core.vocab import Ending
 from ratedeck.engine.snapshot import Progress
 
 from .makespan import Limits, least_time
@@ -36,9 +35,9 @@ from .makespan import Limits, least_time
 if TYPE_CHECKING:
     from ratedeck.engine.limits.limiter import WindowLimiter
     from ratedeck.engine.ports import MeterHost, RunClock, Source
-    from ratedeck.engine.request import Request
 
     from .makespan import MakespanMeter
+    from .metrics import Metrics
 
 #: The observed pace is measured over this many seconds, the newest.
 PACE_WINDOW_S = 10.0
@@ -76,28 +75,46 @@ def eta(remaining: int, fraction: float, least_s: float | None, pace: float | No
 class ProgressMeter:
     """Done of total for a job of known size (`Source.job_total`), with its ETA (see the module)."""
 
-    def __init__(self, source: Source, host: MeterHost, run: RunClock, makespan: MakespanMeter | None):
+    def __init__(
+        self,
+        source: Source,
+        host: MeterHost,
+        run: RunClock,
+        metrics: Metrics,
+        makespan: MakespanMeter | None,
+    ):
         self.source = source
         self.host = host  # the keys and the budgets
         self.run = run
+        self.metrics = metrics  # where requests ended
         self.makespan = makespan  # what the jobs that succeeded spent, each fixed window's first turn
-        self._ended = 0
         self._samples: deque[tuple[float, int]] = deque()  # (when, jobs ended by then), oldest first
+        self._changed_at = 0.0  # when the count of jobs ended last moved
         self._least: tuple[float, int, float | None] | None = None  # (when, done, least_s), kept a while
 
-    def finished(self, req: Request, ending: Ending) -> None:
-        """The finish watcher: one more job ended; the pace is sampled a few times a second."""
-        self._ended += 1
-        now = self.run.clock()
+    def done(self) -> int:
+        """Requests that ended, in any place."""
+        m = self.metrics
+        return m.succeeded + m.uncertain + m.expired + m.graveyard + m.shed
+
+    def tick(self, now: float) -> None:
+        """The engine's ticker (ten times a second): sample the pace when jobs ended since the
+        last tick; after a stall the pace starts again."""
+        if self.source.job_total is None:
+            return
+        done = self.done()
         samples = self._samples
-        if samples and now - samples[-1][0] > self._gap():
-            samples.clear()  # a stall (keys paused, a cooldown): the pace starts again after it
+        if samples and done == samples[-1][1]:
+            return
+        if samples and now - self._changed_at > self._gap():
+            samples.clear()  # a stall (keys paused, a cooldown): the pace is measured from after it
+        self._changed_at = now
         if not samples or now - samples[-1][0] >= _SAMPLE_EVERY_S:
-            samples.append((now, self._ended))
+            samples.append((now, done))
             while len(samples) > 2 and now - samples[1][0] >= PACE_WINDOW_S:
                 samples.popleft()
         else:
-            samples[-1] = (samples[-1][0], self._ended)
+            samples[-1] = (samples[-1][0], done)  # a burst counts with the sample before it
 
     def _gap(self) -> float:
         """How long without an ending is a stall: `STALL_S`, or `STALL_GAPS` of the window's mean
@@ -119,12 +136,13 @@ class ProgressMeter:
             return None
         return (n1 - n0) / span
 
-    def view(self, done: int, generated: int, rtt_s: float, final: bool = False) -> Progress | None:
-        """The job's `Progress` (None when its size is not known): `done` jobs ended, `generated`
-        made so far (a paced job cannot end before its arrivals do), `rtt_s` the median round trip."""
+    def view(self, rtt_s: float, final: bool = False) -> Progress | None:
+        """The job's `Progress` (None when its size is not known); `rtt_s` is the median round
+        trip, `final` a stopped run's (no time left to tell)."""
         total = self.source.job_total
         if total is None:
             return None
+        done, generated = self.done(), self.metrics.generated
         remaining = max(0, total - done)
         if final or remaining == 0:
             return Progress(total, done, 0.0 if remaining == 0 else None, 0.0 if remaining == 0 else None)

@@ -146,10 +146,8 @@ class SnapshotBuilder:
         p = self.parts
         if p.progress is None:
             return None
-        m = p.metrics
-        done = m.succeeded + m.uncertain + m.expired + m.graveyard + m.shed
         rtt = p.metrics.latency.quantiles(0.5)[0] / 1000.0
-        return p.progress.view(done, m.generated, rtt, final=p.run.phase is Phase.STOPPED)
+        return p.progress.view(rtt, final=p.run.phase is Phase.STOPPED)
 
     def budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
         keys = self.parts.keys
