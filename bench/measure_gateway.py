@@ -4,6 +4,7 @@
     .venv/bin/python -m ratedeck.bench.measure_gateway openai-stream 40     # the same, half the prompts streamed
     .venv/bin/python -m ratedeck.bench.measure_gateway anthropic 40         # 2 keys, 3% 529s
     .venv/bin/python -m ratedeck.bench.measure_gateway two 40               # two gateways, one redis-server
+    .venv/bin/python -m ratedeck.bench.measure_gateway one-store 40         # one gateway on a redis-server
 
 A gateway (the preset as shipped, no tier told) runs in front of the stub; the official
 SDK, with its retries off (`max_retries=0`), sends prompts of many sizes through it, 40 at
@@ -168,8 +169,9 @@ async def anthropic_run(seconds: float) -> str:
         )
 
 
-async def two_run(seconds: float) -> str:
-    """Two gateways, each with its own SDK client (20 at a time), one key pool through one redis-server."""
+async def two_run(seconds: float, gateways: int = 2) -> str:
+    """Two gateways (or `gateways`), each with its own SDK client (40 at a time between them),
+    one key pool through one redis-server."""
     import openai
 
     from ratedeck.bench.cluster import RedisProcess
@@ -181,7 +183,7 @@ async def two_run(seconds: float) -> str:
             keys=OPENAI_KEYS, rpm=500, tpm=30_000, minute_s=MINUTE_S, no_quota=OPENAI_KEYS[2:], latency=0.3
         ) as stub:
             started = stub.now()
-            services = [await _gateway("openai", stub.url, OPENAI_KEYS, redis.url) for _ in range(2)]
+            services = [await _gateway("openai", stub.url, OPENAI_KEYS, redis.url) for _ in range(gateways)]
             clients = [
                 openai.AsyncOpenAI(base_url=s.url + "/v1", api_key=TOKEN, max_retries=0, timeout=600)
                 for s in services
@@ -193,9 +195,9 @@ async def two_run(seconds: float) -> str:
                     *(
                         _drive(
                             lambda i, line, c=c: _openai_call(c, line, False, seen),
-                            lines[n::2],
+                            lines[n::gateways],
                             seconds,
-                            AT_ONCE // 2,
+                            AT_ONCE // gateways,
                         )
                         for n, c in enumerate(clients)
                     )
@@ -211,7 +213,7 @@ async def two_run(seconds: float) -> str:
             rate = sum(c["rate_limit_exceeded"] for c in book.refusals.values())
             quota = sum(c["insufficient_quota"] for c in book.refusals.values())
             return (
-                f"two gateways: {used:,.0f} of {cap:,.0f} tokens ({used / cap:.3f}); rate-limit 429s {rate}, "
+                f"{gateways} gateway(s) on a store: {used:,.0f} of {cap:,.0f} tokens ({used / cap:.3f}); rate-limit 429s {rate}, "
                 f"insufficient_quota {quota}, duplicates {book.duplicates()}; client ok {seen.ok}, "
                 f"errors {dict(seen.errors) or 0}; engines succeeded {[s.succeeded for s in snaps]}"
             )
@@ -226,11 +228,13 @@ def main(argv: list[str]) -> int:
         line = asyncio.run(anthropic_run(seconds))
     elif which == "two":
         line = asyncio.run(two_run(seconds))
+    elif which == "one-store":
+        line = asyncio.run(two_run(seconds, gateways=1))
     elif which in ("openai", "openai-stream"):
         line = asyncio.run(openai_run(seconds, which == "openai-stream"))
     else:
         print(
-            f"measure_gateway: unknown case {which!r}; known: openai, openai-stream, anthropic, two",
+            f"measure_gateway: unknown case {which!r}; known: openai, openai-stream, anthropic, two, one-store",
             file=sys.stderr,
         )
         return 2

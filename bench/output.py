@@ -80,6 +80,13 @@ def make_row(
         "server_escalations": int(totals.get("escalations", 0)),
         "rejected_429_by_key": [int(k.get("rejected_429", 0)) for k in server.get("keys", [])],
     }
+    # Another user on the same keys (`--other-load`): the share of what they left, as the
+    # engine's virtual-clock test of the case measures it (succeeded / (capacity - theirs)).
+    theirs = sum(int(k.get("other_accepted", 0)) for k in server.get("keys", []))
+    if theirs:
+        left = capacity_tps * duration_s - theirs
+        row["other_accepted"] = theirs
+        row["share_of_left"] = round(client["succeeded"] / left, 4) if left > 0 else None
     # what a ratedeck strategy's headroom was made of
     for name in (
         "headroom_ms",
@@ -129,6 +136,12 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     for r in result.rows:
         if "headroom_source" in r:
             lines.append("  " + _headroom_note(r))
+    for r in result.rows:
+        if r.get("share_of_left") is not None:
+            lines.append(
+                f"  {r['strategy']} got {r['share_of_left']:.3f} of what the other user left"
+                f" (they were accepted {r['other_accepted']:,} times)"
+            )
     for r in result.rows:
         if r["rejected_429"] and r.get("rejected_429_by_key"):
             lines.append(

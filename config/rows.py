@@ -751,6 +751,17 @@ ROWS: tuple[Row, ...] = (
         save="changed",
     ),
     Row(
+        "run.errors",
+        "path",
+        p.path,
+        "JSONL file: the results lines of the requests that did not succeed, kept out of --results"
+        " (a Batch API's error file)",
+        "runner",
+        _flag("--errors", "FILE"),
+        optional=True,
+        save="changed",
+    ),
+    Row(
         "run.results_body",
         "boolean",
         p.boolean,

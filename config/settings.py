@@ -30,6 +30,7 @@ class RunnerSettings:
     plot: bool = False
     fail_on: tuple[str, ...] = ()  # thresholds over the report ("rejected_429>0")
     results: str | None = None
+    errors: str | None = None  # the results lines that did not succeed (a Batch API's error file)
     results_body: bool = False
     results_id: str = "_id"  # the workload field that links a results line to its line
     store: str = "memory"  # memory, sqlite:PATH or redis://host:port/db (ratedeck.store)

@@ -91,6 +91,7 @@ class _Extra:
         "units",
         "line_id",
         "answer",
+        "leasing",
     )
 
     def __init__(self) -> None:
@@ -108,6 +109,10 @@ class _Extra:
         # The `ports.AnswerSink` of a live client (the gateway): a streamed answer goes to it as it
         # arrives, and the outcome keeps the raw answer (`Outcome.headers`, `Outcome.body`).
         self.answer: Any = None
+        # With a shared store: the lease holder (`LeasedSlots`) of the key that asked the store
+        # for this request's slot. The other keys leave it to that key while its fetch runs or
+        # its lease waits, so one request never costs two keys a slot.
+        self.leasing: Any = None
 
 
 class _Side:
@@ -179,6 +184,7 @@ class Request:
     units = _Side("_extra", _Extra)
     line_id = _Side("_extra", _Extra)
     answer = _Side("_extra", _Extra)
+    leasing = _Side("_extra", _Extra)
 
     def __init__(
         self,

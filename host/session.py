@@ -14,6 +14,8 @@ import concurrent.futures
 import dataclasses
 import json
 import random
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.config import ConfigError, RunConfig, to_toml_dict
@@ -30,6 +32,8 @@ from ratedeck.engine.ports import ResultsHost, Source
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
+from ratedeck.engine.sources.batch import BatchFormat, batch_format, failed, output_record
+from ratedeck.engine.sources.workload import Workload
 from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 
@@ -141,9 +145,17 @@ class Session:
             self.engine.graveyard.redact = self.engine.redact
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
-            if cfg.runner.results:
+            if cfg.runner.results or cfg.runner.errors:
                 self.results = ResultsFile(
-                    cfg.runner.results, self.engine, body=cfg.runner.results_body, link=cfg.runner.results_id
+                    cfg.runner.results,
+                    self.engine,
+                    body=cfg.runner.results_body,
+                    link=cfg.runner.results_id,
+                    errors=cfg.runner.errors,
+                    store=self.store_run is not None,
+                    append=self.store_run is not None,
+                    resume=cfg.runner.resume,
+                    request_id_headers=cfg.engine_settings.target.request_id_headers,
                 )
                 self.engine.watch(self.results)
             self.engine.start()
@@ -171,9 +183,9 @@ class Session:
             graveyard_written=graveyard.written if graveyard is not None else 0,
             graveyard_problem=graveyard.problem if graveyard is not None else None,
             problems=tuple(engine.problems) if engine is not None else (),
-            results_path=self.results.path if self.results is not None else None,
-            results_written=self.results.out.written if self.results is not None else 0,
-            results_problem=self.results.out.problem if self.results is not None else None,
+            results_path=self.results.shown_path if self.results is not None else None,
+            results_written=self.results.written if self.results is not None else 0,
+            results_problem=self.results.problem if self.results is not None else None,
             store=self.store_report,
         )
 
@@ -252,6 +264,9 @@ class Session:
             if self.results is not None:
                 if self.engine.ended_at is not None:
                     self.results.left_over()
+                    source = self.engine.source
+                    if self.store_run is None and isinstance(source, Workload) and source.items is not None:
+                        self.results.not_read(source.items)
                 self.results.close()
         if self._transport is not None:
             await self._transport.close()
@@ -297,15 +312,69 @@ class ResultsFile:
     request_id (the server's id of the attempt that left it uncertain, when it
     gave one), and with `--results-body` the answer's body: parsed when the
     answer is JSON (its Content-Type says so and it parses whole), else text.
+
+    A line of a provider's batch file (`engine/sources/batch.py`) is written in
+    that API's output format instead, always with the answer's body and request id.
+    In a store run (`store`) a batch line left queued or in flight is not written: it
+    goes back to the store, and the run that ends it writes it. A store run `append`s to
+    the files the store's earlier runs wrote (a kill -9's partial last line cut off), and
+    a `resume` writes no `custom_id` they already hold (a job a killed run answered but had
+    not yet journaled is sent again; its second answer is not written).
+    `errors` (`--errors FILE`) takes the lines that did not succeed, as a Batch API's
+    error file does; `path` may then be None (only the errors are kept).
     """
 
-    def __init__(self, path: str, engine: ResultsHost, body: bool = False, link: str = "_id"):
+    def __init__(
+        self,
+        path: str | None,
+        engine: ResultsHost,
+        body: bool = False,
+        link: str = "_id",
+        *,
+        errors: str | None = None,
+        store: bool = False,
+        append: bool = False,
+        resume: bool = False,
+        request_id_headers: tuple[str, ...] = (),
+    ):
         self.path = path
         self.engine = engine
         self.body = body
         self.link = link
+        self.store = store
         self.redact = engine.redact
-        self.out = JsonLines(path, "results", fresh=True)  # a new file for this run (a graveyard appends)
+        # Where a batch line's request id is read: the target's own headers, then the usual ones.
+        self.request_id_headers = tuple(dict.fromkeys((*request_id_headers, *REQUEST_ID_HEADERS)))
+        # custom_ids already written (a resumed run's files hold the killed run's)
+        self.done: set[Any] = set()
+        self.out = self._open(path, "results", append, resume) if path else None
+        self.errors = self._open(errors, "errors", append, resume) if errors else None
+
+    def _open(self, path: str, what: str, append: bool, resume: bool) -> JsonLines:
+        """A new file for this run (a graveyard appends), or with `append` the one the store's
+        earlier runs wrote; a `resume` writes none of the custom_ids it holds."""
+        if append:
+            cut_partial_line(path)
+            if resume:
+                self.done |= written_custom_ids(path)
+        return JsonLines(path, what, fresh=not append)
+
+    @property
+    def shown_path(self) -> str | None:
+        """Where the lines go, as the summary says it."""
+        if self.errors is None:
+            return self.path
+        if self.out is None:
+            return f"{self.errors.path} (errors only)"
+        return f"{self.path} (errors in {self.errors.path})"
+
+    @property
+    def written(self) -> int:
+        return sum(f.written for f in (self.out, self.errors) if f is not None)
+
+    @property
+    def problem(self) -> str | None:
+        return next((f.problem for f in (self.out, self.errors) if f is not None and f.problem), None)
 
     def finished(self, req: Request, ending: Ending) -> None:
         self._write(req, str(ending), self.engine.clock())
@@ -319,10 +388,27 @@ class ResultsFile:
             if req.ending is None:
                 self._write(req, "in_flight", now)
 
+    def not_read(self, items: Iterator[dict]) -> None:
+        """After a file run stopped (a cap, a stop): the batch lines it never read, as never sent,
+        so a batch file's every line has its output line. A ratedeck file's are left unread."""
+        try:
+            for item in items:
+                fmt = batch_format(item)
+                if fmt is None:
+                    return
+                custom_id = item.get("_id")
+                if custom_id not in self.done:
+                    self.done.add(custom_id)
+                    self._put(output_record(fmt, custom_id, "queued", None, None, None, None), True)
+        except ConfigError:
+            return  # the file changed since it was checked: what was read is written
+
     def _write(self, req: Request, ending: str, now: float) -> None:
-        key = req.key  # the key of its latest attempt (None: never sent)
-        if self.out.problem is not None:
+        fmt = batch_format(req.params)
+        if fmt is not None:
+            self._write_batch(req, fmt, ending)
             return
+        key = req.key  # the key of its latest attempt (None: never sent)
         wall = self.engine.wall_time
         result = req.result
         sent = req.first_sent_at
@@ -351,7 +437,29 @@ class ResultsFile:
             record["request_id"] = req.request_id
         if self.body:
             record["body"] = self._body(result)
-        self.out.write(record)
+        self._put(record, ending != str(Ending.SUCCEEDED))
+
+    def _write_batch(self, req: Request, fmt: BatchFormat, ending: str) -> None:
+        """`req`'s line in its batch format's output, once per custom_id."""
+        if self.store and ending in ("queued", "in_flight"):
+            return  # back to the store: the run that ends it writes it
+        custom_id = req.line_id
+        if custom_id in self.done:
+            return
+        self.done.add(custom_id)
+        result = req.result
+        response = result.response if isinstance(result, Outcome) else None
+        request_id = req.request_id or _request_id(response, self.request_id_headers)
+        error = self.redact(req.last_error, 500) if req.last_error else None
+        body = self._body(result, whole=True) if response is not None else None
+        record = output_record(fmt, custom_id, ending, req.last_status, body, request_id, error)
+        self._put(record, failed(record))
+
+    def _put(self, record: dict[str, Any], bad: bool) -> None:
+        """Write `record` to the errors file when it failed and there is one, else to the results."""
+        out = self.errors if bad and self.errors is not None else self.out
+        if out is not None and out.problem is None:
+            out.write(record)
 
     def _line_id(self, req: Request) -> Any:
         """The value of the line's `link` field: its `_id`, or one of its own fields."""
@@ -361,7 +469,9 @@ class ResultsFile:
             value = req.params.get(self.link) if req.params else None
         return Graveyard.scrub(value, self.redact)
 
-    def _body(self, result: Any) -> Any:
+    def _body(self, result: Any, whole: bool = False) -> Any:
+        """The answer's body: parsed when it is JSON (up to `RESULTS_BODY_CHARS`, or any size when
+        `whole`: a batch output line carries the whole answer), else text cut to that size."""
         response = result.response if isinstance(result, Outcome) else None
         raw: Any = response.body if isinstance(response, Response) else None
         if isinstance(raw, bytes | bytearray):
@@ -369,7 +479,7 @@ class ResultsFile:
         if not isinstance(raw, str):
             return None
         assert isinstance(response, Response)
-        if len(raw) <= RESULTS_BODY_CHARS and _is_json(response.headers):
+        if (whole or len(raw) <= RESULTS_BODY_CHARS) and _is_json(response.headers):
             try:
                 parsed = json.loads(raw)
             except ValueError:
@@ -379,7 +489,72 @@ class ResultsFile:
         return self.redact(raw, RESULTS_BODY_CHARS)
 
     def close(self) -> None:
-        self.out.close()
+        for f in (self.out, self.errors):
+            if f is not None:
+                f.close()
+
+
+#: The headers a server names its answer by (OpenAI's, Anthropic's and Stripe's), after the target's own.
+REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+
+
+def _request_id(response: Any, names: tuple[str, ...]) -> str | None:
+    """The server's id of an answer, from the first of the headers `names` it has; None if none."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name in names:
+        try:
+            value = headers.get(name) or headers.get(name.lower())
+        except AttributeError:
+            return None
+        if value:
+            return "".join(c for c in str(value) if c.isprintable())[:200]
+    return None
+
+
+def cut_partial_line(path: str) -> None:
+    """Cut off the last line of a JSONL file when a kill -9 left it short, so the next line
+    written starts on a line of its own (only the file's tail is read)."""
+    p = Path(path)
+    try:
+        with p.open("r+b") as fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            at = size
+            while at > 0:  # back, a block at a time, to the last newline
+                start = max(0, at - 65536)
+                fh.seek(start)
+                block = fh.read(at - start)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    fh.truncate(start + nl + 1)
+                    return
+                at = start
+            fh.truncate(0)
+    except OSError:
+        return  # no file yet, or not ours to mend: JsonLines says what it cannot write
+
+
+def written_custom_ids(path: str) -> set[Any]:
+    """The custom_ids of the batch lines in a results file a killed run left (none if it has none)."""
+    ids: set[Any] = set()
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "custom_id" in record:
+                    ids.add(record["custom_id"])
+    except OSError:
+        pass
+    return ids
 
 
 def _is_json(headers: Any) -> bool:

@@ -412,6 +412,7 @@ def check_outputs(cfg: RunConfig) -> list[str]:
         (report, "report"),
         (cfg.engine_settings.engine.graveyard_path, "graveyard"),
         (cfg.runner.results, "results"),
+        (cfg.runner.errors, "errors"),
     ]
     messages = cfg.engine_settings.messages
     if messages is not None and messages.shed_path:

@@ -383,11 +383,15 @@ class KeyWorker:
         if ready <= now and leases is not None:
             # A shared store grants the plan's budgets together: a lease for this plan, or none
             slots = leases.for_plan(plan, self._route_tokens)
+            other = req.leasing
+            if other is not None and other is not slots and (other.fetching or other.next_at(now) < math.inf):
+                return False  # another key is getting (or holds) its slot: the ones behind are ours
             lease_at = slots.next_at(now)
             if lease_at > now + LEASE_EARLY_S:
                 if lease_at == math.inf:
                     if not self._asked and not leases.fetching:
                         self._asked = True  # one fetch a turn: the first request without a lease
+                        req.leasing = slots
                         leases.want(self, now, slots)
                     lease_at = slots.retry_at if slots.retry_at > now else math.inf
                 if lease_at < self._wake_at:

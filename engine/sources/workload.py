@@ -22,6 +22,14 @@ from ratedeck.core.vocab import Arrival
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
+from ratedeck.engine.sources.batch import (
+    BATCH_FIELD,
+    BatchFormat,
+    BatchLineError,
+    batch_format,
+    format_of,
+    translate,
+)
 
 if TYPE_CHECKING:
     from ratedeck.engine.ports import SourceSink
@@ -370,6 +378,10 @@ def _check_shape(obj: dict, budgets: tuple[str, ...], signed: bool = False) -> s
         if name not in budgets:
             known = ", ".join(budgets) if budgets else "none are configured ([[budgets]] in the config)"
             return f"_budget {name!r} is not a budget; budgets: {known}"
+    if BATCH_FIELD in obj and (
+        batch_format(obj) is None or not isinstance(obj.get("_body"), dict) or "_id" not in obj
+    ):
+        return f"{BATCH_FIELD} is what a batch file's line becomes: a format (openai, anthropic) with an object _body and an _id"
     if "_id" in obj:
         return id_problem(obj["_id"])
     return None
@@ -395,6 +407,11 @@ def read_jsonl(
     file, never sent: a results line carries it). `signed`: the target signs
     its requests, so an object `_body` is refused. A bad line is reported with
     its number before the run starts.
+
+    A provider's batch file (OpenAI Batch input, Anthropic Message Batches requests; the first
+    line says which, and every line must agree) is read as it is: each line becomes such a line
+    (`batch.translate`), with `_batch` naming its format for the results file. A repeated
+    `custom_id` is refused as a repeated `_id` is.
 
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
@@ -426,41 +443,73 @@ def _lines(
     signed: bool = False,
     ids: dict[object, int] | None = None,
 ) -> Iterator[dict]:
-    """The file's objects, each checked, read one line at a time (`ids`: the `_id`s seen so far)."""
+    """The file's objects, each checked, read one line at a time (`ids`: the `_id`s seen so far).
+
+    The first line says the file's format: ratedeck's own lines, or a provider's batch file
+    (`batch.format_of`), whose lines are translated to ratedeck's own as they are read."""
     p = Path(path)
+    first: tuple[int, BatchFormat | None] | None = None  # the first line's number and format
     try:
-        with p.open(encoding="utf-8") as f:
+        with p.open(encoding="utf-8-sig") as f:  # a byte-order mark some editors write is no line's
             for n, line in enumerate(f, 1):
-                if line.strip():
-                    obj = _checked(p, n, line, pools, budgets, pins, signed)
-                    if ids is not None and "_id" in obj:
-                        # 7 and "7" are different ids (JSON's types), as a results line keeps them.
-                        seen = ids.setdefault((type(obj["_id"]), obj["_id"]), n)
-                        if seen != n:
-                            problem = (
-                                f"_id {_show(obj['_id'])} is also the _id of line {seen}: ids must be unique"
-                            )
-                            raise ConfigError(str(p), f"line {n}", problem)
-                    yield obj
+                if not line.strip():
+                    continue
+                obj = _parsed(p, n, line)
+                if first is None:
+                    first = (n, format_of(obj))
+                obj = _in_format(p, n, obj, *first)
+                obj = _checked(p, n, obj, pools, budgets, pins, signed)
+                if ids is not None and "_id" in obj:
+                    # 7 and "7" are different ids (JSON's types), as a results line keeps them.
+                    seen = ids.setdefault((type(obj["_id"]), obj["_id"]), n)
+                    if seen != n:
+                        name = "custom_id" if first[1] is not None else "_id"
+                        problem = f"{name} {_show(obj['_id'])} is also the {name} of line {seen}: ids must be unique"
+                        raise ConfigError(str(p), f"line {n}", problem)
+                yield obj
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), "workload.file", f"cannot read: {exc}") from None
 
 
-def _checked(
-    p: Path,
-    n: int,
-    line: str,
-    pools: tuple[str, ...],
-    budgets: tuple[str, ...],
-    pins: KeyPins | None,
-    signed: bool = False,
-) -> dict:
+def _parsed(p: Path, n: int, line: str) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ConfigError(str(p), f"line {n}", f"not JSON ({exc.msg})") from None
     if not isinstance(obj, dict):
         raise ConfigError(str(p), f"line {n}", "must be a JSON object of request parameters")
+    return obj
+
+
+def _in_format(p: Path, n: int, obj: dict, first: int, fmt: BatchFormat | None) -> dict:
+    """`obj` as ratedeck's own line: a batch file's line translated, checked against line `first`'s format."""
+    if fmt is None:
+        other = format_of(obj)
+        if other is not None:
+            problem = (
+                f"is {other.shown} line, but line {first} is a ratedeck workload line: one format per file"
+            )
+            raise ConfigError(str(p), f"line {n}", problem)
+        return obj
+    other = format_of(obj)
+    if other is not None and other is not fmt:
+        problem = f"is {other.shown} line, but line {first} makes this {fmt.shown} file: one format per file"
+        raise ConfigError(str(p), f"line {n}", problem)
+    try:
+        return translate(obj, fmt)
+    except BatchLineError as exc:
+        raise ConfigError(str(p), f"line {n}", f"{exc} (line {first} makes this {fmt.shown} file)") from None
+
+
+def _checked(
+    p: Path,
+    n: int,
+    obj: dict,
+    pools: tuple[str, ...],
+    budgets: tuple[str, ...],
+    pins: KeyPins | None,
+    signed: bool = False,
+) -> dict:
     pool = obj.get("_pool")
     if pool is not None and pool not in pools:
         known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"

@@ -1,4 +1,4 @@
-"""`ratedeck enqueue --store URL FILE`: a JSONL workload's lines added to a store as jobs."""
+"""`ratedeck enqueue --store URL FILE`: a JSONL workload's lines (or a batch file's) added to a store as jobs."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from .common import fail, parse_args
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ratedeck enqueue",
-        description="Check a JSONL workload (one object of parameters per line, as a workload file is read) and add"
-        " every line to a store as a job, all or none. 'ratedeck --store URL' then works the store.",
+        description="Check a JSONL workload (one object of parameters per line, as a workload file is read, or an"
+        " OpenAI Batch or Anthropic Message Batches file as it is) and add every line to a store as a job, all"
+        " or none. 'ratedeck --store URL' then works the store (--results answers a batch file's lines in its"
+        " API's output format).",
     )
     p.add_argument(
         "--store",
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="FILE", help="the run's config: the pools and budgets lines may name")
     p.add_argument("--preset", metavar="NAME", help="the run's preset (pools and budgets)")
-    p.add_argument("file", metavar="FILE", help="JSONL workload file")
+    p.add_argument("file", metavar="FILE", help="JSONL workload file, or a provider's batch input file")
     return p
 
 

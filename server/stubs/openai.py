@@ -278,6 +278,7 @@ class OpenAIState:
         completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
         self.seq += 1
         answer_id = f"chatcmpl-stub{self.seq:010d}"
+        headers = {**headers, "x-request-id": f"req_stub{self.seq:010d}"}  # as every OpenAI answer has
         text = "stub " * completion
         log = Answered(answer_id, key, text)
         self.answered.append(log)

@@ -118,3 +118,14 @@ def test_a_row_without_a_share_shows_a_dash():
     assert row["share"] is None
     table = scenario_table(ScenarioResult("noisy", "s", 100.0, rows=[row]), 1.0)
     assert table.splitlines()[-1].split()[3] == "-"
+
+
+def test_a_shared_key_row_gives_the_share_of_what_the_other_user_left():
+    # 60 s at 100/s is 6,000; they took 800 of it, so 4,550 succeeded is 0.875 of the 5,200 left
+    server = {"totals": {"ok": 4550}, "keys": [{"other_accepted": 160} for _ in range(5)]}
+    row = make_row("ratedeck", {"succeeded": 4550}, server, duration_s=60.0, capacity_tps=100.0)
+    assert row["other_accepted"] == 800 and row["share_of_left"] == 0.875
+    text = scenario_table(ScenarioResult("shared-keys", "s", 100.0, [row]), 60.0)
+    assert "ratedeck got 0.875 of what the other user left (they were accepted 800 times)" in text
+    alone = make_row("ratedeck", {"succeeded": 4550}, {"keys": [{}]}, duration_s=60.0, capacity_tps=100.0)
+    assert "share_of_left" not in alone

@@ -25,8 +25,9 @@ class FakeShared:
 
     shown = "fake"
 
-    def __init__(self, gap: float = 0.05):
+    def __init__(self, gap: float = 0.05, delay: float = 0.0):
         self.gap = gap
+        self.delay = delay  # a grant's round trip
         self.clock = asyncio.get_event_loop_policy  # replaced by bind
         self.last: dict[str, float] = {}
         self.granted: dict[str, list[float]] = {}
@@ -48,6 +49,8 @@ class FakeShared:
 
     async def lease(self, asks, count, headroom_s, slack_s, pace_s, spacing, horizon_s, hold_s):
         self._check()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         budget = asks[0].budget  # the study preset: each key's own limits only
         now = self.clock()
         fresh = budget not in self.last
@@ -274,3 +277,40 @@ def test_a_poll_loop_killed_by_an_unexpected_error_is_told_and_starts_again():
         await engine.stop()
 
     run_virtual(main())
+
+
+def test_a_request_costs_one_lease_however_many_keys_look_at_it(tmp_path):
+    # A token budget makes each request's plan its own (its cost), leased one slot at a time.
+    # Requests arrive one by one (as a gateway's do) and each wakes a key while others wait on
+    # a grant's round trip; every key sees the same head of the queue. Only the key that asked
+    # the store for its slot may send it; the others lease for the requests behind it. Were two
+    # keys to lease one request, the one that did not send it would hold a slot nobody uses
+    # (the gateway on a redis store reached half its capacity that way).
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text(
+        "".join(
+            f'{{"_body": {{"messages": [{{"role": "user", "content": "{"x" * (40 + 7 * i)}"}}], "max_tokens": 20}}}}\n'
+            for i in range(120)
+        )
+    )
+    cfg = load_config(
+        preset="study",
+        overrides={
+            "engine": {"graveyard_path": ""},
+            "workload": {"file": str(lines), "rate": 40.0},
+            "budgets": [{"name": "tokens", "scope": "key", "unit": "tokens", "limits": ["100000/1s"]}],
+            "run": {"seed": 3},
+        },
+    )
+    shared = FakeShared(gap=0.02, delay=0.01)  # a grant takes a round trip
+
+    async def main():
+        engine = Engine(cfg, SimulatedTransport(study_settings()), shared_state=shared)
+        await engine.run()
+        return engine
+
+    engine = run_virtual(main())
+    granted, used, _dropped = engine.cluster.lease_totals()
+    assert engine.snapshot().succeeded == 120
+    assert sum(1 for w in engine.workers if w.sent) >= 2  # the keys shared the work
+    assert used == 120 and granted - used <= 1, (granted, used)
