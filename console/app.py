@@ -54,6 +54,7 @@ from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
 from .widgets.goodput import GoodputPanel, is_message_run
+from .widgets.job import JobBar
 from .widgets.keys_table import KeysTable
 from .widgets.latency import LatencyPanel
 from .widgets.limiter import LimiterPanel
@@ -351,6 +352,7 @@ class RatedeckApp(App[Snapshot]):
 
     def compose(self) -> ComposeResult:
         yield RunBar(id="run-bar")
+        yield JobBar(id="job")  # a job of known size only (App.-job)
         with Horizontal(id="top"):
             yield ThroughputPanel(id="throughput", classes="panel")
             yield GoodputPanel(id="goodput", classes="panel")
@@ -504,7 +506,9 @@ class RatedeckApp(App[Snapshot]):
         self.set_class(is_message_run(snap), "-messages")
         self.set_class(has_history(snap.gates), "-gates")
         self.set_class(snap.clients is not None, "-clients")
+        self.set_class(snap.progress is not None, "-job")
         self.main.run_bar.snapshot = snap
+        self.main.job_bar.snapshot = snap
         for panel in self.main.panels:
             panel.snapshot = snap
         self._charts.history.ingest(snap)

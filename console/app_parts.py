@@ -14,6 +14,7 @@ from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel
 from .widgets.goodput import GOODPUT_STYLE, GoodputPanel
+from .widgets.job import JobBar
 from .widgets.keys_table import KeysTable
 from .widgets.latency import P50_STYLE, P99_STYLE, LatencyPanel
 from .widgets.limiter import LimiterPanel
@@ -35,6 +36,7 @@ class MainWidgets:
     open, `query_one` would search the modal."""
 
     run_bar: RunBar
+    job_bar: JobBar
     limiter: LimiterPanel
     throughput: ThroughputPanel
     latency: LatencyPanel
@@ -52,6 +54,7 @@ class MainWidgets:
         goodput = app.query_one(GoodputPanel)
         return cls(
             run_bar=app.query_one(RunBar),
+            job_bar=app.query_one(JobBar),
             limiter=limiter,
             throughput=app.query_one(ThroughputPanel),
             latency=app.query_one(LatencyPanel),

@@ -31,6 +31,7 @@ from ratedeck.engine.observe.events import EventLog
 from ratedeck.engine.observe.loop_watch import LoopWatch
 from ratedeck.engine.observe.makespan import MakespanMeter
 from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.observe.progress import ProgressMeter
 from ratedeck.engine.observe.snapshot_builder import SnapshotBuilder, SnapshotParts
 from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.path.ending import RunEnd
@@ -85,6 +86,7 @@ class EngineParts:
     path: RequestPath
     intake: Intake
     makespan: MakespanMeter | None
+    progress: ProgressMeter
     loop: LoopWatch
     snapshots: SnapshotBuilder
 
@@ -161,13 +163,16 @@ def build_parts(
     if source.job:  # a job (a workload file, a store): its makespan against the least time the limits allow
         makespan = MakespanMeter(keys, run, cfg.key_weighted)
         ends.watch(makespan)
+    progress = ProgressMeter(source, keys, run, metrics, makespan)  # done of total, when the size is known
     loop = LoopWatch(log, lambda: metrics.sent - keys.in_flight())
     probe = _probe(cfg, transport)
     parts = (run, metrics, queues, headroom, keys, limits.gates, source, intake, ends, log, loop, probe)
-    snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster=cluster, makespan=makespan, spend=spend))
+    snapshots = SnapshotBuilder(
+        SnapshotParts(*parts, cluster=cluster, makespan=makespan, progress=progress, spend=spend)
+    )
     return EngineParts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
-        source, limits, keys, ends, cluster, path, intake, makespan, loop, snapshots,
+        source, limits, keys, ends, cluster, path, intake, makespan, progress, loop, snapshots,
     )  # fmt: skip
 
 

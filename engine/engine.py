@@ -463,7 +463,7 @@ class Engine:
 
     # ------------------------------------------------------------ ticking
     async def _tick(self) -> None:
-        """Ten times a second: expire queued requests, sample depths; each second roll series."""
+        """Ten times a second: expire queued requests, sample depths and the pace of a job; each second roll series."""
         p = self.parts
         clock = p.run.clock
         next_second = p.run.started_at + 1.0
@@ -474,6 +474,7 @@ class Engine:
             p.loop.note_lag(now - due, now)
             self._expire_queued(now)
             p.metrics.sample_depths(p.queues.fresh(), p.queues.retries())
+            p.progress.tick(now)
             while now >= next_second:
                 p.metrics.close_second()
                 p.source.close_second()

@@ -185,6 +185,11 @@ class Source(Protocol):
     def job(self) -> bool:
         """Whether the work is a job (a file's lines, a store's jobs), not a generated stream."""
 
+    @property
+    def job_total(self) -> int | None:
+        """How many requests the work holds in all, when known (a file's lines, a store's pending
+        jobs, `--total`): a snapshot's `progress`; None for endless work."""
+
     def set_rate(self, rate: float) -> None: ...
 
     def set_throttle(self, value: str | float) -> None:

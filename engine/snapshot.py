@@ -29,6 +29,32 @@ class Makespan:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """A job of known size as it goes: `done` of `total` ended (in any place), and when the rest will.
+
+    `least_s` is the least time the limits (as told, advertised or learned) allow for
+    what remains, at their steady pace (the start's burst already spent), plus one
+    round trip; `eta_s` is the time left: that least time blended with the pace
+    observed so far once enough is done, never below it. Either is None while
+    unknown (no limit known yet, nothing done at a pace to measure).
+    """
+
+    total: int = 0
+    done: int = 0
+    eta_s: float | None = None
+    least_s: float | None = None
+
+    @property
+    def fraction(self) -> float:
+        """done / total, 0.0 to 1.0 (1.0 for an empty job)."""
+        return min(1.0, self.done / self.total) if self.total > 0 else 1.0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.total - self.done)
+
+
+@dataclass(frozen=True, slots=True)
 class SpendRow:
     """What one model cost on one key, from the `usage` of its answers (engine/observe/spend.py).
 
@@ -400,6 +426,8 @@ class Snapshot:
     cluster: ClusterView | None = None
     # a job run (a workload file, a store): its makespan against the least time the limits allow
     makespan: Makespan | None = None
+    # a job of known size (a workload file, a store's pending jobs, `--total`): done of total, ETA
+    progress: Progress | None = None
     fed: bool = False  # a job fed as fast as the limits allow (no arrival rate; `arrival_rate` unused)
     # requests that ended uncertain: a write that may or may not have happened (Ending.UNCERTAIN)
     uncertain: int = 0

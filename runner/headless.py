@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
 from ratedeck.core.exits import ExitCode, first_of
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
+from ratedeck.core.vocab import Phase
 from ratedeck.engine.snapshot import (
     BudgetRow,
     ClientView,
@@ -38,6 +40,7 @@ from ratedeck.engine.snapshot import (
     KeyRow,
     LatencySummary,
     Makespan,
+    Progress,
     Snapshot,
 )
 from ratedeck.host.session import RunFacts, Session
@@ -83,6 +86,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
     mode = "adaptive" if snap.headroom_adaptive else "fixed"
     lines = [
         f"--- ratedeck metrics at {snap.elapsed_s:7.1f} s ---",
+        *([progress_line(snap.progress, snap.phase == Phase.STOPPED)] if snap.progress is not None else []),
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         + (
             f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)"
@@ -121,6 +125,34 @@ def metrics_block(snap: Snapshot) -> list[str]:
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
     return lines
+
+
+def progress_line(p: Progress, stopped: bool = False) -> str:
+    """A job of known size: "jobs  1,234 of 3,000 (41%)  ETA 2m10s  least 2m02s" (`Progress`:
+    the ETA and the least time the limits allow for what remains); a job done says no ETA, a
+    run `stopped` before the end what it left."""
+    line = f"jobs  {p.done:,} of {p.total:,} ({math.floor(100 * p.fraction)}%)"
+    if p.remaining == 0:
+        return line
+    if stopped:
+        return f"{line}  {p.remaining:,} left"
+    line += f"  ETA {eta_text(p.eta_s)}"
+    if p.least_s is not None:
+        line += f"  least {eta_text(p.least_s)}"
+    return line
+
+
+def eta_text(seconds: float | None) -> str:
+    """A time left as "45s", "2m10s" or "3h05m"; "unknown" when it is not known yet."""
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    whole = max(0, math.ceil(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    hours, minutes = divmod(math.ceil(whole / 60), 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 def clients_line(c: ClientView) -> str:

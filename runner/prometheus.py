@@ -131,6 +131,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         *_key_families(snap),
         *_gate_families(snap),
         *_run_families(snap),
+        *_job_families(snap),
         *_latency_families(snap, buckets or {}),
         *_message_families(snap),
         *_spend_families(snap),
@@ -350,6 +351,37 @@ def _run_families(snap: Snapshot) -> list[Metric]:
             _seconds(snap.loop_lag_ms),
         ),
     ]
+
+
+def _job_families(snap: Snapshot) -> list[Metric]:
+    """A job of known size: its size, what is done, the time left; none for endless work. An
+    unknown time left is left out (a gauge has no "unknown")."""
+    p = snap.progress
+    if p is None:
+        return []
+    out: list[Metric] = [
+        _gauge(
+            "ratedeck_job_size",
+            "Requests the job holds in all (a file's lines, a store's pending jobs).",
+            p.total,
+        ),
+        _gauge("ratedeck_job_done", "Requests of the job that ended, in any place.", p.done),
+    ]
+    if p.eta_s is not None:
+        out.append(
+            _gauge(
+                "ratedeck_job_eta_seconds", "Seconds until the job's last request ends (estimate).", p.eta_s
+            )
+        )
+    if p.least_s is not None:
+        out.append(
+            _gauge(
+                "ratedeck_job_least_seconds",
+                "The least seconds the limits in force allow for what remains of the job.",
+                p.least_s,
+            )
+        )
+    return out
 
 
 #: The latency histograms: name, the snapshot's attribute, help.

@@ -21,6 +21,7 @@ from ratedeck.engine.snapshot import (
     LatencySummary,
     Makespan,
     MessageStats,
+    Progress,
     Snapshot,
 )
 from ratedeck.store.work import StoreReport
@@ -113,6 +114,8 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["store"] = store_report(store, snap)
     if snap.cluster is not None:
         report["cluster"] = cluster_report(snap.cluster)
+    if snap.progress is not None:
+        report["progress"] = progress_report(snap.progress)
     if snap.makespan is not None:
         report["makespan"] = makespan_report(snap.makespan)
     if snap.spend is not None:
@@ -238,6 +241,18 @@ def makespan_report(m: Makespan) -> dict:
         "elapsed_s": round(m.elapsed_s, 3),
         "least_s": round(m.least_s, 3),
         "ratio": round(ratio, 4) if ratio is not None else None,
+    }
+
+
+def progress_report(p: Progress) -> dict:
+    """A job of known size: `done` of `total`, and the time left as the run last saw it."""
+    r = lambda x: None if x is None else round(x, 3)  # noqa: E731
+    return {
+        "total": p.total,
+        "done": p.done,
+        "fraction": round(p.fraction, 4),
+        "eta_s": r(p.eta_s),
+        "least_s": r(p.least_s),
     }
 
 

@@ -424,8 +424,10 @@ class StoreRun:
         try:
             if self.resume:
                 self.recovered = await self.store.recover(self.member, retry=self._retry)
-            else:
-                self.left_claimed = (await self.store.counts()).claimed
+            counts = await self.store.counts()
+            if not self.resume:
+                self.left_claimed = counts.claimed
+            self.source.size = counts.pending  # the job's size as this run starts (its progress)
             self.windows = await self.store.load_windows()
             self.persistence = await self.store.persistence()
         except StoreError as exc:

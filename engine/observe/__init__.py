@@ -1,1 +1,1 @@
-"""What the engine tells: metrics, the event log, the makespan meter, snapshots and their merge."""
+"""What the engine tells: metrics, the event log, the makespan meter, a job's progress, snapshots and their merge."""

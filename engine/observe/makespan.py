@@ -185,8 +185,13 @@ class MakespanMeter:
             turns.append(first if first > 0 else None)
         return tuple(turns)
 
+    def first_turns(self, lim: WindowLimiter) -> tuple[float | None, ...]:
+        """Each fixed window's first turn of `lim` in seconds after the start, as noted at the first
+        success that could set it (() before: a whole window)."""
+        return self._turns.get(id(lim), ())
+
     def _limits(self, lim: WindowLimiter, skip: Policy | None = None) -> Limits:
-        turns = self._turns.get(id(lim), ())
+        turns = self.first_turns(lim)
         pairs = [
             # a bucket as its server's headers set it (followed); the others as given (a retuned
             # estimate is ours, not the server's)

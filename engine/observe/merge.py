@@ -36,6 +36,7 @@ from ratedeck.engine.snapshot import Event, GateRow, LatencySummary, Snapshot
 
 from .makespan import merge_makespans
 from .metrics import quantiles_of
+from .progress import merge_progress
 from .spend import merge_spend
 
 #: How far a phase has gone: the merged phase is the least advanced part's.
@@ -196,6 +197,7 @@ def merge_snapshots(parts: Sequence[Snapshot]) -> Snapshot:
     # every part reads the same shared store: any part's view of the cluster will do
     values["cluster"] = next((s.cluster for s in parts if s.cluster is not None), None)
     values["makespan"] = merge_makespans([s.makespan for s in parts])
+    values["progress"] = merge_progress([s.progress for s in parts])
     values["spend"] = merge_spend([s.spend for s in parts])
     values["fed"] = any(s.fed for s in parts)
     return dataclasses.replace(first, **values)

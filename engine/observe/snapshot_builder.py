@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import BudgetRow, GateRow, Makespan, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, GateRow, Makespan, Progress, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .loop_watch import LoopWatch
     from .makespan import MakespanMeter
     from .metrics import Metrics
+    from .progress import ProgressMeter
     from .spend import SpendMeter
 
 
@@ -50,6 +51,7 @@ class SnapshotParts:
     probe: Probe | None = None
     cluster: ClusterMember | None = None
     makespan: MakespanMeter | None = None
+    progress: ProgressMeter | None = None
     spend: SpendMeter | None = None
 
 
@@ -130,6 +132,7 @@ class SnapshotBuilder:
             loop_lag_ms=p.loop.lag_ms,
             cluster=p.cluster.view if p.cluster is not None else None,
             makespan=self._makespan(),
+            progress=self._progress(),
             fed=source.fed,
             uncertain=m.uncertain,
             no_limit=p.ends.no_limit_text,
@@ -141,6 +144,13 @@ class SnapshotBuilder:
         if not p.makespan:
             return None
         return p.makespan.view(p.metrics.latency.quantiles(0.5)[0] / 1000.0, p.run.phase is Phase.STOPPED)
+
+    def _progress(self) -> Progress | None:
+        p = self.parts
+        if p.progress is None:
+            return None
+        rtt = p.metrics.latency.quantiles(0.5)[0] / 1000.0
+        return p.progress.view(rtt, final=p.run.phase is Phase.STOPPED)
 
     def budget_rows(self, now: float) -> tuple[BudgetRow, ...]:
         keys = self.parts.keys

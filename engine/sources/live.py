@@ -53,6 +53,10 @@ class LiveSource:
     def job(self) -> bool:
         return False
 
+    @property
+    def job_total(self) -> None:
+        return None  # clients come as they come
+
     def set_rate(self, rate: float) -> None:
         """Clients set the pace; an arrival rate means nothing here (kept for the protocol)."""
 

@@ -229,6 +229,10 @@ class MessageWorkload:
         """Never measured as a job: a message's calls are not the limits' units (no makespan)."""
         return False
 
+    @property
+    def job_total(self) -> None:
+        return None  # messages, not jobs: their own counts (MessageStats)
+
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
         self.poke()

@@ -76,6 +76,8 @@ class Workload:
         self.items = items
         self.rng = rng or random.Random()
         self.exhausted = False
+        # How many items `items` holds in all when known (a file's lines; a store's pending jobs).
+        self.size = items.count if isinstance(items, CountedLines) else None
         self._waker = Waker()
         # True when `before_submit` must run (and be awaited) before each request is queued.
         self.marks = False
@@ -104,6 +106,13 @@ class Workload:
     def job(self) -> bool:
         """Whether the work is a job (a file's lines, a store's jobs), not a generated stream."""
         return self.items is not None
+
+    @property
+    def job_total(self) -> int | None:
+        """The work's size when known: the file's lines or the store's pending jobs (`size`), at
+        most `total`; None for an endless stream."""
+        sizes = [n for n in (self.size, self.total) if n is not None]
+        return min(sizes) if sizes else None
 
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
@@ -393,7 +402,7 @@ def read_jsonl(
     pins: KeyPins | None = None,
     *,
     signed: bool = False,
-) -> Iterator[dict]:
+) -> CountedLines:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
     Every line must be a JSON object. Its fields become request parameters,
@@ -415,13 +424,23 @@ def read_jsonl(
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
     costs the memory of the queue, not of the file; the check pass holds the
-    `_id`s, to find a repeated one).
+    `_id`s, to find a repeated one). The check pass counts the lines: `count`.
     """
     ids: dict[object, int] = {}
-    for _ in _lines(path, pools, budgets, pins, signed, ids):
-        pass
+    count = sum(1 for _ in _lines(path, pools, budgets, pins, signed, ids))
     ids.clear()
-    return _lines(path, pools, budgets, pins, signed)
+    return CountedLines(_lines(path, pools, budgets, pins, signed), count)
+
+
+class CountedLines(Iterator[dict]):
+    """A workload file's objects, read lazily, and how many it holds (`count`, from the check pass)."""
+
+    def __init__(self, lines: Iterator[dict], count: int):
+        self._lines = lines
+        self.count = count
+
+    def __next__(self) -> dict:
+        return next(self._lines)
 
 
 def _lines(

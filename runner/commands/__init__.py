@@ -24,6 +24,10 @@ TABLE: dict[str, tuple[str, str]] = {
         "enqueue",
         "add a JSONL workload's lines to a store as jobs (--store URL FILE); 'ratedeck --store URL' works them",
     ),
+    "status": (
+        "status",
+        "a store's jobs by state: pending, sending, done, uncertain, graveyard (--store URL)",
+    ),
     "config": (
         "config",
         "'config path': the user config file; 'config show [flags]': the config in force, keys masked",

@@ -19,7 +19,14 @@ USAGE = (
 )
 #: The commands whose flags are completed after their name, each from its module's `build_parser()`.
 #: serve and bench are optional here: a script without their flags beats no script.
-_WITH_FLAGS = {"serve": True, "bench": True, "sweep": False, "replay": False, "enqueue": False}
+_WITH_FLAGS = {
+    "serve": True,
+    "bench": True,
+    "sweep": False,
+    "replay": False,
+    "enqueue": False,
+    "status": False,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -272,3 +272,14 @@ def test_filter_needs_every_word():
     assert matches(row, ["k4"]) and matches(row, ["k4", "429"]) and matches(row, ["active"])
     assert not matches(row, ["k4", "cooling"])
     assert math.isfinite(len(row.masked)) and matches(row, [row.masked.lower()])
+
+
+def test_the_job_line_says_done_of_total_the_eta_and_the_least_time():
+    from ratedeck.console.widgets.job import job_text
+    from ratedeck.engine.snapshot import Progress
+
+    assert (
+        job_text(Progress(50_000, 20_849, 262.4, 243.0)) == "20 849 of 50 000 (41%) · ETA 4m22s · least 4m03s"
+    )
+    assert job_text(Progress(10, 3, None, None)) == "3 of 10 (30%) · ETA —"
+    assert job_text(Progress(10, 10, 0.0, 0.0)) == "10 of 10 (100%) · done"

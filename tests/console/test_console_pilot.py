@@ -30,6 +30,7 @@ from tests.support.console_fixtures import (
     async_test,
     cluster_snapshot,
     gates_snapshot,
+    job_snapshot,
     main_snapshot,
     make_app,
     message_snapshot,
@@ -673,3 +674,17 @@ async def test_m_opens_the_cluster_and_follows_it_only_on_a_run_with_a_shared_st
             assert secret not in text
         await pilot.press("escape")
         assert not isinstance(app.screen, ClusterScreen)
+
+
+@async_test
+async def test_the_job_line_shows_for_a_job_of_known_size_only():
+    """A job's snapshot shows the Job line; the same run as endless work (no size) hides it."""
+    job = job_snapshot()
+    app = make_app(job)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        bar = app.query_one("#job")
+        assert bar.display and "20 849 of 50 000 (41%) · ETA 4m22s · least 4m03s" in screen_text(app)
+        app.show_snapshot(dataclasses.replace(job, progress=None, elapsed_s=job.elapsed_s + 1))
+        await pilot.pause()
+        assert not bar.display and "ETA" not in screen_text(app)

@@ -20,6 +20,7 @@ from tests.support.console_fixtures import (
     demo_live_capacity,
     demo_snapshot,
     gates_snapshot,
+    job_snapshot,
     main_snapshot,
     make_app,
     many_keys_snapshot,
@@ -200,3 +201,13 @@ def test_key_detail_token_budgets(snap_compare):
         press=["down", "down", "enter"],
         run_before=settle,
     )
+
+
+def test_job_progress_under_the_header(snap_compare):
+    """A job of known size: the Job line under the header, done of total with the ETA and the
+    least time the limits allow for what remains (no such line for endless work: the others)."""
+    assert snap_compare(make_app(job_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_job_progress_80x24(snap_compare):
+    assert snap_compare(make_app(job_snapshot()), terminal_size=COMPACT, run_before=settle)

@@ -134,6 +134,11 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
         assert argv in (["bash"], ["zsh"]), argv
         return argv
 
+    def status(argv: list[str]) -> object:
+        from ratedeck.runner.commands.status import build_parser as status_parser
+
+        return status_parser().parse_args(argv)
+
     return {
         None: run,
         "serve": serve,
@@ -145,6 +150,7 @@ def checkers() -> dict[str | None, Callable[[list[str]], object]]:
         "gateway": gateway,
         "presets": presets,
         "completion": completion,
+        "status": status,
     }
 
 
