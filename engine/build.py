@@ -111,9 +111,7 @@ def build_parts(
     source = source or source_from_config(cfg, rng)
     limits = _limits(cfg, headroom, source, shared=shared_state is not None)
     queues, metrics = WorkQueues(), Metrics()
-    graveyard = Graveyard(
-        str(run_graveyard_path()) if e.graveyard_path == GRAVEYARD_AUTO else e.graveyard_path
-    )
+    graveyard = _graveyard(cfg)
     keys = KeyRing(
         run=run,
         budgets=limits.budgets,
@@ -167,13 +165,16 @@ def build_parts(
     loop = LoopWatch(log, lambda: metrics.sent - keys.in_flight())
     probe = _probe(cfg, transport)
     parts = (run, metrics, queues, headroom, keys, limits.gates, source, intake, ends, log, loop, probe)
-    snapshots = SnapshotBuilder(
-        SnapshotParts(*parts, cluster=cluster, makespan=makespan, progress=progress, spend=spend)
-    )
+    snapshots = SnapshotBuilder(SnapshotParts(*parts, cluster, makespan, progress, spend))
     return EngineParts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
         source, limits, keys, ends, cluster, path, intake, makespan, progress, loop, snapshots,
     )  # fmt: skip
+
+
+def _graveyard(cfg: EngineSettings) -> Graveyard:
+    path = cfg.engine.graveyard_path
+    return Graveyard(str(run_graveyard_path()) if path == GRAVEYARD_AUTO else path)
 
 
 def _spend(cfg: EngineSettings, log: EventLog, ends: RunEnd) -> SpendMeter | None:
