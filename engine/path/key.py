@@ -268,15 +268,20 @@ class KeyLimits:
         sends.times.append(now)
         est = self.estimate
         if est is not None and est.value > est.confirmed:
-            count = self._count_in_window(now)
-            if count > est.confirmed:
-                sends.probe_out, sends.probe_at, sends.probe_level = True, now, count
+            # Beyond the confirmed level when the send `confirmed` before this one is still
+            # in the window: one look, not a count of the window (this runs for every send).
+            times, beyond = sends.times, est.confirmed + 1
+            if len(times) >= beyond and times[-beyond] > self._window_start(now):
+                sends.probe_out, sends.probe_at, sends.probe_level = True, now, self._count_in_window(now)
+
+    def _window_start(self, now: float) -> float:
+        assert self.estimate is not None
+        return now - self.estimate.window_s - self.limiter.headroom_s()
 
     def _count_in_window(self, now: float) -> int:
         """Our sends in the estimate's window up to `now`, widened by the headroom as the
         limiter's meter counts them (the server sees at most these in its window)."""
-        assert self.estimate is not None
-        start = now - self.estimate.window_s - self.limiter.headroom_s()
+        start = self._window_start(now)
         count = 0
         for t in reversed(self.sends.times):
             if t <= start:
