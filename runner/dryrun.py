@@ -68,6 +68,7 @@ class DryRun:
     unpriced: list[str] = field(default_factory=list)
     keys: int = 0
     least_s: float | None = None  # None: a key's limit is not known before its first answer
+    learned: bool = False  # the limits are a start the keys correct from their first answers
     sent: int = 0  # always 0: a dry run sends nothing
 
     def report(self) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def plan(cfg: EngineSettings) -> DryRun:
         path = shape.path if shape is not None and shape.path else target_path
         weight = shape.weight if shape is not None else 1
         spent.add(path, weight, shape.budgets if shape is not None else (), units)
-    out = DryRun(cfg.workload.file, spent.requests, keys=len(cfg.keys))
+    out = DryRun(cfg.workload.file, spent.requests, keys=len(cfg.keys), learned=cfg.engine.learn_first)
     for bill in bills.values():
         if bill.model != NO_MODEL:
             price = prices.price_for(bill.model)
@@ -218,7 +219,14 @@ def _least_line(run: DryRun) -> str:
         return (
             f"least time   not known: a key's limit is learned from its first answer ({keys}; give --limit)"
         )
-    return f"least time   {_duration(run.least_s)} with {keys}, by the limits told or the preset's (bursts counted)"
+    line = f"least time   {_duration(run.least_s)} with {keys}, by the limits told or the preset's (bursts counted)"
+    if run.learned:
+        # The preset's limits are where a key starts: its tier comes with its first answer.
+        line += (
+            "\n             the keys learn their tier from their first answers: unless these limits are"
+            "\n             your tier's (told with --limit and [[budgets]]), the real time differs"
+        )
+    return line
 
 
 def _duration(s: float) -> str:

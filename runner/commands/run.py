@@ -69,7 +69,8 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     options from the flags; raises ConfigError (one line) for anything wrong."""
     cfg, source = load_run_config(args)
     check_store(cfg)
-    if cfg.runner.preset not in (None, STUDY) and cfg.engine_settings.target.url is None and not cfg.server:
+    real_api = cfg.runner.preset not in (None, STUDY)
+    if real_api and cfg.engine_settings.target.url is None and not cfg.server and not cfg.runner.dry_run:
         # The simulator speaks the seed's conventions (a key parameter): a real API's preset
         # against it only ever meets refusals.
         raise ConfigError(

@@ -220,3 +220,33 @@ def test_one_cap_cannot_be_shared_by_several_processes(tmp_path):
     assert (
         "--procs: above 1 cannot share one --max-cost cap" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+def test_a_dry_run_needs_no_target_and_says_the_presets_limits_are_a_start(tmp_path):
+    # Nothing is sent, so a real API's preset plans without its URL; its limits are where a
+    # key starts (each learns its tier from its first answer), and the plan says so.
+    work = lines(tmp_path, [chat("gpt-4o-mini", 40, 10)] * 5)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratedeck.runner.cli",
+            "--preset",
+            "openai",
+            "--keys",
+            f"{SECRET},{SECRET[::-1]}",
+        ]
+        + ["--workload", str(work), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "5 requests; nothing sent" in proc.stdout
+    assert "the keys learn their tier from their first answers" in proc.stdout
+    told = load_config(
+        None, None, {"keys": {"secrets": [SECRET], "limits": ["10/1s"]}, "workload": {"file": str(work)}}
+    )
+    assert "learn their tier" not in "\n".join(table(plan(told.engine_settings)))
