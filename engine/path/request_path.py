@@ -145,13 +145,11 @@ class RequestPath:
         self.in_flight += 1
         m = self.metrics
         m.sent += 1
-        sent_at = req.last_sent_at = stamps[0].t if stamps else self.clock()
-        if req.first_sent_at is None:
-            req.first_sent_at = sent_at
+        sent_at = stamps[0].t if stamps else self.clock()
+        if req.mark_sent(sent_at, worker.label):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
         if req.pool is not None and self.pool_ok is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        req.key = worker.label
         create_task = self._create_task
         assert create_task is not None, "launch() before start()"
         # The attempt takes itself out of `sends` when it ends (no done callback: one
