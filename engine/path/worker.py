@@ -131,6 +131,7 @@ class KeyWorker:
         "_route_tokens",
         "_lane",
         "_turn",
+        "_for_answer",
     )
 
     def __init__(
@@ -170,6 +171,7 @@ class KeyWorker:
         self._route_tokens = False
         self._lane: ModelLane | None = None  # the model lane of the request just admitted
         self._turn = 0  # counts the turns that look for work with budgets (a lane held in one)
+        self._for_answer = False  # a model's first answer holds its work back: an answer wakes us
 
     # -- what callers read of the key (its limits and counts live in `limits` and `stats`)
     @property
@@ -306,12 +308,17 @@ class KeyWorker:
             else:
                 self._plan_now, self._wake_at, self._asked = now, math.inf, False
                 self._turn += 1
+                self._for_answer = False
                 req = queues.pop_ready(now, self._admit, self.label)
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
                     queues.pass_on()
                     await self._wait(self._wake_at)
                     self._wake_at = math.inf
+                    continue
+                if self._for_answer and self.in_flight:  # work is there, waiting for an answer
+                    queues.pass_on()
+                    await self._wait(None)
                     continue
                 await self._wait_for_work()
                 woken_for_work = True
@@ -434,7 +441,10 @@ class KeyWorker:
             if open_at < self._wake_at:
                 self._wake_at = open_at
             return False
-        return not lane.first_out and lane.held_turn != self._turn
+        if lane.first_out:
+            self._for_answer = True
+            return False
+        return lane.held_turn != self._turn
 
     async def _wait_for_work(self) -> None:
         # The waiter doubles as the queue's getter: a put wakes it, and so
