@@ -97,7 +97,17 @@ class ModelLanes:
     scope key+model; `key_budgets` the key's plain key-scope budgets.
     """
 
-    __slots__ = ("label", "field", "by_model", "_make", "_policies", "_specs", "_key_budgets", "learn_first")
+    __slots__ = (
+        "label",
+        "field",
+        "by_model",
+        "_make",
+        "_policies",
+        "_specs",
+        "_key_budgets",
+        "learn_first",
+        "for_answer",
+    )
 
     def __init__(
         self,
@@ -118,6 +128,7 @@ class ModelLanes:
         self._specs = specs
         self._key_budgets = key_budgets
         self.learn_first = learn_first
+        self.for_answer = False  # this turn, a model's first answer held its work back
 
     @property
     def per_model_requests(self) -> bool:

@@ -131,7 +131,6 @@ class KeyWorker:
         "_route_tokens",
         "_lane",
         "_turn",
-        "_for_answer",
     )
 
     def __init__(
@@ -171,7 +170,6 @@ class KeyWorker:
         self._route_tokens = False
         self._lane: ModelLane | None = None  # the model lane of the request just admitted
         self._turn = 0  # counts the turns that look for work with budgets (a lane held in one)
-        self._for_answer = False  # a model's first answer holds its work back: an answer wakes us
 
     # -- what callers read of the key (its limits and counts live in `limits` and `stats`)
     @property
@@ -308,7 +306,8 @@ class KeyWorker:
             else:
                 self._plan_now, self._wake_at, self._asked = now, math.inf, False
                 self._turn += 1
-                self._for_answer = False
+                if limits.lanes is not None:
+                    limits.lanes.for_answer = False
                 req = queues.pop_ready(now, self._admit, self.label)
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
@@ -316,7 +315,9 @@ class KeyWorker:
                     await self._wait(self._wake_at)
                     self._wake_at = math.inf
                     continue
-                if self._for_answer and self.in_flight:  # work is there, waiting for an answer
+                if (
+                    limits.lanes is not None and limits.lanes.for_answer and self.in_flight
+                ):  # work is there, waiting for an answer
                     queues.pass_on()
                     await self._wait(None)
                     continue
@@ -442,7 +443,9 @@ class KeyWorker:
                 self._wake_at = open_at
             return False
         if lane.first_out:
-            self._for_answer = True
+            lanes = self.limits.lanes
+            assert lanes is not None
+            lanes.for_answer = True  # the worker waits for an answer, not for more work
             return False
         return lane.held_turn != self._turn
 
