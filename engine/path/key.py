@@ -363,6 +363,9 @@ class KeyLimits:
     def answered_all(self) -> None:
         """Nothing of this key is in flight: no probe is waited for."""
         self.sends.probe_out = False
+        if self.lanes is not None:
+            for lane in self.lanes:  # an attempt that never reached the server taught nothing
+                lane.first_out = False
 
     def _first_answered(self) -> None:
         """The key's first answer came: its limits are known, send as they allow."""
