@@ -261,13 +261,6 @@ ROWS: tuple[Row, ...] = (
         optional=True,
     ),
     Row(
-        "target.model_field",
-        "string",
-        p.nonempty,
-        'the dotted JSON body field naming a request\'s model, for limits with scope "key+model"',
-        "engine",
-    ),
-    Row(
         "target.host_limit_match",
         "string",
         p.nonempty,
@@ -395,6 +388,13 @@ ROWS: tuple[Row, ...] = (
         "what their attempt reserved from the key's budgets is given back",
         "engine",
         dump=list,
+    ),
+    Row(
+        "target.model_field",
+        "string",
+        p.nonempty,
+        'the dotted JSON body field naming a request\'s model, for limits with scope "key+model"',
+        "engine",
     ),
     # ---------------------------------------------------------------- [keys]
     Row(
