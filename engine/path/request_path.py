@@ -237,8 +237,15 @@ class RequestPath:
             )
         if widen:
             self.headroom.observe_rejection(now)
+        lanes = worker.limits.lanes
+        lane = lanes.lane(req) if lanes is not None else None
+        if lane is not None and v.tally is Tally.REJECTED_429:
+            lane.rejected_429 += 1
         if v.cooldown is not None:
-            gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
+            if v.cooldown.scope is Scope.HOST:
+                gate = self.host_gate
+            else:  # the key's, or with limits per model the model's: the key's other models go on
+                gate = lane.gate if lane is not None else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
         if v.unsure:
             req.unsure = True
