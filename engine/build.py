@@ -336,9 +336,15 @@ def _key(
     limiter = limits.make(spec.policies or (UNKNOWN_LIMIT,))
     key_budgets = {b.name: limits.make(b.policies) for b in limits.budgets.key_specs}
     gates: tuple[CooldownGate, ...] = (limits.gates[spec.label], limits.host_gate)
+    leases = None
+    if cluster is not None:
+        leases = KeyLeases(_store_names(cfg, spec, limiter, key_budgets, limits, cluster), cluster.want)
+        gates = (*gates, limits.store_gate)
     lanes = None
     if cfg.per_model:
-        # Limits per key and model: each model its own buckets, made when first named.
+        # Limits per key and model: each model its own buckets, made when first named (and
+        # with a shared store, each its own budget there: the key's and the model's).
+        url, secret = cfg.target.url, spec.secret
         lanes = ModelLanes(
             spec.label,
             cfg.target.model_field,
@@ -347,11 +353,9 @@ def _key(
             specs=limits.budgets.model_specs,
             key_budgets=key_budgets,
             learn_first=e.learn_first,
+            store_names=leases.store_names if leases is not None else None,
+            store_name=lambda unit, model: budget_name(url, secret, f"{unit}\0model\0{model}"),
         )
-    leases = None
-    if cluster is not None:
-        leases = KeyLeases(_store_names(cfg, spec, limiter, key_budgets, limits, cluster), cluster.want)
-        gates = (*gates, limits.store_gate)
     key = KeyLimits(
         spec,
         limiter,

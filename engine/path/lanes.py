@@ -107,6 +107,8 @@ class ModelLanes:
         "_key_budgets",
         "learn_first",
         "for_answer",
+        "_store_names",
+        "_store_name",
     )
 
     def __init__(
@@ -119,6 +121,8 @@ class ModelLanes:
         specs: tuple[BudgetSpec, ...],
         key_budgets: dict[str, WindowLimiter],
         learn_first: bool,
+        store_names: dict[WindowLimiter, str] | None = None,
+        store_name: Callable[[str, str], str] | None = None,
     ) -> None:
         self.label = label
         self.field = tuple(field.split("."))
@@ -129,6 +133,11 @@ class ModelLanes:
         self._key_budgets = key_budgets
         self.learn_first = learn_first
         self.for_answer = False  # this turn, a model's first answer held its work back
+        # With a shared store: the key's limiters' names there (`KeyLeases.store_names`), to
+        # which each new lane adds its own, named by `store_name(unit, model)`, so every
+        # member that uses the key spends one budget per model.
+        self._store_names = store_names
+        self._store_name = store_name
 
     @property
     def per_model_requests(self) -> bool:
@@ -159,6 +168,10 @@ class ModelLanes:
         own = {spec.name: make(spec.policies) for spec in self._specs}
         gate = CooldownGate(f"{self.label} {model}")
         lane = ModelLane(model, limiter, {**self._key_budgets, **own}, own, gate, self.learn_first)
+        names, name_of = self._store_names, self._store_name
+        if names is not None and name_of is not None:
+            for unit, lim in lane.buckets():
+                names[lim] = name_of(unit, model)
         self.by_model[model] = lane
         return lane
 

@@ -314,3 +314,53 @@ def test_a_request_costs_one_lease_however_many_keys_look_at_it(tmp_path):
     assert engine.snapshot().succeeded == 120
     assert sum(1 for w in engine.workers if w.sent) >= 2  # the keys shared the work
     assert used == 120 and granted - used <= 1, (granted, used)
+
+
+def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
+    # Limits per key and model (the OpenAI preset): every member that uses a key must spend one
+    # store budget per model, or two gateways would each think they had the model's whole bucket.
+    from ratedeck.engine.cluster.member import budget_name
+    from tests.engine.test_models import ModelServer
+
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text(
+        "".join(
+            f'{{"_path": "/v1/chat/completions", "_body": {{"model": "gpt-{"ab"[i % 2]}", '
+            f'"messages": [{{"role": "user", "content": "hi {i}"}}], "max_tokens": 5}}}}\n'
+            for i in range(40)
+        )
+    )
+    url, secrets = "http://127.0.0.1:9", ["sk-one-0000000000000001", "sk-two-0000000000000002"]
+    cfg = load_config(
+        preset="openai",
+        overrides={
+            "target": {"url": url},
+            "keys": {"secrets": secrets},
+            "engine": {"graveyard_path": "", "learn_first": False},
+            "workload": {"file": str(lines)},
+        },
+    )
+    shared = FakeShared(gap=0.01)
+    asked: set[str] = set()
+    lease = shared.lease
+
+    async def recording(asks, *args):
+        asked.update(a.budget for a in asks)
+        return await lease(asks, *args)
+
+    shared.lease = recording
+
+    async def main():
+        engine = Engine(
+            cfg, ModelServer({"gpt-a": (500, 30_000), "gpt-b": (500, 30_000)}), shared_state=shared
+        )
+        await engine.run()
+        return engine
+
+    engine = run_virtual(main())
+    snap = engine.snapshot()
+    assert snap.succeeded == 40, [e.text for e in snap.events]
+    for secret in secrets:
+        for model in ("gpt-a", "gpt-b"):
+            for unit in ("requests", "tokens"):
+                assert budget_name(url, secret, f"{unit}\0model\0{model}") in asked, (unit, model)
