@@ -320,6 +320,7 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
     # Limits per key and model (the OpenAI preset): every member that uses a key must spend one
     # store budget per model, or two gateways would each think they had the model's whole bucket.
     from ratedeck.engine.cluster.member import budget_name
+    from ratedeck.engine.request import Request, Shape
     from tests.engine.test_models import ModelServer
 
     lines = tmp_path / "prompts.jsonl"
@@ -354,7 +355,16 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
         engine = Engine(
             cfg, ModelServer({"gpt-a": (500, 30_000), "gpt-b": (500, 30_000)}), shared_state=shared
         )
-        await engine.run()
+        # Each lane's limiters are named in the store as they are made, before any send.
+        for w in engine.workers:
+            req = Request(0, 0.0, 1.0)
+            req.shape = Shape(body={"model": "gpt-a"})
+            lane = w.limits.lanes.lane(req)
+            names = w.limits.leases.store_names
+            assert [names.get(lim) for _, lim in lane.buckets()] == [
+                budget_name(url, w.spec.secret, f"{unit}\0model\0gpt-a") for unit, _ in lane.buckets()
+            ]
+        await engine.run(30)  # virtual seconds: a bound (the job takes under one)
         return engine
 
     engine = run_virtual(main())
