@@ -145,13 +145,14 @@ class RequestPath:
         self.in_flight += 1
         m = self.metrics
         m.sent += 1
-        sent_at = req.last_sent_at = stamps[0].t if stamps else self.clock()
-        if req.first_sent_at is None:
-            req.first_sent_at = sent_at
+        sent = req.sent_state()  # three of its attributes set at once
+        sent_at = sent.last_sent_at = stamps[0].t if stamps else self.clock()
+        if sent.first_sent_at is None:
+            sent.first_sent_at = sent_at
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
-        if req.pool is not None and self.pool_ok is not None:
+        if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        req.key = worker.label
+        sent.key = worker.label
         create_task = self._create_task
         assert create_task is not None, "launch() before start()"
         # The attempt takes itself out of `sends` when it ends (no done callback: one
@@ -172,7 +173,7 @@ class RequestPath:
         result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1
-        if req.pool is not None and self.pool_ok is not None:
+        if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
         now = self.clock()
@@ -206,8 +207,9 @@ class RequestPath:
     ) -> None:
         """The key learns what the answer says of its limits (`KeyLimits.learn`), then
         `settle.decide` (pure) says what the answer means, and it is applied here."""
-        req.last_status = result.status
-        req.result = result
+        sent = req.sent_state()
+        sent.last_status = result.status
+        sent.result = result
         worker.limits.learn(result, req, stamps, now)
         if self.spend is not None:
             self.spend.answered(req, result)
