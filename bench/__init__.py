@@ -12,9 +12,10 @@ the number of keys and the queue's depth.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.core.exits import ExitCode
@@ -271,10 +272,10 @@ def run_scenarios(args: argparse.Namespace) -> list:
                 _progress(f"{name}: {strategy} skipped (this server has no /health to probe)")
                 continue
             _progress(f"{name}: {strategy} for {args.duration:g} s")
-            with Simulator(scenario.serve_args, seed=args.seed) as sim:
+            with Simulator(scenario.serve_args, seed=args.seed) as sim, _proxied(scenario, sim, args) as base:
                 spec = RunSpec(
                     strategy,
-                    sim.url,
+                    f"{base}/api/request",
                     scenario.keys,
                     scenario.client_limit,
                     scenario.window_s,
@@ -290,6 +291,20 @@ def run_scenarios(args: argparse.Namespace) -> list:
             result.rows.append(make_row(strategy, client, server, args.duration, scenario.capacity_tps))
         results.append(result)
     return results
+
+
+@contextlib.contextmanager
+def _proxied(scenario: Any, sim: Any, args: argparse.Namespace) -> Iterator[str]:
+    """The address the client uses: the simulator's, or a jitter proxy's in front of it."""
+    from .procs import JitterProxyProcess
+
+    if scenario.jitter_ms is None:
+        yield sim.base
+        return
+    with JitterProxyProcess(
+        sim.base, scenario.jitter_ms, seed=args.seed, max_s=args.duration + 90.0
+    ) as proxy:
+        yield proxy.base
 
 
 def run_micro(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

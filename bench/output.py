@@ -103,6 +103,18 @@ def make_row(
     return row
 
 
+def cpu_ratio_line(rows: list[dict[str, Any]], peer: str = "aiolimiter", ours: str = "ratedeck") -> str:
+    """ratedeck's client CPU per accepted request over the peer's, measured in the same run."""
+    by_name = {r["strategy"]: r for r in rows}
+    a, b = by_name.get(ours, {}).get("cpu_us_per_ok"), by_name.get(peer, {}).get("cpu_us_per_ok")
+    if not a or not b:
+        return ""
+    return (
+        f"CPU per accepted request: {ours} {a:.0f} µs, {peer} {b:.0f} µs = {a / b:.2f}x "
+        f"({by_name[ours]['succeeded']:,} vs {by_name[peer]['succeeded']:,} accepted; side by side, one run)"
+    )
+
+
 def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     """A fixed-width table of one scenario's rows."""
     if result.rows and "ratio" in result.rows[0]:
@@ -133,6 +145,9 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
             f"{r['cpu_s']:>7.2f}{'-' if per_ok is None else f'{per_ok:.0f}':>7}"
             f"{r['peak_rss_mb']:>8.1f}"
         )
+    ratio = cpu_ratio_line(result.rows)
+    if ratio:
+        lines.append("  " + ratio)
     for r in result.rows:
         if "headroom_source" in r:
             lines.append("  " + _headroom_note(r))

@@ -171,6 +171,63 @@ class Simulator:
         self.close()
 
 
+class JitterProxyProcess:
+    """`python -m ratedeck.bench.jitter` in its own process, in front of `base` (http://host:port).
+
+    Use as a context manager; `base` is then the proxy's address. It stops by
+    itself after `max_s` seconds.
+    """
+
+    def __init__(self, target_base: str, delay_ms: str, seed: int, max_s: float):
+        target = target_base.split("://", 1)[-1].rstrip("/")
+        self.args = [
+            sys.executable,
+            "-m",
+            "ratedeck.bench.jitter",
+            "--target",
+            target,
+            "--delay",
+            delay_ms,
+            "--seed",
+            str(seed),
+            "--max-s",
+            f"{max_s:g}",
+        ]
+        self.proc: subprocess.Popen | None = None
+        self.base = ""
+
+    def __enter__(self) -> JitterProxyProcess:
+        self.proc = _spawn(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("jitter proxy:"):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.close()
+            raise BenchError(f"the jitter proxy did not start: {(line or err).strip()[:300]}")
+        self.base = line.split()[2]
+        return self
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            _forget(proc)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
     """Run `spec` in a fresh `python -m ratedeck.bench.child`; its result dict."""
     timeout_s = timeout_s if timeout_s is not None else spec.duration_s + 60.0

@@ -16,6 +16,8 @@ class Scenario:
         name: the stable name used in `--scenarios` and the report.
         summary: one line for the table's heading.
         serve_args: `ratedeck serve` options that start the simulator.
+        jitter_ms: "low:high" one-way delay of a jitter proxy (`bench/jitter.py`)
+            between client and simulator, in its own process; None: none.
         keys: the API keys the clients use.
         limit / window_s: each key's policy, as the server enforces it.
         nonce: the server requires a strictly increasing nonce per key.
@@ -40,6 +42,7 @@ class Scenario:
     health: bool = False
     strategies: tuple[str, ...] = ()
     in_flight: int = 8
+    jitter_ms: str | None = None
 
     @property
     def capacity_tps(self) -> float:
@@ -101,6 +104,7 @@ class Row(NamedTuple):
     study: bool = False
     told_limit: int | None = None
     in_flight: int = 8
+    jitter_ms: str | None = None
 
 
 def scenario(row: Row) -> Scenario:
@@ -129,6 +133,7 @@ def scenario(row: Row) -> Scenario:
         health="--health" in row.flags,
         strategies=row.strategies,
         in_flight=row.in_flight,
+        jitter_ms=row.jitter_ms,
     )
 
 
@@ -225,7 +230,52 @@ TABLE: tuple[Row, ...] = (
     ),
 )
 
-SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in TABLE}
+#: Real time on real sockets: the simulator adds no delay of its own, a jitter proxy in its own
+#: process delays every chunk each way, and the client's CPU is measured beside the plain peer's.
+LIVE_TABLE: tuple[Row, ...] = (
+    Row(
+        "live-heavy",
+        f"{MANY_KEYS} keys x 100/1s (5,000/s) through a jitter proxy (5..45 ms each way), "
+        "20..80 ms processing, no hints: CPU per accepted request beside aiolimiter + aiohttp",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=_QUIET,
+        keys=MANY_KEYS,
+        limit=100,
+        in_flight=16,
+        jitter_ms="5:45",
+    ),
+    Row(
+        "live-steady+timing",
+        "5 keys x 20/1s through a steady proxy (100..104 ms each way), 20..80 ms processing, Server-Timing",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=(*_QUIET, "--server-timing"),
+        jitter_ms="100:104",
+    ),
+    Row(
+        "live-steady",
+        "5 keys x 20/1s through a steady proxy (100..104 ms each way), 20..80 ms processing, no hints",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=_QUIET,
+        jitter_ms="100:104",
+    ),
+    Row(
+        "live-jitter+timing",
+        "5 keys x 20/1s through a jitter proxy (5..45 ms each way), 20..80 ms processing, Server-Timing",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=(*_QUIET, "--server-timing"),
+        jitter_ms="5:45",
+    ),
+)
+
+SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in (*TABLE, *LIVE_TABLE)}
 
 #: Names that stand for several scenarios in `--scenarios`.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -238,6 +288,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "told-wrong",
         "told-wrong+remaining",
     ),
+    # opt-in (never in the default): real time through a jitter proxy, the client's CPU side by side
+    "live": tuple(row.name for row in LIVE_TABLE),
 }
 DEFAULT_SCENARIOS = GROUPS["default"]
 

@@ -260,6 +260,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
             pools=pools,
             host_policies=host_policies,
             key_weighted=keys_table.get("unit") == "weight",
+            key_per_model=keys_table.get("scope") == "key+model",
             seed=seed,
             prices=prices,
             max_cost=max_cost,

@@ -288,7 +288,7 @@ def keymap(value: Any) -> dict[str, str]:
 
 # ---------------------------------------------------------------- [keys] and [pools]
 
-KEYS_TABLE = ("secrets", "limits", "limits_by_key", "host_limits", "unit")
+KEYS_TABLE = ("secrets", "limits", "limits_by_key", "host_limits", "unit", "scope")
 
 
 def keys(table: dict[str, Any], source: str, default_limits: tuple[str, ...]) -> tuple[KeySpec, ...]:
@@ -298,11 +298,15 @@ def keys(table: dict[str, Any], source: str, default_limits: tuple[str, ...]) ->
             raise ConfigError(
                 source,
                 f"keys.{k}",
-                "unknown setting; expected secrets, limits, limits_by_key, host_limits or unit",
+                "unknown setting; expected secrets, limits, limits_by_key, host_limits, unit or scope",
             )
     if table.get("unit", "requests") not in ("requests", "weight"):
         raise ConfigError(
             source, "keys.unit", f'must be "requests" or "weight", got {show(table.get("unit"))}'
+        )
+    if table.get("scope", "key") not in ("key", "key+model"):
+        raise ConfigError(
+            source, "keys.scope", f'must be "key" or "key+model", got {show(table.get("scope"))}'
         )
     raw = table.get("secrets", [])
     if isinstance(raw, str):

@@ -389,6 +389,13 @@ ROWS: tuple[Row, ...] = (
         "engine",
         dump=list,
     ),
+    Row(
+        "target.model_field",
+        "string",
+        p.nonempty,
+        'the dotted JSON body field naming a request\'s model, for limits with scope "key+model"',
+        "engine",
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",
@@ -429,6 +436,16 @@ ROWS: tuple[Row, ...] = (
         "engine",
         choices=("requests", "weight"),
         fallback="requests",
+    ),
+    Row(
+        "keys.scope",
+        "choice",
+        None,
+        "\"key+model\": a key's own limits hold per model (target.model_field), as OpenAI's and "
+        "Anthropic's do",
+        "engine",
+        choices=("key", "key+model"),
+        fallback="key",
     ),
     # ---------------------------------------------------------------- [engine]
     Row(

@@ -73,6 +73,8 @@ def to_toml_dict(cfg: RunConfig, *, include_secrets: bool = False) -> dict[str, 
     keys: dict[str, Any] = {"limits": [format_policy(p) for p in default]} if default else {}
     if es.key_weighted:
         keys["unit"] = "weight"
+    if es.key_per_model:
+        keys["scope"] = "key+model"
     if secrets is not None:
         keys["secrets"] = secrets
     by_key = {k.label: [format_policy(p) for p in k.policies] for k in es.keys if k.policies != default}

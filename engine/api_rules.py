@@ -38,6 +38,8 @@ MAX_WEIGHT = 1_000_000
 
 #: What a budget may count: requests, a request's weight, or tokens estimated from its body.
 BUDGET_UNITS = ("requests", "weight", "tokens", "input_tokens", "output_tokens")
+#: Who shares a budget: each key, each key and model (OpenAI's and Anthropic's limits), the host.
+BUDGET_SCOPES = ("key", "key+model", "host")
 #: The units estimated from a request's body (engine/limits/costs.py).
 TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")
 
@@ -48,7 +50,7 @@ class BudgetSpec:
 
     name: str
     policies: tuple[Policy, ...]
-    scope: str = "key"  # "key": one per key; "host": one shared by every key
+    scope: str = "key"  # one of BUDGET_SCOPES: per key, per key and model, or one for the host
     unit: str = "requests"  # one of BUDGET_UNITS: what one request spends
     paths: tuple[str, ...] = ()  # globs on the request path; none: every request
     exclusive: bool = False  # its requests do not spend the key's own budget (GitHub's search resource)
@@ -58,6 +60,11 @@ class BudgetSpec:
     def weighted(self) -> bool:
         """Spends a request's weight (else 1 per request, or its tokens)."""
         return self.unit == "weight"
+
+    @property
+    def per_model(self) -> bool:
+        """One bucket per key and model (the model a request's body names, engine/path/lanes.py)."""
+        return self.scope == "key+model"
 
     @property
     def tokens(self) -> bool:
@@ -187,7 +194,7 @@ def _check_keys(table: dict[str, Any], known: set[str], what: str) -> None:
 
 
 def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
-    """`[[budgets]]` tables: name, limits, scope ("key" or "host"), unit ("requests" or "weight"), paths."""
+    """`[[budgets]]` tables: name, limits, scope ("key", "key+model" or "host"), unit ("requests" or "weight"), paths."""
     if isinstance(value, dict):
         value = [dict(table, name=table.get("name", name)) for name, table in value.items()]
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
@@ -200,8 +207,9 @@ def parse_budgets(value: Any) -> tuple[BudgetSpec, ...]:
         if name in {b.name for b in budgets}:
             raise ValueError(f"budget {name!r} is defined twice")
         scope = table.get("scope", "key")
-        if scope not in ("key", "host"):
-            raise ValueError(f'budget {name!r}: scope must be "key" or "host", got {scope!r}')
+        if scope not in BUDGET_SCOPES:
+            scopes = ", ".join(f'"{s}"' for s in BUDGET_SCOPES)
+            raise ValueError(f"budget {name!r}: scope must be one of {scopes}, got {scope!r}")
         unit = table.get("unit", "requests")
         if unit not in BUDGET_UNITS:
             units = ", ".join(f'"{u}"' for u in BUDGET_UNITS)

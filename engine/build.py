@@ -38,6 +38,7 @@ from ratedeck.engine.path.ending import RunEnd
 from ratedeck.engine.path.intake import Intake
 from ratedeck.engine.path.key import UNKNOWN_LIMIT, KeyLeases, KeyLimits, Learning
 from ratedeck.engine.path.keys import KeyRing
+from ratedeck.engine.path.lanes import ModelLanes
 from ratedeck.engine.path.request_path import RequestPath, SharedGates
 from ratedeck.engine.path.settle import SettleRules
 from ratedeck.engine.path.worker import KeyWorker
@@ -335,6 +336,18 @@ def _key(
     limiter = limits.make(spec.policies or (UNKNOWN_LIMIT,))
     key_budgets = {b.name: limits.make(b.policies) for b in limits.budgets.key_specs}
     gates: tuple[CooldownGate, ...] = (limits.gates[spec.label], limits.host_gate)
+    lanes = None
+    if cfg.per_model:
+        # Limits per key and model: each model its own buckets, made when first named.
+        lanes = ModelLanes(
+            spec.label,
+            cfg.target.model_field,
+            limits.make,
+            policies=spec.policies if cfg.key_per_model and spec.policies else None,
+            specs=limits.budgets.model_specs,
+            key_budgets=key_budgets,
+            learn_first=e.learn_first,
+        )
     leases = None
     if cluster is not None:
         leases = KeyLeases(_store_names(cfg, spec, limiter, key_budgets, limits, cluster), cluster.want)
@@ -351,6 +364,7 @@ def _key(
         slow_start=e.slow_start,
         learn_first=e.learn_first,
         leases=leases,
+        lanes=lanes,
     )
     return KeyWorker(
         spec,

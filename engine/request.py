@@ -215,13 +215,25 @@ class Request:
         if pool is not None:
             self.pool = pool
 
+    def mark_sent(self, at: float, key: str) -> bool:
+        """An attempt sent at `at` on key `key`; True when it is the first. The send path's three
+        side attributes set in one call, not three descriptor calls and a read."""
+        sent = self.sent_state()
+        sent.last_sent_at = at
+        sent.key = key
+        if sent.first_sent_at is None:
+            sent.first_sent_at = at
+            return True
+        return False
+
     def live_answer(self) -> Any:
         """`answer` (its live client's sink, or None)."""
         return self._extra.answer
 
     def sent_state(self) -> _Sent:
-        """Its own `_Sent`, made now if it has none: the hot path sets several of a sent
-        request's attributes at once through it, not one property call each."""
+        """Its own `_Sent`, made now if it has none (never the shared `_UNSENT`): the hot path
+        sets several of a sent request's attributes at once through it (`mark_sent`, `_settle`),
+        not one property call each."""
         sent = self._sent
         if sent is _UNSENT:
             sent = self._sent = _Sent()

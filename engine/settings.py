@@ -84,6 +84,9 @@ class TargetConfig:
     # Statuses the API documents as charging the key nothing (Anthropic's 529 overloaded):
     # what their attempt reserved is given back.
     free_statuses: tuple[int, ...] = ()
+    # The dotted JSON body field naming a request's model, for limits per key and model
+    # (`[keys] scope = "key+model"`, budgets with `scope = "key+model"`).
+    model_field: str = "model"
 
 
 @dataclass(frozen=True)
@@ -186,10 +189,16 @@ class EngineSettings:
     pools: dict[str, int] = field(default_factory=dict)  # connection pool name -> capacity
     host_policies: tuple[Policy, ...] = ()  # limits shared by all keys (one budget for the host)
     key_weighted: bool = False  # [keys] unit = "weight": a key's own limits count request weight
+    key_per_model: bool = False  # [keys] scope = "key+model": a key's own limits hold per model
     seed: int | None = None  # random seed for jitter and arrivals
     # USD per million tokens by model ({"gpt-4o": {"input": 2.5, "output": 10.0}}): config/prices
     prices: dict[str, dict[str, float]] = field(default_factory=dict)
     max_cost: float | None = None  # USD: admission stops before spent + reserved would pass it
+
+    @property
+    def per_model(self) -> bool:
+        """Some limit is per key and model: each key keeps a lane of buckets per model."""
+        return self.key_per_model or any(b.per_model for b in self.budgets)
 
     @property
     def capacity_tps(self) -> float:

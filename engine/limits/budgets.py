@@ -4,7 +4,8 @@ Every request spends from its key's own budget and, with a host-wide limit,
 the host's (one unit each, or its weight where the key's budget counts
 weight). Named budgets (`[[budgets]]`) add more: a key-scope budget (one per
 key, like GitHub's search limit per token) or a host-scope one (shared, like
-Binance's weight per IP); a request belongs to those whose `paths` match its
+Binance's weight per IP), or a key-and-model one (one per key and the model
+the request names, like OpenAI's and Anthropic's limits); a request belongs to those whose `paths` match its
 path, those its path rule names, and those its workload line names. All are
 spent together or not at all.
 """
@@ -53,10 +54,11 @@ class Budgets:
         self.specs = {b.name: b for b in cfg.budgets}
         self.host = {b.name: make_limiter(b.policies) for b in cfg.budgets if b.scope == "host"}
         self.key_specs = tuple(b for b in cfg.budgets if b.scope == "key")
+        self.model_specs = tuple(b for b in cfg.budgets if b.per_model)  # one per key and model
         self.paths = PathTable(cfg.paths)
         self.target_path = _path_of(cfg.target.url)
         # With no budgets and no path rules every request is alike: the workers skip routing.
-        self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted)
+        self.routing = bool(cfg.budgets or cfg.paths or cfg.key_weighted or cfg.key_per_model)
         self.covering = tuple(b for b in cfg.budgets if not b.paths)  # budgets every request spends
         # Token budgets: a request's tokens are estimated once from its body (engine/limits/costs.py).
         self.costs = (
@@ -94,6 +96,8 @@ class Budgets:
         return Route(weight, tuple(chosen), self.units(req))
 
     def limiter_for(self, spec: BudgetSpec, key_budgets: dict[str, WindowLimiter]) -> WindowLimiter:
+        """`spec`'s limiter: the host's, else the key's in `key_budgets` (a model's lane's
+        table for a budget per key and model, engine/path/lanes.py)."""
         return self.host[spec.name] if spec.scope == "host" else key_budgets[spec.name]
 
 

@@ -225,7 +225,7 @@ class MakespanMeter:
             shared = host.budgets.host.get(name)
             if shared is not None:
                 demands.append(([self._limits(shared)], units))
-            else:
+            elif name in live[0].key_budgets:  # a budget per key and model: its lanes are not counted
                 demands.append(([self._limits(w.key_budgets[name]) for w in live], units))
         least = least_time(demands, rtt_s)
         self._least = (now, least)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ratedeck.engine.request import Request
     from ratedeck.engine.settings import KeySpec
 
+    from .lanes import ModelLane, ModelLanes
+
 #: What a key with no limit given enforces until the server advertises one: nothing (it sends
 #: one request at a time meanwhile, `KeyLimits.discovering`).
 UNKNOWN_LIMIT = Policy(MAX_LIMIT, 1.0)
@@ -167,7 +169,9 @@ class KeyLimits:
 
     `limiter` is the key's own budget; `limiters` every budget a send spends
     (key, host); `key_budgets` the key's named budgets (key scope). A key built
-    with `leases` sends only at times a shared store granted.
+    with `leases` sends only at times a shared store granted. With limits per
+    key and model, `lanes` holds each model's buckets (`lanes.py`): an answer
+    teaches the lane of the model its request named.
     """
 
     __slots__ = (
@@ -189,6 +193,7 @@ class KeyLimits:
         "sends",
         "leases",
         "learning",
+        "lanes",
         "_policy_header",
     )
 
@@ -206,8 +211,10 @@ class KeyLimits:
         slow_start: bool = False,
         learn_first: bool = False,
         leases: KeyLeases | None = None,
+        lanes: ModelLanes | None = None,
     ) -> None:
         self.label = spec.label
+        self.lanes = lanes
         self.told = ", ".join(str(p) for p in spec.policies)  # the limits given, as the user wrote them
         self.limiter = limiter
         self.limiters = (limiter, *shared)
@@ -217,8 +224,12 @@ class KeyLimits:
         budgets = learning.budgets
         # Token budgets every request spends from: one that holds a request back holds all.
         self.token_gates: frozenset[WindowLimiter] = frozenset(
-            budgets.limiter_for(b, self.key_budgets) for b in budgets.covering if b.tokens and budgets.routing
+            budgets.limiter_for(b, self.key_budgets)
+            for b in budgets.covering
+            if b.tokens and budgets.routing and not b.per_model
         )
+        if lanes is not None:
+            learn_first = False  # each model's lane waits for its own first answer
         # No limit given: one request in flight until the server's answers advertise one.
         self.discovering = not spec.policies
         # An LLM API's tier is in its answers' headers: one request until the first answer.
@@ -232,7 +243,9 @@ class KeyLimits:
         self._policy_header: str | None = None  # the last RateLimit-Policy seen, to parse once
         # The key's limit as an estimate that moves both ways (limits/estimate.py): the tightest
         # sliding window it was told, enforced by the limiter's meter of that policy.
-        sliding = [p for p in spec.policies if p.kind is PolicyKind.SLIDING]
+        # (none when the key's limits hold per model: each lane follows its server's headers)
+        per_model = lanes is not None and lanes.per_model_requests
+        sliding = [p for p in spec.policies if p.kind is PolicyKind.SLIDING and not per_model]
         self.estimated: Policy | None = min(sliding, key=lambda p: p.rate) if sliding else None
         self.estimate: KeyEstimate | None = (
             KeyEstimate(self.estimated.limit, self.estimated.window_s, climb=climb, slow_start=slow_start)
@@ -254,8 +267,22 @@ class KeyLimits:
         """Requests per second this key lets through now: its own limit's, or fewer where a
         token budget every request spends from binds (its refill over what one request has
         cost once settled, on average so far)."""
+        lanes = self.lanes
+        if lanes is not None and lanes.per_model_requests and len(lanes):
+            return sum(self._lane_rate(lane, h) for lane in lanes)
         rate = self.limiter.live_rate(h)
         for lim in self.token_gates:
+            cost = lim.settled_cost()
+            if cost:
+                rate = min(rate, lim.live_rate(h) / cost)
+        return rate
+
+    @staticmethod
+    def _lane_rate(lane: ModelLane, h: float) -> float:
+        """Requests per second one model's lane lets through (its token buckets at their cost so far)."""
+        assert lane.limiter is not None
+        rate = lane.limiter.live_rate(h)
+        for lim in lane.own.values():
             cost = lim.settled_cost()
             if cost:
                 rate = min(rate, lim.live_rate(h) / cost)
@@ -295,7 +322,10 @@ class KeyLimits:
         an advertised limit, what the server did not charge, its own counts."""
         status = result.status
         learning = self.learning
+        lane = self.lanes.lane(req) if self.lanes is not None else None
         if status is not None:
+            if lane is not None and lane.first_pending:
+                lane.first_pending = lane.first_out = False  # the model's limits are known now
             if self.first_pending:
                 self._first_answered()
             # Only an answer that went through (2xx) or was rate-limited (429) speaks for the limit:
@@ -306,9 +336,9 @@ class KeyLimits:
             for policy in self.adopt_advertised(result.policy_header, now):
                 learning.event(EventKind.SETTING, f"{self.label}: server advertises {policy}; adopted it")
         if stamps and status is not None and (learning.budgets.settled or learning.free_statuses):
-            self._give_back(req, result, stamps[0], now)
+            self._give_back(req, result, stamps[0], now, lane)
         if result.quotas:
-            self._sync_quotas(req, result, now)
+            self._sync_quotas(req, result, now, lane)
 
     def judged(self, tally: Tally, sent_at: float | None, now: float) -> bool:
         """The verdict's tally for a send at `sent_at`: a success may let the estimate climb,
@@ -338,6 +368,9 @@ class KeyLimits:
     def answered_all(self) -> None:
         """Nothing of this key is in flight: no probe is waited for."""
         self.sends.probe_out = False
+        if self.lanes is not None:
+            for lane in self.lanes:  # an attempt that never reached the server taught nothing
+                lane.first_out = False
 
     def _first_answered(self) -> None:
         """The key's first answer came: its limits are known, send as they allow."""
@@ -397,7 +430,7 @@ class KeyLimits:
         return False
 
     # -- the server's counts
-    def _sync_quotas(self, req: Request, result: Outcome, now: float) -> None:
+    def _sync_quotas(self, req: Request, result: Outcome, now: float, lane: ModelLane | None) -> None:
         """Take the server's own counts: a budget it names, a weight budget, else the key's own.
 
         What this key spent after the answered request was sent is added, since
@@ -406,12 +439,12 @@ class KeyLimits:
         """
         sent_at = req.last_sent_at if req.last_sent_at is not None else now
         if any(quota.follow for quota in result.quotas):
-            self._follow(result.quotas, sent_at, now)
+            self._follow(result.quotas, sent_at, now, lane)
         watcher = self.learning.watcher
         for quota in result.quotas:
             if quota.follow:
                 continue
-            limiter = self._limiter_for_quota(quota)
+            limiter = self._limiter_for_quota(quota, lane)
             if limiter is None:
                 continue
             reset_at = now + quota.reset_in_s if quota.reset_in_s is not None else None
@@ -441,7 +474,9 @@ class KeyLimits:
                     "(the server counted more than we sent); using what is left",
                 )
 
-    def _follow(self, quotas: tuple[Quota, ...], sent_at: float, now: float) -> None:
+    def _follow(
+        self, quotas: tuple[Quota, ...], sent_at: float, now: float, lane: ModelLane | None = None
+    ) -> None:
         """An LLM API's buckets as its answer states them: size, refill and count, adopted
         lower or higher than ours (the tier, learned; nobody needs to know theirs).
 
@@ -452,9 +487,11 @@ class KeyLimits:
         remaining count less one, the reset's last figure rounded up, a wall-clock
         reset given back the round trip it may have spent reaching us); the key
         keeps the shortest bound seen. The count corrects ours where it proves it
-        wrong (`_Bucket.follow`).
+        wrong (`_Bucket.follow`). With limits per model, all of this is the lane's
+        of the model the request named.
         """
-        bound = self.window_bound
+        owner: KeyLimits | ModelLane = lane if lane is not None else self
+        bound = owner.window_bound
         transit = now - sent_at  # a wall-clock reset lost at most the round trip on its way here
         for q in quotas:
             if q.follow and q.limit and q.remaining is not None and q.reset_in_s:
@@ -462,15 +499,15 @@ class KeyLimits:
                 if short >= 2:
                     reset = q.reset_in_s + transit if q.reset_from_time else q.reset_in_s
                     bound = min(bound, q.limit * reset / (short - 1))
-        first_window = bound < math.inf and self.window_bound == math.inf
-        self.window_bound = bound
+        first_window = bound < math.inf and owner.window_bound == math.inf
+        owner.window_bound = bound
         window = bound if bound < math.inf else None
         watcher = self.learning.watcher
         moved = []
         for q in quotas:
             if not q.follow or q.limit is None or q.remaining is None:
                 continue
-            limiter = self._limiter_for_follow(q.name)
+            limiter = self._limiter_for_follow(q.name, lane)
             if limiter is None:
                 continue
             before = limiter.bucket()
@@ -485,23 +522,35 @@ class KeyLimits:
                 if before is not None and (before.limit != q.limit or first_window):
                     was = f" (was {before.limit:,})" if before.limit != q.limit else ""
                     moved.append(f"{q.name} {q.limit:,}{was}")
-            self.server.note(q, now + q.reset_in_s if q.reset_in_s is not None else None)
+            reset_at = now + q.reset_in_s if q.reset_in_s is not None else None
+            if lane is None:
+                self.server.note(q, reset_at)
+            elif q.name == "requests":
+                lane.remaining, lane.limit, lane.reset_at = q.remaining, q.limit, reset_at
         if moved:
             refill = f", refilled over {bound:.1f} s" if bound < math.inf else ""
+            who = f"{self.label} {lane.model}" if lane is not None else self.label
             self.learning.event(
-                EventKind.SETTING, f"{self.label}: the server's limits: {', '.join(moved)}{refill}; adopted"
+                EventKind.SETTING, f"{who}: the server's limits: {', '.join(moved)}{refill}; adopted"
             )
 
-    def _limiter_for_follow(self, unit: str | None) -> WindowLimiter | None:
+    def _limiter_for_follow(self, unit: str | None, lane: ModelLane | None = None) -> WindowLimiter | None:
+        if lane is not None:
+            if unit == "requests" and lane.limiter is not None:
+                return lane.limiter
+            if unit in lane.budgets:
+                return lane.budgets[unit]
         if unit == "requests":
             return self.limiter
         if unit in self.key_budgets:
             return self.key_budgets[unit]
         return self.learning.budgets.host.get(unit) if unit is not None else None
 
-    def _limiter_for_quota(self, quota: Quota) -> WindowLimiter | None:
+    def _limiter_for_quota(self, quota: Quota, lane: ModelLane | None = None) -> WindowLimiter | None:
         name = quota.name
         budgets = self.learning.budgets
+        if lane is not None and name is not None and name in lane.own:
+            return lane.own[name]
         if name is not None:
             if name in self.key_budgets:
                 return self.key_budgets[name]
@@ -513,7 +562,9 @@ class KeyLimits:
             return self.limiter
         return None
 
-    def _give_back(self, req: Request, result: Outcome, stamp: SendStamp, now: float) -> None:
+    def _give_back(
+        self, req: Request, result: Outcome, stamp: SendStamp, now: float, lane: ModelLane | None = None
+    ) -> None:
         """Give back what the server did not charge: all of it for a status the API documents
         as free (`target.free_statuses`), else the part of a settled budget's reservation
         beyond the real use the answer reports (`settle`, like usage.output_tokens)."""
@@ -522,12 +573,14 @@ class KeyLimits:
         route = budgets.route(req)
         ticket = getattr(stamp, "ticket", None)
         watcher = learning.watcher if ticket is not None else None
+        key_budgets = lane.budgets if lane is not None else self.key_budgets
         if result.status in learning.free_statuses:
             back = []
             if not any(b.exclusive for b in route.budgets):
-                back.append((self.limiter, route.weight if self.key_weighted else 1))
+                own = lane.limiter if lane is not None and lane.limiter is not None else self.limiter
+                back.append((own, route.weight if self.key_weighted else 1))
             for spec in route.budgets:
-                back.append((budgets.limiter_for(spec, self.key_budgets), route.cost(spec)))
+                back.append((budgets.limiter_for(spec, key_budgets), route.cost(spec)))
             for lim, units in back:
                 lim.refund(stamp, units, now)
                 if watcher is not None:
@@ -539,7 +592,7 @@ class KeyLimits:
         for spec in route.budgets:
             if spec.settle is None:
                 continue
-            lim = budgets.limiter_for(spec, self.key_budgets)
+            lim = budgets.limiter_for(spec, key_budgets)
             used = _used(result.response, spec.settle, doc)
             reserved = route.cost(spec)
             if used is not None and used < reserved:

@@ -145,14 +145,11 @@ class RequestPath:
         self.in_flight += 1
         m = self.metrics
         m.sent += 1
-        sent = req.sent_state()  # three of its attributes set at once
-        sent_at = sent.last_sent_at = stamps[0].t if stamps else self.clock()
-        if sent.first_sent_at is None:
-            sent.first_sent_at = sent_at
+        sent_at = stamps[0].t if stamps else self.clock()
+        if req.mark_sent(sent_at, worker.label):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
         if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
-        sent.key = worker.label
         create_task = self._create_task
         assert create_task is not None, "launch() before start()"
         # The attempt takes itself out of `sends` when it ends (no done callback: one
@@ -241,8 +238,15 @@ class RequestPath:
             )
         if widen:
             self.headroom.observe_rejection(now)
+        lanes = worker.limits.lanes
+        lane = lanes.lane(req) if lanes is not None else None
+        if lane is not None and v.tally is Tally.REJECTED_429:
+            lane.rejected_429 += 1
         if v.cooldown is not None:
-            gate = self.host_gate if v.cooldown.scope is Scope.HOST else worker.gates[0]
+            if v.cooldown.scope is Scope.HOST:
+                gate = self.host_gate
+            else:  # the key's, or with limits per model the model's: the key's other models go on
+                gate = lane.gate if lane is not None else worker.gates[0]
             self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
         if v.unsure:
             req.unsure = True

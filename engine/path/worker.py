@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ratedeck.engine.ports import RunClock, WorkerHost, WorkerQueues
     from ratedeck.engine.request import Request
 
+    from .lanes import ModelLane
+
 __all__ = ["LEASE_EARLY_S", "RECENT_ERRORS", "UNKNOWN_LIMIT", "KeyStats", "KeyWorker"]
 
 #: A lease may be used this much before its time: a timer fires up to the clock's resolution
@@ -127,6 +129,8 @@ class KeyWorker:
         "_plan_slots",
         "_asked",
         "_route_tokens",
+        "_lane",
+        "_turn",
     )
 
     def __init__(
@@ -164,6 +168,8 @@ class KeyWorker:
         self._plan_slots: LeasedSlots | None = None
         self._asked = False
         self._route_tokens = False
+        self._lane: ModelLane | None = None  # the model lane of the request just admitted
+        self._turn = 0  # counts the turns that look for work with budgets (a lane held in one)
 
     # -- what callers read of the key (its limits and counts live in `limits` and `stats`)
     @property
@@ -299,12 +305,21 @@ class KeyWorker:
                 req = queues.pop_ready(now, self.path.pool_ok_req, self.label)
             else:
                 self._plan_now, self._wake_at, self._asked = now, math.inf, False
+                self._turn += 1
+                if limits.lanes is not None:
+                    limits.lanes.for_answer = False
                 req = queues.pop_ready(now, self._admit, self.label)
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
                     queues.pass_on()
                     await self._wait(self._wake_at)
                     self._wake_at = math.inf
+                    continue
+                if (
+                    limits.lanes is not None and limits.lanes.for_answer and self.in_flight
+                ):  # work is there, waiting for an answer
+                    queues.pass_on()
+                    await self._wait(None)
                     continue
                 await self._wait_for_work()
                 woken_for_work = True
@@ -342,6 +357,11 @@ class KeyWorker:
             stamps[0].ticket = slots.take()
             if len(slots) <= 1 and not slots.single and len(self.queues):
                 leases.want(self, now, slots)  # the next grant comes before these run out
+        lane = self._lane
+        if lane is not None and self.budgets is not None:
+            lane.sent += 1
+            if lane.first_pending:
+                lane.first_out = True  # the model's others wait for this one's answer
         self.in_flight += 1
         self.stats.sent += 1
         limits.note_send(now)
@@ -352,13 +372,18 @@ class KeyWorker:
         assert self.budgets is not None
         limits = self.limits
         route = self.budgets.route(req)
+        lane = self._lane = limits.lanes.lane(req) if limits.lanes is not None else None
+        own, key_budgets = limits.limiter, limits.key_budgets
+        if lane is not None:
+            own = lane.limiter if lane.limiter is not None else own
+            key_budgets = lane.budgets
         plan = []
         if not any(spec.exclusive for spec in route.budgets):
-            plan.append((limits.limiter, route.weight if limits.key_weighted else 1))
+            plan.append((own, route.weight if limits.key_weighted else 1))
         plan.extend((lim, 1) for lim in limits.limiters[1:])
         tokens = False
         for spec in route.budgets:
-            plan.append((self.budgets.limiter_for(spec, limits.key_budgets), route.cost(spec)))
+            plan.append((self.budgets.limiter_for(spec, key_budgets), route.cost(spec)))
             tokens = tokens or spec.tokens
         self._route_tokens = tokens
         return plan
@@ -373,6 +398,9 @@ class KeyWorker:
             return False
         plan = self.spend_plan(req)
         now = self._plan_now
+        lane = self._lane
+        if lane is not None and not self._lane_open(lane, now):
+            return False
         ready, holder = now, None
         for lim, cost in plan:
             free = lim.next_free(now, cost)
@@ -406,7 +434,24 @@ class KeyWorker:
             self._wake_at = ready
         if holder is not None and holder in token_gates:
             return None
+        if lane is not None and holder is not None and self._route_tokens and holder in lane.own.values():
+            lane.held_turn = self._turn  # this model's next requests wait behind this one
         return False
+
+    def _lane_open(self, lane: ModelLane, now: float) -> bool:
+        """Whether a request of `lane`'s model may go now: its gate is open, its first answer
+        is not awaited, no earlier request of it was held by a token bucket this turn."""
+        open_at = lane.gate.open_at
+        if open_at > now:
+            if open_at < self._wake_at:
+                self._wake_at = open_at
+            return False
+        if lane.first_out:
+            lanes = self.limits.lanes
+            assert lanes is not None
+            lanes.for_answer = True  # the worker waits for an answer, not for more work
+            return False
+        return lane.held_turn != self._turn
 
     async def _wait_for_work(self) -> None:
         # The waiter doubles as the queue's getter: a put wakes it, and so

@@ -24,6 +24,12 @@ pages quoting them, e.g. runcycles.io/troubleshoot/anthropic-rate-limit-error):
 - Over a limit: 429 with ``retry-after`` (whole seconds, rounded up) and
   ``{"type": "error", "error": {"type": "rate_limit_error", "message": ...}}``; the
   refused request is charged nothing.
+- Limits per model (the docs: "rate limits are applied separately for each model; therefore
+  you can use different models up to their respective limits simultaneously"): with
+  ``models`` (``{"claude-haiku-4-5": {"rpm": 50, "itpm": 50000, "otpm": 10000}, ...}``)
+  every key has the three buckets per model, an answer's headers are those of the model
+  its request named, and a model not listed is 404 ``not_found_error`` ("model: x"),
+  charged nothing. Without ``models`` every model shares one set per key.
 - ``overload_share`` of requests (or an exact ``overload_pattern`` of booleans) answer
   529 ``overloaded_error``, charging nothing (server load, not the key's limits).
 
@@ -105,6 +111,7 @@ class AnthropicState:
     # fake clock already reads wall-like times: 0).
     wall_offset: float | None = None
     organization: str = "00000000-stub-org"  # the anthropic-organization-id a success carries
+    models: dict[str, dict[str, int]] | None = None  # per model {"rpm", "itpm", "otpm"}; None: one for all
     streaming: StreamOptions = field(default_factory=StreamOptions)
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
@@ -121,6 +128,16 @@ class AnthropicState:
             }
             for k in self.keys
         }
+        limits = {m: (v["rpm"], v["itpm"], v["otpm"]) for m, v in (self.models or {}).items()}
+        self.model_buckets = {
+            (k, m): {
+                "requests": Bucket(rpm, self.minute_s, updated=t0),
+                "input-tokens": Bucket(itpm, self.minute_s, updated=t0),
+                "output-tokens": Bucket(otpm, self.minute_s, updated=t0),
+            }
+            for k in self.keys
+            for m, (rpm, itpm, otpm) in limits.items()
+        }
         self.rng = random.Random(self.seed)
         self.seq = 0
         self.output_used: dict[str, int] = dict.fromkeys(self.keys, 0)  # settled output tokens, per key
@@ -128,17 +145,34 @@ class AnthropicState:
             self.wall_offset = time.time() - time.monotonic() if self.clock is mono_clock else 0.0
 
     def allowed_capacity(
-        self, start: float, end: float, *, key: str | None = None, bucket: str | None = None
+        self,
+        start: float,
+        end: float,
+        *,
+        key: str | None = None,
+        bucket: str | None = None,
+        model: str | None = None,
     ) -> float:
-        """Units of ``bucket`` (default output-tokens) an ideal client could use in [start, end)."""
-        limit = {"requests": self.rpm, "input-tokens": self.itpm}.get(bucket or "", self.otpm)
+        """Units of ``bucket`` (default output-tokens) an ideal client could use in [start, end),
+        of ``model`` with limits per model (every model's without one)."""
+        name = bucket if bucket in ("requests", "input-tokens") else "output-tokens"
+        if self.models is not None:
+            first = self.keys[0] if isinstance(self.keys, list) else next(iter(self.keys))
+            names = [model] if model is not None else list(self.models)
+            limit = sum(int(self.model_buckets[first, m][name].capacity) for m in names)
+        else:
+            limit = {"requests": self.rpm, "input-tokens": self.itpm}.get(name, self.otpm)
         n = 1 if key is not None else len(list(self.keys))
         return n * (limit + limit * max(0.0, end - start) / self.minute_s)
 
-    def headers(self, key: str, now: float) -> dict[str, str]:
+    def bank(self, key: str, model: str = "") -> dict[str, Bucket]:
+        """The buckets a request of `key` naming `model` spends (the key's own without ``models``)."""
+        return self.model_buckets[key, model] if self.models is not None else self.buckets[key]
+
+    def headers(self, key: str, now: float, model: str = "") -> dict[str, str]:
         out = {}
         offset = self.wall_offset or 0.0
-        for name, b in self.buckets[key].items():
+        for name, b in self.bank(key, model).items():
             out[f"anthropic-ratelimit-{name}-limit"] = str(int(b.capacity))
             out[f"anthropic-ratelimit-{name}-remaining"] = str(b.remaining(now))
             out[f"anthropic-ratelimit-{name}-reset"] = rfc3339(now + offset + b.full_in(now))
@@ -164,13 +198,21 @@ class AnthropicState:
             return error(
                 400, "invalid_request_error", "anthropic-version: header is required", self.headers(key, now)
             )
+        if self.models is not None:
+            call.model = next(iter(self.models))  # the headers of an answer to no model
         body = await self.read_body(call)
         if isinstance(body, web.Response):
             return body
+        if self.models is not None:
+            model = body.get("model")
+            if not isinstance(model, str) or model not in self.models:
+                call.record(404, "model_not_found", detail="not_found_error")
+                return error(404, "not_found_error", f"model: {model}")
+            call.model = call.bucket = model
         if self.overloaded():
             self.book.refusals[key]["overloaded_error"] += 1
             call.record(529, "overloaded", detail="overloaded_error")
-            return error(529, "overloaded_error", "Overloaded", self.headers(key, now))
+            return error(529, "overloaded_error", "Overloaded", self.headers(key, now, call.model))
         messages, max_tokens = body["messages"], int(body["max_tokens"])
         system = body.get("system", "")
         text = content_text(system) + "".join(
@@ -186,7 +228,13 @@ class AnthropicState:
 
         await work(self.latency, self.hold)
         return await self.answer(
-            request, body, key, input_tokens, max_tokens, lambda cost: call.record(200, "ok", cost, identity)
+            request,
+            body,
+            key,
+            input_tokens,
+            max_tokens,
+            lambda cost: call.record(200, "ok", cost, identity),
+            call.model,
         )
 
     async def read_body(self, call: Call) -> dict[str, Any] | web.Response:
@@ -202,14 +250,14 @@ class AnthropicState:
                 400,
                 "invalid_request_error",
                 "messages: field required; max_tokens: field required (>= 1)",
-                self.headers(call.key, call.now),
+                self.headers(call.key, call.now, call.model),
             )
         return body
 
     def charge_limits(self, call: Call, wants: dict[str, int]) -> web.Response | None:
         """Every bucket must have room; the refusal names the first that has none."""
         key, now = call.key, call.now
-        b = self.buckets[key]
+        b = self.bank(key, call.model)
         waits = {name: b[name].wait_for(amount, now) for name, amount in wants.items()}
         over = [name for name, w in waits.items() if w > 0]
         if not over:
@@ -219,7 +267,7 @@ class AnthropicState:
         wait = max(waits.values())
         self.book.refusals[key]["rate_limit_error"] += 1
         call.record(429, "rate_limited", detail=f"rate_limit_error:{over[0]}")
-        headers = {"retry-after": str(max(1, math.ceil(wait))), **self.headers(key, now)}
+        headers = {"retry-after": str(max(1, math.ceil(wait))), **self.headers(key, now, call.model)}
         kind = over[0].replace("-", " ")
         return error(
             429,
@@ -238,10 +286,11 @@ class AnthropicState:
         input_tokens: int,
         max_tokens: int,
         record: Callable[[float], None],
+        lane: str = "",
     ) -> web.StreamResponse:
         """An accepted request's message, sent whole or streamed when the body asks, its output
         settled (and `record`ed with its cost) once it is written."""
-        b = self.buckets[key]
+        b = self.bank(key, lane)
         output_tokens = min(max_tokens, math.ceil(max_tokens * self.output_ratio))
         self.seq += 1
         answer_id = f"msg_stub{self.seq:012d}"
@@ -253,7 +302,7 @@ class AnthropicState:
         account = {"anthropic-organization-id": self.organization, "request-id": f"req_stub{self.seq:012d}"}
         if body.get("stream") is True:
             # The headers go before the answer: they show the output reserved, not yet settled.
-            headers = {**self.headers(key, self.clock()), **account}
+            headers = {**self.headers(key, self.clock(), lane), **account}
             events = self.events(answer_id, model, input_tokens, output_tokens, stop)
             try:
                 return await write_stream(request, events, headers, self.streaming, log)
@@ -279,7 +328,7 @@ class AnthropicState:
         return web.Response(
             text=json.dumps(answer),
             content_type="application/json",
-            headers={**self.headers(key, end), **account},
+            headers={**self.headers(key, end, lane), **account},
         )
 
     def events(

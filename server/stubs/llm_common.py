@@ -119,6 +119,7 @@ class Call:
     now: float
     key: str
     bucket: str
+    model: str = ""  # whose buckets it spends, with limits per model ("" without)
 
     def record(self, status: int, outcome: str, cost: float = 0.0, detail: str = "") -> None:
         self.ledger.add(

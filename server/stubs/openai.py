@@ -27,6 +27,13 @@ was not in the searchable corpus):
   The refused request is charged nothing.
 - A key listed in ``no_quota``: 429 ``insufficient_quota`` on every request (billing,
   not rate: retrying does not help).
+- Limits per model (the guide: "rate limits vary by the model being used"; each model
+  has its own requests and tokens per minute): with ``models`` (``{"gpt-4o-mini":
+  {"rpm": 500, "tpm": 200000}, ...}``) every key has a requests and a tokens bucket per
+  model, the ``x-ratelimit-*`` headers of an answer are those of the model its request
+  named, and a model not listed is 404 ``model_not_found`` ("The model `x` does not
+  exist or you do not have access to it."), charged nothing. Without ``models`` every
+  model shares one pair of buckets per key (``rpm``, ``tpm``).
 
 Where the docs are silent (stated choices): the requests bucket is checked before the
 tokens bucket (the 429 names the first that refuses); ``completion_tokens`` is
@@ -38,7 +45,7 @@ finish reason), with ``stream_options.include_usage`` a last chunk with empty ``
 usage (the others then carry ``"usage": null``), and ``data: [DONE]``. Pacing and faults:
 ``StreamOptions`` (``streaming``). Tokens are charged exactly as for an answer sent whole.
 
-Ledger: one ``Record`` per request (``bucket="chat"``; ``cost`` = tokens charged;
+Ledger: one ``Record`` per request (``bucket="chat"``, with ``models`` the model's name; ``cost`` = tokens charged;
 ``detail`` = the prompt's identity when accepted, the error code when refused).
 ``state.answered`` keeps each answer's text (and a stream's progress, ``Answered``);
 ``state.book.prompts[key]`` counts each prompt accepted, ``state.book.duplicates(key)``
@@ -119,6 +126,7 @@ class OpenAIState:
     latency: float = 0.0
     hold: asyncio.Event | None = None
     organization: str = "org-stub"  # the openai-organization header a success carries
+    models: dict[str, dict[str, int]] | None = None  # per model {"rpm": .., "tpm": ..}; None: one for all
     streaming: StreamOptions = field(default_factory=StreamOptions)
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
@@ -127,22 +135,52 @@ class OpenAIState:
     def __post_init__(self) -> None:
         self.keys = list(self.keys)
         self.no_quota = set(self.no_quota)
-        self.requests = {k: Bucket(self.rpm, self.minute_s, updated=self.clock()) for k in self.keys}
-        self.tokens = {k: Bucket(self.tpm, self.minute_s, updated=self.clock()) for k in self.keys}
+        t0 = self.clock()
+        # The buckets by (key, model); without per-model limits every model is "" (one pair a key).
+        self.limits = {m: (v["rpm"], v["tpm"]) for m, v in (self.models or {"": {}}).items() if m} or {
+            "": (self.rpm, self.tpm)
+        }
+        self.requests = {
+            (k, m): Bucket(rpm, self.minute_s, updated=t0)
+            for k in self.keys
+            for m, (rpm, _) in self.limits.items()
+        }
+        self.tokens = {
+            (k, m): Bucket(tpm, self.minute_s, updated=t0)
+            for k in self.keys
+            for m, (_, tpm) in self.limits.items()
+        }
+        self.known = set(self.keys)
         self.seq = 0
 
-    def allowed_capacity(
-        self, start: float, end: float, *, key: str | None = None, bucket: str | None = None
-    ) -> float:
-        """Tokens an ideal client could be charged in [start, end): a full bucket + the refill."""
-        n = 1 if key is not None else len(list(self.keys))
-        return n * (self.tpm + self.tpm * max(0.0, end - start) / self.minute_s)
+    def lane(self, model: Any) -> str | None:
+        """Whose buckets a request naming `model` spends: the model's ("" without per-model
+        limits); None for a model this stub does not know."""
+        if self.models is None:
+            return ""
+        return model if isinstance(model, str) and model in self.limits else None
 
-    def headers(self, key: str, now: float) -> dict[str, str]:
-        r, t = self.requests[key], self.tokens[key]
+    def allowed_capacity(
+        self,
+        start: float,
+        end: float,
+        *,
+        key: str | None = None,
+        bucket: str | None = None,
+        model: str | None = None,
+    ) -> float:
+        """Tokens (or with ``bucket="requests"`` requests) an ideal client could be charged in
+        [start, end): a full bucket + the refill, of ``model`` (every model's without one)."""
+        n = 1 if key is not None else len(list(self.keys))
+        lanes = [self.limits[model]] if model is not None else list(self.limits.values())
+        size = sum(rpm if bucket == "requests" else tpm for rpm, tpm in lanes)
+        return n * (size + size * max(0.0, end - start) / self.minute_s)
+
+    def headers(self, key: str, now: float, model: str = "") -> dict[str, str]:
+        r, t = self.requests[key, model], self.tokens[key, model]
         return {
-            "x-ratelimit-limit-requests": str(self.rpm),
-            "x-ratelimit-limit-tokens": str(self.tpm),
+            "x-ratelimit-limit-requests": str(int(r.capacity)),
+            "x-ratelimit-limit-tokens": str(int(t.capacity)),
             "x-ratelimit-remaining-requests": str(r.remaining(now)),
             "x-ratelimit-remaining-tokens": str(t.remaining(now)),
             "x-ratelimit-reset-requests": duration(r.full_in(now)),
@@ -155,7 +193,7 @@ class OpenAIState:
         scheme, _, key = auth.partition(" ")
         key = key.strip() if scheme.lower() == "bearer" else ""
         call = Call(self.ledger, request, now, key, "chat")
-        if key not in self.requests:
+        if key not in self.known:
             call.record(401, "unauthorized")
             return error(
                 401,
@@ -170,6 +208,18 @@ class OpenAIState:
         body = await self.read_body(call)
         if isinstance(body, web.Response):
             return body
+        lane = self.lane(body.get("model"))
+        if lane is None:
+            call.record(404, "model_not_found", detail="model_not_found")
+            return error(
+                404,
+                f"The model `{body.get('model')}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+            )
+        call.model = lane
+        if lane:
+            call.bucket = lane  # with limits per model, the ledger names the model
         refused = self.check_quota(call)
         if refused is not None:
             return refused
@@ -197,7 +247,7 @@ class OpenAIState:
                 "'messages' is a required property",
                 "invalid_request_error",
                 None,
-                **self.headers(call.key, call.now),
+                **self.headers(call.key, call.now, self.lane(None) or next(iter(self.limits))),
             )
         return body
 
@@ -214,13 +264,13 @@ class OpenAIState:
             "https://platform.openai.com/docs/guides/error-codes/api-errors.",
             "insufficient_quota",
             "insufficient_quota",
-            **self.headers(key, call.now),
+            **self.headers(key, call.now, call.model),
         )
 
     def check_limits(self, call: Call, cost: int) -> web.Response | None:
         """The requests bucket, then the tokens bucket; the first that refuses is named."""
-        key, now = call.key, call.now
-        r, t = self.requests[key], self.tokens[key]
+        key, now, model = call.key, call.now, call.model
+        r, t = self.requests[key, model], self.tokens[key, model]
         for kind, bucket, amount, unit, label in (
             ("requests", r, 1, "requests per min (RPM)", "requests"),
             ("tokens", t, cost, "tokens per min (TPM)", "tokens"),
@@ -239,25 +289,25 @@ class OpenAIState:
                 call.record(429, "rate_limited", detail=f"rate_limit_exceeded:{label}")
                 return error(
                     429,
-                    f"Rate limit reached for {self.model} in organization org-{mask(key)} on {unit}: "
+                    f"Rate limit reached for {model or self.model} in organization org-{mask(key)} on {unit}: "
                     f"Limit {int(bucket.capacity)}, Used {int(used)}, Requested {amount}. "
                     f"Please try again in {duration(wait)}. Visit "
                     "https://platform.openai.com/account/rate-limits to learn more.",
                     kind,
                     "rate_limit_exceeded",
-                    **self.headers(key, now),
+                    **self.headers(key, now, model),
                 )
         return None
 
     async def admit(self, call: Call, messages: list[Any], cost: int) -> dict[str, str]:
         """Charge an accepted request, record it, and the headers its answer carries."""
         key, now = call.key, call.now
-        self.requests[key].take(1, now)
-        self.tokens[key].take(cost, now)
+        self.requests[key, call.model].take(1, now)
+        self.tokens[key, call.model].take(cost, now)
         identity = prompt_identity(messages)
         self.book.prompts[key][identity] += 1
         call.record(200, "ok", cost=cost, detail=identity)
-        headers = self.headers(key, now)
+        headers = self.headers(key, now, call.model)
         await work(self.latency, self.hold)
         # as OpenAI's answers say it: the server's own time on the request, in whole ms
         headers["openai-processing-ms"] = str(max(0, round((self.clock() - now) * 1000)))

@@ -580,6 +580,7 @@ async def test_throttle_keys_on_a_plain_run_give_a_notice_and_send_nothing():
                 await pilot.pause()
             else:
                 await pilot.press(press)
+                await pilot.pause()  # the key's action posts the notice: let the app process it
             assert any("message runs only" in text for text in notices(app)), press
             assert not isinstance(app.screen, ThrottleScreen)
         assert host.commands == []

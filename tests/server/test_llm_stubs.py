@@ -316,3 +316,25 @@ def test_anthropic_overload_share_is_seeded() -> None:
             assert set(statuses) == {200, 529} and 8 <= statuses.count(529) <= 32
 
     run(body)
+
+
+def test_the_openai_stub_limits_each_model_on_its_own_and_refuses_an_unknown_one():
+    asyncio.run(_per_model())
+
+
+async def _per_model():
+    models = {"small": {"rpm": 2, "tpm": 10_000}, "large": {"rpm": 50, "tpm": 10_000}}
+    async with await start_openai(keys=["sk-m"], models=models) as stub, aiohttp.ClientSession() as http:
+
+        async def ask(model):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            async with http.post(
+                stub.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-m"}
+            ) as r:
+                return r.status, r.headers.get("x-ratelimit-limit-requests"), await r.json()
+
+        assert [(await ask("small"))[0] for _ in range(3)] == [200, 200, 429]  # the small one's 2 a minute
+        status, limit, _ = await ask("large")  # the large one's bucket is its own
+        assert (status, limit) == (200, "50")
+        status, _, body = await ask("nope")
+        assert status == 404 and body["error"]["code"] == "model_not_found"
