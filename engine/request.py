@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ratedeck.core.vocab import Ending
@@ -115,33 +116,32 @@ class _Extra:
         self.leasing: Any = None
 
 
-class _Side:
+#: The side objects of a request that has none of its own: every read of a side attribute
+#: finds the default there; they are never written (`_side` makes a request its own first).
+_UNSENT = _Sent()
+_PLAIN = _Extra()
+
+
+def _side(holder: str, shared: Any, name: str) -> Any:
     """A request attribute kept in a side object (`_Sent` or `_Extra`), made when the
     attribute is first set to something other than its default. A queued request
-    holds neither: about 80 bytes less for each of a million queued requests."""
+    holds neither (it points at the shared `_UNSENT` and `_PLAIN`): about 80 bytes
+    less for each of a million queued requests.
 
-    __slots__ = ("holder", "kind", "default", "name")
+    A property whose getter is `operator.attrgetter` (C, no Python frame): these are
+    read several times per request on the hot path, writes are fewer."""
+    kind, default = type(shared), getattr(shared, name)
 
-    def __init__(self, holder: str, kind: type, default: Any = None):
-        self.holder, self.kind, self.default, self.name = holder, kind, default, ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        side = getattr(obj, self.holder)
-        return self.default if side is None else getattr(side, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        side = getattr(obj, self.holder)
-        if side is None:
-            if value is self.default:
+    def put(obj: Any, value: Any) -> None:
+        side = getattr(obj, holder)
+        if side is shared:
+            if value is default:
                 return
-            side = self.kind()
-            setattr(obj, self.holder, side)
-        setattr(side, self.name, value)
+            side = kind()
+            setattr(obj, holder, side)
+        setattr(side, name, value)
+
+    return property(attrgetter(f"{holder}.{name}"), put)
 
 
 class Request:
@@ -150,7 +150,7 @@ class Request:
     Times are engine clock seconds. `attempts` counts sends; `eligible_at`
     holds a retry back until its backoff has passed. `params` are what the
     target receives; `call` is a library caller's function, never sent.
-    Attributes most queued requests never set live in side objects (`_Side`).
+    Attributes most queued requests never set live in side objects (`_side`).
     """
 
     __slots__ = (
@@ -165,26 +165,26 @@ class Request:
         "_extra",
     )
 
-    first_sent_at = _Side("_sent", _Sent)
-    last_sent_at = _Side("_sent", _Sent)
-    last_status = _Side("_sent", _Sent)
-    last_error = _Side("_sent", _Sent)
-    result = _Side("_sent", _Sent)
-    ending = _Side("_sent", _Sent)
-    key = _Side("_sent", _Sent)
-    unsure = _Side("_sent", _Sent, False)
-    request_id = _Side("_sent", _Sent)
-    cancelled = _Side("_extra", _Extra, False)
-    call = _Side("_extra", _Extra)
-    on_done = _Side("_extra", _Extra)
-    pool = _Side("_extra", _Extra)
-    shape = _Side("_extra", _Extra)
-    idempotency_key = _Side("_extra", _Extra)
-    pin = _Side("_extra", _Extra)
-    units = _Side("_extra", _Extra)
-    line_id = _Side("_extra", _Extra)
-    answer = _Side("_extra", _Extra)
-    leasing = _Side("_extra", _Extra)
+    first_sent_at = _side("_sent", _UNSENT, "first_sent_at")
+    last_sent_at = _side("_sent", _UNSENT, "last_sent_at")
+    last_status = _side("_sent", _UNSENT, "last_status")
+    last_error = _side("_sent", _UNSENT, "last_error")
+    result = _side("_sent", _UNSENT, "result")
+    ending = _side("_sent", _UNSENT, "ending")
+    key = _side("_sent", _UNSENT, "key")
+    unsure = _side("_sent", _UNSENT, "unsure")
+    request_id = _side("_sent", _UNSENT, "request_id")
+    cancelled = _side("_extra", _PLAIN, "cancelled")
+    call = _side("_extra", _PLAIN, "call")
+    on_done = _side("_extra", _PLAIN, "on_done")
+    pool = _side("_extra", _PLAIN, "pool")
+    shape = _side("_extra", _PLAIN, "shape")
+    idempotency_key = _side("_extra", _PLAIN, "idempotency_key")
+    pin = _side("_extra", _PLAIN, "pin")
+    units = _side("_extra", _PLAIN, "units")
+    line_id = _side("_extra", _PLAIN, "line_id")
+    answer = _side("_extra", _PLAIN, "answer")
+    leasing = _side("_extra", _PLAIN, "leasing")
 
     def __init__(
         self,
@@ -206,8 +206,8 @@ class Request:
         # When it should have arrived (a fixed arrival rate's schedule, a message's
         # arrival), so latency counts time a stalled source held it back.
         self.intended_at = created_at if intended_at is None else intended_at
-        self._sent: _Sent | None = None
-        self._extra: _Extra | None = None
+        self._sent = _UNSENT
+        self._extra = _PLAIN
         if call is not None:
             self.call = call
         if on_done is not None:
@@ -218,9 +218,7 @@ class Request:
     def mark_sent(self, at: float, key: str) -> bool:
         """An attempt sent at `at` on key `key`; True when it is the first. The send path's three
         side attributes set in one call, not three descriptor calls and a read."""
-        sent = self._sent
-        if sent is None:
-            sent = self._sent = _Sent()
+        sent = self.sent_state()
         sent.last_sent_at = at
         sent.key = key
         if sent.first_sent_at is None:
@@ -229,10 +227,17 @@ class Request:
         return False
 
     def live_answer(self) -> Any:
-        """`answer` (its live client's sink, or None), read the cheap way for the transport's hot
-        path: a request with no side attributes costs one slot read, not the descriptor's call."""
-        extra = self._extra
-        return None if extra is None else extra.answer
+        """`answer` (its live client's sink, or None)."""
+        return self._extra.answer
+
+    def sent_state(self) -> _Sent:
+        """Its own `_Sent`, made now if it has none (never the shared `_UNSENT`): the hot path
+        sets several of a sent request's attributes at once through it (`mark_sent`, `_settle`),
+        not one property call each."""
+        sent = self._sent
+        if sent is _UNSENT:
+            sent = self._sent = _Sent()
+        return sent
 
     def __lt__(self, other: Request) -> bool:  # heap order for the DLQ
         return (self.eligible_at, self.id) < (other.eligible_at, other.id)

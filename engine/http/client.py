@@ -100,9 +100,15 @@ def proxy_for(target: TargetConfig, url: URL) -> URL | None:
     return proxy
 
 
-def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] | None = None) -> Client:
+def open_client(
+    target: TargetConfig,
+    url: URL,
+    limit: int,
+    attempts: list[int] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Client:
     """One session for the requests of one engine process to `url`'s origin (see the module doc);
-    `attempts[0]` counts its sends."""
+    `attempts[0]` counts its sends; `headers` go with every request unless it names them."""
     sends: list[int] = attempts if attempts is not None else [0]
 
     class CountedRequest(aiohttp.ClientRequest):
@@ -133,6 +139,7 @@ def open_client(target: TargetConfig, url: URL, limit: int, attempts: list[int] 
         trust_env=False,  # the environment is read once, in proxy_for and ssl_context
         max_field_size=MAX_FIELD_BYTES,
         request_class=CountedRequest,
+        headers=headers,
     )
     return Client(session, proxy_for(target, url), sends)
 

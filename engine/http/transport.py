@@ -75,6 +75,10 @@ class TransportBase:
         return None
 
 
+#: A key's plain GET, prebuilt (`_Building.lean_get`): the query's head, the key's own headers, the URL.
+_Lean = tuple[str, CIMultiDict[str] | None, URL | None]
+
+
 class _Building:
     """The request-building part of `HttpTransport`: the target's URL in pieces, the headers and
     lean URLs of each key (built once per key), the path rules and the signer."""
@@ -113,7 +117,7 @@ class _Building:
         self.paths = PathTable(paths)
         self.signer = signer_for(target.signing) if target.signing else None
         self.headers_by_key: dict[str, dict[str, str]] = {}
-        self.lean_by_key: dict[str, tuple[str, CIMultiDict[str], URL | None] | bool] = {}  # False: not lean
+        self.lean_by_key: dict[str, _Lean | bool] = {}  # False: not lean
 
     def fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
         t = self.target
@@ -142,27 +146,41 @@ class _Building:
             return None
         return nxt if (nxt.scheme, nxt.host, nxt.port) == self.origin else None
 
+    def common_headers(self) -> dict[str, str]:
+        """The headers every request carries whatever its key: the session's defaults."""
+        t = self.target
+        headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
+        if self.credentials is not None:  # credentials in the URL: HTTP Basic, as curl does
+            user, password = self.credentials
+            pair = f"{user}:{password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        for name, value in t.headers.items():  # the config's own headers
+            _put(headers, name, value)
+        return headers
+
     def key_headers(self, key: KeySpec) -> dict[str, str]:
         """The headers every request of this key carries (built once per key)."""
         headers = self.headers_by_key.get(key.label)
         if headers is None:
             t = self.target
-            headers = {"User-Agent": t.user_agent or USER_AGENT, "Accept": "*/*"}
-            if self.credentials is not None:  # credentials in the URL: HTTP Basic, as curl does
-                user, password = self.credentials
-                pair = f"{user}:{password or ''}".encode()
-                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-            for name, value in t.headers.items():  # the config's own headers
-                _put(headers, name, value)
+            headers = self.common_headers()
             if t.key_header:  # and the key's, over any of the same name
                 fmt = t.key_format or ("Bearer {key}" if t.key_header.lower() == "authorization" else "{key}")
                 _put(headers, t.key_header, fmt.replace("{key}", key.secret))
             self.headers_by_key[key.label] = headers
         return headers
 
-    def lean_get(self, key: KeySpec) -> tuple[str, CIMultiDict[str], URL | None] | None:
+    def own_headers(self, key: KeySpec) -> CIMultiDict[str] | None:
+        """What the key's headers add to the session's defaults (`common_headers`): its key
+        header, or None. aiohttp merges a request's headers into the defaults one by one;
+        passing none skips that."""
+        common = self.common_headers()
+        own = {name: value for name, value in self.key_headers(key).items() if common.get(name) != value}
+        return CIMultiDict(own) if own else None
+
+    def lean_get(self, key: KeySpec) -> _Lean | None:
         """For a plain GET (no shape, signing or path rule): the URL up to the varying fields,
-        the key's headers and, when nothing varies per request (no nonce, id or parameters),
+        what the key's headers add to the session's (`own_headers`) and, when nothing varies per request (no nonce, id or parameters),
         the whole URL as a prebuilt `yarl.URL`; built once per key. None when this target
         needs more."""
         lean = self.lean_by_key.get(key.label)
@@ -187,7 +205,7 @@ class _Building:
                     if query
                     else URL(self.base, encoded=True)
                 )
-            lean = self.lean_by_key[key.label] = (head, CIMultiDict(self.key_headers(key)), fixed)
+            lean = self.lean_by_key[key.label] = (head, self.own_headers(key), fixed)
         assert isinstance(lean, tuple)
         return lean
 
@@ -415,7 +433,10 @@ class HttpTransport(TransportBase):
         # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
         # times every attempt out with one timer for all.
         conn = self._conn
-        conn.client = open_client(self.target, self._building.post_url, conn.max_connections, conn.attempts)
+        building = self._building
+        conn.client = open_client(
+            self.target, building.post_url, conn.max_connections, conn.attempts, building.common_headers()
+        )
         conn.deadlines = AttemptDeadlines(self.target.timeout_s)
         return conn.client
 

@@ -10,6 +10,7 @@ docs/how-it-stays-under-the-limit.md ("Headroom in detail").
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from typing import Any
@@ -363,7 +364,9 @@ class SpreadEvidence:
 
     def __init__(self, window_s: int, jitter_share: float, safety: float, direct_safety: float):
         self.net = RangeTracker(window_s)  # round trips less usable server time
-        self.raw = RangeTracker(window_s)  # whole round trips
+        # Whole round trips: the same tracker as `net` until an answer's server time is first
+        # used (until then both see the same samples), so an answer costs one `add`, not two.
+        self.raw = self.net
         self.probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
         self.server_mean: float | None = None  # moving mean of usable server time (s)
         self.hint_share = 0.0  # moving share of answers with a usable hint
@@ -390,7 +393,11 @@ class SpreadEvidence:
         net = rtt_s - server_s if usable and server_s is not None else rtt_s
         if self.first_t is None:
             self.first_t = now
-        self.raw.add(rtt_s, now)
+        raw = self.raw
+        if usable and raw is self.net:  # the first hint: from now on the two differ
+            raw = self.raw = copy.deepcopy(raw)
+        if raw is not self.net:
+            raw.add(rtt_s, now)
         if self.net.add(net, now):
             self.estimate(last_t)
 

@@ -38,13 +38,15 @@ class Waker:
         until: float | None = None,
         register: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> None:
-        fut = (loop or asyncio.get_running_loop()).create_future()
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._fut = fut
         self.until = until
         self.for_work = register is not None
         if register is not None:
             register(fut)
-        handle = fut.get_loop().call_at(until, _resolve, fut) if until is not None else None
+        handle = loop.call_at(until, _resolve, fut) if until is not None else None
         try:
             await fut
         finally:

@@ -148,7 +148,7 @@ class RequestPath:
         sent_at = stamps[0].t if stamps else self.clock()
         if req.mark_sent(sent_at, worker.label):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
-        if req.pool is not None and self.pool_ok is not None:
+        if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
         create_task = self._create_task
         assert create_task is not None, "launch() before start()"
@@ -170,7 +170,7 @@ class RequestPath:
         result.key = worker.label
         worker.answered(result)
         self.in_flight -= 1
-        if req.pool is not None and self.pool_ok is not None:
+        if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
         now = self.clock()
@@ -204,8 +204,9 @@ class RequestPath:
     ) -> None:
         """The key learns what the answer says of its limits (`KeyLimits.learn`), then
         `settle.decide` (pure) says what the answer means, and it is applied here."""
-        req.last_status = result.status
-        req.result = result
+        sent = req.sent_state()
+        sent.last_status = result.status
+        sent.result = result
         worker.limits.learn(result, req, stamps, now)
         if self.spend is not None:
             self.spend.answered(req, result)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.headroom import HeadroomController, RangeTracker, SpreadEvidence
 
 
 def feed(h, n, start, rtt, spacing=0.01):
@@ -138,3 +138,30 @@ def test_whole_round_trips_part_from_the_network_s_once_hints_arrive():
         h.observe_rtt(0.120 + (i % 5) * 0.020, t, server_s=0.060 + (i % 5) * 0.010)
     assert h.rtt_spread_ms == pytest.approx(100.0)  # whole round trips, 100 (before the hints) .. 200
     assert h.network_spread_ms == pytest.approx(80.0)  # 60 .. 140 (the hint-less ones still in the window)
+
+
+def test_whole_round_trips_are_tracked_alike_before_and_after_the_first_usable_hint():
+    # Until a hint is used the whole round trips share the network's tracker; from the
+    # first one they part, and both hold what a tracker of their own samples would.
+    rng = random.Random(3)
+    evidence = SpreadEvidence(1, 0.5, 1.2, 1.1)
+    raw, net = RangeTracker(1), RangeTracker(1)
+    for i in range(600):
+        now = i * 0.005
+        rtt = 0.06 + rng.random() * 0.1
+        server = 0.02 + rng.random() * 0.03 if i >= 300 else None  # hints from halfway
+        evidence.observe(rtt, now, server, None)
+        raw.add(rtt, now)
+        net.add(rtt - server if server is not None else rtt, now)
+        if i == 299:
+            assert evidence.raw is evidence.net
+    assert evidence.raw is not evidence.net
+    for mine, theirs in ((evidence.raw, raw), (evidence.net, net)):
+        assert (mine.n, mine.lo, mine.hi, mine.body_hi, mine.mean) == (
+            theirs.n,
+            theirs.lo,
+            theirs.hi,
+            theirs.body_hi,
+            theirs.mean,
+        )
+    assert evidence.raw.hi != evidence.net.hi

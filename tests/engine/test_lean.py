@@ -70,7 +70,8 @@ def test_the_prebuilt_url_is_the_one_built_field_by_field(url, target):
         method, lean_url, body, headers = transport._prepare(key, req, 123)
         assert method == "GET" and body is None
         assert str(lean_url) == str(transport._get_url(transport._fields(key, req, 123)))
-        assert dict(headers) == transport._key_headers(key)
+        # what goes on the wire: the session's default headers, then what the key adds
+        assert transport._building.common_headers() | dict(headers or {}) == transport._key_headers(key)
 
 
 @run_async
@@ -160,10 +161,13 @@ def test_a_queued_request_costs_under_250_bytes_and_holds_no_side_objects():
     tracemalloc.stop()
     assert per_request < 250, per_request
     req = queue[0]
-    assert req._sent is None and req._extra is None  # nothing but the slots while queued
+    # nothing but the slots while queued: the side objects are the shared defaults
+    assert req._sent is queue[1]._sent and req._extra is queue[1]._extra
     req.cancelled = False
     req.last_status = None
-    assert req._sent is None and req._extra is None  # setting a default makes nothing
+    assert req._sent is queue[1]._sent and req._extra is queue[1]._extra  # setting a default makes nothing
     req.last_status, req.pool = 429, "bulk"
     assert (req.last_status, req.pool, req.last_error, req.cancelled) == (429, "bulk", None, False)
-    assert req._sent is not None and req._extra is not None
+    assert req._sent is not queue[1]._sent and req._extra is not queue[1]._extra
+    # the shared defaults were not written
+    assert (queue[1].last_status, queue[1].pool) == (None, None)

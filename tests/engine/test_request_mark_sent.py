@@ -13,3 +13,10 @@ def test_the_first_attempt_is_told_apart_and_later_ones_keep_its_time():
     assert req.mark_sent(2.5, "k2") is False
     # a retry moves the latest send and key, never the first send's time
     assert (req.first_sent_at, req.last_sent_at, req.key) == (1.5, 2.5, "k2")
+
+
+def test_marking_one_request_sent_leaves_every_other_unsent():
+    # Unsent requests share one default side object: marking one sent must give it its own.
+    sent, other = Request(1, 0.0, 10.0), Request(2, 0.0, 10.0)
+    sent.mark_sent(1.5, "k1")
+    assert (other.first_sent_at, other.last_sent_at, other.key) == (None, None, None)
