@@ -190,6 +190,8 @@ class ProgressMeter:
             return demands
         for name, units in meter.budget_units.items():
             shared = host.budgets.host.get(name)
+            if shared is None and any(name not in w.key_budgets for w in live):
+                continue  # a budget per key and model: each model's share of the job is not known
             group = [self._limits(shared)] if shared is not None else [
                 self._limits(w.key_budgets[name]) for w in live
             ]  # fmt: skip

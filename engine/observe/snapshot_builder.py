@@ -159,6 +159,10 @@ class SnapshotBuilder:
             rows.extend(
                 self._budget_row(name, w.label, lim, now) for name, lim in w.limits.key_budgets.items()
             )
+            if w.limits.lanes is not None:  # budgets per key and model: one row each, "k1 gpt-4o"
+                for lane in w.limits.lanes:
+                    owner = f"{w.label} {lane.model}"
+                    rows.extend(self._budget_row(name, owner, lim, now) for name, lim in lane.own.items())
         return tuple(rows)
 
     def _budget_row(self, name: str, owner: str, lim: WindowLimiter, now: float) -> BudgetRow:

@@ -684,26 +684,45 @@ class KeyLimits:
         return str(Policy(est.value, est.window_s)), est.reason, ago, est.climb, est.shared_share
 
     def followed(self) -> str:
-        """The key's buckets as the server's headers set them, once its refill window is known."""
+        """The key's buckets as the server's headers set them, once its refill window is known;
+        with limits per model, each model's ("gpt-4o: requests 500, tokens 30,000 per 6.0 s; ...",
+        the model left out when there is one)."""
+        if self.lanes is not None and len(self.lanes):
+            own = dict(self.key_budgets)
+            shown = []
+            for lane in self.lanes:
+                if lane.window_bound < math.inf:
+                    text = _buckets_text([*lane.buckets(), *own.items()], lane.window_bound)
+                    shown.append((lane.model, text))
+            if len(shown) == 1:
+                return shown[0][1]
+            return "; ".join(f"{model}: {text}" for model, text in shown if text)
         if self.window_bound == math.inf:
             return ""
-        parts = []
-        for name, lim in (("requests", self.limiter), *self.key_budgets.items()):
-            bucket = lim.bucket()
-            if bucket is not None:
-                parts.append(f"{name} {bucket.limit:,}")
-        return f"{', '.join(parts)} per {self.window_bound:.1f} s" if parts else ""
+        return _buckets_text([("requests", self.limiter), *self.key_budgets.items()], self.window_bound)
 
     def binding(self, now: float) -> str:
-        """Of the key's own limit and its budgets, the one nearest full now ("" with no budgets)."""
-        if not self.key_budgets:
+        """Of the key's own limit and its budgets, the one nearest full now ("" with no budgets);
+        with limits per model, every model's buckets count (the unit is named, not the model)."""
+        lanes = self.lanes
+        if not self.key_budgets and not lanes:
             return ""
+        buckets = [("requests", self.limiter), *self.key_budgets.items()]
+        if lanes is not None:
+            for lane in lanes:
+                buckets.extend(lane.buckets())
         best, fill = "", -1.0
-        for name, lim in (("requests", self.limiter), *self.key_budgets.items()):
+        for name, lim in buckets:
             used, limit = lim.used(now)
             if limit > 0 and used / limit > fill:
                 best, fill = name, used / limit
         return best
+
+
+def _buckets_text(buckets: list[tuple[str, WindowLimiter]], window_s: float) -> str:
+    """ "requests 500, tokens 30,000 per 6.0 s": each bucket's size, and the refill window."""
+    parts = [f"{name} {b.limit:,}" for name, lim in buckets if (b := lim.bucket()) is not None]
+    return f"{', '.join(parts)} per {window_s:.1f} s" if parts else ""
 
 
 def _used(response: Any, field: str, doc: list[Any]) -> int | None:

@@ -28,7 +28,8 @@ def test_openai_uses_the_live_keys_token_capacity_and_leaves_the_key_with_no_quo
     assert snap.succeeded == result.stub_ok  # the report's successes are the stub's
     states = {k.label: k.state for k in snap.keys}
     assert states == {"k1": KeyState.ACTIVE, "k2": KeyState.ACTIVE, "k3": KeyState.BLOCKED}
-    tokens = {b.owner: b for b in snap.budgets if b.name == "tokens"}
+    # one row per key and model ("k1 gpt-4o-mini"): these prompts name one model
+    tokens = {b.owner.split()[0]: b for b in snap.budgets if b.name == "tokens"}
     assert tokens["k1"].per_min == pytest.approx(30_000 * 60 / 6.0, rel=0.02)  # the tier, learned
     assert tokens["k1"].settled == tokens["k1"].reserved  # OpenAI keeps the admission charge
     k1 = next(k for k in snap.keys if k.label == "k1")
