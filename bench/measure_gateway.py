@@ -102,6 +102,18 @@ async def _gateway(preset: str, url: str, keys: list[str], store: str | None = N
     return service
 
 
+def _openai_ledger(stub: Any, started: float, live: list[str]) -> tuple[float, float, int, int]:
+    """The OpenAI stub's own count: tokens charged to the live keys, their capacity over the
+    sending window, rate-limit 429s and `insufficient_quota` answers."""
+    start, end = sending_window(stub, started)
+    used = sum(stub.ledger.units(key=k) for k in live)
+    cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
+    refusals = stub.state.book.refusals.values()
+    rate = sum(c["rate_limit_exceeded"] for c in refusals)
+    quota = sum(c["insufficient_quota"] for c in refusals)
+    return used, cap, rate, quota
+
+
 async def openai_run(seconds: float, stream_half: bool) -> str:
     import openai
 
@@ -122,12 +134,8 @@ async def openai_run(seconds: float, stream_half: bool) -> str:
         finally:
             await client.close()
             snap = await service.stop(drain_timeout_s=5.0)
-        start, end = sending_window(stub, started)
-        used = sum(stub.ledger.units(key=k) for k in live)
-        cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
+        used, cap, rate, quota = _openai_ledger(stub, started, live)
         book = stub.state.book
-        rate = sum(c["rate_limit_exceeded"] for c in book.refusals.values())
-        quota = sum(c["insufficient_quota"] for c in book.refusals.values())
         written = {a.id: a.text for a in stub.state.answered if a.streamed}
         whole = sum(1 for answer_id, text in seen.streamed.items() if written.get(answer_id) == text)
         streams = f"; streams {len(seen.streamed)}, whole {whole}" if stream_half else ""
@@ -206,12 +214,8 @@ async def two_run(seconds: float, gateways: int = 2) -> str:
                 for c in clients:
                     await c.close()
                 snaps = [await s.stop(drain_timeout_s=5.0) for s in services]
-            start, end = sending_window(stub, started)
-            used = sum(stub.ledger.units(key=k) for k in live)
-            cap = sum(stub.allowed_capacity(start, end, key=k) for k in live)
+            used, cap, rate, quota = _openai_ledger(stub, started, live)
             book = stub.state.book
-            rate = sum(c["rate_limit_exceeded"] for c in book.refusals.values())
-            quota = sum(c["insufficient_quota"] for c in book.refusals.values())
             return (
                 f"{gateways} gateway(s) on a store: {used:,.0f} of {cap:,.0f} tokens ({used / cap:.3f}); rate-limit 429s {rate}, "
                 f"insufficient_quota {quota}, duplicates {book.duplicates()}; client ok {seen.ok}, "

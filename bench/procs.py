@@ -153,19 +153,7 @@ class Simulator:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        try:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        finally:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-            _forget(proc)
+        _stop(proc)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -210,19 +198,7 @@ class JitterProxyProcess:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        try:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        finally:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-            _forget(proc)
+        _stop(proc)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -253,3 +229,20 @@ def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
             return json.loads(line[len(RESULT_PREFIX) :])
     tail = (stderr.strip().splitlines() or ["no output"])[-1]
     raise BenchError(f"{spec.strategy}: the run failed (exit {proc.returncode}): {tail[:300]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a child the bench started: SIGTERM, then SIGKILL after 10 s; close its pipes."""
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        _forget(proc)
