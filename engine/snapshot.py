@@ -221,6 +221,35 @@ class LatencySummary:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopLag:
+    """How late the engine's ticker fired (ms), and whether the client, not the server, is the limit.
+
+    `p50_ms` and `p99_ms` cover the recent ticks (about the last minute, ten ticks a
+    second); `run` every tick of the run (`run.max` the worst). `core_share` is the CPU
+    seconds per wall second of the engine's process over the same recent ticks
+    (1.0: a whole core; with several processes, the busiest), `run_core_share` the
+    same since the start (None until a few seconds have passed). `limit` is the
+    verdict on the recent figures and `run_limit` on the whole run's
+    (engine/observe/loop_watch.py `client_limit`): the figures that say the client
+    is the limit, "" when they do not.
+    """
+
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    run: LatencySummary = field(default_factory=lambda: LatencySummary())
+    core_share: float | None = None
+    run_core_share: float | None = None
+    limit: str = ""
+    run_limit: str = ""
+
+    def shown(self, final: bool) -> tuple[float, float, str]:
+        """(p50 ms, p99 ms, verdict): the whole run's once it ended (`final`), else the recent ones."""
+        if final:
+            return self.run.p50, self.run.p99, self.run_limit
+        return self.p50_ms, self.p99_ms, self.limit
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorRow:
     """Attempts that did not succeed, grouped by what came back.
 
@@ -420,6 +449,7 @@ class Snapshot:
     # the client's own cost: is ratedeck the bottleneck?
     cpu_s: float = 0.0  # CPU seconds (user + system) of the engine's process(es) since the start
     loop_lag_ms: float = 0.0  # how late the engine's timers fired, worst in the last few seconds
+    lag: LoopLag = field(default_factory=LoopLag)  # the timers' lateness as p50/p99, and the verdict
     procs: int = 1  # engine processes (`--procs`); a merged snapshot sums them
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
     # with a shared store (`--store redis://...`): every member and the shared queues, else None

@@ -44,6 +44,7 @@ from ratedeck.engine.snapshot import (
     Snapshot,
 )
 from ratedeck.host.session import RunFacts, Session
+from ratedeck.runner.client_cost import client_lines
 from ratedeck.runner.money import cap_line, spend_lines
 from ratedeck.runner.report import build_report, ended, write_report
 from ratedeck.runner.thresholds import Threshold, evaluate
@@ -108,17 +109,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         f"             from {snap.headroom_from()}"
         + (f"; spread {spread}" if (spread := snap.headroom_spread()) else ""),
     ]
-    cpu = snap.cpu_us_per_request
-    if cpu is not None:
-        where = f"{snap.procs} processes" if snap.procs > 1 else "1 process"
-        if snap.loop:
-            where += f" on {snap.loop}"
-        if (cores := snap.cpu_cores) is not None:
-            where += f", {cores * 100:.0f}% of a core"
-        lines.append(
-            f"client       cpu {cpu:.0f} µs per answered request ({snap.cpu_s:.1f} s in {where})"
-            f"  loop late by up to {snap.loop_lag_ms:.0f} ms"
-        )
+    lines += client_lines(snap)
     lines += token_lines(snap)
     if snap.spend is not None:
         lines.append(f"spend        {snap.spend.line()}")

@@ -312,6 +312,7 @@ def _run_families(snap: Snapshot) -> list[Metric]:
         "ratedeck_queue_depth", "Requests waiting, by queue (main, dlq).", labels=["queue"]
     )
     phase = GaugeMetricFamily("ratedeck_phase", "1 for the run's current phase.", labels=["phase"])
+    lag_p50, lag_p99, client_limit = snap.lag.shown(snap.phase == Phase.STOPPED)
     return [
         _gauge(
             "ratedeck_capacity_rps",
@@ -349,6 +350,21 @@ def _run_families(snap: Snapshot) -> list[Metric]:
             "ratedeck_loop_lag_seconds",
             "How late the engine's timers fired, worst of the last seconds.",
             _seconds(snap.loop_lag_ms),
+        ),
+        _gauge(
+            "ratedeck_loop_lag_p50_seconds",
+            "Median lateness of the engine's ticker over the last minute (the run's once stopped).",
+            _seconds(lag_p50),
+        ),
+        _gauge(
+            "ratedeck_loop_lag_p99_seconds",
+            "99th percentile lateness of the engine's ticker over the last minute (the run's once stopped).",
+            _seconds(lag_p99),
+        ),
+        _gauge(
+            "ratedeck_client_is_the_limit",
+            "1 when the client, not the server, is the limit (loop lag p99 or a busy core).",
+            1.0 if client_limit else 0.0,
         ),
     ]
 

@@ -105,6 +105,7 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         ],
         "keys_refused": [refused_report(k) for k in snap.keys if k.state == "blocked"],
         "client": client_report(snap),
+        "loop": loop_report(snap),
     }
     if snap.messages is not None:
         report["messages"] = messages_report(snap.messages)
@@ -230,6 +231,24 @@ def client_report(snap: Snapshot) -> dict:
         "cpu_cores": _r(snap.cpu_cores, 3) if snap.cpu_cores is not None else None,
         "loop_lag_ms": _r(snap.loop_lag_ms, 1),
         "loop": snap.loop or None,
+    }
+
+
+def loop_report(snap: Snapshot) -> dict:
+    """How late the engine's timers fired over the whole run, the CPU it cost, and whether the
+    client, not the server, was the limit (engine/observe/loop_watch.py says when)."""
+    lag, cpu_us = snap.lag, snap.cpu_us_per_request
+    share = lag.run_core_share
+    return {
+        "lag_p50_ms": _r(lag.run.p50, 1),
+        "lag_p99_ms": _r(lag.run.p99, 1),
+        "lag_max_ms": _r(lag.run.max, 1),
+        "ticks": lag.run.count,
+        "cpu_s": _r(snap.cpu_s, 3),
+        "cpu_us_per_request": _r(cpu_us, 1) if cpu_us is not None else None,
+        "core_share": _r(share, 3) if share is not None else None,
+        "client_is_the_limit": bool(lag.run_limit),
+        "why": lag.run_limit or None,
     }
 
 

@@ -7,6 +7,7 @@ from textual.markup import escape
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from ratedeck.core.vocab import Phase
 from ratedeck.engine.engine import LOOP_LAG_WARN_MS
 from ratedeck.engine.snapshot import Snapshot
 
@@ -30,9 +31,8 @@ def throttle_text(snap: Snapshot, excess: bool = True) -> str:
 
 
 def client_text(snap: Snapshot) -> str:
-    """Markup for the client's own cost: CPU per answered request, how busy its cores are
-    (per process), loop lag
-    (warned when the loop runs late: then the client, not the server, is the bottleneck)."""
+    """Markup for the client's own cost: CPU per answered request and how busy its cores are
+    (per process); "" before any answer."""
     cpu = snap.cpu_us_per_request
     if cpu is None:
         return ""
@@ -41,9 +41,29 @@ def client_text(snap: Snapshot) -> str:
     if cores is not None:  # a core per process: "2×45% core" is 2 processes, each 45% busy
         share = f"{cores * 100 / snap.procs:.0f}% core"
         busy = f" · {snap.procs}×{share}" if snap.procs > 1 else f" · {share}"
-    lag = snap.loop_lag_ms
-    late = f" · [$text-warning]loop {lag:.0f} ms late[/]" if lag > LOOP_LAG_WARN_MS else ""
-    return f"[b]{cpu:.0f} µs[/]/req CPU{busy}{late}"
+    return f"[b]{cpu:.0f} µs[/]/req CPU{busy}"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"
+
+
+def lag_text(snap: Snapshot) -> str:
+    """Markup for how late the loop's timers fire: "p50 0.2 · p99 3.1 · max 12 ms" (the last
+    minute's, the whole run's once stopped), a p99 over `LOOP_LAG_WARN_MS` in the warning colour."""
+    final = snap.phase == Phase.STOPPED
+    p50, p99, _ = snap.lag.shown(final)
+    worst = snap.lag.run.max if final else snap.loop_lag_ms
+    tail = f"[b $text-warning]{_ms(p99)}[/]" if p99 > LOOP_LAG_WARN_MS else f"[b]{_ms(p99)}[/]"
+    return f"p50 [b]{_ms(p50)}[/] · p99 {tail} · max {_ms(worst)} ms"
+
+
+def verdict_text(snap: Snapshot) -> str:
+    """Markup for the verdict when the client, not the server, is the limit (highlighted); ""
+    when it is not."""
+    if not snap.lag.shown(snap.phase == Phase.STOPPED)[2]:
+        return ""
+    return "[b $text-error]the client, not the server, is the limit[/]"
 
 
 #: What fits after a limiter panel label at 120 columns.
@@ -68,8 +88,11 @@ class LimiterPanel(SnapshotPanel, Static):
     operator needs before moving headroom. A message run adds the entry
     throttle; a run with cooldown gates adds a one-line gate summary; a run
     with a shared store adds a one-line cluster summary (members, shared
-    queues) just above the gates. When the lines outnumber the panel's rows,
-    the failure causes and then the client's cost give way, never the
+    queues) just above the gates. Once answers came, the client's cost (CPU
+    per request, cores) and the loop's lag (p50/p99, the worst) take a row
+    each, and a highlighted line says when the client, not the server, is the
+    limit. When the lines outnumber the panel's rows, the failure causes, the
+    loop's lag and then the client's cost give way, never the verdict, the
     cluster or gates line.
 
     With `compact` (80x24) the panel has three lines, so the settings share
@@ -138,6 +161,9 @@ class LimiterPanel(SnapshotPanel, Static):
         lines.append(f"[$text-muted]Rejected    [/]{rejected}")
         if cpu:
             lines.append(f"[$text-muted]Client      [/]{cpu}")
+            lines.append(f"[$text-muted]Loop lag    [/]{lag_text(snap)}")
+            if verdict := verdict_text(snap):
+                lines.append(verdict)
         if causes:
             lines.append(f"[$text-muted]Causes      [/]{escape(causes)}")
         if snap.cluster is not None:
@@ -148,7 +174,7 @@ class LimiterPanel(SnapshotPanel, Static):
         if snap.gates:
             lines.append(f"[$text-muted]Gates       [/]{gates_summary(snap.gates)}")
         rows = self.content_region.height
-        for label in ("Causes", "Client"):  # what gives way first when the panel is full
+        for label in ("Causes", "Loop lag", "Client"):  # what gives way first when the panel is full
             if 0 < rows < len(lines):
                 lines = [line for line in lines if not line.startswith(f"[$text-muted]{label} ")]
         self.show_text("\n".join(lines))

@@ -1,27 +1,71 @@
 """The client's own cost: process CPU since the start, and how late the ticker's timer fires
-(a loop that cannot keep up makes every timer, pacing and deadlines, that late too)."""
+(a loop that cannot keep up makes every timer, pacing and deadlines, that late too).
+
+From both it says whether the client, not the server, is the limit (`client_limit`):
+
+- the loop's lag p99 is over `LOOP_LAG_WARN_MS` (more than one tick in a hundred fired
+  that late), once `VERDICT_MIN_TICKS` ticks were measured (before that the p99 is the
+  start's one long turn);
+- or the process used at least `CLIENT_CORE_SHARE` of a core (CPU seconds per wall
+  second) over at least `VERDICT_MIN_WALL_S`: one asyncio loop cannot use more;
+- and the run is not already at `AT_CAPACITY_PCT` of what the limits allow: a run at
+  the limits has the server's rules as its limit, however busy the client is.
+
+The recent verdict reads the last `LAG_RECENT_TICKS` ticks (about a minute), the
+run's reads every tick and the CPU since the start.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 
 from ratedeck.core.vocab import EventKind
 from ratedeck.engine.ports import EventSink
+from ratedeck.engine.snapshot import LatencySummary, LoopLag
+
+from .metrics import LatencyHistogram
 
 #: Timers firing this late (ms) mean the loop cannot keep up: the client is the bottleneck.
 LOOP_LAG_WARN_MS = 10.0
 #: At most one loop-lag warning in the event log per this many seconds.
 LOOP_LAG_WARN_EVERY_S = 30.0
 LAG_WINDOW_S = 5.0  # the lag shown is the worst in the last this-many seconds
+LAG_RECENT_TICKS = 600  # the recent p50/p99 and CPU share: the last this-many ticks (a minute at 10/s)
+#: CPU seconds per wall second from which the process is taken as saturated (1.0: a whole core).
+CLIENT_CORE_SHARE = 0.9
+VERDICT_MIN_TICKS = 50  # the lag p99 says nothing before this many ticks (5 s)
+VERDICT_MIN_WALL_S = 5.0  # nor the CPU share over less than this
+#: A run at this percentage of its capacity is held by the limits, not by the client.
+AT_CAPACITY_PCT = 95.0
+
+
+def client_limit(lag_p99_ms: float, ticks: int, core_share: float | None, pct_capacity: float = 0.0) -> str:
+    """The verdict (see the module doc): the figures that say the client is the limit,
+    "loop late p99 25 ms, 97% of a core busy", or "" when it is not."""
+    if pct_capacity >= AT_CAPACITY_PCT:
+        return ""
+    why = []
+    if ticks >= VERDICT_MIN_TICKS and lag_p99_ms > LOOP_LAG_WARN_MS:
+        why.append(f"loop late p99 {lag_p99_ms:.0f} ms")
+    if core_share is not None and core_share >= CLIENT_CORE_SHARE:
+        why.append(f"{core_share * 100:.0f}% of a core busy")
+    return ", ".join(why)
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else 0.0
 
 
 class LoopWatch:
-    """CPU seconds since `start` (frozen at `stop`) and the loop's lateness (`lag_ms`).
+    """CPU seconds since `start` (frozen at `stop`) and the loop's lateness (`lag_ms`), with
+    its distribution and the verdict in `view`.
 
     `answered()` says how many attempts were answered so far, for the CPU cost
-    per request a warning names.
+    per request a warning names. `cpu` and `wall` are the process's CPU and a
+    monotonic wall clock, in seconds (tests pass their own).
     """
 
     __slots__ = (
@@ -30,52 +74,114 @@ class LoopWatch:
         "name",
         "lag_ms",
         "started",
+        "_cpu",
+        "_wall",
         "_cpu0",
+        "_wall0",
         "_cpu_end",
+        "_wall_end",
         "_lag_now",
         "_lag_prev",
         "_late_ticks",
         "_window_end",
         "_warned_at",
+        "_recent",
+        "_marks",
+        "_run",
     )
 
-    def __init__(self, events: EventSink, answered: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        events: EventSink,
+        answered: Callable[[], int],
+        cpu: Callable[[], float] = time.process_time,
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.event = events.event
         self.answered = answered
         self.name = ""  # the loop's family ("uvloop" or "asyncio"), once started
         self.lag_ms = 0.0
         self.started = False
-        self._cpu0 = 0.0
+        self._cpu, self._wall = cpu, wall
+        self._cpu0 = self._wall0 = 0.0
         self._cpu_end: float | None = None
+        self._wall_end: float | None = None
         self._lag_now = 0.0  # the worst lateness in the running window
         self._lag_prev = 0.0  # and in the one before
         self._late_ticks = 0  # ticks in a row that fired late
         self._window_end = 0.0
         self._warned_at = -math.inf
+        self._recent: deque[float] = deque(maxlen=LAG_RECENT_TICKS)  # the last ticks' lateness, ms
+        self._marks: deque[tuple[float, float]] = deque(maxlen=LAG_RECENT_TICKS)  # (wall, cpu) per tick
+        self._run = LatencyHistogram()  # every tick's lateness, ms
 
     def start(self, now: float, name: str) -> None:
         self.started, self.name = True, name
-        self._cpu0 = time.process_time()
+        self._cpu0, self._wall0 = self._cpu(), self._wall()
         self._window_end = now + LAG_WINDOW_S
 
     def stop(self) -> None:
-        self._cpu_end = time.process_time()
+        self._cpu_end, self._wall_end = self._cpu(), self._wall()
 
     def cpu_s(self) -> float:
         """CPU seconds of this process since the start (frozen when it stopped)."""
-        end = self._cpu_end if self._cpu_end is not None else time.process_time()
+        end = self._cpu_end if self._cpu_end is not None else self._cpu()
         return max(0.0, end - self._cpu0) if self.started else 0.0
 
     def _cpu_us_per_request(self) -> float | None:
         answered = self.answered()
         return self.cpu_s() * 1e6 / answered if answered > 0 else None
 
+    def core_share(self) -> float | None:
+        """CPU seconds per wall second over the recent ticks; None over less than `VERDICT_MIN_WALL_S`."""
+        if len(self._marks) < 2:
+            return None
+        (wall0, cpu0), (wall1, cpu1) = self._marks[0], self._marks[-1]
+        return (cpu1 - cpu0) / (wall1 - wall0) if wall1 - wall0 >= VERDICT_MIN_WALL_S else None
+
+    def run_core_share(self) -> float | None:
+        """CPU seconds per wall second since the start (to the stop); None before `VERDICT_MIN_WALL_S`."""
+        if not self.started:
+            return None
+        wall = (self._wall_end if self._wall_end is not None else self._wall()) - self._wall0
+        return self.cpu_s() / wall if wall >= VERDICT_MIN_WALL_S else None
+
+    def view(self, pct_capacity: float = 0.0, whole: bool = False) -> LoopLag:
+        """The lateness as p50/p99 (recent and the run's) and the verdicts; `pct_capacity` is the
+        run's throughput as a percentage of its capacity (0: not known), `whole` puts the run's
+        histogram in (a process of several: the merge adds them)."""
+        recent = sorted(self._recent)
+        p50, p99 = _nearest_rank(recent, 0.5), _nearest_rank(recent, 0.99)
+        h = self._run
+        run_p50, run_p99 = h.quantiles(0.5, 0.99)
+        run = LatencySummary(
+            mean=h.total / h.count if h.count else 0.0,
+            p50=run_p50,
+            p99=run_p99,
+            max=h.max,
+            count=h.count,
+            hist=h.sparse() if whole else (),
+        )
+        share, run_share = self.core_share(), self.run_core_share()
+        return LoopLag(
+            p50_ms=p50,
+            p99_ms=p99,
+            run=run,
+            core_share=share,
+            run_core_share=run_share,
+            limit=client_limit(p99, len(recent), share, pct_capacity),
+            run_limit=client_limit(run_p99, h.count, run_share, pct_capacity),
+        )
+
     def note_lag(self, late_s: float, now: float) -> None:
-        """The ticker's timer fired `late_s` late: keep the worst of the last few seconds,
-        and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`) when two ticks
-        in a row were later than `LOOP_LAG_WARN_MS`: then every timer (pacing, deadlines) is
-        that late too."""
+        """The ticker's timer fired `late_s` late: keep the worst of the last few seconds and
+        the distribution, and say so in the event log (at most every `LOOP_LAG_WARN_EVERY_S`)
+        when two ticks in a row were later than `LOOP_LAG_WARN_MS`: then every timer (pacing,
+        deadlines) is that late too."""
         late_ms = max(0.0, late_s * 1000.0)
+        self._recent.append(late_ms)
+        self._run.add(late_ms)
+        self._marks.append((self._wall(), self._cpu()))
         if now >= self._window_end:  # a new window: the last one's worst is still shown
             self._lag_prev, self._lag_now = self._lag_now, late_ms
             self._window_end = now + LAG_WINDOW_S

@@ -14,6 +14,10 @@ the console and the report read one snapshot made of theirs:
   (still running while any part runs); the headroom, its range and its
   estimates are the worst case (the widest), `headroom_adaptive` only when
   every part is adaptive; the loop lag is the worst;
+- the loop's lateness (`LoopLag`): the recent p50/p99 and the busiest process's
+  CPU share are the worst part's; the run's distribution merges as latency
+  does (below); a verdict is any part's that says the client is the limit
+  (a saturated process holds back its share of the keys, however idle the others);
 - the cluster view (a shared store) is any part's: all read the same store;
 - events are interleaved by time (newest last), each marked with its
   process ("[p2]") when there are several;
@@ -32,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import Event, GateRow, LatencySummary, Snapshot
+from ratedeck.engine.snapshot import Event, GateRow, LatencySummary, LoopLag, Snapshot
 
 from .makespan import merge_makespans
 from .metrics import quantiles_of
@@ -99,6 +103,26 @@ def merge_latency(parts: Sequence[LatencySummary]) -> LatencySummary:
         p50, p90, p99, p999 = (max(getattr(p, q) for p in parts) for q in ("p50", "p90", "p99", "p999"))
     return LatencySummary(
         mean=mean, p50=p50, p90=p90, p99=p99, max=top, p999=p999, count=count, buckets=buckets
+    )
+
+
+def merge_lag(parts: Sequence[LoopLag]) -> LoopLag:
+    """The loop's lateness of several processes as one (see the module doc)."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def worst(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    return LoopLag(
+        p50_ms=max((p.p50_ms for p in parts), default=0.0),
+        p99_ms=max((p.p99_ms for p in parts), default=0.0),
+        run=merge_latency([p.run for p in parts]),
+        core_share=worst([p.core_share for p in parts]),
+        run_core_share=worst([p.run_core_share for p in parts]),
+        limit=next((p.limit for p in parts if p.limit), ""),
+        run_limit=next((p.run_limit for p in parts if p.run_limit), ""),
     )
 
 
@@ -186,6 +210,7 @@ def merge_snapshots(parts: Sequence[Snapshot]) -> Snapshot:
     values["latency"] = merge_latency([s.latency for s in parts])
     values["latency_total"] = merge_latency([s.latency_total for s in parts])
     values["queue_wait"] = merge_latency([s.queue_wait for s in parts])
+    values["lag"] = merge_lag([s.lag for s in parts])
     values["tps_series"] = _merge_series([s.tps_series for s in parts])
     values["p50_series"] = _merge_series([s.p50_series for s in parts], max)
     values["p99_series"] = _merge_series([s.p99_series for s in parts], max)

@@ -89,8 +89,13 @@ class LatencyHistogram:
             p999=p999,
             count=self.count,
             buckets=self.cumulative(),
-            hist=tuple((i, n) for i, n in enumerate(self.bins) if n) if whole else (),
+            hist=self.sparse() if whole else (),
         )
+
+    def sparse(self) -> tuple[tuple[int, int], ...]:
+        """(bin, count) for every bin in use, read only up to the largest value's bin."""
+        end = len(self.bins) if self.max >= _FINE_MS else int(self.max * 10) + 1
+        return tuple((i, n) for i, n in enumerate(self.bins[:end]) if n)
 
     def cumulative(self, edges_ms: tuple[float, ...] = BUCKET_EDGES_MS) -> tuple[tuple[float, int], ...]:
         """(edge, count of latencies at or below it) for each edge: a histogram as Prometheus reads it."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import BudgetRow, GateRow, Makespan, Progress, Snapshot
+from ratedeck.engine.snapshot import BudgetRow, GateRow, LoopLag, Makespan, Progress, Snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -130,6 +130,7 @@ class SnapshotBuilder:
             cpu_s=p.loop.cpu_s(),
             loop=p.loop.name,
             loop_lag_ms=p.loop.lag_ms,
+            lag=self._lag(elapsed),
             cluster=p.cluster.view if p.cluster is not None else None,
             makespan=self._makespan(),
             progress=self._progress(),
@@ -138,6 +139,13 @@ class SnapshotBuilder:
             no_limit=p.ends.no_limit_text,
             spend=p.spend.view() if p.spend is not None else None,
         )
+
+    def _lag(self, elapsed: float) -> LoopLag:
+        """The loop's lateness and the verdict, told how near the run is to its capacity."""
+        p = self.parts
+        capacity = p.keys.capacity_tps()
+        pct = 100.0 * p.metrics.succeeded / elapsed / capacity if capacity > 0 and elapsed > 0 else 0.0
+        return p.loop.view(pct, self.mergeable)
 
     def _makespan(self) -> Makespan | None:
         p = self.parts

@@ -1,6 +1,7 @@
 """`--procs N` (issue 15): splitting a run among engine processes, merging what they report,
 and the client's own cost (CPU per request, a loop that runs late)."""
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -13,7 +14,16 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import EventKind, Phase, PolicyKind
 from ratedeck.engine.observe.merge import merge_latency, merge_snapshots
 from ratedeck.engine.observe.metrics import LatencyHistogram
-from ratedeck.engine.snapshot import ClusterView, Event, GateRow, KeyRow, MemberRow, Snapshot
+from ratedeck.engine.snapshot import (
+    ClusterView,
+    Event,
+    GateRow,
+    KeyRow,
+    LatencySummary,
+    LoopLag,
+    MemberRow,
+    Snapshot,
+)
 from ratedeck.host.shards import ShardError, parse_procs, shard_configs, split_policy
 from ratedeck.runner.cli import main
 from tests.runner.test_report_schema import accounted
@@ -291,14 +301,23 @@ def test_procs_2_headless_prints_one_merged_report_that_balances_and_covers_ever
 
 
 def test_the_console_limiter_panel_names_the_client_s_cpu_per_request_and_a_late_loop():
-    from ratedeck.console.widgets.limiter import client_text
+    from ratedeck.console.widgets.limiter import client_text, lag_text, verdict_text
 
     assert client_text(Snapshot()) == ""  # nothing answered yet: nothing to say
     snap = Snapshot(sent=1000, in_flight=0, cpu_s=0.25, procs=2, loop_lag_ms=3.0, elapsed_s=2.0)
     assert "250 µs" in client_text(snap)
     assert "2×6% core" in client_text(snap)  # 0.25 s of CPU in 2 s, over 2 processes
-    assert "late" not in client_text(snap)
-    assert "loop 40 ms late" in client_text(Snapshot(sent=10, cpu_s=0.01, loop_lag_ms=40.0))
+    quiet = dataclasses.replace(snap, lag=LoopLag(p50_ms=0.2, p99_ms=3.14))
+    assert lag_text(quiet) == "p50 [b]0.2[/] · p99 [b]3.1[/] · max 3.0 ms"
+    late = dataclasses.replace(snap, loop_lag_ms=40.0, lag=LoopLag(p50_ms=1.0, p99_ms=25.0))
+    assert "p99 [b $text-warning]25[/] · max 40 ms" in lag_text(late)  # over 10 ms: a warning
+    assert verdict_text(late) == ""  # the verdict is the engine's, not the figures'
+    bound = dataclasses.replace(late, lag=LoopLag(p99_ms=25.0, limit="loop late p99 25 ms"))
+    assert "the client, not the server, is the limit" in verdict_text(bound)
+    # once stopped, the whole run's figures and verdict
+    run = LatencySummary(p50=0.5, p99=2.0, max=7.5, count=300)
+    stopped = dataclasses.replace(bound, phase=Phase.STOPPED, lag=LoopLag(p99_ms=25.0, run=run, limit="x"))
+    assert lag_text(stopped) == "p50 [b]0.5[/] · p99 [b]2.0[/] · max 7.5 ms" and verdict_text(stopped) == ""
 
 
 @pytest.mark.slow
