@@ -72,11 +72,11 @@ class SnapshotBuilder:
         now = run.clock() if started else 0.0
         end = run.ended_at if run.ended_at is not None else now
         elapsed = max(0.0, end - run.started_at) if started else 0.0
-        mergeable = self.mergeable
+        mergeable, capacity = self.mergeable, p.keys.capacity_tps()
         return Snapshot(
             elapsed_s=elapsed,
             phase=run.phase,
-            capacity_tps=p.keys.capacity_tps(),
+            capacity_tps=capacity,
             live_capacity_tps=p.keys.live_capacity(now) if run.phase is Phase.RUNNING else 0.0,
             throughput_tps=m.succeeded / elapsed if elapsed > 0 else 0.0,
             current_tps=m.tps_series[-1] if m.tps_series else 0.0,
@@ -130,7 +130,7 @@ class SnapshotBuilder:
             cpu_s=p.loop.cpu_s(),
             loop=p.loop.name,
             loop_lag_ms=p.loop.lag_ms,
-            lag=self._lag(elapsed),
+            lag=self._lag(elapsed, capacity),
             cluster=p.cluster.view if p.cluster is not None else None,
             makespan=self._makespan(),
             progress=self._progress(),
@@ -140,10 +140,9 @@ class SnapshotBuilder:
             spend=p.spend.view() if p.spend is not None else None,
         )
 
-    def _lag(self, elapsed: float) -> LoopLag:
+    def _lag(self, elapsed: float, capacity: float) -> LoopLag:
         """The loop's lateness and the verdict, told how near the run is to its capacity."""
         p = self.parts
-        capacity = p.keys.capacity_tps()
         pct = 100.0 * p.metrics.succeeded / elapsed / capacity if capacity > 0 and elapsed > 0 else 0.0
         return p.loop.view(pct, self.mergeable)
 

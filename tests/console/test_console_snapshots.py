@@ -15,6 +15,7 @@ from tests.support.console_fixtures import (
     SECRETS,
     ReplayHost,
     all_blocked_snapshot,
+    client_bound_snapshot,
     cluster_snapshot,
     cooldown_snapshot,
     demo_live_capacity,
@@ -181,6 +182,12 @@ def test_cluster_line_in_the_limiter(snap_compare):
     """A `--store redis://...` run: "Cluster 3 members · ..." above the Gates line, which stays in
     view (the failure causes and client cost give way in the 8 rows at 120x40)."""
     assert snap_compare(make_app(cluster_snapshot()), terminal_size=FULL, run_before=settle)
+
+
+def test_client_is_the_limit_in_the_limiter(snap_compare):
+    """The client's cost, the loop's lag (p99 over 10 ms in the warning colour) and the verdict
+    highlighted: the client, not the server, is the limit (the failure causes give way)."""
+    assert snap_compare(make_app(client_bound_snapshot()), terminal_size=FULL, run_before=settle)
 
 
 def test_cluster_screen(snap_compare):

@@ -138,6 +138,11 @@ def test_a_scrape_during_a_run_parses_and_the_end_equals_the_report(tmp_path):
         data["client"]["cpu_s"], abs=1e-3
     )
     assert _value(end, "ratedeck_client_processes") == data["client"]["procs"] == 1
+    for q in ("p50", "p99"):  # a stopped run's lag is the whole run's, as the report's
+        assert _value(end, f"ratedeck_loop_lag_{q}_seconds") == pytest.approx(
+            data["loop"][f"lag_{q}_ms"] / 1000, abs=1e-4
+        )
+    assert _value(end, "ratedeck_client_is_the_limit") == float(data["loop"]["client_is_the_limit"])
     everything = "".join(seen) + out + err + end_text
     assert not any(k in everything for k in STUDY_KEYS)
 

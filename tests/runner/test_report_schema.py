@@ -197,6 +197,9 @@ def test_a_real_run_s_report_with_thresholds_validates(tmp_path):
     assert [t["failed"] for t in data["thresholds"]] == [False, True] and code == 99
     assert data["latency_total_ms"]["count"] == 30 and data["queue_wait_ms"]["count"] == 30
     assert data["latency_total_ms"]["p50"] >= data["latency_ms"]["p50"] > 0
+    loop = data["loop"]  # the ticker fired through the run: its lateness, the run's CPU
+    assert loop["ticks"] > 0 and loop["lag_max_ms"] >= loop["lag_p99_ms"] >= loop["lag_p50_ms"] >= 0
+    assert loop["cpu_s"] == data["client"]["cpu_s"] and isinstance(loop["client_is_the_limit"], bool)
 
 
 def _cluster_snapshot() -> Snapshot:

@@ -32,6 +32,7 @@ from ratedeck.engine.snapshot import (
     GateRow,
     KeyRow,
     LatencySummary,
+    LoopLag,
     MemberRow,
     MessageStats,
     Progress,
@@ -355,6 +356,20 @@ def cluster_snapshot() -> Snapshot:
         cpu_s=26.0,
         failures=(("timed out", 6), ("connection reset", 3)),
         cluster=cluster_view(),
+    )
+
+
+def client_bound_snapshot() -> Snapshot:
+    """main_snapshot where the client is the limit: its loop's timers fire 25 ms late at p99
+    (a busy callback, not a full core: 14% of one), below its capacity; the round trip's spread
+    is measured, so the headroom's basis takes one line."""
+    snap = main_snapshot()
+    return dataclasses.replace(
+        snap,
+        cpu_s=26.0,
+        rtt_spread_ms=12.0,
+        loop_lag_ms=48.0,
+        lag=LoopLag(p50_ms=3.4, p99_ms=25.0, core_share=0.14, limit="loop late p99 25 ms"),
     )
 
 

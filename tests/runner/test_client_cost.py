@@ -1,0 +1,99 @@
+"""The client's own cost in the headless lines and the report: the loop's lag as p50/p99, the
+CPU per answer, and one line (one report field) when the client, not the server, is the limit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ratedeck.core.vocab import Phase
+from ratedeck.engine.snapshot import LatencySummary, LoopLag, Snapshot
+from ratedeck.runner.client_cost import CLIENT_IS_THE_LIMIT
+from ratedeck.runner.headless import metrics_block, summary_lines
+from ratedeck.runner.report import build_report
+from tests.runner.test_report_schema import validate
+
+RUN = LatencySummary(mean=0.6, p50=0.5, p99=4.2, max=18.0, count=1_200)
+
+
+def _snap(**kw) -> Snapshot:
+    """A run 120 s in: 41,000 answers for 1.7 s of CPU on uvloop, a quiet loop."""
+    base = dict(
+        elapsed_s=120.0,
+        sent=41_010,
+        in_flight=10,
+        cpu_s=1.7,
+        loop="uvloop",
+        loop_lag_ms=12.0,
+        lag=LoopLag(p50_ms=0.24, p99_ms=3.1, run=RUN, core_share=0.02, run_core_share=0.014),
+    )
+    base.update(kw)
+    return Snapshot(**base)
+
+
+def _client(lines: list[str]) -> list[str]:
+    at = next(i for i, line in enumerate(lines) if line.startswith("client "))
+    return [lines[at], *(line for line in lines[at + 1 :] if CLIENT_IS_THE_LIMIT in line)]
+
+
+def test_the_client_line_gives_the_loop_s_lag_as_p50_and_p99():
+    lines = _client(metrics_block(_snap()))
+    assert lines == [
+        "client       cpu 41 µs per answered request (1.7 s in 1 process on uvloop, 1% of a core)"
+        "  loop late p50 0.2 ms p99 3.1 ms, up to 12 ms"
+    ]
+    assert not [line for line in metrics_block(Snapshot()) if line.startswith("client")]  # nothing answered
+
+
+def test_one_line_says_when_the_client_is_the_limit_and_what_to_try():
+    bound = _snap(lag=LoopLag(p50_ms=4.0, p99_ms=25.0, limit="loop late p99 25 ms, 97% of a core busy"))
+    block = metrics_block(bound)
+    said = [line for line in block if CLIENT_IS_THE_LIMIT in line]
+    assert said == [
+        "             the client, not the server, is the limit: loop late p99 25 ms, 97% of a core busy;"
+        " try --procs auto (an engine process per core)"
+    ]
+    assert block.index(said[0]) == block.index(_client(block)[0]) + 1  # right under the client line
+    several = [
+        line
+        for line in metrics_block(dataclasses.replace(bound, procs=2, loop="asyncio"))
+        if CLIENT_IS_THE_LIMIT in line
+    ]
+    assert several[0].endswith(
+        "try more --procs if cores are idle, or uvloop (a quarter less CPU per request)"
+    )
+
+
+def test_the_final_summary_gives_the_whole_run_s_figures_and_verdict():
+    # The last minute was quiet; over the whole run the loop was late: the summary says the run's.
+    lag = LoopLag(
+        p50_ms=0.2,
+        p99_ms=0.4,
+        run=dataclasses.replace(RUN, p99=31.0, max=80.0),
+        run_limit="loop late p99 31 ms",
+    )
+    stopped = _snap(phase=Phase.STOPPED, lag=lag)
+    lines = _client(summary_lines(stopped))
+    assert lines[0].endswith("loop late p50 0.5 ms p99 31 ms, up to 80 ms")
+    assert lines[1].strip().startswith(f"{CLIENT_IS_THE_LIMIT}: loop late p99 31 ms;")
+    running = _client(metrics_block(dataclasses.replace(stopped, phase=Phase.RUNNING)))
+    assert running == [running[0]] and running[0].endswith("p50 0.2 ms p99 0.4 ms, up to 12 ms")
+
+
+def test_the_report_s_loop_section():
+    report = build_report(_snap(phase=Phase.STOPPED))
+    assert validate(report) == []
+    assert report["loop"] == {
+        "lag_p50_ms": 0.5,
+        "lag_p99_ms": 4.2,
+        "lag_max_ms": 18.0,
+        "ticks": 1_200,
+        "cpu_s": 1.7,
+        "cpu_us_per_request": 41.5,
+        "core_share": 0.014,
+        "client_is_the_limit": False,
+        "why": None,
+    }
+    bound = build_report(_snap(lag=LoopLag(run=RUN, run_core_share=0.96, run_limit="96% of a core busy")))
+    assert validate(bound) == []
+    assert bound["loop"]["client_is_the_limit"] is True and bound["loop"]["why"] == "96% of a core busy"
+    assert build_report(Snapshot())["loop"]["cpu_us_per_request"] is None  # nothing answered yet
