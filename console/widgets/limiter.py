@@ -97,7 +97,8 @@ class LimiterPanel(SnapshotPanel, Static):
 
     With `compact` (80x24) the panel has three lines, so the settings share
     the first, gates (or attempts, with no gates) take the second and the
-    third is the throttle and goodput for a message run, rejections otherwise.
+    third is the throttle and goodput for a message run, rejections otherwise,
+    or the verdict and the loop's lag p99 when the client is the limit.
     """
 
     BORDER_TITLE = "Limiter"
@@ -140,7 +141,10 @@ class LimiterPanel(SnapshotPanel, Static):
                 lines.append(f"[$text-muted]Gates   [/] {gates_summary(snap.gates)}")
             else:
                 lines.append(f"[$text-muted]Attempts[/] {attempts}")
-            if messages and snap.messages is not None:
+            if verdict := verdict_text(snap):  # the client is the limit: that, before the rest
+                p99 = snap.lag.shown(snap.phase == Phase.STOPPED)[1]
+                lines.append(f"{verdict} [$text-muted]· loop lag p99[/] [b]{_ms(p99)} ms[/]")
+            elif messages and snap.messages is not None:
                 lines.append(
                     f"[$text-muted]Throttle[/] {throttle_text(snap, excess=False)} [$text-muted]· goodput[/]"
                     f" [b]{numbers.rate(snap.messages.current_goodput)}/s[/] [$text-muted]·[/] {messages_text(snap)}"

@@ -190,6 +190,11 @@ def test_client_is_the_limit_in_the_limiter(snap_compare):
     assert snap_compare(make_app(client_bound_snapshot()), terminal_size=FULL, run_before=settle)
 
 
+def test_client_is_the_limit_80x24(snap_compare):
+    """At 80x24 the limiter's third line gives the verdict and the loop's lag instead of rejections."""
+    assert snap_compare(make_app(client_bound_snapshot()), terminal_size=COMPACT, run_before=settle)
+
+
 def test_cluster_screen(snap_compare):
     """`m`: each member's row (one cut off from the store) under the shared queues."""
     assert snap_compare(make_app(cluster_snapshot()), terminal_size=FULL, press=["m"], run_before=settle)
