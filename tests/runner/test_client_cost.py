@@ -97,3 +97,16 @@ def test_the_report_s_loop_section():
     assert validate(bound) == []
     assert bound["loop"]["client_is_the_limit"] is True and bound["loop"]["why"] == "96% of a core busy"
     assert build_report(Snapshot())["loop"]["cpu_us_per_request"] is None  # nothing answered yet
+
+
+def test_a_run_can_fail_when_the_client_was_the_limit():
+    """`--fail-on loop.client_is_the_limit==true` (the schema names the field: no list to keep)."""
+    from ratedeck.runner.thresholds import evaluate, parse
+
+    checks = [parse("loop.client_is_the_limit==true"), parse("loop.lag_p99_ms>20")]
+    quiet = build_report(_snap(phase=Phase.STOPPED))
+    bound = build_report(
+        _snap(lag=LoopLag(run=dataclasses.replace(RUN, p99=31.0), run_limit="loop late p99 31 ms"))
+    )
+    assert [v.failed for v in evaluate(checks, quiet)] == [False, False]
+    assert [v.failed for v in evaluate(checks, bound)] == [True, True]
