@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,6 +125,9 @@ def test_headless_run_reports_balanced_accounts_and_masks_keys(tmp_path):
     # The engine runs on uvloop where it is installed (a dependency off Windows), and says so.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     assert data["client"]["loop"] == loop and f"1 process on {loop}" in proc.stdout
+    # the loop's lateness as p50/p99 on the client line, and the run's in the report
+    assert re.search(r"loop late p50 [\d.]+ ms p99 [\d.]+ ms, up to [\d.]+ ms", proc.stdout)
+    assert data["loop"]["ticks"] >= 10 and data["loop"]["cpu_s"] == data["client"]["cpu_s"]
     assert req["generated"] == accounted(req)
     for name in (
         "duration_s",
