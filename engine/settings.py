@@ -62,7 +62,8 @@ class TargetConfig:
     follow_redirects: bool = False
     probe_url: str | None = None
     probe_rate: float = 10.0
-    # The HTTP client's network settings (engine/http/client.py).
+    http_client: str = "reqwest"  # the HTTP client (engine/http): "reqwest" or "aiohttp"
+    # The HTTP client's network settings (engine/http/client.py, reqwest_client.py).
     connect_timeout_s: float | None = (
         None  # opening a connection (TCP, TLS, proxy); None: timeout_s bounds it
     )
