@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_duration, parse_rate
-from ratedeck.core.vocab import Arrival, Excess, MessagePattern, Pacing
+from ratedeck.core.vocab import Arrival, Excess, HttpClient, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
     CostConfig,
@@ -266,6 +266,15 @@ ROWS: tuple[Row, ...] = (
         p.nonempty,
         "a 429 whose body says this closes the host-wide gate",
         "engine",
+    ),
+    Row(
+        help='"reqwest": pyreqwest (Rust), the leanest per request; "aiohttp": aiohttp\'s client, which'
+        " also re-sends an idempotent request once on a kept-alive connection found closed and reads"
+        " 1xx answers such as 103",
+        layer="engine",
+        path="target.http_client",
+        flag=_flag("--http-client", choices=tuple(str(o) for o in HttpClient)),
+        **_choice(HttpClient),
     ),
     Row(
         "target.follow_redirects",

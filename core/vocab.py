@@ -72,6 +72,13 @@ class Pacing(StrEnum):
     AUTO = "auto"  # burst for a job fed as fast as the limits allow, else even (engine/engine.py)
 
 
+class HttpClient(StrEnum):
+    """The HTTP client a run's requests go through (engine/http)."""
+
+    REQWEST = "reqwest"  # pyreqwest: Rust's reqwest and hyper, a third of aiohttp's CPU per request
+    AIOHTTP = "aiohttp"  # aiohttp's client, tuned
+
+
 class HeadroomMode(StrEnum):
     """Where the headroom comes from when it is not a fixed number of milliseconds."""
 

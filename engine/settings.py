@@ -59,10 +59,11 @@ class TargetConfig:
     timeout_s: float = 10.0
     delay_field: str | None = None
     host_limit_match: str = "host"
+    http_client: str = "reqwest"  # the HTTP client (engine/http): "reqwest" or "aiohttp"
     follow_redirects: bool = False
     probe_url: str | None = None
     probe_rate: float = 10.0
-    # The HTTP client's network settings (engine/http/client.py).
+    # The HTTP client's network settings (engine/http/client.py, reqwest_client.py).
     connect_timeout_s: float | None = (
         None  # opening a connection (TCP, TLS, proxy); None: timeout_s bounds it
     )

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -75,6 +76,12 @@ class Client:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+def system_ca_file() -> str | None:
+    """`SSL_CERT_FILE` when it names a file: the roots every HTTP tool adds to the system's."""
+    path = os.environ.get("SSL_CERT_FILE")
+    return path if path and os.path.isfile(path) else None
 
 
 def ssl_context(target: TargetConfig) -> ssl.SSLContext:
@@ -142,6 +149,61 @@ def open_client(
         headers=headers,
     )
     return Client(session, proxy_for(target, url), sends)
+
+
+class AioAnswer:
+    """aiohttp's answer as the transport reads every client's (`reqwest_client.RqAnswer`)."""
+
+    __slots__ = ("status", "headers", "resp")
+
+    def __init__(self, resp: aiohttp.ClientResponse):
+        self.resp = resp
+        self.status = resp.status
+        self.headers = resp.headers
+
+    @property
+    def content_length(self) -> int | None:
+        return self.resp.content_length
+
+    def read(self, cap: int, stop: bool = False) -> Awaitable[bytes]:
+        return read_capped(self.resp, cap, stop)
+
+    def pieces(self) -> Any:
+        return self.resp.content.iter_any()
+
+    async def end(self) -> None:
+        resp = self.resp
+        if resp.content.at_eof():
+            resp.release()
+        else:
+            resp.close()
+
+
+class AioWire:
+    """The run's aiohttp session as the transport uses every client (`reqwest_client.ReqwestWire`)."""
+
+    __slots__ = ("client", "proxy", "sends", "request")
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.proxy = client.proxy
+        self.sends = 0
+        self.request = client.session.request
+
+    async def send(self, method: str, url: URL, data: Any, headers: Any, live: bool = False) -> AioAnswer:
+        self.sends += 1
+        resp = await self.request(
+            method, url, data=data, headers=headers, allow_redirects=False, proxy=self.proxy
+        )
+        return AioAnswer(resp)
+
+    @property
+    def retried(self) -> int:
+        """Sends aiohttp repeated on a new connection after a kept-alive one was found closed."""
+        return self.client.attempts[0] - self.sends
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 def _needs_tls(target: TargetConfig, url: URL) -> bool:

@@ -38,7 +38,8 @@ from ratedeck.engine.ports import ProbeGet, Transport  # noqa: F401  (the protoc
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
 
-from .client import BodyTooLarge, Client, describe, open_client, probe_get, read_capped
+from .client import AioWire, BodyTooLarge, describe, open_client, probe_get
+from .reqwest_client import ReqwestWire, describe_reqwest, open_reqwest
 from .signing import SigningError, SignInput, encode, signer_for
 
 USER_AGENT = f"ratedeck/{version()}"
@@ -329,13 +330,12 @@ class _Connection:
     """The connection part of `HttpTransport`: the session (opened on the first send), its
     deadlines, the probe's own session, and the counts of sends."""
 
-    __slots__ = ("client", "max_connections", "sends", "attempts", "deadlines", "probe_close")
+    __slots__ = ("wire", "max_connections", "attempts", "deadlines", "probe_close")
 
     def __init__(self, max_connections: int):
-        self.client: Client | None = None
+        self.wire: AioWire | ReqwestWire | None = None
         self.max_connections = max_connections
-        self.sends = 0  # session.request calls; the session's request class counts every send
-        self.attempts = [0]
+        self.attempts = [0]  # aiohttp's sends, its own resends included (its request class counts)
         self.deadlines: AttemptDeadlines | None = None
         self.probe_close: Any = None
 
@@ -409,9 +409,10 @@ class HttpTransport(TransportBase):
 
     @property
     def retried(self) -> int:
-        """Sends aiohttp repeated on a new connection after a kept-alive one was found closed."""
-        conn = self._conn
-        return conn.attempts[0] - conn.sends
+        """Sends the client repeated on a new connection after a kept-alive one was found closed
+        (aiohttp does, for an idempotent request; pyreqwest leaves it to the engine)."""
+        wire = self._conn.wire
+        return wire.retried if isinstance(wire, AioWire) else 0
 
     @property
     def delay_hook(self) -> DelayHook | None:
@@ -429,16 +430,23 @@ class HttpTransport(TransportBase):
     def _key_headers(self, key: KeySpec) -> dict[str, str]:
         return self._building.key_headers(key)
 
-    def _open(self) -> Client:
+    def _open(self) -> AioWire | ReqwestWire:
         # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
         # times every attempt out with one timer for all.
         conn = self._conn
         building = self._building
-        conn.client = open_client(
-            self.target, building.post_url, conn.max_connections, conn.attempts, building.common_headers()
+        target, url, limit, headers = (
+            self.target,
+            building.post_url,
+            conn.max_connections,
+            building.common_headers(),
         )
+        if target.http_client == "aiohttp":
+            conn.wire = AioWire(open_client(target, url, limit, conn.attempts, headers))
+        else:
+            conn.wire = open_reqwest(target, url, limit, headers)
         conn.deadlines = AttemptDeadlines(self.target.timeout_s)
-        return conn.client
+        return conn.wire
 
     def prober(self) -> ProbeGet | None:
         """`target.probe_url` timed on a session of its own, set up as the traffic's (proxy, TLS)."""
@@ -460,7 +468,7 @@ class HttpTransport(TransportBase):
         counter[text if text in counter or len(counter) < _DISTINCT else "other"] += 1
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
-        client = self._conn.client or self._open()
+        wire = self._conn.wire or self._open()
         t = self.target
         mask = self._reading.mask
         mask.add(key.secret)
@@ -476,10 +484,10 @@ class HttpTransport(TransportBase):
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
         if req.live_answer() is None:
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
-                return await self._exchange(client, method, url, data, headers)
-            out = await self._exchange(client, method, url, data, headers)
+                return await self._exchange(wire, method, url, data, headers)
+            out = await self._exchange(wire, method, url, data, headers)
         else:  # a live client waits: a streamed answer goes to it as it arrives
-            out = await self._exchange(client, method, url, data, headers, req)
+            out = await self._exchange(wire, method, url, data, headers, req)
             _keep_raw(out)
             if method in _IDEMPOTENT_METHODS or t.safe_writes:
                 return out
@@ -501,7 +509,13 @@ class HttpTransport(TransportBase):
         return out
 
     async def _exchange(
-        self, client: Client, method: str, url: URL, data: Any, headers: Any, live: Request | None = None
+        self,
+        wire: AioWire | ReqwestWire,
+        method: str,
+        url: URL,
+        data: Any,
+        headers: Any,
+        live: Request | None = None,
     ) -> Outcome:
         """One attempt on the wire: sent (a same-origin redirect followed, `_hop`), the answer
         read, then classified (`_answered`), or why there was none. With `live` (a request whose
@@ -509,21 +523,18 @@ class HttpTransport(TransportBase):
         (`_stream`)."""
         start = time.monotonic()  # precise even where the loop's clock is coarse
         hops = 0
-        conn = self._conn
-        deadlines = conn.deadlines
+        deadlines = self._conn.deadlines
         assert deadlines is not None
         watch = deadlines.watch()
-        request, proxy = client.session.request, client.proxy
+        resp = None
         try:
             while True:
-                conn.sends += 1
-                resp = await request(
-                    method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
-                )
+                resp = await wire.send(method, url, data, headers, live is not None)
                 status = resp.status
                 if 300 <= status < 400 and hops < MAX_REDIRECTS and self.target.follow_redirects:
                     nxt = self._hop(url, resp)
                     if nxt is not None:
+                        await resp.end()
                         hops += 1
                         url = nxt
                         if status == 303 or (status in (301, 302) and method == "POST"):
@@ -532,9 +543,9 @@ class HttpTransport(TransportBase):
                 if status < 300:
                     if live is not None and _streams(resp, live):
                         return await self._stream(_Passing(live, resp, start), watch)
-                    raw = await read_capped(resp, self._reading.body_cap)
+                    raw = await resp.read(self._reading.body_cap)
                 else:
-                    raw = await read_capped(resp, ERROR_BODY_BYTES, stop=True)
+                    raw = await resp.read(ERROR_BODY_BYTES, stop=True)
                 break
         except asyncio.CancelledError:
             if not watch.fired:
@@ -545,14 +556,12 @@ class HttpTransport(TransportBase):
             return self._no_answer(TIMEOUT, "timed out", start)
         except BodyTooLarge:
             return self._too_large(status, start)
-        except TimeoutError as exc:  # aiohttp's own phase timeouts (connect, read) name the phase
-            return self._no_answer(
-                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out", start
-            )
         except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            return self._no_answer(CONNECTION, describe(exc), start)
+            return self._no_answer(*_why(exc, wire), start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
+            if resp is not None:
+                await resp.end()
         return self._answered(status, resp.headers, raw, url, start)
 
     def _hop(self, url: URL, resp: Any) -> URL | None:
@@ -561,10 +570,7 @@ class HttpTransport(TransportBase):
         location = resp.headers.get("Location")
         if location is None:
             return None
-        nxt = self._building.same_origin(url, location)
-        if nxt is not None:
-            resp.close()
-        return nxt
+        return self._building.same_origin(url, location)
 
     def _answered(self, status: int, resp_headers: Any, raw: bytes, url: URL, start: float) -> Outcome:
         """An answer read whole, counted and classified: the API's own rules first, then its status."""
@@ -636,14 +642,9 @@ class HttpTransport(TransportBase):
             if task is not None:
                 task.uncancel()  # the deadline's cancellation, and only it, ends here
             return passing.broken(TIMEOUT, "timed out")
-        except TimeoutError as exc:
-            return passing.broken(
-                TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out"
-            )
         except Exception as exc:
-            return passing.broken(CONNECTION, describe(exc))
-        finally:
-            passing.done()
+            assert self._conn.wire is not None
+            return passing.broken(*_why(exc, self._conn.wire))
 
     async def _pass_on(self, passing: _Passing) -> Outcome:
         """Pass a streamed answer to its live client as it arrives: `begin` once, then `write`
@@ -659,9 +660,8 @@ class HttpTransport(TransportBase):
         passing.sent = True  # the status and headers are the answer's first bytes: no retry after them
         if not await passing.call(sink.begin(status, shown)):
             return passing.gone()
-        content = resp.content
         if not passing.events:
-            async for piece in content.iter_any():
+            async for piece in resp.pieces():
                 passing.sent = True
                 if not await passing.call(sink.write(piece)):
                     return passing.gone()
@@ -669,7 +669,7 @@ class HttpTransport(TransportBase):
         pending = bytearray()
         scan = 0  # where the search for the blank line resumes: no byte is searched twice
         cap = self._reading.body_cap
-        async for piece in content.iter_any():
+        async for piece in resp.pieces():
             pending += piece
             while True:
                 end = _event_end(pending, scan)
@@ -716,9 +716,9 @@ class HttpTransport(TransportBase):
         conn = self._conn
         if conn.probe_close is not None:
             await conn.probe_close()
-        if conn.client is not None:
-            await conn.client.close()
-            conn.client = None
+        if conn.wire is not None:
+            await conn.wire.close()
+            conn.wire = None
 
 
 #: Request headers a shape's extra headers never replace (lower case): credentials, and the
@@ -777,7 +777,7 @@ def _event_end(buf: bytearray, start: int) -> int:
 class _Passing:
     """One streamed answer on its way to a live client: what went out, the usage read so far."""
 
-    __slots__ = ("req", "sink", "resp", "start", "events", "sent", "usage", "said_error", "closed")
+    __slots__ = ("req", "sink", "resp", "start", "events", "sent", "usage", "said_error")
 
     def __init__(self, req: Request, resp: Any, start: float):
         self.req = req
@@ -788,7 +788,6 @@ class _Passing:
         self.sent = False  # the client has the answer's start (its status and headers, `begin`)
         self.usage: dict[str, Any] = {}
         self.said_error: str | None = None  # an error event's type (Anthropic's overloaded_error)
-        self.closed = False
 
     async def call(self, step: Any) -> bool:
         """The sink's answer to one step; a sink that raises is a client gone (its connection
@@ -848,29 +847,26 @@ class _Passing:
         return self._outcome(OK, None)
 
     def broken(self, kind: Any, why: str) -> Outcome:
-        """The upstream failed after the answer began."""
-        self.close()
+        """The upstream failed after the answer began (the connection is dropped: `_exchange`
+        ends every answer, and one not read to its end is not kept)."""
         return self._outcome(kind, f"the stream broke after the answer began ({why})")
 
     def gone(self) -> Outcome:
-        """The client went away: the upstream is closed at once and the request ends cancelled."""
-        self.close()
+        """The client went away: the upstream is closed at once (`_exchange` ends the answer
+        unread) and the request ends cancelled."""
         self.req.cancelled = True
         return self._outcome(CONNECTION, "its client went away during the answer; the upstream was closed")
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.resp.close()
 
-    def done(self) -> None:
-        """However it ended: a stream not read to its end leaves no connection half-read."""
-        if not self.closed:
-            self.closed = True
-            if self.resp.content.at_eof():
-                self.resp.release()
-            else:
-                self.resp.close()
+def _why(exc: Exception, wire: AioWire | ReqwestWire) -> tuple[Any, str]:
+    """An attempt with no answer: a timeout or a connection failure, and the phase that failed,
+    from the error's kind (`describe`, `describe_reqwest`), never its message."""
+    why = describe_reqwest(exc, wire.proxy is not None)
+    if why is not None:
+        return (TIMEOUT if why.endswith("timed out") else CONNECTION), why
+    if isinstance(exc, TimeoutError):  # aiohttp's own phase timeouts (connect, read) name the phase
+        return TIMEOUT, describe(exc) if exc.__class__ is not TimeoutError else "timed out"
+    return CONNECTION, describe(exc)
 
 
 def _hinted(outcome: Outcome, headers) -> Outcome:

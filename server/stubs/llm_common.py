@@ -151,6 +151,11 @@ class Answered:
     events: int = 0  # events written so far
     sent_text: str = ""  # the text of the events written so far
     ended: str = ""  # "" while being written; "done", "broken" (break_after), "client_gone"
+    connection: Any = None  # the stream's connection (its transport), while it is written
+
+    def hung_up(self) -> bool:
+        """The client closed the stream's connection (the stub has seen it go)."""
+        return self.connection is None or self.connection.is_closing()
 
     @property
     def writing(self) -> bool:
@@ -203,6 +208,7 @@ async def write_stream(
         headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", **headers},
     )
     log.streamed, log.total = True, len(events)
+    log.connection = request.transport
     try:
         await resp.prepare(request)
         for i, (event, text) in enumerate(events):

@@ -45,6 +45,16 @@ def run_async(test):
     return run
 
 
+#: The HTTP client under test: every test here runs on each (`target.http_client`).
+CLIENT = "reqwest"
+
+
+@pytest.fixture(autouse=True, params=["reqwest", "aiohttp"])
+def client(request, monkeypatch) -> str:
+    monkeypatch.setattr(sys.modules[__name__], "CLIENT", request.param)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy_env(monkeypatch):
     """Each test starts with no proxy in the environment (the machine's own would interfere)."""
@@ -231,6 +241,7 @@ async def _pipe(reader, writer):
 
 def transport(url: str, **target) -> HttpTransport:
     target.setdefault("key_header", "Authorization")
+    target.setdefault("http_client", CLIENT)
     return HttpTransport(TargetConfig(url=url, **target), url, 4)
 
 
@@ -361,7 +372,14 @@ async def test_tls_with_a_private_ca_via_ca_file_and_a_client_certificate(pki):
         finally:
             for t in (untrusted, no_cert, good):
                 await t.close()
-    assert refused.kind is CONNECTION and refused.error == "cannot connect (SSLCertVerificationError)"
+    assert refused.kind is CONNECTION
+    assert (
+        refused.error
+        == {
+            "aiohttp": "cannot connect (SSLCertVerificationError)",
+            "reqwest": "cannot connect (certificate)",
+        }[CLIENT]
+    )
     assert anonymous.status is None  # the server wants a certificate we did not give
     assert [o.status for o in answered] == [200, 200] and len(app.seen) == 2
     assert len({peer for peer, *_ in app.seen}) == 1  # one TLS connection, kept alive
@@ -424,7 +442,7 @@ async def test_a_gzip_bomb_is_capped_on_its_decompressed_size():
 
 
 @run_async
-async def test_oversize_headers_are_refused():
+async def test_oversize_headers_are_refused_by_aiohttp_and_read_by_reqwest(client):
     huge = b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 20_000 + b"\r\nContent-Length: 2\r\n\r\nok"
     async with raw_server(lambda c, r: huge) as (base, _):
         t = transport(f"{base}/x")
@@ -432,11 +450,16 @@ async def test_oversize_headers_are_refused():
             outcome = await send(t)
         finally:
             await t.close()
-    assert outcome.kind is CONNECTION and outcome.error == "headers too large"
+    if client == "aiohttp":  # a header line over 8,190 bytes
+        assert outcome.kind is CONNECTION and outcome.error == "headers too large"
+    else:  # hyper bounds the whole head, not a line
+        assert outcome.kind is OK and outcome.response.headers["X-Huge"] == "h" * 20_000
 
 
 @run_async
-async def test_103_early_hints_then_200_is_the_200():
+async def test_103_early_hints_then_200_is_the_200(client):
+    if client == "reqwest":
+        pytest.skip("hyper reads no 1xx answer but 100 on HTTP/1.1 (docs/dependencies.md)")
     answer = (
         b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -454,7 +477,7 @@ OK_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
 @run_async
-async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_and_counted():
+async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_and_counted(client):
     # Connection 1 answers its first request, then closes as the second arrives (a server
     # dropping an idle connection just as the client reuses it); connection 2 answers.
     async with raw_server(lambda c, r: OK_ANSWER if (c, r) != (1, 2) else None) as (base, seen):
@@ -464,6 +487,12 @@ async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_an
             stats = t.stats()
         finally:
             await t.close()
+    if client == "reqwest":  # not re-sent by the client: the engine retries it as any failure
+        assert [o.status for o in outcomes] == [200, None, 200]
+        assert outcomes[1].kind is CONNECTION and outcomes[1].error == "closed without an answer"
+        assert seen == [(1, 1), (1, 2), (2, 1)]
+        assert stats["retried"] == 0
+        return
     assert [o.status for o in outcomes] == [200, 200, 200]
     assert seen == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert stats["retried"] == 1 and stats["no_answer"] == {}
@@ -561,8 +590,12 @@ def test_a_framing_header_on_the_command_line_is_one_line_and_exit_2(tmp_path):
 async def test_url_credentials_go_as_http_basic_and_a_key_header_wins_over_them():
     async with app_server() as (app, base):
         url = base.replace("http://", "http://ops%20user:s3cret-pw@") + "/ok"
-        plain = HttpTransport(TargetConfig(url=url, key_param="api_key", key_header=""), url, 2)
-        keyed = HttpTransport(TargetConfig(url=url, key_param="", key_header="authorization"), url, 2)
+        plain = HttpTransport(
+            TargetConfig(url=url, key_param="api_key", key_header="", http_client=CLIENT), url, 2
+        )
+        keyed = HttpTransport(
+            TargetConfig(url=url, key_param="", key_header="authorization", http_client=CLIENT), url, 2
+        )
         try:
             assert (await plain.send(KEY, Request(1, 0.0, 10.0), None)).status == 200
             assert (await keyed.send(KEY, Request(2, 0.0, 10.0), None)).status == 200
@@ -625,7 +658,7 @@ async def test_keep_alive_bodies_and_the_error_body_limit():
 @run_async
 async def test_never_more_connections_than_allowed():
     async with app_server() as (app, base):
-        t = HttpTransport(TargetConfig(url=f"{base}/hold"), f"{base}/hold", 3)
+        t = HttpTransport(TargetConfig(url=f"{base}/hold", http_client=CLIENT), f"{base}/hold", 3)
         try:
             tasks = [asyncio.ensure_future(t.send(KEY, Request(i, 0.0, 100.0), None)) for i in range(8)]
             while app.open_now < 3:
@@ -750,7 +783,7 @@ def test_resent_requests_are_in_the_run_s_summary():
 
 
 @run_async
-async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_address_tried():
+async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_address_tried(client):
     async with app_server() as (app, base):  # listens on 127.0.0.1 only: ::1, if localhost has it, refuses
         port = int(base.rsplit(":", 1)[1])
         loop = asyncio.get_running_loop()
@@ -762,7 +795,7 @@ async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_addre
 
         loop.getaddrinfo = counted  # type: ignore[method-assign]
         url = f"http://localhost:{port}/hold"
-        t = HttpTransport(TargetConfig(url=url), url, 5)
+        t = HttpTransport(TargetConfig(url=url, http_client=CLIENT), url, 5)
         try:
             tasks = [asyncio.ensure_future(t.send(KEY, Request(i, 0.0, 100.0), None)) for i in range(5)]
             while app.open_now < 5:
@@ -772,7 +805,8 @@ async def test_a_host_name_is_looked_up_once_for_many_connections_and_each_addre
         finally:
             await t.close()
     assert [o.status for o in outcomes] == [200] * 5
-    assert lookups == ["localhost"]  # five connections, one lookup
+    if client == "aiohttp":  # on the loop (pyreqwest looks names up on its own threads)
+        assert lookups == ["localhost"]  # five connections, one lookup
     assert all(seen[3]["Host"] == f"localhost:{port}" for seen in app.seen)
 
 

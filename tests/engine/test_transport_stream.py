@@ -235,6 +235,8 @@ def test_a_client_gone_mid_stream_closes_the_upstream_and_sheds_the_request(api)
         req = request(api, RecordingSink(lambda n, _c: n < 2))  # gone at the second event
         try:
             out = await send(api, stub, req)
+            while not stub.state.answered[-1].hung_up():  # the close travels (hyper's own thread)
+                await asyncio.sleep(0.005)
             hold.set()  # the stub writes on, into a closed connection
             ended = await until_ended(stub)
             log = stub.state.answered[-1]

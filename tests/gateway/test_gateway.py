@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from ratedeck.server.stubs.openai import start_openai
 
@@ -142,14 +143,14 @@ class Recorder:
     """A loopback target recording what reached it; POSTs to /slow never answer in time."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[str, str, dict]] = []
+        self.seen: list[tuple[str, str, CIMultiDict]] = []
         self.bodies: list[bytes] = []
         self.times: list[float] = []  # arrivals, on the loop's clock
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append((request.method, request.path_qs, dict(request.headers)))
+        self.seen.append((request.method, request.path_qs, CIMultiDict(request.headers)))  # names in any case
         self.bodies.append(await request.read())
         self.times.append(asyncio.get_running_loop().time())
         if request.path == "/api/v1/slow":

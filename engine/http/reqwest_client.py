@@ -1,0 +1,215 @@
+"""pyreqwest's client (Rust's reqwest and hyper), set up for a run: the default HTTP client.
+
+Why this one (docs/dependencies.md): on the same loopback server it spends a
+third of aiohttp's CPU per request (35 µs against 96 µs tuned, 111 µs as a
+user writes it; `docs/measurements.md`, "HTTP clients"), and on two shared
+cores the client's CPU decides how close to the limit a run gets. It has what
+real networks need: proxies (HTTP, CONNECT for HTTPS), TLS with extra roots and
+client certificates, connect and read timeouts, gzip, brotli, zstd and deflate,
+a pool with idle timeout. aiohttp (`client.py`) stays, as `target.http_client =
+"aiohttp"`, and for the probe.
+
+Set up as for aiohttp: one client per engine process; no redirects followed by
+the client (the transport follows same-origin ones itself); no cookies; the
+proxy chosen once, from `target.proxy` or the environment (`client.proxy_for`),
+never read again per request; the session's headers (`default_headers`) sent
+with every request; a body read up to a cap on its DECOMPRESSED size.
+
+Where it differs from aiohttp, on purpose or not:
+- an idempotent request on a kept-alive connection that the server closed under
+  it is not re-sent by the client: the attempt fails ("closed without an
+  answer") and the engine retries it, on any key, as it does any such failure;
+- a `1xx` other than `100 Continue` before the answer (`103 Early Hints`) breaks
+  the exchange (hyper reads no informational answers on HTTP/1.1);
+- header lines are not limited to 8,190 bytes (hyper bounds the whole head).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pyreqwest.client import Client as RqClient
+from pyreqwest.client import ClientBuilder
+from pyreqwest.exceptions import (
+    BodyDecodeError,
+    ConnectError,
+    ConnectTimeoutError,
+    DecodeError,
+    PyreqwestError,
+    ReadError,
+    ReadTimeoutError,
+    RequestTimeoutError,
+    WriteError,
+)
+from pyreqwest.proxy import ProxyBuilder
+from yarl import URL
+
+from ratedeck.engine.settings import TargetConfig
+
+from .client import IDLE_S, BodyTooLarge, proxy_for, system_ca_file
+
+#: Methods whose request has a body (RFC 9110): sent with a length even when it is empty, or
+#: some servers answer 411 Length Required.
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
+class RqAnswer:
+    """One answer being read: its status and headers (case-insensitive), its body read up to a
+    cap, and `end` to give the connection back (read whole) or drop it (not)."""
+
+    __slots__ = ("status", "headers", "_request", "_resp", "_ended")
+
+    def __init__(self, request: Any, resp: Any):
+        self._request = request
+        self._resp = resp
+        self.status: int = resp.status
+        self.headers = resp.headers
+        self._ended = False
+
+    @property
+    def content_length(self) -> int | None:
+        value = self._resp.get_header("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    async def read(self, cap: int, stop: bool = False) -> bytes:
+        """The body, decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or with `stop`
+        the first `cap` bytes. The connection is dropped when the body is not read to its end."""
+        resp = self._resp
+        length = resp.get_header("content-length")
+        if length is not None and length.isdigit() and int(length) <= cap:
+            return bytes(await resp.bytes())  # the framing bounds it (a decoded body has none)
+        reader = resp.body_reader
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await reader.read_chunk()
+            if chunk is None:
+                return b"".join(chunks)
+            piece = bytes(chunk)
+            size += len(piece)
+            if size > cap:
+                await self.end()
+                if stop:
+                    chunks.append(piece[: len(piece) - (size - cap)])
+                    return b"".join(chunks)
+                raise BodyTooLarge()
+            chunks.append(piece)
+
+    async def pieces(self) -> Any:
+        """The body as it arrives, a piece at a time."""
+        reader = self._resp.body_reader
+        while (chunk := await reader.read_chunk()) is not None:
+            yield bytes(chunk)
+
+    async def end(self) -> None:
+        """Done with it: a body read to its end leaves the connection for the next request,
+        one not read drops it."""
+        if not self._ended:
+            self._ended = True
+            await self._request.__aexit__(None, None, None)
+
+
+class ReqwestWire:
+    """The run's pyreqwest client: `send` puts one request on the wire and returns its answer
+    (`RqAnswer`) once the status line and headers are in."""
+
+    __slots__ = ("client", "proxy", "sends")
+
+    def __init__(self, client: RqClient, proxy: URL | None):
+        self.client = client
+        self.proxy = proxy
+        self.sends = 0
+
+    async def send(self, method: str, url: URL, data: Any, headers: Any, live: bool = False) -> RqAnswer:
+        """With `live` (a client waits for the answer as it arrives), the head is returned as soon
+        as it is in; else once the first 64 KiB of the body are too (one hop for most answers)."""
+        builder = self.client.request(method, str(url))
+        if live:
+            builder = builder.streamed_read_buffer_limit(0)
+        if headers:
+            builder = builder.headers(headers)
+        if isinstance(data, dict) and data:  # form fields, encoded as aiohttp encodes them
+            builder = builder.form(data)
+        elif isinstance(data, str):
+            builder = builder.body_text(data)
+        elif isinstance(data, bytes):
+            builder = builder.body_bytes(data)
+        elif method in _WITH_BODY:  # an empty body says so, or some servers answer 411
+            builder = builder.header("Content-Length", "0")
+        request = builder.build_streamed()
+        self.sends += 1
+        resp = await request.__aenter__()
+        return RqAnswer(request, resp)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def open_reqwest(target: TargetConfig, url: URL, limit: int, headers: dict[str, str]) -> ReqwestWire:
+    """The run's client to `url`'s origin, at most `limit` requests at once."""
+    builder = (
+        ClientBuilder()
+        .max_connections(max(1, limit))
+        .follow_redirects(False)
+        .referer(False)
+        .pool_idle_timeout(timedelta(seconds=IDLE_S))
+        .default_headers(headers)
+        .no_proxy()  # the environment is read once, by proxy_for
+    )
+    if target.connect_timeout_s:
+        builder = builder.connect_timeout(timedelta(seconds=target.connect_timeout_s))
+    if target.read_timeout_s:
+        builder = builder.read_timeout(timedelta(seconds=target.read_timeout_s))
+    roots = target.ca_file or system_ca_file()
+    if roots:
+        with open(roots, "rb") as f:
+            builder = builder.add_root_certificate_pem(f.read())
+    if target.client_cert:
+        with open(target.client_cert, "rb") as f:
+            identity = f.read()
+        if target.client_key:
+            with open(target.client_key, "rb") as f:
+                identity += b"\n" + f.read()
+        builder = builder.identity_pem(identity)
+    proxy = proxy_for(target, url)
+    if proxy is not None:
+        builder = builder.proxy(ProxyBuilder.all(str(proxy)))
+    return ReqwestWire(builder.build(), proxy)
+
+
+def _causes(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if not causes:
+        return ""
+    return " | ".join(str(c.get("message", "")) for c in causes if isinstance(c, dict)).lower()
+
+
+def describe_reqwest(exc: BaseException, proxied: bool) -> str | None:
+    """A short cause for an attempt with no answer, from the error's kind and hyper's own cause
+    names (matched, never shown: they quote the URL, and the URL may carry the key); None for
+    an error that is not pyreqwest's."""
+    if not isinstance(exc, PyreqwestError):
+        return None
+    causes = _causes(exc)
+    connecting = "(connect)" in causes
+    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, RequestTimeoutError)):
+        return "connect timed out" if connecting else "read timed out"
+    if "certificate" in causes or "tls" in causes and connecting:
+        return "cannot connect (certificate)"
+    if connecting:
+        if proxied:
+            return "cannot connect to the proxy" if "tunnel" not in causes else "the proxy refused"
+        if "connection refused" in causes:
+            return "connection refused"
+        return "cannot connect"
+    if "reset" in causes:
+        return "connection reset"
+    if isinstance(exc, (BodyDecodeError, ReadError)):
+        return "incomplete body"
+    if isinstance(exc, DecodeError):
+        return "headers too large" if "too large" in causes else "malformed HTTP answer"
+    if isinstance(exc, (ConnectError, WriteError)) or "closed" in causes:
+        return "closed without an answer"
+    return type(exc).__name__
