@@ -151,6 +151,18 @@ def open_client(
     return Client(session, proxy_for(target, url), sends)
 
 
+class _Done:
+    """An awaitable that is already done (None)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return iter(())
+
+
+DONE = _Done()
+
+
 class AioAnswer:
     """aiohttp's answer as the transport reads every client's (`reqwest_client.RqAnswer`)."""
 
@@ -171,12 +183,15 @@ class AioAnswer:
     def pieces(self) -> Any:
         return self.resp.content.iter_any()
 
-    async def end(self) -> None:
+    def end(self) -> Awaitable[None]:
+        """Done with it: the connection back to the pool when the body was read to its end,
+        else dropped."""
         resp = self.resp
         if resp.content.at_eof():
             resp.release()
         else:
             resp.close()
+        return DONE
 
 
 class AioWire:
@@ -190,11 +205,13 @@ class AioWire:
         self.sends = 0
         self.request = client.session.request
 
-    async def send(self, method: str, url: URL, data: Any, headers: Any, live: bool = False) -> AioAnswer:
+    def open(self, method: str, url: URL | str, data: Any, headers: Any, live: bool = False) -> Any:
+        """The request, sent when its `__aenter__` is awaited, which gives aiohttp's answer."""
         self.sends += 1
-        resp = await self.request(
-            method, url, data=data, headers=headers, allow_redirects=False, proxy=self.proxy
-        )
+        return self.request(method, url, data=data, headers=headers, allow_redirects=False, proxy=self.proxy)
+
+    @staticmethod
+    def answer(request: Any, resp: aiohttp.ClientResponse) -> AioAnswer:
         return AioAnswer(resp)
 
     @property

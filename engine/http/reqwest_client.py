@@ -26,6 +26,7 @@ Where it differs from aiohttp, on purpose or not:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +49,7 @@ from yarl import URL
 
 from ratedeck.engine.settings import TargetConfig
 
-from .client import IDLE_S, BodyTooLarge, proxy_for, system_ca_file
+from .client import DONE, IDLE_S, BodyTooLarge, proxy_for, system_ca_file
 
 #: Methods whose request has a body (RFC 9110): sent with a length even when it is empty, or
 #: some servers answer 411 Length Required.
@@ -57,7 +58,11 @@ _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 class RqAnswer:
     """One answer being read: its status and headers (case-insensitive), its body read up to a
-    cap, and `end` to give the connection back (read whole) or drop it (not)."""
+    cap, and `end` to give the connection back (read whole) or drop it (not).
+
+    `read` and `end` hand back pyreqwest's own awaitables where they can, not coroutines of
+    ours: every Python step of a request costs the process about three times its own time, as
+    pyreqwest's thread and the loop's take turns with the GIL (docs/measurements.md)."""
 
     __slots__ = ("status", "headers", "_request", "_resp", "_ended")
 
@@ -73,14 +78,17 @@ class RqAnswer:
         value = self._resp.get_header("content-length")
         return int(value) if value is not None and value.isdigit() else None
 
-    async def read(self, cap: int, stop: bool = False) -> bytes:
-        """The body, decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or with `stop`
-        the first `cap` bytes. The connection is dropped when the body is not read to its end."""
-        resp = self._resp
-        length = resp.get_header("content-length")
+    def read(self, cap: int, stop: bool = False) -> Awaitable[Any]:
+        """The body (bytes-like), decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or
+        with `stop` the first `cap` bytes. The connection is dropped when the body is not read
+        to its end."""
+        length = self._resp.get_header("content-length")
         if length is not None and length.isdigit() and int(length) <= cap:
-            return bytes(await resp.bytes())  # the framing bounds it (a decoded body has none)
-        reader = resp.body_reader
+            return self._resp.bytes()  # the framing bounds it (a decoded body has none)
+        return self._read_capped(cap, stop)
+
+    async def _read_capped(self, cap: int, stop: bool) -> bytes:
+        reader = self._resp.body_reader
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -103,12 +111,13 @@ class RqAnswer:
         while (chunk := await reader.read_chunk()) is not None:
             yield bytes(chunk)
 
-    async def end(self) -> None:
+    def end(self) -> Awaitable[None]:
         """Done with it: a body read to its end leaves the connection for the next request,
         one not read drops it."""
-        if not self._ended:
-            self._ended = True
-            await self._request.__aexit__(None, None, None)
+        if self._ended:
+            return DONE
+        self._ended = True
+        return self._request.__aexit__(None, None, None)
 
 
 def native_headers(headers: Any) -> HeaderMap:
@@ -118,8 +127,9 @@ def native_headers(headers: Any) -> HeaderMap:
 
 
 class ReqwestWire:
-    """The run's pyreqwest client: `send` puts one request on the wire and returns its answer
-    (`RqAnswer`) once the status line and headers are in."""
+    """The run's pyreqwest client: `open` builds one request, whose `__aenter__` puts it on
+    the wire and gives the client's answer once the status line and headers are in; `answer`
+    wraps that as the transport reads it (`RqAnswer`)."""
 
     __slots__ = ("client", "proxy", "sends")
 
@@ -128,9 +138,9 @@ class ReqwestWire:
         self.proxy = proxy
         self.sends = 0
 
-    async def send(self, method: str, url: URL, data: Any, headers: Any, live: bool = False) -> RqAnswer:
-        """With `live` (a client waits for the answer as it arrives), the head is returned as soon
-        as it is in; else once the first 64 KiB of the body are too (one hop for most answers)."""
+    def open(self, method: str, url: URL | str, data: Any, headers: Any, live: bool = False) -> Any:
+        """With `live` (a client waits for the answer as it arrives), the head comes back as soon
+        as it is in; else once the first 64 KiB of the body are in too (one hop for most answers)."""
         builder = self.client.request(method, str(url))
         if live:
             builder = builder.streamed_read_buffer_limit(0)
@@ -144,9 +154,11 @@ class ReqwestWire:
             builder = builder.body_bytes(data)
         elif method in _WITH_BODY:  # an empty body says so, or some servers answer 411
             builder = builder.header("Content-Length", "0")
-        request = builder.build_streamed()
         self.sends += 1
-        resp = await request.__aenter__()
+        return builder.build_streamed()
+
+    @staticmethod
+    def answer(request: Any, resp: Any) -> RqAnswer:
         return RqAnswer(request, resp)
 
     async def close(self) -> None:

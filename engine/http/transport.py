@@ -78,7 +78,7 @@ class TransportBase:
 
 
 #: A key's plain GET, prebuilt (`_Building.lean_get`): the query's head, the key's own headers, the URL.
-_Lean = tuple[str, Any, URL | None]
+_Lean = tuple[str, Any, URL | str | None]
 
 
 class _Building:
@@ -101,6 +101,7 @@ class _Building:
         "headers_by_key",
         "lean_by_key",
         "native",
+        "text_urls",
     )
 
     def __init__(
@@ -109,8 +110,11 @@ class _Building:
         given: URL,
         paths: tuple[PathRule, ...],
         native: Callable[[Mapping[str, str]], Any] = CIMultiDict,
+        text_urls: bool = False,
     ):
         self.target = target
+        # A lean GET's URL as text, for a client that takes text (pyreqwest): no URL object.
+        self.text_urls = text_urls
         # The client's own header type, for headers built once per key: a client converts a
         # plain mapping on every request (pyreqwest: 12 µs of its 60).
         self.native = native
@@ -208,7 +212,7 @@ class _Building:
                 f"{t.key_param}={quote(key.secret, safe='')}" if t.key_param and not t.key_header else ""
             )
             head = "&".join(p for p in (self.base_query, key_field) if p)
-            fixed = None
+            fixed: URL | str | None = None
             if not t.nonce_param and not t.id_param:
                 query = "&".join(p for p in (head, self.static) if p)
                 scheme, authority, path = self.base_parts
@@ -217,11 +221,13 @@ class _Building:
                     if query
                     else URL(self.base, encoded=True)
                 )
+            if fixed is not None and self.text_urls:
+                fixed = str(fixed)
             lean = self.lean_by_key[key.label] = (head, self.own_headers(key), fixed)
         assert isinstance(lean, tuple)
         return lean
 
-    def lean_url(self, head: str, req: Request, nonce: int | None) -> URL:
+    def lean_url(self, head: str, req: Request, nonce: int | None) -> URL | str:
         """The same query `get_url` builds, from the key's prebuilt head."""
         t = self.target
         parts = [head] if head else []
@@ -234,13 +240,15 @@ class _Building:
         if self.static:
             parts.append(self.static)
         query = "&".join(parts)
+        if self.text_urls:
+            return f"{self.base}?{query}" if query else self.base
         if not query:
             return URL(self.base, encoded=True)
         # From parts, not from text: parsing a whole URL string costs several times more.
         scheme, authority, path = self.base_parts
         return URL.build(scheme=scheme, authority=authority, path=path, query_string=query, encoded=True)
 
-    def prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
+    def prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL | str, Any, Any]:
         """(method, URL, body, headers) for one attempt: shaped, signed, keyed."""
         t = self.target
         if req.shape is None and (lean := self.lean_get(key)) is not None:
@@ -395,8 +403,10 @@ class HttpTransport(TransportBase):
         self.target = target
         self.url = url
         given = URL(url)
-        native = native_headers if target.http_client == "reqwest" else CIMultiDict
-        self._building = _Building(target, given, paths, native)
+        reqwest = target.http_client == "reqwest"
+        self._building = _Building(
+            target, given, paths, native_headers if reqwest else CIMultiDict, text_urls=reqwest
+        )
         # Credentials in the URL are secrets too: masked wherever text is shown.
         self._reading = _Reading(
             target, delay_hook, Redactor((*secrets, given.password or "", given.user or ""))
@@ -430,7 +440,7 @@ class HttpTransport(TransportBase):
     def delay_hook(self) -> DelayHook | None:
         return self._reading.delay_hook
 
-    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL, Any, Any]:
+    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL | str, Any, Any]:
         return self._building.prepare(key, req, nonce)
 
     def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
@@ -524,7 +534,7 @@ class HttpTransport(TransportBase):
         self,
         wire: AioWire | ReqwestWire,
         method: str,
-        url: URL,
+        url: URL | str,
         data: Any,
         headers: Any,
         live: Request | None = None,
@@ -541,7 +551,8 @@ class HttpTransport(TransportBase):
         resp = None
         try:
             while True:
-                resp = await wire.send(method, url, data, headers, live is not None)
+                opening = wire.open(method, url, data, headers, live is not None)
+                resp = wire.answer(opening, await opening.__aenter__())
                 status = resp.status
                 if 300 <= status < 400 and hops < MAX_REDIRECTS and self.target.follow_redirects:
                     nxt = self._hop(url, resp)
@@ -555,9 +566,9 @@ class HttpTransport(TransportBase):
                 if status < 300:
                     if live is not None and _streams(resp, live):
                         return await self._stream(_Passing(live, resp, start), watch)
-                    raw = await resp.read(self._reading.body_cap)
+                    raw = bytes(await resp.read(self._reading.body_cap))
                 else:
-                    raw = await resp.read(ERROR_BODY_BYTES, stop=True)
+                    raw = bytes(await resp.read(ERROR_BODY_BYTES, stop=True))
                 break
         except asyncio.CancelledError:
             if not watch.fired:
@@ -576,15 +587,15 @@ class HttpTransport(TransportBase):
                 await resp.end()
         return self._answered(status, resp.headers, raw, url, start)
 
-    def _hop(self, url: URL, resp: Any) -> URL | None:
+    def _hop(self, url: URL | str, resp: Any) -> URL | None:
         """Where a 3xx leads, when it is to be followed: to this target's own origin (its body is
         then not wanted); else None."""
         location = resp.headers.get("Location")
         if location is None:
             return None
-        return self._building.same_origin(url, location)
+        return self._building.same_origin(_url(url), location)
 
-    def _answered(self, status: int, resp_headers: Any, raw: bytes, url: URL, start: float) -> Outcome:
+    def _answered(self, status: int, resp_headers: Any, raw: bytes, url: URL | str, start: float) -> Outcome:
         """An answer read whole, counted and classified: the API's own rules first, then its status."""
         latency = time.monotonic() - start
         self.answers += 1
@@ -614,7 +625,7 @@ class HttpTransport(TransportBase):
             # Never a success: the answer is somewhere we did not (or may not) go.
             location = resp_headers.get("Location")
             why = "not followed" if not t.follow_redirects else "to another origin or too many, not followed"
-            error = f"HTTP {status} redirect to {self._show_location(url, location)} ({why})"
+            error = f"HTTP {status} redirect to {self._show_location(_url(url), location)} ({why})"
             self._note(self.redirects, error)
             return Outcome(CLIENT_ERROR, status, None, latency, error, policy, response)
         body = raw.decode("utf-8", "replace")
@@ -868,6 +879,11 @@ class _Passing:
         unread) and the request ends cancelled."""
         self.req.cancelled = True
         return self._outcome(CONNECTION, "its client went away during the answer; the upstream was closed")
+
+
+def _url(url: URL | str) -> URL:
+    """A URL sent as text (a lean GET to pyreqwest) as a `URL`, to resolve a Location against."""
+    return URL(url, encoded=True) if isinstance(url, str) else url
 
 
 def _why(exc: Exception, wire: AioWire | ReqwestWire) -> tuple[Any, str]:
