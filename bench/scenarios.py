@@ -273,6 +273,16 @@ LIVE_TABLE: tuple[Row, ...] = (
         flags=(*_QUIET, "--server-timing"),
         jitter_ms="5:45",
     ),
+    Row(
+        "live-jitter",
+        "5 keys x 20/1s through a jitter proxy (5..45 ms each way), 20..80 ms processing, no hints "
+        "(for ratedeck+probe and ratedeck+budget)",
+        ("aiolimiter", "ratedeck", "ratedeck+probe", "ratedeck+budget"),
+        latency="0",
+        processing="20:80",
+        flags=_QUIET,
+        jitter_ms="5:45",
+    ),
 )
 
 SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in (*TABLE, *LIVE_TABLE)}
