@@ -75,6 +75,9 @@ class LoopWatch:
         "lag_ms",
         "started",
         "_cpu",
+        "_loop_cpu",
+        "_loop_cpu0",
+        "_loop_cpu_end",
         "_wall",
         "_cpu0",
         "_wall0",
@@ -96,6 +99,7 @@ class LoopWatch:
         answered: Callable[[], int],
         cpu: Callable[[], float] = time.process_time,
         wall: Callable[[], float] = time.monotonic,
+        loop_cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         self.event = events.event
         self.answered = answered
@@ -103,6 +107,11 @@ class LoopWatch:
         self.lag_ms = 0.0
         self.started = False
         self._cpu, self._wall = cpu, wall
+        # The loop's own thread: the process's CPU also counts the HTTP client's thread
+        # (pyreqwest's), so only this one says whether the loop is out of time.
+        self._loop_cpu = loop_cpu
+        self._loop_cpu0 = 0.0
+        self._loop_cpu_end: float | None = None
         self._cpu0 = self._wall0 = 0.0
         self._cpu_end: float | None = None
         self._wall_end: float | None = None
@@ -117,11 +126,11 @@ class LoopWatch:
 
     def start(self, now: float, name: str) -> None:
         self.started, self.name = True, name
-        self._cpu0, self._wall0 = self._cpu(), self._wall()
+        self._cpu0, self._wall0, self._loop_cpu0 = self._cpu(), self._wall(), self._loop_cpu()
         self._window_end = now + LAG_WINDOW_S
 
     def stop(self) -> None:
-        self._cpu_end, self._wall_end = self._cpu(), self._wall()
+        self._cpu_end, self._wall_end, self._loop_cpu_end = self._cpu(), self._wall(), self._loop_cpu()
 
     def cpu_s(self) -> float:
         """CPU seconds of this process since the start (frozen when it stopped)."""
@@ -133,18 +142,21 @@ class LoopWatch:
         return self.cpu_s() * 1e6 / answered if answered > 0 else None
 
     def core_share(self) -> float | None:
-        """CPU seconds per wall second over the recent ticks; None over less than `VERDICT_MIN_WALL_S`."""
+        """The loop thread's CPU seconds per wall second over the recent ticks; None over less
+        than `VERDICT_MIN_WALL_S`."""
         if len(self._marks) < 2:
             return None
         (wall0, cpu0), (wall1, cpu1) = self._marks[0], self._marks[-1]
         return (cpu1 - cpu0) / (wall1 - wall0) if wall1 - wall0 >= VERDICT_MIN_WALL_S else None
 
     def run_core_share(self) -> float | None:
-        """CPU seconds per wall second since the start (to the stop); None before `VERDICT_MIN_WALL_S`."""
+        """The loop thread's CPU seconds per wall second since the start (to the stop); None
+        before `VERDICT_MIN_WALL_S`."""
         if not self.started:
             return None
         wall = (self._wall_end if self._wall_end is not None else self._wall()) - self._wall0
-        return self.cpu_s() / wall if wall >= VERDICT_MIN_WALL_S else None
+        end = self._loop_cpu_end if self._loop_cpu_end is not None else self._loop_cpu()
+        return (end - self._loop_cpu0) / wall if wall >= VERDICT_MIN_WALL_S else None
 
     def view(self, pct_capacity: float = 0.0, whole: bool = False) -> LoopLag:
         """The lateness as p50/p99 (recent and the run's) and the verdicts; `pct_capacity` is the
@@ -181,7 +193,7 @@ class LoopWatch:
         late_ms = max(0.0, late_s * 1000.0)
         self._recent.append(late_ms)
         self._run.add(late_ms)
-        self._marks.append((self._wall(), self._cpu()))
+        self._marks.append((self._wall(), self._loop_cpu()))
         if now >= self._window_end:  # a new window: the last one's worst is still shown
             self._lag_prev, self._lag_now = self._lag_now, late_ms
             self._window_end = now + LAG_WINDOW_S

@@ -30,7 +30,9 @@ class FakeProcess:
         self.events.append(text)
 
     def watch(self, answered: int = 1000) -> LoopWatch:
-        w = LoopWatch(self, lambda: answered, cpu=lambda: self.cpu, wall=lambda: self.wall)
+        w = LoopWatch(
+            self, lambda: answered, cpu=lambda: self.cpu, wall=lambda: self.wall, loop_cpu=lambda: self.cpu
+        )
         w.start(0.0, "asyncio")
         return w
 
