@@ -280,7 +280,7 @@ LIVE_TABLE: tuple[Row, ...] = (
         ("aiolimiter", "ratedeck", "ratedeck+probe", "ratedeck+budget"),
         latency="0",
         processing="20:80",
-        flags=_QUIET,
+        flags=(*_QUIET, "--health"),
         jitter_ms="5:45",
     ),
 )
