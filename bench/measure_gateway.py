@@ -17,6 +17,7 @@ for streams whether each text equals the one the stub wrote.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections import Counter
@@ -90,7 +91,8 @@ async def _drive(call: Any, lines: list[dict], seconds: float, at_once: int = AT
 
 async def _gateway(preset: str, url: str, keys: list[str], store: str | None = None) -> GatewayService:
     data: dict[str, Any] = {
-        "target": {"url": url},
+        # RATEDECK_HTTP_CLIENT=aiohttp measures the other HTTP client.
+        "target": {"url": url, "http_client": os.environ.get("RATEDECK_HTTP_CLIENT", "reqwest")},
         "keys": {"secrets": keys},
         "engine": {"graveyard_path": ""},
     }
