@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from typing import Any
+from typing import Any, Self
 
 from .child import RESULT_PREFIX
 from .spec import RunSpec
@@ -108,15 +108,49 @@ def _release_stop_signals() -> None:
     _previous.clear()
 
 
-class Simulator:
+class _Child:
+    """A server of the bench's in a process of its own: started by `with`, ready once it printed
+    its banner (`banner` then the address it serves), stopped (`_stop`) on the way out."""
+
+    banner = ""  # how its first line begins
+    what = ""  # what it is, for the error when it does not start
+
+    def __init__(self, args: list[str]):
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.base = ""
+
+    def __enter__(self) -> Self:
+        self.proc = _spawn(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith(self.banner):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.close()
+            raise BenchError(f"the {self.what} did not start: {(line or err).strip()[:300]}")
+        self.base = line.split()[2]
+        return self
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        _stop(proc)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Simulator(_Child):
     """`ratedeck serve` on 127.0.0.1 with a free port, in its own process.
 
     Use as a context manager; `url` is the `/api/request` address and
     `stats()` reads the server's own counters.
     """
 
+    banner, what = "ratedeck serve:", "simulator"
+
     def __init__(self, serve_args: tuple[str, ...] | list[str], seed: int | None = 1):
-        self.args = [
+        args = [
             sys.executable,
             "-m",
             "ratedeck.server.serve",
@@ -127,19 +161,8 @@ class Simulator:
             *serve_args,
         ]
         if seed is not None:
-            self.args += ["--seed", str(seed)]
-        self.proc: subprocess.Popen | None = None
-        self.base = ""
-
-    def __enter__(self) -> Simulator:
-        self.proc = _spawn(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("ratedeck serve:"):
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            self.close()
-            raise BenchError(f"the simulator did not start: {(line or err).strip()[:300]}")
-        self.base = line.split()[2]
-        return self
+            args += ["--seed", str(seed)]
+        super().__init__(args)
 
     @property
     def url(self) -> str:
@@ -149,59 +172,33 @@ class Simulator:
         with urllib.request.urlopen(f"{self.base}/stats", timeout=10) as resp:
             return json.load(resp)
 
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        _stop(proc)
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-class JitterProxyProcess:
+class JitterProxyProcess(_Child):
     """`python -m ratedeck.bench.jitter` in its own process, in front of `base` (http://host:port).
 
     Use as a context manager; `base` is then the proxy's address. It stops by
     itself after `max_s` seconds.
     """
 
+    banner, what = "jitter proxy:", "jitter proxy"
+
     def __init__(self, target_base: str, delay_ms: str, seed: int, max_s: float):
         target = target_base.split("://", 1)[-1].rstrip("/")
-        self.args = [
-            sys.executable,
-            "-m",
-            "ratedeck.bench.jitter",
-            "--target",
-            target,
-            "--delay",
-            delay_ms,
-            "--seed",
-            str(seed),
-            "--max-s",
-            f"{max_s:g}",
-        ]
-        self.proc: subprocess.Popen | None = None
-        self.base = ""
-
-    def __enter__(self) -> JitterProxyProcess:
-        self.proc = _spawn(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("jitter proxy:"):
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            self.close()
-            raise BenchError(f"the jitter proxy did not start: {(line or err).strip()[:300]}")
-        self.base = line.split()[2]
-        return self
-
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        _stop(proc)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().__init__(
+            [
+                sys.executable,
+                "-m",
+                "ratedeck.bench.jitter",
+                "--target",
+                target,
+                "--delay",
+                delay_ms,
+                "--seed",
+                str(seed),
+                "--max-s",
+                f"{max_s:g}",
+            ]
+        )
 
 
 def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:

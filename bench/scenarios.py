@@ -230,6 +230,29 @@ TABLE: tuple[Row, ...] = (
     ),
 )
 
+
+def _live5(
+    name: str,
+    jitter_ms: str,
+    hint: str,
+    *flags: str,
+    strategies: tuple[str, ...] = ("aiolimiter", "ratedeck"),
+) -> Row:
+    """A live row of the study's 5 keys x 20/1s, 20..80 ms of server time, behind a proxy that
+    delays each way by `jitter_ms` ("100:104" is a steady network)."""
+    low, high = jitter_ms.split(":")
+    kind = "steady" if float(high) - float(low) < 10 else "jitter"
+    return Row(
+        name,
+        f"5 keys x 20/1s through a {kind} proxy ({low}..{high} ms each way), 20..80 ms processing, {hint}",
+        strategies,
+        latency="0",
+        processing="20:80",
+        flags=(*_QUIET, *flags),
+        jitter_ms=jitter_ms,
+    )
+
+
 #: Real time on real sockets: the simulator adds no delay of its own, a jitter proxy in its own
 #: process delays every chunk each way, and the client's CPU is measured beside the plain peer's.
 LIVE_TABLE: tuple[Row, ...] = (
@@ -246,42 +269,15 @@ LIVE_TABLE: tuple[Row, ...] = (
         in_flight=16,
         jitter_ms="5:45",
     ),
-    Row(
-        "live-steady+timing",
-        "5 keys x 20/1s through a steady proxy (100..104 ms each way), 20..80 ms processing, Server-Timing",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=(*_QUIET, "--server-timing"),
-        jitter_ms="100:104",
-    ),
-    Row(
-        "live-steady",
-        "5 keys x 20/1s through a steady proxy (100..104 ms each way), 20..80 ms processing, no hints",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=_QUIET,
-        jitter_ms="100:104",
-    ),
-    Row(
-        "live-jitter+timing",
-        "5 keys x 20/1s through a jitter proxy (5..45 ms each way), 20..80 ms processing, Server-Timing",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=(*_QUIET, "--server-timing"),
-        jitter_ms="5:45",
-    ),
-    Row(
+    _live5("live-steady+timing", "100:104", "Server-Timing", "--server-timing"),
+    _live5("live-steady", "100:104", "no hints"),
+    _live5("live-jitter+timing", "5:45", "Server-Timing", "--server-timing"),
+    _live5(
         "live-jitter",
-        "5 keys x 20/1s through a jitter proxy (5..45 ms each way), 20..80 ms processing, no hints "
-        "(for ratedeck+probe and ratedeck+budget)",
-        ("aiolimiter", "ratedeck", "ratedeck+probe", "ratedeck+budget"),
-        latency="0",
-        processing="20:80",
-        flags=(*_QUIET, "--health"),
-        jitter_ms="5:45",
+        "5:45",
+        "no hints (for ratedeck+probe and ratedeck+budget)",
+        "--health",
+        strategies=("aiolimiter", "ratedeck", "ratedeck+probe", "ratedeck+budget"),
     ),
 )
 

@@ -86,8 +86,8 @@ class RqAnswer:
         """The body (bytes-like), decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or
         with `stop` the first `cap` bytes. The connection is dropped when the body is not read
         to its end."""
-        length = self._resp.get_header("content-length")
-        if length is not None and length.isdigit() and int(length) <= cap:
+        length = self.content_length
+        if length is not None and length <= cap:
             return self._resp.bytes()  # the framing bounds it (a decoded body has none)
         return self._read_capped(cap, stop)
 
@@ -135,12 +135,14 @@ class ReqwestWire:
     the wire and gives the client's answer once the status line and headers are in; `answer`
     wraps that as the transport reads it (`RqAnswer`)."""
 
-    __slots__ = ("client", "proxy", "sends")
+    __slots__ = ("client", "proxy")
+
+    #: Sends the client repeated by itself: none (a failed attempt is the engine's to retry).
+    retried = 0
 
     def __init__(self, client: RqClient, proxy: URL | None):
         self.client = client
         self.proxy = proxy
-        self.sends = 0
 
     def open(self, method: str, url: URL | str, data: Any, headers: Any, live: bool = False) -> Any:
         """With `live` (a client waits for the answer as it arrives), the head comes back as soon
@@ -158,7 +160,6 @@ class ReqwestWire:
             builder = builder.body_bytes(data)
         elif method in _WITH_BODY:  # an empty body says so, or some servers answer 411
             builder = builder.header("Content-Length", "0")
-        self.sends += 1
         return builder.build_streamed()
 
     @staticmethod

@@ -434,7 +434,7 @@ class HttpTransport(TransportBase):
         """Sends the client repeated on a new connection after a kept-alive one was found closed
         (aiohttp does, for an idempotent request; pyreqwest leaves it to the engine)."""
         wire = self._conn.wire
-        return wire.retried if isinstance(wire, AioWire) else 0
+        return wire.retried if wire is not None else 0
 
     @property
     def delay_hook(self) -> DelayHook | None:
