@@ -448,6 +448,10 @@ class SharedState(Protocol):
     async def give_back(self, ticket: Any, budget: str, units: int) -> None:
         """`units` of `budget` a granted send (`ticket`) reserved were not charged: free them."""
 
+    async def sent(self, sends: Sequence[tuple[Any, float]]) -> None:
+        """Granted sends made, each a ticket and its send's loop time: count each from then on,
+        no longer over all the lateness its grant allowed (`slack_s`)."""
+
     async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
         """The server counted `counted` units of `budget`'s `policy` for a send at `at` (loop
         time), counting until `until` (a sliding window's, if known): raise the shared count to

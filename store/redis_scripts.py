@@ -291,6 +291,23 @@ end
 return given or 0
 """
 
+#: Count granted sends of sliding windows from their real send on: lower the score (when it
+#: stops counting) of each named grant, never raise it. KEYS: the sliding windows' sorted sets;
+#: ARGV: three per send: the index of its key in KEYS, its member (`seq:cost`), its new end (µs).
+#: A member no longer there (expired, given back) is left alone. Returns how many moved.
+TRIM = r"""
+local moved = 0
+for j = 1, #ARGV, 3 do
+  local key, member, e = KEYS[tonumber(ARGV[j])], ARGV[j + 1], tonumber(ARGV[j + 2])
+  local score = redis.call('ZSCORE', key, member)
+  if score and tonumber(score) > e then
+    redis.call('ZADD', key, 'XX', string.format('%.0f', e), member)
+    moved = moved + 1
+  end
+end
+return moved
+"""
+
 #: Raise one policy's shared count to what the server says it counted (never lower it: members
 #: hold grants the server has not seen yet). KEYS[1]: the policy's key; ARGV: kind, limit,
 #: window_us, drain, counted, until_us (when a sliding window's count stops, 0: a window from

@@ -32,7 +32,16 @@ before it answers; none further ahead than `horizon_s`):
   `[T - t1, T - t0]`), and at most `slack` late; so the real send lies in
   `[s, s + slack + u]`, `u` the width of the offset's bounds;
 - a lease unused by `slack` after its time is dropped, still counted: waste,
-  never excess. After the store was unreachable a member drops all it holds.
+  never excess. After the store was unreachable a member drops all it holds;
+- a member tells the sends it made (`sent`, with its gate poll, every 0.1 s):
+  a sliding window's interval then ends at the send's upper bound on Redis's
+  clock (its loop time plus the offset's `hi`) plus `W + h`, which is inside
+  the granted one and still contains the real send's. Without it every lease
+  counted `slack + u` longer than one process's limiter counts a send (1.4%
+  of a key's rate at 15 ms of slack and a window of 1 s); with it, only `u`
+  and the time the loop took to send. Every earlier interval still starts at
+  or before a new slot, so the check at `s` stays exact. Fixed windows and
+  buckets keep what they were granted.
 
 Redis's state may be lost (a restart without persistence). Every grant
 sets the store's epoch key if it is missing; members read it with each gate
@@ -296,7 +305,8 @@ class _Ticket:
     per budget its sequence number and what was asked (cost, policies)."""
 
     at_us: int
-    h_us: int
+    h_us: int  # the headroom counted: the member's, its slack and the clocks' uncertainty
+    head_us: int  # the member's headroom alone
     seqs: dict[str, tuple[int, Ask]]
 
 
@@ -323,6 +333,7 @@ class RedisShared:
         self._grant = _Script(self.client, redis_scripts.GRANT)
         self._close_gate = _Script(self.client, redis_scripts.CLOSE_GATE)
         self._refund = _Script(self.client, redis_scripts.REFUND)
+        self._trim = _Script(self.client, redis_scripts.TRIM)
         self._sync = _Script(self.client, redis_scripts.SYNC)
         self._time = _Script(self.client, redis_scripts.TIME)
         self._name = ""  # the last budget or gate asked about: its host's slot answers `TIME` and pings
@@ -414,6 +425,7 @@ class RedisShared:
         await self._ensure_offset()
         u = self.offset.width
         h_us = _us(headroom_s + slack_s + u)
+        head_us = _us(headroom_s)
         args: list[Any] = [
             count,
             h_us,
@@ -444,7 +456,12 @@ class RedisShared:
         rows = [out[i : i + per] for i in range(6, len(out), per)]
         self.last_grant_us = tuple(int(r[0]) for r in rows)
         tickets = tuple(
-            _Ticket(int(r[0]), h_us, {a.budget: (int(seq), a) for a, seq in zip(asks, r[1:], strict=True)})
+            _Ticket(
+                int(r[0]),
+                h_us,
+                head_us,
+                {a.budget: (int(seq), a) for a, seq in zip(asks, r[1:], strict=True)},
+            )
             for r in rows
         )
         # + 1 us: a worker may take a lease up to LEASE_EARLY_S (1 us) before its time
@@ -458,6 +475,34 @@ class RedisShared:
             epoch=_text(out[4]),
             tickets=tickets,
         )
+
+    async def sent(self, sends: Sequence[tuple[Any, float]]) -> None:
+        """Each sliding window counts a granted send from its real time on: the end of its
+        counting interval moves back from `at + W + h + slack + u` (the latest send its grant
+        allowed) to `T + W + h`, `T` the send's loop time plus the offset's upper bound (on
+        Redis's clock the send was no later). One script call per host; fixed windows and
+        buckets keep what they were granted."""
+        hi = self.offset.hi
+        if hi == float("inf"):
+            return
+        by_tag: dict[str, tuple[dict[str, int], list[Any]]] = {}
+        for ticket, at in sends:
+            if not isinstance(ticket, _Ticket):
+                continue
+            upper = _us(at + hi)
+            for budget, (seq, ask) in ticket.seqs.items():
+                for p in ask.policies:
+                    if p.kind is not PolicyKind.SLIDING:
+                        continue
+                    window = _us(p.window_s)
+                    end = upper + window + ticket.head_us
+                    if end >= ticket.at_us + window + ticket.h_us:
+                        continue  # sent too late to count less than granted
+                    keys, args = by_tag.setdefault(tag(budget), ({}, []))
+                    index = keys.setdefault(self.policy_key(budget, p), len(keys) + 1)
+                    args += [index, f"{seq}:{max(0, int(ask.cost))}", end]
+        for keys, args in by_tag.values():
+            await self._call(self._trim, keys=list(keys), args=args)
 
     async def give_back(self, ticket: Any, budget: str, units: int) -> None:
         if not isinstance(ticket, _Ticket) or budget not in ticket.seqs or units <= 0:

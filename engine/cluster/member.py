@@ -157,7 +157,9 @@ class ClusterMember:
             20/s: 5 slots), so the store is asked a few times a second per key.
         horizon_s: the store grants no slot further ahead than this.
         slack_s: how late a lease may still be used (timers fire late), beyond
-            the clock uncertainty, which the store adds itself.
+            the clock uncertainty, which the store adds itself. It costs
+            only until the send is told (`_sends`, with each poll): the store
+            then counts the send from when it was made.
         confirm_s: leases are used only while the store's epoch was confirmed
             (by a poll or a grant) within this long. A Redis restarted empty
             has a new epoch: every member drops what it holds within
@@ -444,6 +446,9 @@ class ClusterMember:
                 self._came_back()
                 continue
             try:
+                sends = self._sends()
+                if sends:
+                    await self.shared.sent(sends)
                 polled = await self.shared.poll(gates)
                 now = parts.run.clock()
                 self._epoch(polled.epoch, now)
@@ -466,6 +471,16 @@ class ClusterMember:
             except StoreUnavailable as exc:
                 self.last_problem = str(exc)
             await asyncio.sleep(self.poll_s)
+
+    def _sends(self) -> list[tuple[Any, float]]:
+        """The sends made on leases since the last call (each lease's ticket and send time)."""
+        out: list[tuple[Any, float]] = []
+        for w in self.parts.keys.workers:
+            for slots in w.all_leases():
+                if slots.sent:
+                    out += slots.sent
+                    slots.sent = []
+        return out
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -27,6 +27,7 @@ class LeasedSlots:
         "dropped",
         "plan",
         "single",
+        "sent",
     )
 
     def __init__(self, plan: list[tuple[Any, int]] | None = None, single: bool = False) -> None:
@@ -37,6 +38,7 @@ class LeasedSlots:
         self.valid_until = math.inf  # none is used after this: the store's epoch was not confirmed since
         self.retry_at = 0.0  # no fetch before this (the store said the budget is full until then)
         self.granted = self.used = self.dropped = 0
+        self.sent: list[tuple[Any, float]] = []  # (ticket, loop time) of sends the store has not been told
 
     def add(self, grant: Grant) -> None:
         tickets = grant.tickets or (None,) * len(grant.times)
@@ -55,10 +57,15 @@ class LeasedSlots:
             self.dropped += 1
         return times[0][0] if times else math.inf
 
-    def take(self) -> Any:
-        """Use the earliest lease; returns its ticket (what a give-back to the store needs)."""
+    def take(self, now: float) -> Any:
+        """Use the earliest lease, sending at `now`; returns its ticket (what a give-back to the
+        store needs). The send is kept for the store (`ClusterMember` tells it in batches): it then
+        counts the send from `now`, not from the latest its lease allowed."""
         self.used += 1
-        return self.times.popleft()[2]
+        ticket = self.times.popleft()[2]
+        if ticket is not None:
+            self.sent.append((ticket, now))
+        return ticket
 
     def clear(self) -> None:
         self.dropped += len(self.times)

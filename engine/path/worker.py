@@ -354,7 +354,7 @@ class KeyWorker:
         if leases is not None:
             slots = leases.default if self.budgets is None else self._plan_slots
             assert slots is not None
-            stamps[0].ticket = slots.take()
+            stamps[0].ticket = slots.take(now)
             if len(slots) <= 1 and not slots.single and len(self.queues):
                 leases.want(self, now, slots)  # the next grant comes before these run out
         lane = self._lane

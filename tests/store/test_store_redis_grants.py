@@ -181,7 +181,7 @@ def test_leased_slots_drop_what_is_too_late_to_use():
     assert slots.next_at(1.003) == 1.0  # still usable
     assert slots.next_at(1.05) == 1.1  # the first went stale: dropped, never used late
     assert slots.dropped == 1
-    slots.take()
+    slots.take(1.1)
     assert slots.used == 1 and len(slots) == 1
     slots.clear()
     assert slots.next_at(0.0) == float("inf") and slots.dropped == 2

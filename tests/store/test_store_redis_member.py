@@ -38,6 +38,7 @@ class FakeShared:
         self.calls = 0
         self.summaries: dict[str, dict] = {}
         self.reads = 0
+        self.sends = 0  # sends told (`sent`)
 
     def bind(self, clock):
         self.clock = clock
@@ -67,13 +68,19 @@ class FakeShared:
             self.granted.setdefault(budget, []).extend(times)
         # the leases carry a microsecond of margin, as RedisShared's do (LEASE_EARLY_S)
         leases = tuple(t + 1e-6 for t in times)
-        return Grant(leases, slack_s, None if times else s - horizon_s, fresh, self.epoch)
+        return Grant(
+            leases, slack_s, None if times else s - horizon_s, fresh, self.epoch, tickets=tuple(times)
+        )
 
     async def give_back(self, ticket, budget, units):
         self._check()
 
     async def sync(self, budget, policy, counted, at, until):
         self._check()
+
+    async def sent(self, sends):
+        self._check()
+        self.sends += len(sends)
 
     async def close_gate(self, gate, until, reason):
         self._check()
@@ -127,6 +134,8 @@ def test_a_member_sends_only_at_granted_times_and_stops_without_the_store():
         for w in engine.workers:
             granted = shared.granted[engine.cluster.budget_ids[w.label]]
             assert w.sent <= len(granted) and w.sent >= 40, (w.label, w.sent, len(granted))
+        # every send is told to the store within a poll (0.1 s: at most about 20 not yet)
+        assert sum(sent.values()) - 20 <= shared.sends <= sum(sent.values())
         shared.down = True
         await asyncio.sleep(0.5)  # held leases may go (they were granted); then nothing
         assert engine.cluster.down_since is not None
