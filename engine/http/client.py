@@ -205,7 +205,7 @@ class AioWire:
         self.sends = 0
         self.request = client.session.request
 
-    def open(self, method: str, url: URL | str, data: Any, headers: Any, live: bool = False) -> Any:
+    def open(self, method: str, url: Any, data: Any, headers: Any, live: bool = False) -> Any:
         """The request, sent when its `__aenter__` is awaited, which gives aiohttp's answer."""
         self.sends += 1
         return self.request(method, url, data=data, headers=headers, allow_redirects=False, proxy=self.proxy)

@@ -45,6 +45,7 @@ from pyreqwest.exceptions import (
     WriteError,
 )
 from pyreqwest.http import HeaderMap
+from pyreqwest.http import Url as RqUrl
 from pyreqwest.proxy import ProxyBuilder
 from yarl import URL
 
@@ -144,10 +145,10 @@ class ReqwestWire:
         self.client = client
         self.proxy = proxy
 
-    def open(self, method: str, url: URL | str, data: Any, headers: Any, live: bool = False) -> Any:
+    def open(self, method: str, url: Any, data: Any, headers: Any, live: bool = False) -> Any:
         """With `live` (a client waits for the answer as it arrives), the head comes back as soon
         as it is in; else once the first 64 KiB of the body are in too (one hop for most answers)."""
-        builder = self.client.request(method, str(url))
+        builder = self.client.request(method, url if type(url) is RqUrl else str(url))
         if live:
             builder = builder.streamed_read_buffer_limit(0)
         if headers:
