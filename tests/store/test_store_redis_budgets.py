@@ -26,6 +26,7 @@ from ratedeck.engine.ports import Ask, StoreUnavailable
 from ratedeck.server.stubs.binance import start_binance
 from ratedeck.server.stubs.openai import start_openai
 from ratedeck.store.redis_shared import RedisShared
+from tests.support.redis_server import pause_between_grants, shared_state
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
 pytestmark = pytest.mark.slow
@@ -33,10 +34,7 @@ pytestmark = pytest.mark.slow
 SLACK_S = 0.004
 
 
-def _shared(url: str, ns: str) -> RedisShared:
-    shared = RedisShared(url, namespace=ns)
-    shared.bind(time.monotonic)
-    return shared
+_shared = shared_state
 
 
 # ---------------------------------------------------------------- the script
@@ -64,10 +62,7 @@ def test_several_budgets_with_costs_never_go_over_any_limit(redis_server):
                 for t in shared.last_grant_us:
                     for a in asks:
                         grants.append((t, h_us, a.budget, a.cost))
-                if not grant.times and grant.retry_at is not None:
-                    await asyncio.sleep(max(0.0, min(0.05, grant.retry_at - time.monotonic())))
-                else:
-                    await asyncio.sleep(rng.uniform(0, 0.01))
+                await pause_between_grants(grant, rng)
         finally:
             await shared.close()
         return calls

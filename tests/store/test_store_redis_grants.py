@@ -18,6 +18,7 @@ from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.engine.cluster.member import LeasedSlots
 from ratedeck.engine.ports import Ask
 from ratedeck.store.redis_shared import RedisShared
+from tests.support.redis_server import pause_between_grants
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
 pytestmark = pytest.mark.slow
@@ -46,10 +47,7 @@ async def _member(url: str, seed: int, policies, stop_at: float, grants: list, n
             calls += 1
             h_us = int((headroom + SLACK_S) * 1e6)
             grants.extend((t, h_us, seed) for t in shared.last_grant_us)
-            if not grant.times and grant.retry_at is not None:
-                await asyncio.sleep(max(0.0, min(0.05, grant.retry_at - time.monotonic())))
-            else:
-                await asyncio.sleep(rng.uniform(0, 0.01))
+            await pause_between_grants(grant, rng)
     finally:
         await shared.close()
     return calls

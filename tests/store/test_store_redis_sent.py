@@ -19,6 +19,7 @@ import pytest
 from ratedeck.core.policy import Policy, parse_policy
 from ratedeck.engine.ports import Ask
 from ratedeck.store.redis_shared import RedisShared
+from tests.support.redis_server import pause_between_grants, shared_state
 
 # a real redis-server and wall-clock runs (DESIGN.md: such tests are marked slow)
 pytestmark = pytest.mark.slow
@@ -26,10 +27,7 @@ pytestmark = pytest.mark.slow
 W_US = 1_000_000
 
 
-def _shared(url: str, ns: str) -> RedisShared:
-    shared = RedisShared(url, namespace=ns)
-    shared.bind(time.monotonic)
-    return shared
+_shared = shared_state
 
 
 async def _next_slot_after_two(shared: RedisShared, budget: str, late_s: float | None) -> tuple[int, int]:
@@ -100,10 +98,7 @@ async def _member(url: str, seed: int, policy: Policy, slack: float, stop_at: fl
             for slot, (_ticket, at) in zip(shared.last_grant_us, sends, strict=True):
                 upper = int((at + hi) * 1e6) + 1
                 told.append((slot, min(slot + window + h_us, upper + window + int(headroom * 1e6) + 1)))
-            if not grant.times and grant.retry_at is not None:
-                await asyncio.sleep(max(0.0, min(0.05, grant.retry_at - time.monotonic())))
-            else:
-                await asyncio.sleep(rng.uniform(0, 0.01))
+            await pause_between_grants(grant, rng)
     finally:
         await shared.close()
 

@@ -112,3 +112,23 @@ def redis_server():
     """A fresh redis-server for one test."""
     with RedisServer() as server:
         yield server
+
+
+def shared_state(url: str, namespace: str):
+    """A `RedisShared` on `url`, in `namespace`, on the monotonic clock (a member's view of the store)."""
+    from ratedeck.store.redis_shared import RedisShared
+
+    shared = RedisShared(url, namespace=namespace)
+    shared.bind(time.monotonic)
+    return shared
+
+
+async def pause_between_grants(grant, rng) -> None:
+    """A test member's pause before asking again: until the store said the budget has room
+    (at most 50 ms), else 0-10 ms (members asking about as fast as they can)."""
+    import asyncio
+
+    if not grant.times and grant.retry_at is not None:
+        await asyncio.sleep(max(0.0, min(0.05, grant.retry_at - time.monotonic())))
+    else:
+        await asyncio.sleep(rng.uniform(0, 0.01))
