@@ -610,7 +610,10 @@ class HttpTransport(TransportBase):
         self.statuses[status] += 1
         self.consecutive_no_answer = 0
         reading = self._reading
-        policy = resp_headers.get("RateLimit-Policy")
+        # One look at the names first: most answers carry no hint, and then no
+        # RateLimit-Policy either (a "ratelimit" name), so it is not asked for.
+        hints = has_hints(resp_headers)
+        policy = resp_headers.get("RateLimit-Policy") if hints else None
         response = Response(status, resp_headers, raw)
         if reading.rules:
             # The API's own rules first: a 200 that carries an error, a 403 that is a rate limit.
@@ -618,16 +621,18 @@ class HttpTransport(TransportBase):
             rule = first_match(reading.rules, status, resp_headers, body)
             if rule is not None:
                 if rule.kind is OK:
-                    return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
+                    return _hinted(
+                        Outcome(OK, status, None, latency, None, policy, response), resp_headers, hints
+                    )
                 delay = _delay_of(status, resp_headers, body, reading.delay_hook, any_status=True)
                 if delay is None:
                     delay = rule.delay_s
                 text = self.error_text(body) or f"HTTP {status}"
                 return _hinted(
-                    Outcome(rule.kind, status, delay, latency, text, policy, response), resp_headers
+                    Outcome(rule.kind, status, delay, latency, text, policy, response), resp_headers, hints
                 )
         if 200 <= status < 300:
-            return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers)
+            return _hinted(Outcome(OK, status, None, latency, None, policy, response), resp_headers, hints)
         t = self.target
         if 300 <= status < 400:
             # Never a success: the answer is somewhere we did not (or may not) go.
@@ -647,7 +652,7 @@ class HttpTransport(TransportBase):
             policy,
             response,
         )
-        return _hinted(outcome, resp_headers)
+        return _hinted(outcome, resp_headers, hints)
 
     def _too_large(self, status: int, start: float) -> Outcome:
         """A 2xx whose body outgrew `target.max_body_mb` once decompressed: an answer, not read."""
@@ -916,12 +921,13 @@ def _why(exc: Exception, wire: AioWire | ReqwestWire) -> tuple[Any, str]:
     return CONNECTION, describe(exc)
 
 
-def _hinted(outcome: Outcome, headers) -> Outcome:
+def _hinted(outcome: Outcome, headers, hints: bool | None = None) -> Outcome:
     """`outcome` with what the answer says besides its status: timing hints (server time,
     remaining count; see delays.answer_hints) and the server's own counts (delays.read_quotas).
 
-    Most answers carry none of those headers: one look at the names skips both readers."""
-    if not has_hints(headers):
+    Most answers carry none of those headers: one look at the names (`hints`, when the caller
+    took it already) skips both readers."""
+    if not (has_hints(headers) if hints is None else hints):
         return outcome
     outcome.server_time_s, outcome.remaining = answer_hints(headers)
     outcome.quotas = read_quotas(headers)
