@@ -153,13 +153,19 @@ class ReqwestWire:
             builder = builder.streamed_read_buffer_limit(0)
         if headers:
             builder = builder.headers(headers)
-        if isinstance(data, dict) and data:  # form fields, encoded as aiohttp encodes them
-            builder = builder.form(data)
+        if data is None:
+            if method in _WITH_BODY:  # an empty body says so, or some servers answer 411
+                builder = builder.header("Content-Length", "0")
+        elif isinstance(data, dict):
+            if data:  # form fields, encoded as aiohttp encodes them
+                builder = builder.form(data)
+            elif method in _WITH_BODY:
+                builder = builder.header("Content-Length", "0")
         elif isinstance(data, str):
             builder = builder.body_text(data)
         elif isinstance(data, bytes):
             builder = builder.body_bytes(data)
-        elif method in _WITH_BODY:  # an empty body says so, or some servers answer 411
+        elif method in _WITH_BODY:
             builder = builder.header("Content-Length", "0")
         return builder.build_streamed()
 
