@@ -559,6 +559,7 @@ class HttpTransport(TransportBase):
         assert deadlines is not None
         watch = deadlines.watch()
         resp = None
+        status = 0
         try:
             while True:
                 opening = wire.open(method, url, data, headers, live is not None)
@@ -580,12 +581,8 @@ class HttpTransport(TransportBase):
                 else:
                     raw = bytes(await resp.read(ERROR_BODY_BYTES, stop=True))
                 break
-        except asyncio.CancelledError:
-            return self._timed_out(watch, start)
-        except BodyTooLarge:
-            return self._too_large(status, start)
-        except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            return self._no_answer(*_why(exc, wire), start)
+        except BaseException as exc:
+            return self._unanswered(exc, watch, status, wire, start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
             if resp is not None:
@@ -618,12 +615,8 @@ class HttpTransport(TransportBase):
             else:  # no length (or a decoded body), or more than the cap: read up to it
                 capped = RqAnswer(opening, resp)
                 raw = bytes(await capped.read(cap, stop=status >= 300))
-        except asyncio.CancelledError:
-            return self._timed_out(watch, start)
-        except BodyTooLarge:
-            return self._too_large(status, start)
-        except Exception as exc:  # whatever the target did, it is an attempt with no answer
-            return self._no_answer(*_why(exc, wire), start)
+        except BaseException as exc:
+            return self._unanswered(exc, watch, status, wire, start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
             if capped is not None:
@@ -632,15 +625,25 @@ class HttpTransport(TransportBase):
                 await opening.__aexit__(None, None, None)
         return self._answered(status, answer_headers, raw, url, start)
 
-    def _timed_out(self, watch: _Watch, start: float) -> Outcome:
-        """An attempt cancelled (called while its `CancelledError` is handled): a timeout when
-        its deadline did it, else the cancellation goes on (the engine's drain stops it)."""
-        if not watch.fired:
-            raise  # the CancelledError being handled, re-raised as it is
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()  # the deadline's cancellation, and only it, ends here
-        return self._no_answer(TIMEOUT, "timed out", start)
+    def _unanswered(
+        self, exc: BaseException, watch: _Watch, status: int, wire: AioWire | ReqwestWire, start: float
+    ) -> Outcome:
+        """An attempt that raised `exc` (called while it is handled): a timeout when its
+        deadline cancelled it, a body over the cap, or whatever the target did (an attempt with
+        no answer). Anything else goes on as it is: a cancellation from outside (the engine's
+        drain), an interrupt."""
+        if isinstance(exc, asyncio.CancelledError):
+            if not watch.fired:
+                raise  # the exception being handled, re-raised as it is
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the deadline's cancellation, and only it, ends here
+            return self._no_answer(TIMEOUT, "timed out", start)
+        if isinstance(exc, BodyTooLarge):
+            return self._too_large(status, start)
+        if isinstance(exc, Exception):
+            return self._no_answer(*_why(exc, wire), start)
+        raise
 
     def _hop(self, url: URL | RqUrl, resp: Any) -> URL | None:
         """Where a 3xx leads, when it is to be followed: to this target's own origin (its body is
