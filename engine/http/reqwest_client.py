@@ -87,9 +87,8 @@ class RqAnswer:
         """The body (bytes-like), decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or
         with `stop` the first `cap` bytes. The connection is dropped when the body is not read
         to its end."""
-        length = self.content_length
-        if length is not None and length <= cap:
-            return self._resp.bytes()  # the framing bounds it (a decoded body has none)
+        if within(self._resp.get_header("content-length"), cap):
+            return self._resp.bytes()
         return self._read_capped(cap, stop)
 
     async def _read_capped(self, cap: int, stop: bool) -> bytes:
@@ -125,6 +124,12 @@ class RqAnswer:
         return self._request.__aexit__(None, None, None)
 
 
+def within(length: str | None, cap: int) -> bool:
+    """Whether an answer's Content-Length (as sent) bounds its body to `cap` bytes: then the
+    body is read whole at once. A decoded body has none (pyreqwest drops it): read up to the cap."""
+    return length is not None and length.isdigit() and int(length) <= cap
+
+
 def native_headers(headers: Any) -> HeaderMap:
     """Headers as pyreqwest holds them: built once (per key), they cost a request 2 µs, where
     a dict, converted on every request, costs 14."""
@@ -153,19 +158,13 @@ class ReqwestWire:
             builder = builder.streamed_read_buffer_limit(0)
         if headers:
             builder = builder.headers(headers)
-        if data is None:
-            if method in _WITH_BODY:  # an empty body says so, or some servers answer 411
-                builder = builder.header("Content-Length", "0")
-        elif isinstance(data, dict):
-            if data:  # form fields, encoded as aiohttp encodes them
-                builder = builder.form(data)
-            elif method in _WITH_BODY:
-                builder = builder.header("Content-Length", "0")
-        elif isinstance(data, str):
+        if isinstance(data, str):
             builder = builder.body_text(data)
         elif isinstance(data, bytes):
             builder = builder.body_bytes(data)
-        elif method in _WITH_BODY:
+        elif isinstance(data, dict) and data:  # form fields, encoded as aiohttp encodes them
+            builder = builder.form(data)
+        elif method in _WITH_BODY:  # an empty body says so, or some servers answer 411
             builder = builder.header("Content-Length", "0")
         return builder.build_streamed()
 

@@ -40,7 +40,15 @@ from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
 
 from .client import AioWire, BodyTooLarge, describe, open_client, probe_get
-from .reqwest_client import ReqwestWire, RqAnswer, RqUrl, describe_reqwest, native_headers, open_reqwest
+from .reqwest_client import (
+    ReqwestWire,
+    RqAnswer,
+    RqUrl,
+    describe_reqwest,
+    native_headers,
+    open_reqwest,
+    within,
+)
 from .signing import SigningError, SignInput, encode, signer_for
 
 USER_AGENT = f"ratedeck/{version()}"
@@ -351,10 +359,11 @@ class _Connection:
     """The connection part of `HttpTransport`: the session (opened on the first send), its
     deadlines, the probe's own session, and the counts of sends."""
 
-    __slots__ = ("wire", "max_connections", "attempts", "deadlines", "probe_close")
+    __slots__ = ("wire", "straight", "max_connections", "attempts", "deadlines", "probe_close")
 
     def __init__(self, max_connections: int):
         self.wire: AioWire | ReqwestWire | None = None
+        self.straight = False  # an answer read whole goes straight on the wire (`_exchange_rq`)
         self.max_connections = max_connections
         self.attempts = [0]  # aiohttp's sends, its own resends included (its request class counts)
         self.deadlines: AttemptDeadlines | None = None
@@ -473,6 +482,7 @@ class HttpTransport(TransportBase):
             conn.wire = AioWire(open_client(target, url, limit, conn.attempts, headers))
         else:
             conn.wire = open_reqwest(target, url, limit, headers)
+            conn.straight = not target.follow_redirects
         conn.deadlines = AttemptDeadlines(self.target.timeout_s)
         return conn.wire
 
@@ -513,7 +523,7 @@ class HttpTransport(TransportBase):
         if req.live_answer() is None:
             # Most attempts, on pyreqwest: straight on its request and answer (`_exchange_rq`).
             whole: Callable[..., Awaitable[Outcome]] = (
-                self._exchange_rq if type(wire) is ReqwestWire and not t.follow_redirects else self._exchange
+                self._exchange_rq if self._conn.straight else self._exchange
             )
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
                 return await whole(wire, method, url, data, headers)
@@ -553,11 +563,8 @@ class HttpTransport(TransportBase):
         read, then classified (`_answered`), or why there was none. With `live` (a request whose
         client waits, `Request.answer`), a streamed answer goes to that client as it arrives
         (`_stream`)."""
-        start = time.monotonic()  # precise even where the loop's clock is coarse
+        start, watch = self._begin()
         hops = 0
-        deadlines = self._conn.deadlines
-        assert deadlines is not None
-        watch = deadlines.watch()
         resp = None
         status = 0
         try:
@@ -596,10 +603,7 @@ class HttpTransport(TransportBase):
         attempts): the same steps, straight on pyreqwest's request and answer; the wrapper the
         other cases share (`RqAnswer`) only for a body read up to its cap. A fifth less of the
         transport's own CPU per request (docs/measurements.md)."""
-        start = time.monotonic()
-        deadlines = self._conn.deadlines
-        assert deadlines is not None
-        watch = deadlines.watch()
+        start, watch = self._begin()
         opening = wire.open(method, url, data, headers)
         entered = False
         capped: RqAnswer | None = None
@@ -609,10 +613,9 @@ class HttpTransport(TransportBase):
             entered = True
             status, answer_headers = resp.status, resp.headers
             cap = self._reading.body_cap if status < 300 else ERROR_BODY_BYTES
-            length = answer_headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) <= cap:
-                raw = bytes(await resp.bytes())  # the framing bounds it
-            else:  # no length (or a decoded body), or more than the cap: read up to it
+            if within(answer_headers.get("content-length"), cap):
+                raw = bytes(await resp.bytes())
+            else:  # read up to the cap
                 capped = RqAnswer(opening, resp)
                 raw = bytes(await capped.read(cap, stop=status >= 300))
         except BaseException as exc:
@@ -624,6 +627,12 @@ class HttpTransport(TransportBase):
             elif entered:
                 await opening.__aexit__(None, None, None)
         return self._answered(status, answer_headers, raw, url, start)
+
+    def _begin(self) -> tuple[float, _Watch]:
+        """An attempt starts: its clock (precise even where the loop's is coarse) and its deadline."""
+        deadlines = self._conn.deadlines
+        assert deadlines is not None
+        return time.monotonic(), deadlines.watch()
 
     def _unanswered(
         self, exc: BaseException, watch: _Watch, status: int, wire: AioWire | ReqwestWire, start: float
