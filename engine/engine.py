@@ -477,6 +477,8 @@ class Engine:
             p.progress.tick(now)
             while now >= next_second:
                 p.metrics.close_second()
+                for worker in p.keys:
+                    worker.stats.latency.fold()
                 p.source.close_second()
                 next_second += 1.0
                 self._flush_graveyard()

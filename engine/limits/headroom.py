@@ -538,8 +538,10 @@ class HeadroomController:
         return self.value_ms
 
     def pace_seconds(self) -> float:
-        """The headroom the even-pacing gap uses (the average, not the worst case)."""
-        return self.effective_ms / 1000.0
+        """The headroom the even-pacing gap uses (the average, not the worst case):
+        `effective_ms` in seconds, read here without the property's call (asked per send)."""
+        mean = self._mean_extra_ms
+        return (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
 
     @property
     def narrowing(self) -> bool:

@@ -34,6 +34,10 @@ from typing import Any
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Pacing, PolicyKind
 
+# Enum members read per request, bound once as module names: on Python 3.11 every read of
+# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+_EVEN = Pacing.EVEN
+
 
 class Stamp:
     """One grant: its send time, and the headroom its slot needs once known.
@@ -364,7 +368,7 @@ class WindowLimiter:
             free = meter.free_at(now, cost, h)
             if free > t:
                 t = free
-        if self.pacing is Pacing.EVEN and self._paced:
+        if self.pacing is _EVEN and self._paced:
             # Each send is due a gap after the last one, the gap its cost earned
             # (GCRA's pace): a heavy request delays the next one, it never waits
             # for light ones to stop coming. A fixed window with quota to spare

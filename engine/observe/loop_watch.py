@@ -193,6 +193,7 @@ class LoopWatch:
         late_ms = max(0.0, late_s * 1000.0)
         self._recent.append(late_ms)
         self._run.add(late_ms)
+        self._run.fold()  # a few a second: binned at once
         self._marks.append((self._wall(), self._loop_cpu()))
         if now >= self._window_end:  # a new window: the last one's worst is still shown
             self._lag_prev, self._lag_now = self._lag_now, late_ms

@@ -11,6 +11,7 @@ import math
 from array import array
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Callable
 from itertools import accumulate
 
 from ratedeck.core.vocab import OutcomeKind
@@ -19,6 +20,7 @@ from ratedeck.engine.snapshot import ErrorRow, LatencySummary
 _FINE_MS = 1000  # below this, buckets of 0.1 ms
 _FINE_BINS = _FINE_MS * 10
 _COARSE_BINS = 6000  # then buckets of 10 ms, up to 61 s
+_TENFOLD = (10.0).__mul__  # ms -> fine bin, mapped over a list without a Python call per value
 
 
 #: Upper bounds (ms) of the cumulative buckets a summary carries (Prometheus-style histograms).
@@ -51,26 +53,67 @@ def quantiles_of(bins: list[int], count: int, top: float, qs: tuple[float, ...])
 
 
 class LatencyHistogram:
-    """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s."""
+    """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s.
 
-    __slots__ = ("bins", "count", "total", "max")
+    `add` is the bound `append` of a list, no Python call: on the request path it runs
+    several times per request, and a list's append costs a fifth of binning a value
+    there. What was added is binned when anything is read (`fold`), or when the owner
+    folds it (the engine does once a second), so the list stays short.
+    """
+
+    __slots__ = ("_bins", "_count", "_total", "_max", "_pending", "add")
 
     def __init__(self):
-        self.bins = [0] * (_FINE_BINS + _COARSE_BINS)
-        self.count = 0
-        self.total = 0.0
-        self.max = 0.0
+        self._bins = [0] * (_FINE_BINS + _COARSE_BINS)
+        self._count = 0
+        self._total = 0.0
+        self._max = 0.0
+        self._pending: list[float] = []
+        self.add: Callable[[float], None] = self._pending.append
 
-    def add(self, ms: float) -> None:
-        if ms < _FINE_MS:
-            i = int(ms * 10) if ms > 0 else 0
+    def fold(self) -> None:
+        """Bin what was added since the last fold."""
+        pending = self._pending
+        if not pending:
+            return
+        bins = self._bins
+        self._count += len(pending)
+        self._total += sum(pending)
+        top = max(pending)
+        if top > self._max:
+            self._max = top
+        if top < _FINE_MS and min(pending) >= 0:  # the usual case: every value in the fine bins
+            for i in map(int, map(_TENFOLD, pending)):
+                bins[i] += 1
         else:
-            i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), len(self.bins) - 1)
-        self.bins[i] += 1
-        self.count += 1
-        self.total += ms
-        if ms > self.max:
-            self.max = ms
+            last = len(bins) - 1
+            for ms in pending:
+                if ms < _FINE_MS:
+                    i = int(ms * 10) if ms > 0 else 0
+                else:
+                    i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), last)
+                bins[i] += 1
+        pending.clear()
+
+    @property
+    def bins(self) -> list[int]:
+        self.fold()
+        return self._bins
+
+    @property
+    def count(self) -> int:
+        self.fold()
+        return self._count
+
+    @property
+    def total(self) -> float:
+        self.fold()
+        return self._total
+
+    @property
+    def max(self) -> float:
+        self.fold()
+        return self._max
 
     def quantiles(self, *qs: float) -> list[float]:
         """Upper edges of the buckets holding each quantile (in ms)."""
@@ -122,58 +165,100 @@ class KeyLatency:
 
     Bins 2 % wide from 0.1 ms to 61 s (673 of them, 5.4 KB a key, made at its first success)
     instead of the whole run's fixed 0.1 ms grain (128 KB): a key costs little however
-    many there are. Adding is one log. Count, mean and max are always current; the
-    percentiles are worked out again at most every `refresh_s` (a pass over the bins, about
-    20 us), so a snapshot of many busy keys stays cheap.
+    many there are. Adding is a list's append, and binning one log. Count, mean and max are
+    current whenever read; the percentiles are worked out again at most every `refresh_s` (a
+    pass over the bins, about 20 us), so a snapshot of many busy keys stays cheap.
     """
 
-    __slots__ = ("bins", "count", "total", "max", "refresh_s", "_summary", "_due", "_counted")
+    __slots__ = (
+        "_bins",
+        "_count",
+        "_total",
+        "_max",
+        "refresh_s",
+        "_summary",
+        "_due",
+        "_counted",
+        "_pending",
+        "add",
+    )
 
     def __init__(self, refresh_s: float = 1.0) -> None:
-        self.bins: array[int] | None = None
-        self.count = 0
-        self.total = 0.0
-        self.max = 0.0
+        self._bins: array[int] | None = None
+        self._count = 0
+        self._total = 0.0
+        self._max = 0.0
         self.refresh_s = refresh_s
         self._summary = LatencySummary()
         self._due = -math.inf
         self._counted = 0  # the count the percentiles were worked out at
+        self._pending: list[float] = []
+        # A list's bound append, as LatencyHistogram's: binned when read, or folded once a second.
+        self.add: Callable[[float], None] = self._pending.append
 
-    def add(self, ms: float) -> None:
-        bins = self.bins
+    def fold(self) -> None:
+        """Bin what was added since the last fold."""
+        pending = self._pending
+        if not pending:
+            return
+        bins = self._bins
         if bins is None:
-            bins = self.bins = array("Q", bytes(8 * _KEY_BINS))
-        if ms > _KEY_FLOOR_MS:
-            i = int(_log(ms * _KEY_PER_FLOOR) * _KEY_PER_LOG)
-            if i >= _KEY_BINS:
-                i = _KEY_BINS - 1
+            bins = self._bins = array("Q", bytes(8 * _KEY_BINS))
+        self._count += len(pending)
+        self._total += sum(pending)
+        top = max(pending)
+        if top > self._max:
+            self._max = top
+        last = _KEY_BINS - 1
+        if min(pending) > _KEY_FLOOR_MS:  # the usual case: a log each, mapped without a Python call
+            for i in map(int, map(_KEY_PER_LOG.__mul__, map(_log, map(_KEY_PER_FLOOR.__mul__, pending)))):
+                bins[i if i < last else last] += 1
         else:
-            i = 0
-        bins[i] += 1
-        self.count += 1
-        self.total += ms
-        if ms > self.max:
-            self.max = ms
+            for ms in pending:
+                i = int(_log(ms * _KEY_PER_FLOOR) * _KEY_PER_LOG) if ms > _KEY_FLOOR_MS else 0
+                bins[i if i < last else last] += 1
+        pending.clear()
+
+    @property
+    def bins(self) -> array[int] | None:
+        self.fold()
+        return self._bins
+
+    @property
+    def count(self) -> int:
+        self.fold()
+        return self._count
+
+    @property
+    def total(self) -> float:
+        self.fold()
+        return self._total
+
+    @property
+    def max(self) -> float:
+        self.fold()
+        return self._max
 
     def summary(self, now: float) -> LatencySummary:
         """Mean, p50, p90, p99, p99.9 (the upper edge of each one's bin, at most the largest
         seen) and max at `now` (seconds); the same object again while no answer came."""
-        last, count = self._summary, self.count
+        self.fold()
+        last, count = self._summary, self._count
         due = now >= self._due and self._counted != count
-        if (last.count == count and not due) or self.bins is None:
+        if (last.count == count and not due) or self._bins is None:
             return last
         if due:
             self._due, self._counted = now + self.refresh_s, count
-            running = list(accumulate(self.bins))  # answers at or below each bin's top
+            running = list(accumulate(self._bins))  # answers at or below each bin's top
             tops = []
             for q in _KEY_QS:  # nearest rank, as LatencyHistogram.quantiles
                 i = bisect_left(running, max(1, int(q * count + 0.999999)))
-                tops.append(min(_KEY_FLOOR_MS * math.exp(_KEY_LOG_RATIO * (i + 1)), self.max))
+                tops.append(min(_KEY_FLOOR_MS * math.exp(_KEY_LOG_RATIO * (i + 1)), self._max))
             p50, p90, p99, p999 = tops
         else:
             p50, p90, p99, p999 = last.p50, last.p90, last.p99, last.p999
         self._summary = LatencySummary(
-            mean=self.total / count, p50=p50, p90=p90, p99=p99, max=self.max, p999=p999, count=count
+            mean=self._total / count, p50=p50, p90=p90, p99=p99, max=self._max, p999=p999, count=count
         )
         return self._summary
 
@@ -295,8 +380,12 @@ class Metrics:
         self.failures[cause] += 1
 
     def close_second(self) -> None:
-        """Roll the per-second series; called once a second by the engine."""
+        """Roll the per-second series and bin the second's latencies; called once a second by
+        the engine."""
         self.per_second.close()
+        self.latency.fold()
+        self.latency_total.fold()
+        self.queue_wait.fold()
 
     def sample_depths(self, main: int, dlq: int) -> None:
         self.depths.sample(main, dlq)

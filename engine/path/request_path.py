@@ -38,6 +38,11 @@ from ratedeck.engine.snapshot import ErrorRow
 from .settle import Scope, SettleRules, Tally, Verdict, decide
 from .worker import KeyWorker
 
+# Enum members read per request, bound once as module names: on Python 3.11 every read of
+# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+_SUCCEEDED, _REJECTED_429, _REJECTED_OTHER = Tally.SUCCEEDED, Tally.REJECTED_429, Tally.REJECTED_OTHER
+_DONE = Ending.SUCCEEDED
+
 
 class SharedGates:
     """The engine's cooldown: a server's delay closes the budget's gate for every sender,
@@ -220,15 +225,15 @@ class RequestPath:
         worker.stats.tally(v.tally)
         if worker.limits.judged(v.tally, req.last_sent_at, now):
             widen = False  # a 429 the limit explains, not the timing: the headroom stays
-        if v.tally is Tally.SUCCEEDED:
+        if v.tally is _SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-        elif v.tally is Tally.REJECTED_429:
+        elif v.tally is _REJECTED_429:
             m.rejected_429 += 1
-        elif v.tally is Tally.REJECTED_OTHER:
+        elif v.tally is _REJECTED_OTHER:
             m.rejected_other += 1
         else:
             m.fail(v.cause or str(result.kind))
-        if v.tally is not Tally.SUCCEEDED:
+        if v.tally is not _SUCCEEDED:
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
             at_s = now - self.started_at
@@ -240,7 +245,7 @@ class RequestPath:
             self.headroom.observe_rejection(now)
         lanes = worker.limits.lanes
         lane = lanes.lane(req) if lanes is not None else None
-        if lane is not None and v.tally is Tally.REJECTED_429:
+        if lane is not None and v.tally is _REJECTED_429:
             lane.rejected_429 += 1
         if v.cooldown is not None:
             if v.cooldown.scope is Scope.HOST:
@@ -270,8 +275,8 @@ class RequestPath:
                 req.pin = worker.label
             if req.pin == worker.label and worker.blocked:
                 ending = Ending.UNCERTAIN if req.unsure else Ending.GRAVEYARD
-        if ending is Ending.SUCCEEDED:
-            self._finish(req, Ending.SUCCEEDED)
+        if ending is _DONE:
+            self._finish(req, _DONE)
         elif ending is Ending.GRAVEYARD:
             self.bury(req, now)
         elif ending is Ending.EXPIRED:

@@ -75,6 +75,9 @@ class Verdict:
 
 #: The verdict of every success: immutable, so one serves them all (no allocation per answer).
 _SUCCEEDED = Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
+# Read per answer, bound once: on Python 3.11 a member read off its class goes through
+# EnumType.__getattr__'s hook, three times a plain attribute.
+_OK = OutcomeKind.OK
 
 
 def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Verdict:
@@ -83,7 +86,7 @@ def decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> Ve
     `req.attempts` already counts this attempt.
     """
     kind = outcome.kind
-    if kind == OutcomeKind.OK:
+    if kind == _OK:  # OutcomeKind.OK, bound once (see `_OK`)
         return _SUCCEEDED
     if outcome.streamed or req.cancelled:
         ended = _live_client_end(outcome, req)

@@ -24,6 +24,10 @@ from ratedeck.engine.snapshot import ErrorRow, KeyRow
 from .key import UNKNOWN_LIMIT, KeyLimits
 from .settle import Tally
 
+# Enum members read per request, bound once as module names: on Python 3.11 every read of
+# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+_OK, _SUCCEEDED, _REJECTED_429 = OutcomeKind.OK, Tally.SUCCEEDED, Tally.REJECTED_429
+
 if TYPE_CHECKING:
     from ratedeck.core.policy import Policy
     from ratedeck.engine.limits.budgets import Budgets
@@ -77,17 +81,17 @@ class KeyStats:
         if outcome.status is not None:
             ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
-            if outcome.kind is OutcomeKind.OK:  # a success (settle.decide), as the run's histogram counts
+            if outcome.kind is _OK:  # a success (settle.decide), as the run's histogram counts
                 self.latency.add(ms)
-        if outcome.kind is not OutcomeKind.OK:
+        if outcome.kind is not _OK:
             self.errors += 1
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally) -> None:
-        if tally is Tally.SUCCEEDED:
+        if tally is _SUCCEEDED:
             self.succeeded += 1
-        elif tally is Tally.REJECTED_429:
+        elif tally is _REJECTED_429:
             self.rejected_429 += 1
 
 

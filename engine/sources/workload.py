@@ -192,7 +192,8 @@ class Workload:
             elif self.rate != scheduled_rate:
                 intended, scheduled_rate = now, self.rate
             req = sink.new_request(params, pool=pool, intended_at=min(intended, now))
-            req.shape = shape
+            if shape is not None:
+                req.shape = shape
             if line_id is not None:
                 req.line_id = line_id
             self.made(req)

@@ -30,6 +30,8 @@ def _headers(**pairs):
 def test_hint_readers_are_skipped_only_when_no_header_could_feed_them():
     plain = _headers(**{"Content-Type": "text/plain", "Content-Length": "2", "Date": "x", "Server": "y"})
     assert not has_hints(plain)
+    # Near misses: a hint's name inside another, or one longer than it.
+    assert not has_hints(_headers(**{"My-Server-Timing": "1", "Server-Timing-X": "1", "X-RateLimitz": "1"}))
     for name in (
         "Server-Timing",
         "X-Response-Time",
