@@ -34,8 +34,7 @@ from typing import Any
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Pacing, PolicyKind
 
-# Enum members read per request, bound once as module names: on Python 3.11 every read of
-# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
 _EVEN = Pacing.EVEN
 
 

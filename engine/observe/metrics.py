@@ -13,6 +13,7 @@ from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable
 from itertools import accumulate
+from typing import Any
 
 from ratedeck.core.vocab import OutcomeKind
 from ratedeck.engine.snapshot import ErrorRow, LatencySummary
@@ -52,19 +53,16 @@ def quantiles_of(bins: list[int], count: int, top: float, qs: tuple[float, ...])
     return out
 
 
-class LatencyHistogram:
-    """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s.
-
-    `add` is the bound `append` of a list, no Python call: on the request path it runs
-    several times per request, and a list's append costs a fifth of binning a value
-    there. What was added is binned when anything is read (`fold`), or when the owner
-    folds it (the engine does once a second), so the list stays short.
-    """
+class _Appended:
+    """What both histograms share: `add` is the bound `append` of a list, no Python call. On
+    the request path it runs several times per request, and a list's append costs a fifth of
+    binning a value there. What was added is binned (`_bin`) when anything is read, or when
+    the owner folds it (`fold`; the engine does once a second), so the list stays short."""
 
     __slots__ = ("_bins", "_count", "_total", "_max", "_pending", "add")
 
-    def __init__(self):
-        self._bins = [0] * (_FINE_BINS + _COARSE_BINS)
+    def __init__(self, bins: Any) -> None:
+        self._bins = bins
         self._count = 0
         self._total = 0.0
         self._max = 0.0
@@ -76,27 +74,19 @@ class LatencyHistogram:
         pending = self._pending
         if not pending:
             return
-        bins = self._bins
         self._count += len(pending)
         self._total += sum(pending)
         top = max(pending)
         if top > self._max:
             self._max = top
-        if top < _FINE_MS and min(pending) >= 0:  # the usual case: every value in the fine bins
-            for i in map(int, map(_TENFOLD, pending)):
-                bins[i] += 1
-        else:
-            last = len(bins) - 1
-            for ms in pending:
-                if ms < _FINE_MS:
-                    i = int(ms * 10) if ms > 0 else 0
-                else:
-                    i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), last)
-                bins[i] += 1
+        self._bin(pending, top)
         pending.clear()
 
+    def _bin(self, values: list[float], top: float) -> None:
+        raise NotImplementedError
+
     @property
-    def bins(self) -> list[int]:
+    def bins(self) -> Any:
         self.fold()
         return self._bins
 
@@ -114,6 +104,29 @@ class LatencyHistogram:
     def max(self) -> float:
         self.fold()
         return self._max
+
+
+class LatencyHistogram(_Appended):
+    """Latencies in ms: 0.1 ms resolution below 1 s, 10 ms above, capped at 61 s."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__([0] * (_FINE_BINS + _COARSE_BINS))
+
+    def _bin(self, values: list[float], top: float) -> None:
+        bins = self._bins
+        if top < _FINE_MS and min(values) >= 0:  # the usual case: every value in the fine bins
+            for i in map(int, map(_TENFOLD, values)):
+                bins[i] += 1
+            return
+        last = len(bins) - 1
+        for ms in values:
+            if ms < _FINE_MS:
+                i = int(ms * 10) if ms > 0 else 0
+            else:
+                i = min(_FINE_BINS + int((ms - _FINE_MS) / 10), last)
+            bins[i] += 1
 
     def quantiles(self, *qs: float) -> list[float]:
         """Upper edges of the buckets holding each quantile (in ms)."""
@@ -160,7 +173,7 @@ _KEY_PER_FLOOR, _KEY_PER_LOG = 1 / _KEY_FLOOR_MS, 1 / _KEY_LOG_RATIO  # multiply
 _log = math.log
 
 
-class KeyLatency:
+class KeyLatency(_Appended):
     """One key's send -> answer latencies of successes: the run's percentiles within 2 %.
 
     Bins 2 % wide from 0.1 ms to 61 s (673 of them, 5.4 KB a key, made at its first success)
@@ -170,74 +183,27 @@ class KeyLatency:
     pass over the bins, about 20 us), so a snapshot of many busy keys stays cheap.
     """
 
-    __slots__ = (
-        "_bins",
-        "_count",
-        "_total",
-        "_max",
-        "refresh_s",
-        "_summary",
-        "_due",
-        "_counted",
-        "_pending",
-        "add",
-    )
+    __slots__ = ("refresh_s", "_summary", "_due", "_counted")
 
     def __init__(self, refresh_s: float = 1.0) -> None:
-        self._bins: array[int] | None = None
-        self._count = 0
-        self._total = 0.0
-        self._max = 0.0
+        super().__init__(None)  # made at the first fold with a success in it
         self.refresh_s = refresh_s
         self._summary = LatencySummary()
         self._due = -math.inf
         self._counted = 0  # the count the percentiles were worked out at
-        self._pending: list[float] = []
-        # A list's bound append, as LatencyHistogram's: binned when read, or folded once a second.
-        self.add: Callable[[float], None] = self._pending.append
 
-    def fold(self) -> None:
-        """Bin what was added since the last fold."""
-        pending = self._pending
-        if not pending:
-            return
+    def _bin(self, values: list[float], top: float) -> None:
         bins = self._bins
         if bins is None:
             bins = self._bins = array("Q", bytes(8 * _KEY_BINS))
-        self._count += len(pending)
-        self._total += sum(pending)
-        top = max(pending)
-        if top > self._max:
-            self._max = top
         last = _KEY_BINS - 1
-        if min(pending) > _KEY_FLOOR_MS:  # the usual case: a log each, mapped without a Python call
-            for i in map(int, map(_KEY_PER_LOG.__mul__, map(_log, map(_KEY_PER_FLOOR.__mul__, pending)))):
+        if min(values) > _KEY_FLOOR_MS:  # the usual case: a log each, mapped without a Python call
+            for i in map(int, map(_KEY_PER_LOG.__mul__, map(_log, map(_KEY_PER_FLOOR.__mul__, values)))):
                 bins[i if i < last else last] += 1
-        else:
-            for ms in pending:
-                i = int(_log(ms * _KEY_PER_FLOOR) * _KEY_PER_LOG) if ms > _KEY_FLOOR_MS else 0
-                bins[i if i < last else last] += 1
-        pending.clear()
-
-    @property
-    def bins(self) -> array[int] | None:
-        self.fold()
-        return self._bins
-
-    @property
-    def count(self) -> int:
-        self.fold()
-        return self._count
-
-    @property
-    def total(self) -> float:
-        self.fold()
-        return self._total
-
-    @property
-    def max(self) -> float:
-        self.fold()
-        return self._max
+            return
+        for ms in values:
+            i = int(_log(ms * _KEY_PER_FLOOR) * _KEY_PER_LOG) if ms > _KEY_FLOOR_MS else 0
+            bins[i if i < last else last] += 1
 
     def summary(self, now: float) -> LatencySummary:
         """Mean, p50, p90, p99, p99.9 (the upper edge of each one's bin, at most the largest

@@ -38,8 +38,7 @@ from ratedeck.engine.snapshot import ErrorRow
 from .settle import Scope, SettleRules, Tally, Verdict, decide
 from .worker import KeyWorker
 
-# Enum members read per request, bound once as module names: on Python 3.11 every read of
-# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
 _SUCCEEDED, _REJECTED_429, _REJECTED_OTHER = Tally.SUCCEEDED, Tally.REJECTED_429, Tally.REJECTED_OTHER
 _DONE = Ending.SUCCEEDED
 

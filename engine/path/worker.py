@@ -24,8 +24,7 @@ from ratedeck.engine.snapshot import ErrorRow, KeyRow
 from .key import UNKNOWN_LIMIT, KeyLimits
 from .settle import Tally
 
-# Enum members read per request, bound once as module names: on Python 3.11 every read of
-# a member off its class goes through EnumType.__getattr__'s hook, three times a plain attribute.
+# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
 _OK, _SUCCEEDED, _REJECTED_429 = OutcomeKind.OK, Tally.SUCCEEDED, Tally.REJECTED_429
 
 if TYPE_CHECKING:
