@@ -25,10 +25,7 @@ from ratedeck.engine.http.delays import advertised_policies
 from ratedeck.engine.limits.estimate import ADDITIVE, KeyEstimate
 from ratedeck.engine.limits.leases import LeasedSlots
 
-from .settle import Tally
-
-# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
-_SUCCEEDED, _REJECTED_429 = Tally.SUCCEEDED, Tally.REJECTED_429
+from .settle import REJECTED_429, SUCCEEDED, Tally
 
 if TYPE_CHECKING:
     from ratedeck.engine.http.delays import Quota
@@ -351,17 +348,17 @@ class KeyLimits:
         sends = self.sends
         if sent_at is not None and sent_at == sends.probe_at:
             sends.probe_out, sends.probe_at = False, -1.0  # the send beyond the confirmed level is answered
-            if tally is _SUCCEEDED and self.estimate is not None:
+            if tally is SUCCEEDED and self.estimate is not None:
                 self.estimate.confirm(sends.probe_level)
-        if tally is not _SUCCEEDED and sent_at is not None:
+        if tally is not SUCCEEDED and sent_at is not None:
             sends.failed.append(sent_at)
         learning = self.learning
         if not learning.learn_policy:
             return False
-        if tally is _SUCCEEDED:
+        if tally is SUCCEEDED:
             if self.climb(now):
                 self._estimate_moved()
-        elif tally is _REJECTED_429 and sent_at is not None and not learning.headroom.narrowing:
+        elif tally is REJECTED_429 and sent_at is not None and not learning.headroom.narrowing:
             # A 429 while the headroom deliberately narrows (a rejection budget, remaining
             # counts) is about timing, not the limit: learn nothing from it.
             moved, explained = self.learn_from_rejection(sent_at, learning.headroom.seconds(), now)

@@ -35,11 +35,10 @@ from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow
 
-from .settle import Scope, SettleRules, Tally, Verdict, decide
+from .settle import REJECTED_429, REJECTED_OTHER, SUCCEEDED, Scope, SettleRules, Verdict, decide
 from .worker import KeyWorker
 
 # Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
-_SUCCEEDED, _REJECTED_429, _REJECTED_OTHER = Tally.SUCCEEDED, Tally.REJECTED_429, Tally.REJECTED_OTHER
 _DONE = Ending.SUCCEEDED
 
 
@@ -224,15 +223,15 @@ class RequestPath:
         worker.stats.tally(v.tally)
         if worker.limits.judged(v.tally, req.last_sent_at, now):
             widen = False  # a 429 the limit explains, not the timing: the headroom stays
-        if v.tally is _SUCCEEDED:
+        if v.tally is SUCCEEDED:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-        elif v.tally is _REJECTED_429:
+        elif v.tally is REJECTED_429:
             m.rejected_429 += 1
-        elif v.tally is _REJECTED_OTHER:
+        elif v.tally is REJECTED_OTHER:
             m.rejected_other += 1
         else:
             m.fail(v.cause or str(result.kind))
-        if v.tally is not _SUCCEEDED:
+        if v.tally is not SUCCEEDED:
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
             at_s = now - self.started_at
@@ -244,7 +243,7 @@ class RequestPath:
             self.headroom.observe_rejection(now)
         lanes = worker.limits.lanes
         lane = lanes.lane(req) if lanes is not None else None
-        if lane is not None and v.tally is _REJECTED_429:
+        if lane is not None and v.tally is REJECTED_429:
             lane.rejected_429 += 1
         if v.cooldown is not None:
             if v.cooldown.scope is Scope.HOST:

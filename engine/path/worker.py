@@ -12,9 +12,9 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ratedeck.core.secrets import fingerprint, mask_secret
-from ratedeck.core.vocab import KeyState, OutcomeKind
+from ratedeck.core.vocab import KeyState
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.http.outcome import Outcome
+from ratedeck.engine.http.outcome import OK, Outcome
 from ratedeck.engine.limits.limiter import Stamp, WindowLimiter
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.observe.metrics import KeyLatency
@@ -22,10 +22,7 @@ from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow, KeyRow
 
 from .key import UNKNOWN_LIMIT, KeyLimits
-from .settle import Tally
-
-# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
-_OK, _SUCCEEDED, _REJECTED_429 = OutcomeKind.OK, Tally.SUCCEEDED, Tally.REJECTED_429
+from .settle import REJECTED_429, SUCCEEDED, Tally
 
 if TYPE_CHECKING:
     from ratedeck.core.policy import Policy
@@ -80,17 +77,17 @@ class KeyStats:
         if outcome.status is not None:
             ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
-            if outcome.kind is _OK:  # a success (settle.decide), as the run's histogram counts
+            if outcome.kind is OK:  # a success (settle.decide), as the run's histogram counts
                 self.latency.add(ms)
-        if outcome.kind is not _OK:
+        if outcome.kind is not OK:
             self.errors += 1
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally) -> None:
-        if tally is _SUCCEEDED:
+        if tally is SUCCEEDED:
             self.succeeded += 1
-        elif tally is _REJECTED_429:
+        elif tally is REJECTED_429:
             self.rejected_429 += 1
 
 
