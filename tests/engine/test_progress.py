@@ -73,13 +73,31 @@ def test_the_eta_at_10_percent_done_is_within_15_percent_of_the_finish(tmp_path,
     assert seen[0][1].total == n
 
 
-@pytest.mark.parametrize(("policy", "keys", "n"), [("20/1s", 5, 3000), ("20/2s fixed", 5, 3000)])
-def test_the_first_snapshot_already_has_an_eta_from_the_limits(tmp_path, policy, keys, n):
-    """A quarter of a second in, nothing to measure a pace by: the limits alone are right."""
-    engine, _ = job_engine(tmp_path, policy, keys, n)
+@pytest.mark.parametrize(
+    ("policy", "turn_s", "first_most"),
+    [
+        ("20/1s", None, 100),
+        # the Unix clock 1.5 s before the fixed window's turn: the first snapshot sees its 100
+        ("20/2s fixed", 1.5, 100),
+        # 0.12 s before it: the second window's 100 are sent as it turns, inside the first quarter
+        ("20/2s fixed", 0.12, 200),
+        # 0.05 s before it: the first sends may land after the turn, so they count in both
+        # windows (engine/limits/limiter.py's _Fixed), and the second waits for the next turn
+        ("20/2s fixed", 0.05, 100),
+    ],
+    ids=["sliding", "fixed-turns-late", "fixed-turns-at-once", "fixed-turns-too-soon-to-trust"],
+)
+def test_the_first_snapshot_already_has_an_eta_from_the_limits(
+    tmp_path, unix_clock, policy, turn_s, first_most
+):
+    """A quarter of a second in, nothing to measure a pace by: the limits alone are right,
+    wherever the Unix clock stands in a fixed window when the job starts."""
+    n = 3000
+    unix_clock(1_800_000_000.0 - (turn_s or 0.0))
+    engine, _ = job_engine(tmp_path, policy, 5, n)
     seen, finished = watch(engine)
     at, first = seen[0]
-    assert at < 0.5 and first.done < 0.05 * n
+    assert at < 0.5 and first_most / 2 < first.done <= first_most, first.done
     assert first.least_s is not None and first.eta_s == first.least_s
     assert at + first.eta_s == pytest.approx(finished, rel=0.05)
     # and the ETA counts down with the job, never below what the limits allow
