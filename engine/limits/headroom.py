@@ -454,6 +454,8 @@ class HeadroomController:
     __slots__ = (
         "adaptive",
         "value_ms",
+        "headroom_now_s",
+        "pace_now_s",
         "min_ms",
         "max_ms",
         "rejection_budget",
@@ -519,11 +521,19 @@ class HeadroomController:
         self.adaptive = fixed_ms is None
         self.value_ms = self._clamp(initial_ms if fixed_ms is None else fixed_ms)
         self.seen_min_ms = self.seen_max_ms = self.value_ms
+        self.headroom_now_s = self.pace_now_s = self.value_ms / 1000.0
+
+    def _publish(self) -> None:
+        """What the limiters read per decision (`limiter.HeadroomFigures`), kept as plain
+        attributes: `seconds()` and `pace_seconds()`, set here whenever they change."""
+        self.headroom_now_s = self.value_ms / 1000.0
+        mean = self._mean_extra_ms
+        self.pace_now_s = (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
 
     # -- reading
     def seconds(self) -> float:
         """The headroom in seconds (what the limiters read)."""
-        return self.value_ms / 1000.0
+        return self.headroom_now_s
 
     @property
     def target_ms(self) -> float | None:
@@ -539,9 +549,8 @@ class HeadroomController:
 
     def pace_seconds(self) -> float:
         """The headroom the even-pacing gap uses (the average, not the worst case):
-        `effective_ms` in seconds, read here without the property's call (asked per send)."""
-        mean = self._mean_extra_ms
-        return (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
+        `effective_ms` in seconds."""
+        return self.pace_now_s
 
     @property
     def narrowing(self) -> bool:
@@ -627,8 +636,8 @@ class HeadroomController:
             extra_ms = cap
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms))
         m = self._mean_extra_ms
-        self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
-        e = self._mean_extra_ms
+        e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
+        self.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)
         if e < self.seen_min_ms:
             self.seen_min_ms = e
         if e > self.seen_max_ms:
@@ -713,9 +722,11 @@ class HeadroomController:
         """Live override: hold exactly `ms` until set adaptive again."""
         self.adaptive = False
         self._set(max(0.0, float(ms)))
+        self._publish()
 
     def set_adaptive(self) -> None:
         self.adaptive = True
+        self._publish()
 
     # -- evidence
     def observe_rtt(
@@ -843,7 +854,10 @@ class HeadroomController:
         return max(self.min_ms, min(self.max_ms, ms))
 
     def _set(self, ms: float) -> None:
+        if ms == self.value_ms:
+            return  # most answers step to where it stands
         self.value_ms = ms
+        self._publish()
         if ms < self.seen_min_ms:
             self.seen_min_ms = ms
         if ms > self.seen_max_ms:

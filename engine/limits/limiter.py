@@ -29,7 +29,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Pacing, PolicyKind
@@ -57,6 +57,8 @@ class _Sliding:
     """At most `limit` cost units in any window of `window` seconds."""
 
     __slots__ = ("policy", "limit", "window", "entries", "total")
+
+    fixed = False  # read per send by even pacing (a class constant, not isinstance)
 
     def __init__(self, policy: Policy):
         self.policy = policy
@@ -135,6 +137,8 @@ class _Fixed:
     """
 
     __slots__ = ("policy", "limit", "window", "end", "used_now", "used_next")
+
+    fixed = True
 
     def __init__(self, policy: Policy, wall_offset: float, now: float):
         self.policy = policy
@@ -263,6 +267,32 @@ class _Bucket:
 _Meter = _Sliding | _Fixed | _Bucket
 
 
+class HeadroomFigures(Protocol):
+    """The two headroom figures a limiter reads at every decision, in seconds: for a slot
+    whose request is not answered yet (`headroom_now_s`), and for the even pace's gap
+    (`pace_now_s`). `HeadroomController` keeps both as plain attributes, read without a call."""
+
+    headroom_now_s: float
+    pace_now_s: float
+
+
+class _Called:
+    """`HeadroomFigures` from two callables (a test's, a bench's)."""
+
+    __slots__ = ("_h", "_p")
+
+    def __init__(self, h: Callable[[], float], p: Callable[[], float]):
+        self._h, self._p = h, p
+
+    @property
+    def headroom_now_s(self) -> float:
+        return self._h()
+
+    @property
+    def pace_now_s(self) -> float:
+        return self._p()
+
+
 class WindowLimiter:
     """Grants send slots for one budget (a key's, the host's, a path's) under its policies.
 
@@ -282,6 +312,9 @@ class WindowLimiter:
             gap whole, for nonce-ordered targets.
         wall_offset: Unix time minus loop time, so fixed windows turn at the
             clock's whole minutes and hours as servers' do.
+        headroom: where the two headroom figures are read per decision without
+            a call (`HeadroomFigures`, a `HeadroomController`); by default from
+            `headroom_s` and `pace_s`.
     """
 
     __slots__ = (
@@ -293,6 +326,8 @@ class WindowLimiter:
         "wall_offset",
         "_meters",
         "_paced",
+        "_even",
+        "_hr",
         "_last",
         "_last_cost",
         "_recent",
@@ -312,17 +347,20 @@ class WindowLimiter:
         pace_s: Callable[[], float] | None = None,
         wall_offset: float = 0.0,
         now: float = 0.0,
+        headroom: HeadroomFigures | None = None,
     ):
         if not policies:
             raise ValueError("a limiter needs at least one policy")
         self.pacing = Pacing(pacing)
         self.headroom_s = headroom_s  # for slots whose request is not answered yet
         self.pace_s = pace_s or headroom_s  # the headroom the even gap assumes
+        self._hr = headroom if headroom is not None else _Called(headroom_s, self.pace_s)
         self.min_spacing = min_spacing
         self.wall_offset = wall_offset
         self.policies: tuple[Policy, ...] = ()
         self._meters: tuple[_Meter, ...] = ()
         self._paced: tuple[_Sliding | _Fixed, ...] = ()  # the window meters even pacing spaces sends for
+        self._even: tuple[_Sliding | _Fixed, ...] = ()  # the same, with even pacing only
         for policy in policies:
             self._add(policy, now)
         self._last = -math.inf  # the last send
@@ -349,6 +387,7 @@ class WindowLimiter:
         self._meters = (*self._meters, meter)
         if not isinstance(meter, _Bucket):
             self._paced = (*self._paced, meter)
+            self._even = self._paced if self.pacing is _EVEN else ()
 
     def align(self, wall_offset: float, now: float) -> None:
         """Set the clock's offset (Unix time minus loop time) once the loop runs: fixed windows realign."""
@@ -358,25 +397,29 @@ class WindowLimiter:
             for m in self._meters
         )
         self._paced = tuple(m for m in self._meters if not isinstance(m, _Bucket))
+        self._even = self._paced if self.pacing is _EVEN else ()
 
     def next_free(self, now: float, cost: int = 1) -> float:
         """The earliest time >= now at which a send of `cost` keeps every policy."""
-        h = self.headroom_s()
+        hr = self._hr
+        h = hr.headroom_now_s
         t = now
         for meter in self._meters:
             free = meter.free_at(now, cost, h)
             if free > t:
                 t = free
-        if self.pacing is _EVEN and self._paced:
+        paced = self._even
+        if paced:
             # Each send is due a gap after the last one, the gap its cost earned
             # (GCRA's pace): a heavy request delays the next one, it never waits
             # for light ones to stop coming. A fixed window with quota to spare
             # spreads it over the time left instead of the nominal pace.
-            p = self.pace_s()
+            p = hr.pace_now_s
             spent = self._last_cost
-            for meter in self._paced:
+            for meter in paced:
                 gap = (meter.window + p) * self.min_spacing * spent / meter.limit
-                if isinstance(meter, _Fixed):
+                if meter.fixed:
+                    assert isinstance(meter, _Fixed)
                     gap = min(gap, meter.catch_up_gap(now, spent, h) * self.min_spacing)
                 due = self._last + gap
                 if due > t:
@@ -391,7 +434,7 @@ class WindowLimiter:
         """
         if stamp is None:
             stamp = Stamp(at)
-        h = self.headroom_s()
+        h = self._hr.headroom_now_s
         for meter in self._meters:
             meter.record(stamp, cost, h)
         self._last = at

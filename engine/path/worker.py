@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -264,6 +265,10 @@ class KeyWorker:
         run, queues, limits = self.run_state, self.queues, self.limits
         leases = limits.leases
         sends = limits.sends
+        # The gates: the key's own and the host's (their open times read here, not by a call)
+        gates = self.gates
+        first, last, many = gates[0], gates[-1], len(gates) > 2
+        wait, loop = self._waker.wait, asyncio.get_running_loop()  # a wait per send: no wrapper
         woken_for_work = False
         while not run.stopping:
             now = run.clock()
@@ -272,7 +277,9 @@ class KeyWorker:
             until = None
             if self.paused or self.blocked:
                 blocked = True
-            elif (gate_at := self.gate_open_at()) > now:
+            elif (first.open_at > now or last.open_at > now or many) and (
+                gate_at := self.gate_open_at()
+            ) > now:
                 blocked, until = True, gate_at
             elif self.in_flight >= limits.max_in_flight or sends.probe_out:
                 blocked = True
@@ -299,7 +306,7 @@ class KeyWorker:
                 if woken_for_work:
                     queues.pass_on()  # the work we were woken for goes to another key
                     woken_for_work = False
-                await self._wait(until)
+                await wait(loop, until)
                 continue
             if self.budgets is None:
                 req = queues.pop_ready(now, self.path.pool_ok_req, self.label)

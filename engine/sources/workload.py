@@ -176,17 +176,18 @@ class Workload:
             if not self.fed and next_t > now:
                 await self._sleep(loop, next_t)
                 continue
-            params = None
+            params = pool = pin = line_id = shape = None
             if self.items is not None:
                 params = next(self.items, None)
                 if params is None:
                     if await self.refill():
                         continue
                     break
-            pool = params.pop("_pool", None) if params else None
-            pin = params.pop("_key", None) if params else None
-            line_id = params.pop("_id", None) if params else None
-            shape = take_shape(params) if params else None
+                if params:
+                    pool = params.pop("_pool", None)
+                    pin = params.pop("_key", None)
+                    line_id = params.pop("_id", None)
+                    shape = take_shape(params)
             if self.fed:
                 intended, next_t = now, now  # no schedule: it arrives when there is room
             elif self.rate != scheduled_rate:
