@@ -114,9 +114,13 @@ class KeyEstimate:
     # -- reading
     @property
     def ceiling(self) -> int:
-        """The lower of the told and the advertised limit: the estimate never climbs above it."""
-        values = [v for v in (self.told, self.advertised) if v is not None]
-        return min(values)
+        """The lower of the told and the advertised limit: the estimate never climbs above it.
+        (Read with every success once the estimate stands at it: no list built.)"""
+        told, advertised = self.told, self.advertised
+        if advertised is None or (told is not None and told <= advertised):
+            assert told is not None, "an estimate is told a limit, advertised one, or both"
+            return told
+        return advertised
 
     @property
     def probing_above(self) -> int | None:

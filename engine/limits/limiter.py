@@ -403,11 +403,15 @@ class WindowLimiter:
         """The earliest time >= now at which a send of `cost` keeps every policy."""
         hr = self._hr
         h = hr.headroom_now_s
-        t = now
-        for meter in self._meters:
-            free = meter.free_at(now, cost, h)
-            if free > t:
-                t = free
+        meters = self._meters
+        if len(meters) == 1:  # most limiters: no loop (free_at is never before now)
+            t = meters[0].free_at(now, cost, h)
+        else:
+            t = now
+            for meter in meters:
+                free = meter.free_at(now, cost, h)
+                if free > t:
+                    t = free
         paced = self._even
         if paced:
             # Each send is due a gap after the last one, the gap its cost earned
