@@ -291,11 +291,13 @@ def _limits(cfg: EngineSettings, headroom: HeadroomController, source: Source, *
     spacing = 1.0 if cfg.target.nonce_param else 0.9
 
     def make(policies: tuple[Policy, ...]) -> WindowLimiter:
-        return WindowLimiter(policies, seconds, pacing, min_spacing=spacing, pace_s=pace, headroom=headroom)
+        return WindowLimiter(
+            policies, seconds, pacing, min_spacing=spacing, pace_s=pace, headroom=headroom.figures
+        )
 
     # A host-wide limit is one more budget every key spends, with its own gate.
     host_limiter = (
-        WindowLimiter(cfg.host_policies, seconds, pacing, pace_s=pace, headroom=headroom)
+        WindowLimiter(cfg.host_policies, seconds, pacing, pace_s=pace, headroom=headroom.figures)
         if cfg.host_policies
         else None
     )

@@ -435,6 +435,17 @@ class SpreadEvidence:
         self.target_ms, self.target_source, self.target_direct = target, source, direct
 
 
+class HeadroomNow:
+    """The headroom's two figures in seconds, as the limiters read them at every decision
+    (`limiter.HeadroomFigures`): for a slot not answered yet, and for the even pace's gap.
+    Plain attributes the controller sets when they change, read without a call."""
+
+    __slots__ = ("headroom_now_s", "pace_now_s")
+
+    def __init__(self, seconds: float):
+        self.headroom_now_s = self.pace_now_s = seconds
+
+
 class HeadroomController:
     """Learns and holds the headroom shared by every key of one target.
 
@@ -449,13 +460,13 @@ class HeadroomController:
         budget: the rejection-budget prober (`BudgetProber`).
         evidence: the spreads the headroom is learned from, and their
             estimate (`SpreadEvidence`).
+        figures: what the limiters read per decision, in seconds (`HeadroomNow`).
     """
 
     __slots__ = (
         "adaptive",
         "value_ms",
-        "headroom_now_s",
-        "pace_now_s",
+        "figures",
         "min_ms",
         "max_ms",
         "rejection_budget",
@@ -521,19 +532,20 @@ class HeadroomController:
         self.adaptive = fixed_ms is None
         self.value_ms = self._clamp(initial_ms if fixed_ms is None else fixed_ms)
         self.seen_min_ms = self.seen_max_ms = self.value_ms
-        self.headroom_now_s = self.pace_now_s = self.value_ms / 1000.0
+        self.figures = HeadroomNow(self.value_ms / 1000.0)
 
     def _publish(self) -> None:
-        """What the limiters read per decision (`limiter.HeadroomFigures`), kept as plain
-        attributes: `seconds()` and `pace_seconds()`, set here whenever they change."""
-        self.headroom_now_s = self.value_ms / 1000.0
+        """What the limiters read per decision (`figures`): `seconds()` and `pace_seconds()`,
+        set here whenever they change."""
+        figures = self.figures
+        figures.headroom_now_s = self.value_ms / 1000.0
         mean = self._mean_extra_ms
-        self.pace_now_s = (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
+        figures.pace_now_s = (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
 
     # -- reading
     def seconds(self) -> float:
         """The headroom in seconds (what the limiters read)."""
-        return self.headroom_now_s
+        return self.figures.headroom_now_s
 
     @property
     def target_ms(self) -> float | None:
@@ -550,7 +562,7 @@ class HeadroomController:
     def pace_seconds(self) -> float:
         """The headroom the even-pacing gap uses (the average, not the worst case):
         `effective_ms` in seconds."""
-        return self.pace_now_s
+        return self.figures.pace_now_s
 
     @property
     def narrowing(self) -> bool:
@@ -637,7 +649,7 @@ class HeadroomController:
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms))
         m = self._mean_extra_ms
         e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
-        self.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)
+        self.figures.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)
         if e < self.seen_min_ms:
             self.seen_min_ms = e
         if e > self.seen_max_ms:

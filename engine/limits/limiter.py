@@ -270,7 +270,8 @@ _Meter = _Sliding | _Fixed | _Bucket
 class HeadroomFigures(Protocol):
     """The two headroom figures a limiter reads at every decision, in seconds: for a slot
     whose request is not answered yet (`headroom_now_s`), and for the even pace's gap
-    (`pace_now_s`). `HeadroomController` keeps both as plain attributes, read without a call."""
+    (`pace_now_s`). `HeadroomController.figures` keeps both as plain attributes, read
+    without a call."""
 
     headroom_now_s: float
     pace_now_s: float
@@ -313,7 +314,7 @@ class WindowLimiter:
         wall_offset: Unix time minus loop time, so fixed windows turn at the
             clock's whole minutes and hours as servers' do.
         headroom: where the two headroom figures are read per decision without
-            a call (`HeadroomFigures`, a `HeadroomController`); by default from
+            a call (`HeadroomFigures`, a `HeadroomController`'s `figures`); by default from
             `headroom_s` and `pace_s`.
     """
 
