@@ -163,13 +163,18 @@ def token_budgets(snap: Snapshot) -> list[BudgetRow]:
     return [b for b in snap.budgets if b.unit in TOKEN_UNITS]
 
 
-def _per_min(units: int, elapsed_s: float) -> float | None:
-    """`units` over the run as a rate per minute; None before any time passed."""
-    return units * 60.0 / elapsed_s if elapsed_s > 0 else None
+#: A run shorter than this says what it settled in its time, not a rate per minute: a budget's
+#: limit is per minute, and a full bucket lets a minute's worth go at once, so a rate from a
+#: few seconds (a job that ended at once) would read as many times the limit.
+RATE_AFTER_S = 60.0
 
 
-def _rate(per_min: float | None) -> str:
-    return "?" if per_min is None else f"{per_min:,.0f}"
+def _settled(settled: int, elapsed_s: float, over_the_run: str = "") -> str:
+    """ "N settled = R/min{over_the_run}" once a minute has passed, else "N settled in T"."""
+    if elapsed_s >= RATE_AFTER_S:
+        return f"{settled:,} settled = {settled * 60.0 / elapsed_s:,.0f}/min{over_the_run}"
+    took = f"{elapsed_s * 1000:.0f} ms" if elapsed_s < 1 else f"{elapsed_s:.1f} s"
+    return f"{settled:,} settled in {took}"
 
 
 def _limit(per_min: float | None) -> str:
@@ -199,8 +204,8 @@ def token_lines(snap: Snapshot) -> list[str]:
             else f"{len(rows)} key{'' if len(rows) == 1 else 's'}"
         )
         parts.append(
-            f"{name} ({owners}): {sum(b.reserved for b in rows):,} reserved, {settled:,} settled"
-            f" = {_rate(_per_min(settled, snap.elapsed_s))}/min, {_limit(sum(limits) if limits else None)}"
+            f"{name} ({owners}): {sum(b.reserved for b in rows):,} reserved, "
+            f"{_settled(settled, snap.elapsed_s)}, {_limit(sum(limits) if limits else None)}"
         )
     binds: dict[str, int] = {}
     for k in snap.keys:
@@ -217,14 +222,14 @@ def token_lines(snap: Snapshot) -> list[str]:
 def token_key_lines(snap: Snapshot) -> list[str]:
     """The summary's line per key and token budget: "k1 tokens: 412,300 reserved, 398,100 settled
     = 29,129/min over the run, limit 30,000/min (binds now: tokens)"; the rate is what settled
-    over the run's elapsed time, the limit what the budget allows now. A key refused for good
-    says it is out."""
+    over the run's elapsed time (under a minute, what settled and in how long: `RATE_AFTER_S`),
+    the limit what the budget allows now. A key refused for good says it is out."""
     keys = {k.label: k for k in snap.keys}
     lines = []
     for b in token_budgets(snap):
         line = (
-            f"  {b.owner:>4} {b.name}: {b.reserved:,} reserved, {b.settled:,} settled"
-            f" = {_rate(_per_min(b.settled, snap.elapsed_s))}/min over the run, {_limit(b.per_min)}"
+            f"  {b.owner:>4} {b.name}: {b.reserved:,} reserved, "
+            f"{_settled(b.settled, snap.elapsed_s, ' over the run')}, {_limit(b.per_min)}"
         )
         k = keys.get(b.owner)
         if k is not None and k.state == "blocked":

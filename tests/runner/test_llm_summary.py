@@ -119,3 +119,23 @@ def test_every_key_out_of_quota_says_so_in_the_one_line():
     keys = (KeyRow("k1", "…AAAA", state="blocked", refused_status=429, refused_message=QUOTA),)
     said = nothing_worked(Snapshot(keys=keys), RunFacts())
     assert said is not None and f"out of quota (HTTP 429: {QUOTA}) (k1)" in said
+
+
+def test_a_run_under_a_minute_says_what_it_settled_and_in_how_long_not_a_rate():
+    """A job that ended at once (its only key refused, say) spent a burst a full bucket allows:
+    a rate per minute from 17 ms would read as twice the limit."""
+    short = dataclasses.replace(
+        _llm(),
+        elapsed_s=0.017,
+        budgets=(BudgetRow("tokens", "k1", 136, 200_000, "tokens", 200_000.0, reserved=136, settled=136),),
+    )
+    ours = [line.strip() for line in summary_lines(short) if "settled" in line]
+    assert ours == [
+        "tokens       tokens (1 key): 136 reserved, 136 settled in 17 ms, limit 200,000/min",
+        "k1 tokens: 136 reserved, 136 settled in 17 ms, limit 200,000/min (binds now: tokens)",
+    ]
+    half = dataclasses.replace(short, elapsed_s=42.25)
+    assert "136 settled in 42.2 s, limit" in metrics_block(half)[-2]
+    # from a minute on, the rate per minute
+    minute = dataclasses.replace(short, elapsed_s=60.0)
+    assert "136 settled = 136/min, limit 200,000/min" in metrics_block(minute)[-2]
