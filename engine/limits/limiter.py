@@ -431,6 +431,17 @@ class WindowLimiter:
                     t = due
         return t
 
+    def pace_due(self) -> float:
+        """When the even pace lets the next send go: a bound `next_free` never beats, and
+        cheaper to ask (one sliding window paced; -inf otherwise). The same sum as
+        `next_free`'s, so the two agree to the bit."""
+        paced = self._even
+        if len(paced) != 1 or paced[0].fixed:
+            return -math.inf
+        meter = paced[0]
+        gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
+        return self._last + gap
+
     def record(self, at: float, cost: int = 1, stamp: Stamp | None = None) -> Stamp:
         """Note a send at `at` (call only when `next_free(at, cost) <= at`); returns its stamp.
 

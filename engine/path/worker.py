@@ -229,7 +229,11 @@ class KeyWorker:
         sooner = self.gate_open_at()
         if sooner <= now:
             limits = self.limits
-            sooner = limits.next_free(now) if self.in_flight < limits.max_in_flight else math.inf
+            if self.in_flight >= limits.max_in_flight:
+                return  # full in flight: this wait ends by itself, or the next answer pokes
+            if limits.limiter.pace_due() >= until:
+                return  # the even pace alone keeps it waiting as long (most answers)
+            sooner = limits.next_free(now)
         if sooner < until:
             waker.poke()
 

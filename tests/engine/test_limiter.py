@@ -1,8 +1,13 @@
 """WindowLimiter: window semantics, several policies, pacing, live headroom."""
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ratedeck.core.policy import Policy, PolicyError, parse_policy
+from ratedeck.engine.limits.headroom import HeadroomNow
 from ratedeck.engine.limits.limiter import WindowLimiter
 
 
@@ -140,3 +145,36 @@ def test_acquire_waits_first_come_first_served_and_gives_up_at_its_deadline():
     assert ("d", 0.0, False) in got  # certain to miss: refused at once, no slot taken
     assert ("c", 1.0, True) in got and ("e", 1.0, True) in got
     assert ("f", 1.5, False) in got  # waited, then gave up cleanly at its deadline
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 0.05), st.integers(1, 3), st.floats(0.001, 0.3), st.floats(0.0, 0.02)),
+        min_size=1,
+        max_size=60,
+    ),
+    st.sampled_from([1.0, 0.9]),
+)
+def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_binds(steps, spacing):
+    """`pace_due` lets a worker skip the full look after an answer (`KeyWorker.wake_if_sooner`):
+    it must never be later than `next_free`, and equal it whenever the pace is what binds."""
+    figures = HeadroomNow(0.05)
+    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even", min_spacing=spacing, headroom=figures)
+    t = 0.0
+    for wait, cost, headroom_s, late in steps:
+        figures.headroom_now_s, figures.pace_now_s = headroom_s, headroom_s / 2
+        t += wait
+        free = lim.next_free(t, cost)
+        assert lim.pace_due() <= free
+        lim.record(free + late, cost)
+        t = free + late
+    # the pace binds while the window has room: then the two agree to the bit (the same sum)
+    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even", min_spacing=spacing, headroom=figures)
+    t = lim.next_free(0.0)
+    for _ in range(10):
+        lim.record(t)
+        assert lim.next_free(t) == lim.pace_due() > t
+        t = lim.next_free(t)
+    # no even pace (bursts, or a fixed window): no bound
+    assert WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "burst").pace_due() == -math.inf
+    assert WindowLimiter((parse_policy("20/1s fixed"),), lambda: 0.05, "even").pace_due() == -math.inf
