@@ -34,9 +34,6 @@ from typing import Any, Protocol
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Pacing, PolicyKind
 
-# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
-_EVEN = Pacing.EVEN
-
 
 class Stamp:
     """One grant: its send time, and the headroom its slot needs once known.
@@ -387,8 +384,7 @@ class WindowLimiter:
         self.policies = (*self.policies, policy)
         self._meters = (*self._meters, meter)
         if not isinstance(meter, _Bucket):
-            self._paced = (*self._paced, meter)
-            self._even = self._paced if self.pacing is _EVEN else ()
+            self._set_paced((*self._paced, meter))
 
     def align(self, wall_offset: float, now: float) -> None:
         """Set the clock's offset (Unix time minus loop time) once the loop runs: fixed windows realign."""
@@ -397,8 +393,12 @@ class WindowLimiter:
             _Fixed(m.policy, wall_offset, now) if isinstance(m, _Fixed) and not m.used_now else m
             for m in self._meters
         )
-        self._paced = tuple(m for m in self._meters if not isinstance(m, _Bucket))
-        self._even = self._paced if self.pacing is _EVEN else ()
+        self._set_paced(tuple(m for m in self._meters if not isinstance(m, _Bucket)))
+
+    def _set_paced(self, paced: tuple[_Sliding | _Fixed, ...]) -> None:
+        """The window meters, and those even pacing spaces sends for (none when it bursts)."""
+        self._paced = paced
+        self._even = paced if self.pacing is Pacing.EVEN else ()
 
     def next_free(self, now: float, cost: int = 1) -> float:
         """The earliest time >= now at which a send of `cost` keeps every policy."""
@@ -506,7 +506,7 @@ class WindowLimiter:
             # The server counted its window when the answered request arrived: compare
             # with what we sent that could be in it (generously, for arrival times),
             # never with our window now. Only more than that is someone else's use.
-            start = (sent_at if sent_at is not None else now) - meter.window - self.headroom_s()
+            start = (sent_at if sent_at is not None else now) - meter.window - self._hr.headroom_now_s
             ours = sum(spent for stamp, spent in meter.entries if stamp.t > start)
             extra = used - ours
             if extra > 0:

@@ -237,9 +237,6 @@ class KeyWorker:
         if sooner < until:
             waker.poke()
 
-    async def _wait(self, until: float | None = None) -> None:
-        await self._waker.wait(self.run_state.loop, until)
-
     def next_nonce(self) -> int:
         """Strictly increasing per key, and above any earlier run's (epoch ms based)."""
         self._nonce = max(self._nonce + 1, int(time.time() * 1000))
@@ -323,14 +320,14 @@ class KeyWorker:
             if req is None:
                 if self._wake_at < math.inf:  # work is there, its budgets have no room yet
                     queues.pass_on()
-                    await self._wait(self._wake_at)
+                    await wait(loop, self._wake_at)
                     self._wake_at = math.inf
                     continue
                 if (
                     limits.lanes is not None and limits.lanes.for_answer and self.in_flight
                 ):  # work is there, waiting for an answer
                     queues.pass_on()
-                    await self._wait(None)
+                    await wait(loop, None)
                     continue
                 await self._wait_for_work()
                 woken_for_work = True
