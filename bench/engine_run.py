@@ -17,12 +17,13 @@ def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
     """The study preset pointed at the bench's simulator with the scenario's keys and rate.
 
     `workload.rate` is the offered rate, the same every other strategy gets.
-    No graveyard file is written.
+    No graveyard file is written. ratedeck sizes its in flight as a user's run does
+    ("auto": rate x round trip), not the peers' `spec.in_flight`, unless `engine` pins it.
     """
     return {
         "target": {"url": spec.url, "nonce_param": "nonce" if spec.nonce else ""},
         "keys": {"secrets": list(spec.keys), "limits": [spec.policy_text]},
-        "engine": {"graveyard_path": "", "in_flight_per_key": spec.in_flight, **engine},
+        "engine": {"graveyard_path": "", **engine},
         "workload": {"rate": float(spec.offered_tps)},
         "run": {"seed": spec.seed},
     }

@@ -220,7 +220,8 @@ def engine_config(spec: RunSpec, **engine: Any):
 
     from .engine_run import engine_overrides
 
-    overrides = engine_overrides(spec, **engine)
+    # keys x in_flight at once, as the peers: the endpoint's limit never binds here
+    overrides = engine_overrides(spec, **{"in_flight_per_key": spec.in_flight, **engine})
     workload = spec.extra.get("workload")
     if workload:
         overrides["workload"] = {**overrides["workload"], **workload}

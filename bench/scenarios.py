@@ -26,9 +26,9 @@ class Scenario:
             were told. None: the server's.
         health: the server answers `GET /health` (a probe's target).
         strategies: the strategies run when `--strategies` is not given.
-        in_flight: requests in flight per key for the clients that keep
+        in_flight: requests in flight per key for the peers that keep
             several (the limit times the slowest round trips, or they cap
-            the rate before the limit does).
+            the rate before the limit does); ratedeck sizes its own.
     """
 
     name: str

@@ -55,6 +55,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "dollars": ('US dollars, or "$2.50"', _NUMBER_OR_TEXT),
     "server": ("table (the simulator's)", {"type": "object"}),
     "procs": ('whole number or "auto"', {"type": ["integer", "string"]}),
+    "in_flight": ('whole number or "auto"', {"type": ["integer", "string"]}),
     "statuses": ("list of HTTP statuses", {"type": "array", "items": {"type": "integer"}}),
 }
 

@@ -231,6 +231,13 @@ def count(low: int | None, high: int | None) -> Parser:
 MAX_PROCS = 256
 
 
+def in_flight(value: Any) -> int | str:
+    """Requests in flight per key: a whole number from 1 (pinned), or "auto" (rate x round trip)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return whole(value, low=1, high=MAX_IN_FLIGHT)
+
+
 def procs(value: Any) -> int | str:
     """Engine processes: a whole number from 1, or "auto" (one per core, counted when the run starts)."""
     if isinstance(value, str) and value.strip().lower() == "auto":

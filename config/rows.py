@@ -459,11 +459,19 @@ ROWS: tuple[Row, ...] = (
     # ---------------------------------------------------------------- [engine]
     Row(
         "engine.in_flight_per_key",
+        "in_flight",
+        p.in_flight,
+        '"auto": as many as the key\'s rate times its measured round trip needs (up to'
+        " in_flight_max; fewer when answers slow down or fail); a number pins it",
+        "engine",
+        _flag("--in-flight", "N|auto", check=True),
+    ),
+    Row(
+        "engine.in_flight_max",
         "integer",
         p.count(1, p.MAX_IN_FLIGHT),
-        "requests in flight per key",
+        'the most requests a key keeps in flight when in_flight_per_key is "auto"',
         "engine",
-        _flag("--in-flight", "N", check=True),
     ),
     Row(
         "engine.headroom",
@@ -524,7 +532,7 @@ ROWS: tuple[Row, ...] = (
         "engine.queue_max",
         "integer",
         p.count(1, p.MAX_QUEUE),
-        "the main queue's size; unset: 4 x keys x in_flight_per_key, at least 1000, so queued work always"
+        "the main queue's size; unset: 4 x keys x in_flight_per_key (or in_flight_max), at least 1000, so queued work always"
         " waits for every key's limiter",
         "engine",
         optional=True,

@@ -26,6 +26,7 @@ from ratedeck.engine.http.probe import Probe
 from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
 from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.in_flight import InFlightSizing
 from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.observe.events import EventLog
 from ratedeck.engine.observe.loop_watch import LoopWatch
@@ -278,7 +279,7 @@ def _pacing(cfg: EngineSettings, source: Source) -> Pacing:
     if pacing is not Pacing.AUTO:
         return pacing
     fed_burst = (
-        source.fed and bursts_in_time(cfg) and not (cfg.target.nonce_param and e.in_flight_per_key > 1)
+        source.fed and bursts_in_time(cfg) and not (cfg.target.nonce_param and cfg.in_flight_pinned != 1)
     )
     return Pacing.BURST if fed_burst else Pacing.EVEN
 
@@ -364,7 +365,8 @@ def _key(
         spec,
         limiter,
         learning,
-        max_in_flight=e.in_flight_per_key,
+        max_in_flight=cfg.in_flight_ceiling,
+        sizing=InFlightSizing(e.in_flight_max) if cfg.in_flight_pinned is None else None,
         shared=(limits.host_limiter,) if limits.host_limiter else (),
         key_budgets=key_budgets,
         key_weighted=cfg.key_weighted,

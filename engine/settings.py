@@ -109,6 +109,10 @@ GRAVEYARD_AUTO = "auto"
 QUEUE_MAX_FLOOR = 1000
 QUEUE_ROUNDS = 4
 
+#: `in_flight_per_key`'s default: each key keeps as many in flight as its rate times its
+#: measured round trip needs, within `in_flight_max` (engine/limits/in_flight.py).
+AUTO_IN_FLIGHT = "auto"
+
 #: How much longer than the request timeout the end waits when `drain_timeout_s` is unset.
 DRAIN_MARGIN_S = 1.0
 
@@ -122,7 +126,8 @@ class EngineConfig:
     `drain_timeout_s` unset are derived from the run (`EngineSettings`).
     """
 
-    in_flight_per_key: int = 8
+    in_flight_per_key: int | str = AUTO_IN_FLIGHT  # "auto": rate x round trip (limits/in_flight.py)
+    in_flight_max: int = 64  # the most "auto" keeps in flight per key
     headroom: HeadroomMode | float = HeadroomMode.ADAPTIVE  # or fixed milliseconds
     headroom_initial_ms: float = 100.0
     headroom_min_ms: float = 1.0  # timers and server stamps have about 1 ms grain
@@ -216,7 +221,19 @@ class EngineSettings:
         e = self.engine
         if e.queue_max is not None:
             return e.queue_max
-        return max(QUEUE_MAX_FLOOR, QUEUE_ROUNDS * len(self.keys) * e.in_flight_per_key)
+        return max(QUEUE_MAX_FLOOR, QUEUE_ROUNDS * len(self.keys) * self.in_flight_ceiling)
+
+    @property
+    def in_flight_pinned(self) -> int | None:
+        """The in-flight number the user (or a preset) pinned per key; None for "auto"."""
+        n = self.engine.in_flight_per_key
+        return n if isinstance(n, int) else None
+
+    @property
+    def in_flight_ceiling(self) -> int:
+        """The most requests a key may have in flight: the pinned number, or `in_flight_max`."""
+        pinned = self.in_flight_pinned
+        return pinned if pinned is not None else self.engine.in_flight_max
 
     @property
     def drain_s(self) -> float:

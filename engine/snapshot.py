@@ -152,6 +152,10 @@ class KeyRow:
     # The key's buckets as the server's headers state them (LLM APIs: "requests 500, tokens
     # 30,000 per 6.0 s"; "" until they are followed).
     followed: str = ""
+    # How many attempts the key may have in flight now, and whether that follows its rate and
+    # round trip ("auto", engine/limits/in_flight.py) rather than a pinned number.
+    in_flight_limit: int = 0
+    in_flight_auto: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,6 +192,8 @@ def key_report(k: KeyRow, elapsed_s: float) -> dict:
         "server_limit": k.server_limit,
         "told_limit": k.told_limit,
         "learned_limit": k.learned_limit,
+        "in_flight_limit": k.in_flight_limit,
+        "in_flight_auto": k.in_flight_auto,
         **estimate_fields(k, elapsed_s),
     }
 

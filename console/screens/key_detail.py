@@ -111,13 +111,22 @@ def window_text(row: KeyRow) -> str:
         (
             f"[$text-muted]Server says [/] {server}",
             f"[$text-muted]Limit       [/] {limit_text(row)}",
-            f"[$text-muted]In flight   [/] {numbers.count(row.in_flight)}",
+            f"[$text-muted]In flight   [/] {in_flight_text(row)}",
             f"[$text-muted]Sent        [/] {numbers.count(row.sent)}"
             f"  [$text-muted]ok[/] {numbers.count(row.succeeded)}",
             f"[$text-muted]429s        [/] {numbers.count(row.rejected_429)}"
             f"  [$text-muted]other failures[/] {numbers.count(max(0, row.errors - row.rejected_429))}",
         )
     )
+
+
+def in_flight_text(row: KeyRow) -> str:
+    """ "3 of 18 (auto: rate x round trip)", or "3 of 8 (pinned)"."""
+    text = numbers.count(row.in_flight)
+    if row.in_flight_limit:
+        how = "auto: rate x round trip" if row.in_flight_auto else "pinned"
+        text += f" of {numbers.count(row.in_flight_limit)} [$text-muted]({how})[/]"
+    return text
 
 
 def latency_text(row: KeyRow, snap: Snapshot) -> str:

@@ -1077,7 +1077,7 @@ def http_transport(cfg: EngineSettings, url: str) -> HttpTransport:
     """The HTTP transport for a run: enough connections for every key's in-flight
     requests, every key's secrets masked, the config's path rules."""
     secrets = [k.secret for k in cfg.keys] + [k.api_secret for k in cfg.keys if k.api_secret]
-    max_conn = max(1, len(cfg.keys) * cfg.engine.in_flight_per_key)
+    max_conn = max(1, len(cfg.keys) * cfg.in_flight_ceiling)
     return HttpTransport(cfg.target, url, max_conn, secrets=secrets, paths=cfg.paths)
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.http.outcome import Outcome
     from ratedeck.engine.limits.budgets import Budgets
     from ratedeck.engine.limits.headroom import HeadroomController
+    from ratedeck.engine.limits.in_flight import InFlightSizing
     from ratedeck.engine.limits.limiter import WindowLimiter
     from ratedeck.engine.ports import BudgetWatcher, EventSink, SendStamp
     from ratedeck.engine.request import Request
@@ -188,6 +189,7 @@ class KeyLimits:
         "first_pending",
         "max_in_flight",
         "full_in_flight",
+        "sizing",
         "window_bound",
         "server",
         "sends",
@@ -213,7 +215,10 @@ class KeyLimits:
         learn_first: bool = False,
         leases: KeyLeases | None = None,
         lanes: ModelLanes | None = None,
+        sizing: InFlightSizing | None = None,
     ) -> None:
+        """`max_in_flight` is the pinned number, or with `sizing` (no number pinned) the
+        ceiling: the size then follows the key's rate and round trip (`resize`)."""
         self.label = spec.label
         self.lanes = lanes
         self.told = ", ".join(str(p) for p in spec.policies)  # the limits given, as the user wrote them
@@ -238,8 +243,9 @@ class KeyLimits:
         self.discovering = not spec.policies
         # An LLM API's tier is in its answers' headers: one request until the first answer.
         self.first_pending = learn_first
-        self.full_in_flight = max_in_flight
-        self.max_in_flight = 1 if self.discovering or learn_first else max_in_flight
+        self.sizing = sizing
+        self.full_in_flight = sizing.last if sizing is not None else max_in_flight
+        self.max_in_flight = 1 if self.discovering or learn_first else self.full_in_flight
         self.window_bound = math.inf  # the shortest refill window the server's buckets proved (`_follow`)
         self.server = ServerCounts()
         self.sends = SendLog()
@@ -289,6 +295,17 @@ class KeyLimits:
             if cost:
                 rate = min(rate, lim.live_rate(h) / cost)
         return rate
+
+    def resize(self, h: float) -> int:
+        """No number pinned: as many in flight as the key's rate now (`live_rate`, `h` the
+        headroom) times its round trip needs (`InFlightSizing`); returns the size before."""
+        before = self.full_in_flight
+        sizing = self.sizing
+        if sizing is not None:
+            self.full_in_flight = size = sizing.size(self.live_rate(h))
+            if not (self.discovering or self.first_pending):
+                self.max_in_flight = size
+        return before
 
     def note_send(self, now: float) -> None:
         """A send went at `now`: counted for the estimate; one beyond the level that held

@@ -55,6 +55,17 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self.workers)
 
+    def resize_in_flight(self) -> None:
+        """Each key with no number pinned sizes its in flight to its rate and round trip now
+        (the engine's ticker, not a request's path); a key that may send more is woken."""
+        h = self.headroom.seconds()
+        for w in self.workers:
+            limits = w.limits
+            if limits.sizing is not None:
+                before = limits.resize(h)
+                if w.in_flight >= before and limits.max_in_flight > w.in_flight:
+                    w.poke()  # it was waiting for room in flight, and there is room now
+
     def in_flight(self) -> int:
         """Attempts in flight over every key (each counts its own from launch to answer)."""
         return sum(w.in_flight for w in self.workers)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.http.outcome import OK, Outcome
+from ratedeck.engine.http.outcome import OK, SERVER_ERROR, Outcome
 from ratedeck.engine.limits.limiter import Stamp, WindowLimiter
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.observe.metrics import KeyLatency
@@ -473,6 +473,11 @@ class KeyWorker:
         if self.in_flight == 0:
             self.limits.answered_all()  # nothing in flight: nothing to wait for
         self.stats.answered(outcome)
+        sizing = self.limits.sizing
+        if sizing is not None:  # a timeout, no connection or a 5xx: the server or path is in trouble
+            sizing.answered(
+                outcome.latency_s, outcome.status is not None and outcome.kind is not SERVER_ERROR
+            )
 
     def block(self, status: int | None = None, message: str = "") -> bool:
         """The server refused this key for good (`status`, its masked `message`); True the first time."""
@@ -525,4 +530,6 @@ class KeyWorker:
             *limits.estimate_fields(now),
             limits.binding(now),
             limits.followed(),
+            limits.max_in_flight,
+            limits.sizing is not None,
         )

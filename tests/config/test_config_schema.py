@@ -123,6 +123,7 @@ SAMPLES = {
     "strings": "k-1,k-2",
     "limits": "10/1s",
     "procs": "auto",
+    "in_flight": "3",
     "dollars": "$2.50",
 }
 
@@ -309,7 +310,7 @@ def problems(value: Any, schema: dict[str, Any], where: str = "") -> list[str]:
 def test_the_checker_can_fail():
     s = schema()
     assert problems({"engine": {"in_flight": 3}}, s) == [".engine.in_flight: not allowed"]
-    assert problems({"engine": {"in_flight_per_key": "many"}}, s)
+    assert problems({"engine": {"in_flight_max": "many"}}, s)
     assert problems({"engine": {"pacing": "fast"}}, s)
     assert problems({"bogus": {}}, s)
 
