@@ -572,14 +572,15 @@ ROWS: tuple[Row, ...] = (
         "engine.graveyard_path",
         "path",
         p.path_or_off,
-        'JSONL file for requests that used up their attempts; "auto": next to the report'
-        ' (REPORT-graveyard.jsonl), else under $XDG_STATE_HOME/ratedeck/, one per run; "": none',
+        'JSONL file for requests that used up their attempts; "auto": a run\'s next to the report'
+        " (REPORT-graveyard.jsonl), else under $XDG_STATE_HOME/ratedeck/, one per run; a gateway"
+        ' writes none (its clients\' requests are theirs); "": none',
         "engine",
         _flag(
             "--graveyard",
             "FILE",
-            help="JSONL file for requests that used up their attempts (default: next to --report,"
-            " else under ~/.local/state/ratedeck/)",
+            help="JSONL file for requests that used up their attempts (default: a run's next to"
+            " --report, else under ~/.local/state/ratedeck/; a gateway's none)",
             keep_empty=True,
         ),
         optional=True,

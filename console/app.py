@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from ratedeck.core.files import private_write_text
 from ratedeck.engine.commands import (
     Command,
     PauseAll,
@@ -914,7 +915,7 @@ class RatedeckApp(App[Snapshot]):
 
     def _write_profile(self, path: Path, text: str) -> None:
         try:
-            path.write_text(text, encoding="utf-8")
+            private_write_text(path, text)  # 0600, as every file ratedeck creates
         except OSError as error:
             self.notify(
                 f"Could not save settings to {path}: {error.strerror or error}",

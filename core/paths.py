@@ -5,7 +5,9 @@ Following the XDG base directory convention: `$XDG_CONFIG_HOME/ratedeck/`
 `--config` is given, and `themes/`, the user's own theme files.
 `$XDG_STATE_HOME/ratedeck/` (by default `~/.local/state/ratedeck/`) holds
 what runs leave behind when no place was named: a graveyard file per run,
-unless the run writes a report (then it goes next to the report).
+unless the run writes a report (then it goes next to the report). A gateway leaves
+nothing there: its clients' requests are theirs (docs/files.md). The directories made
+here are 0700, the files 0600 (core/files.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+
+from .files import private_dir
 
 APP_DIR = "ratedeck"
 CONFIG_NAME = "config.toml"
@@ -37,14 +41,14 @@ def run_graveyard_path(report: str | os.PathLike[str] | None = None, now: float 
     """Where a run's graveyard goes when none was named: next to its report file
     (`out.json` -> `out-graveyard.jsonl`), else a file of its own in `state_dir()`
     (`graveyard-20260124-061500-4242.jsonl`: the start time and the process id), never
-    the working directory. The state directory is created when it is used."""
+    the working directory. The state directory is created (0700) when it is used."""
     if report is not None and str(report) not in ("", "-"):
         p = Path(report)
         return p.with_name(f"{p.stem}-graveyard.jsonl")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     where = state_dir()
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        private_dir(where)
     except OSError:
         pass  # the run's output check names the place that cannot be written
     return where / f"graveyard-{stamp}-{os.getpid()}.jsonl"

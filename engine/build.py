@@ -113,7 +113,7 @@ def build_parts(
     source = source or source_from_config(cfg, rng)
     limits = _limits(cfg, headroom, source, shared=shared_state is not None)
     queues, metrics = WorkQueues(), Metrics()
-    graveyard = _graveyard(cfg)
+    graveyard = _graveyard(cfg, source)
     keys = KeyRing(
         run=run,
         budgets=limits.budgets,
@@ -174,9 +174,13 @@ def build_parts(
     )  # fmt: skip
 
 
-def _graveyard(cfg: EngineSettings) -> Graveyard:
+def _graveyard(cfg: EngineSettings, source: Source) -> Graveyard:
+    """The file named, else ("auto", placed by no runner) one under the XDG state directory;
+    none for live clients' requests unless one was named: what a client sends is its own."""
     path = cfg.engine.graveyard_path
-    return Graveyard(str(run_graveyard_path()) if path == GRAVEYARD_AUTO else path)
+    if path != GRAVEYARD_AUTO:
+        return Graveyard(path)
+    return Graveyard(None if source.clients else str(run_graveyard_path()))
 
 
 def _spend(cfg: EngineSettings, log: EventLog, ends: RunEnd) -> SpendMeter | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
+
+from ratedeck.core.files import private_open
 
 
 class JsonLines:
@@ -25,18 +26,14 @@ class JsonLines:
         self.what = what
         self.written = 0  # lines that reached the file
         self.problem: str | None = None
-        self._fh: TextIO | None = None
+        self._fh: IO[Any] | None = None
         self._mode = "w" if fresh else "a"
         if fresh:
             self._open()
 
-    def _open(self) -> TextIO | None:
-        path = Path(self.path)
-        try:
-            if self._mode == "w":
-                self._fh = path.open("w", encoding="utf-8", buffering=1)
-            else:
-                self._fh = path.open("a", encoding="utf-8", buffering=1)
+    def _open(self) -> IO[Any] | None:
+        try:  # created 0600: its lines may hold requests and answers (core/files.py)
+            self._fh = private_open(self.path, self._mode, encoding="utf-8", buffering=1)
         except (OSError, ValueError) as exc:
             self._fail(exc)
         self._mode = "a"  # opened again after close(): never emptied twice

@@ -180,6 +180,9 @@ class Source(Protocol):
     rate: float
     exhausted: bool
     fed: bool  # a job fed as fast as the limits allow: no arrival rate, the queue kept full
+    # Live clients' requests (the gateway's): theirs, so no file holds them unless the user names
+    # one (no graveyard by default); a run's own work (a file, a store, a stream) is the user's.
+    clients: bool
 
     @property
     def job(self) -> bool:

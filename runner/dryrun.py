@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.core.exits import ExitCode
+from ratedeck.core.files import private_write_text
 from ratedeck.core.numbers import usd_range
 from ratedeck.engine.api_rules import BudgetSpec, PathTable
 from ratedeck.engine.limits.costs import CostModel
@@ -257,9 +258,11 @@ def dry_run(cfg: RunConfig, out: TextIO | None = None) -> int:
             if report == "-":
                 sys.stdout.write(text)
             else:
-                with open(report, "w", encoding="utf-8") as f:
-                    f.write(text)
-        except OSError as exc:
-            print(f"ratedeck: --report {report}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+                private_write_text(report, text)
+        except (OSError, ValueError) as exc:
+            print(
+                f"ratedeck: --report {report}: cannot write: {getattr(exc, 'strerror', None) or exc}",
+                file=sys.stderr,
+            )
             return ExitCode.OUTPUT
     return ExitCode.OK

@@ -33,6 +33,7 @@ from ratedeck.core.exits import ExitCode, first_of
 from ratedeck.core.numbers import readable
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Phase
+from ratedeck.engine.settings import GRAVEYARD_AUTO
 from ratedeck.engine.snapshot import (
     BudgetRow,
     ClientView,
@@ -421,7 +422,7 @@ def check_outputs(cfg: RunConfig) -> list[str]:
     problems: list[str] = []
     bad_dirs: set[Path] = set()  # one line per place (a graveyard next to an unwritable report)
     for path, what in wanted:
-        if not path or Path(path).parent in bad_dirs:
+        if not path or path == GRAVEYARD_AUTO or Path(path).parent in bad_dirs:  # auto: placed later
             continue
         if problem := check_output_path(path, what):
             problems.append(problem)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from ratedeck.core.files import private_write_text
 from ratedeck.engine.snapshot import (
     BudgetRow,
     ClusterView,
@@ -367,7 +367,7 @@ def write_report(
             sys.stdout.write(text)
             sys.stdout.flush()
         else:
-            Path(path).write_text(text, encoding="utf-8")
+            private_write_text(path, text)  # 0600, as every file ratedeck creates
     except (OSError, ValueError) as exc:
         where = "to stdout" if path == "-" else path
         return f"cannot write report {where}: {getattr(exc, 'strerror', None) or exc}"

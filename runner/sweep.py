@@ -23,10 +23,10 @@ import asyncio
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from ratedeck.config import ConfigError, load_config
 from ratedeck.core.exits import ExitCode
+from ratedeck.core.files import private_write_text
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.policy import PolicyError, format_policy, parse_policy
 from ratedeck.engine.engine import Engine
@@ -361,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
             "points": [p.as_json() for p in points],
         }
         try:
-            Path(args.report).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
+            private_write_text(args.report, json.dumps(report, indent=2) + "\n")
+        except (OSError, ValueError) as exc:
             print(
-                f"ratedeck sweep: cannot write report {args.report}: {exc.strerror or exc}", file=sys.stderr
+                f"ratedeck sweep: cannot write report {args.report}: {getattr(exc, 'strerror', None) or exc}",
+                file=sys.stderr,
             )
             return ExitCode.FAILED
         print(f"report written to {args.report}")

@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ratedeck.core.files import private_open
+
 from .base import Finished, Job, StoreCounts, StoreError, WorkStore
 
 APP = "ratedeck-store"
@@ -89,6 +91,10 @@ class SqliteStore(WorkStore):
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise StoreError(f"cannot create files in {parent}")
             new = True
+            try:  # made 0600 here: SQLite gives its -wal, -shm and -journal files the same mode
+                private_open(p, "ab").close()
+            except OSError as exc:
+                raise StoreError(f"cannot open: {exc.strerror or exc}") from None
         try:
             db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:

@@ -34,6 +34,7 @@ class LiveSource:
     """A `Source` whose requests come from live clients (see the module doc)."""
 
     fed = False
+    clients = True  # what a client sends is its own: written nowhere unless the user asks
 
     def __init__(self) -> None:
         self.rate = 0.0  # no arrival rate: clients decide when work comes

@@ -157,6 +157,8 @@ class MessageWorkload:
             shed; a taken message the throttle cannot admit is shed too).
     """
 
+    clients = False  # the user's own work: its graveyard goes where the run puts it
+
     def __init__(
         self,
         rate: float,

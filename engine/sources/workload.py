@@ -51,6 +51,8 @@ class Workload:
     rate set by a command turns the job into a paced load test.
     """
 
+    clients = False  # the user's own work: its graveyard goes where the run puts it
+
     def __init__(
         self,
         rate: float,

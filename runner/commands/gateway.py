@@ -18,7 +18,7 @@ import dataclasses
 import sys
 from typing import TextIO
 
-from ratedeck.config import ConfigError, RunConfig, with_graveyard_place
+from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.load import parse_setting
 from ratedeck.config.parsers import resolve_secrets
 from ratedeck.config.settings import GatewaySettings
@@ -164,7 +164,8 @@ async def run_gateway(
     """Serve until a signal (or the duration, or every key refused), drain, conclude as a run does."""
     from ratedeck.gateway.service import GatewayService
 
-    cfg = with_graveyard_place(cfg)
+    # No graveyard is placed here: the engine writes one for live clients only where one was
+    # named (--graveyard FILE); what a client sends is its own (docs/files.md).
     problems = check_outputs(cfg)
     if problems:
         for problem in problems:

@@ -27,6 +27,7 @@ from ratedeck.config import (
     with_graveyard_place,
 )
 from ratedeck.core.exits import ExitCode
+from ratedeck.core.files import private_write_text
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.paths import user_config_path
 from ratedeck.core.study_server import STUDY
@@ -158,6 +159,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                     procs=plan.procs,
                 )
             )
+    # A run's work is the user's: its graveyard, none named, goes next to the report, else to the
+    # XDG state dir. (A gateway places none: its engine keeps no client's request by default.)
+    cfg = with_graveyard_place(cfg)
     return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics, procs=plan.procs)
 
 
@@ -214,9 +218,9 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 def save_config(cfg: RunConfig, path: str) -> int:
     try:
-        Path(path).write_text(tomli_w.dumps(to_toml_dict(cfg)), encoding="utf-8")
-    except OSError as exc:
-        return fail(f"{path}: cannot write: {exc.strerror or exc}")
+        private_write_text(path, tomli_w.dumps(to_toml_dict(cfg)))
+    except (OSError, ValueError) as exc:
+        return fail(f"{path}: cannot write: {getattr(exc, 'strerror', None) or exc}")
     print(f"ratedeck: wrote the effective config to {path} (load it with --config {path})")
     return ExitCode.OK
 
@@ -237,9 +241,9 @@ def run_console(
     restored); a second Ctrl-C stops at once. The summary, the report and
     the exit code are the headless run's (`headless.conclude`). With
     `metrics`, /metrics is served from this process, from the snapshots the
-    console already receives: the engine's process does nothing more.
+    console already receives: the engine's process does nothing more. A graveyard still
+    "auto" is placed by the engine, from what its source is (engine/build.py).
     """
-    cfg = with_graveyard_place(cfg)  # none named: next to the report, else the XDG state dir
     problems = check_outputs(cfg)
     if problems:
         for problem in problems:
