@@ -16,22 +16,29 @@ def lag_ms(ms: float) -> str:
 
 
 def what_to_try(snap: Snapshot) -> str:
-    """What may lift the client's limit: more engine processes, and uvloop where it is not in use."""
-    text = (
-        "try --procs auto (an engine process per core)"
-        if snap.procs <= 1
-        else "try more --procs if cores are idle"
-    )
+    """What may lift the client's limit: more engine processes for a run, and uvloop where it
+    is not in use. A gateway (its snapshot carries its clients' view) runs one engine and
+    takes no --procs: none is named to it. "" when there is nothing to name."""
+    tries = []
+    if snap.clients is None:
+        tries.append(
+            "--procs auto (an engine process per core)"
+            if snap.procs <= 1
+            else "more --procs if cores are idle"
+        )
     if snap.loop == "asyncio":
-        text += ", or uvloop (a quarter less CPU per request)"
-    return text
+        tries.append("uvloop (a quarter less CPU per request)")
+    return f"try {', or '.join(tries)}" if tries else ""
 
 
 def verdict_line(snap: Snapshot) -> str:
     """ "the client, not the server, is the limit: loop late p99 25 ms, 97% of a core busy; try
     --procs auto (...)", or "" when it is not (the whole run's verdict once the run stopped)."""
     why = snap.lag.shown(snap.phase == Phase.STOPPED)[2]
-    return f"{CLIENT_IS_THE_LIMIT}: {why}; {what_to_try(snap)}" if why else ""
+    if not why:
+        return ""
+    tried = what_to_try(snap)
+    return f"{CLIENT_IS_THE_LIMIT}: {why}; {tried}" if tried else f"{CLIENT_IS_THE_LIMIT}: {why}"
 
 
 def client_lines(snap: Snapshot) -> list[str]:

@@ -199,13 +199,8 @@ def token_lines(snap: Snapshot) -> list[str]:
         settled = sum(b.settled for b in rows)
         # what the budgets that can still be spent allow together (a key refused for good, none)
         limits = [b.per_min for b in rows if b.per_min is not None and b.owner not in out]
-        owners = (
-            "host"
-            if all(b.owner == "host" for b in rows)
-            else f"{len(rows)} key{'' if len(rows) == 1 else 's'}"
-        )
         parts.append(
-            f"{name} ({owners}): {sum(b.reserved for b in rows):,} reserved, "
+            f"{name} ({_budget_owners(rows, snap)}): {sum(b.reserved for b in rows):,} reserved, "
             f"{_settled(settled, snap.elapsed_s)}, {_limit(sum(limits) if limits else None)}"
         )
     binds: dict[str, int] = {}
@@ -218,6 +213,24 @@ def token_lines(snap: Snapshot) -> list[str]:
     if binds:
         lines.append(f"             binds now: {_counts(binds.items())}")
     return lines
+
+
+def _budget_owners(rows: list[BudgetRow], snap: Snapshot) -> str:
+    """Who a budget's rows belong to, each count naming what it counts: "host", "2 keys", or
+    "2 keys, 3 budgets" where a key has one per model (a row's owner: "host", "k1" or "k1 gpt-4o")."""
+    labels = sorted((k.label for k in snap.keys), key=len, reverse=True)  # "k10" before "k1"
+    host = any(b.owner == "host" for b in rows)
+    keys = {
+        next((label for label in labels if b.owner == label or b.owner.startswith(label + " ")), b.owner)
+        for b in rows
+        if b.owner != "host"
+    }
+    parts = ["host"] if host else []
+    if keys:
+        parts.append(f"{len(keys)} key{'' if len(keys) == 1 else 's'}")
+    if len(rows) > host + len(keys):  # more budgets than owners: a key's own per model
+        parts.append(f"{len(rows)} budgets")
+    return ", ".join(parts)
 
 
 def token_key_lines(snap: Snapshot) -> list[str]:

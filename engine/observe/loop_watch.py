@@ -3,9 +3,12 @@
 
 From both it says whether the client, not the server, is the limit (`client_limit`):
 
-- the loop's lag p99 is over `LOOP_LAG_WARN_MS` (more than one tick in a hundred fired
-  that late), once `VERDICT_MIN_TICKS` ticks were measured (before that the p99 is the
-  start's one long turn);
+- the loop lags, sustained and under load: its lag p99 is over `LOOP_LAG_WARN_MS` (more
+  than one tick in a hundred fired that late), once `VERDICT_MIN_TICKS` ticks were
+  measured, AND at least `SUSTAINED_LATE_TICKS` ticks in a row fired that late, AND the
+  loop's thread was busy (at least `BUSY_CORE_SHARE` of a core): one stall (the start's
+  long turn, a GC, a swap-in) is no verdict, and a loop late while idle is a machine
+  busy with something else, which no flag of ratedeck's lifts;
 - or the process used at least `CLIENT_CORE_SHARE` of a core (CPU seconds per wall
   second) over at least `VERDICT_MIN_WALL_S`: one asyncio loop cannot use more;
 - and the run is not already at `AT_CAPACITY_PCT` of what the limits allow: a run at
@@ -38,21 +41,45 @@ LAG_RECENT_TICKS = 600  # the recent p50/p99 and CPU share: the last this-many t
 CLIENT_CORE_SHARE = 0.9
 VERDICT_MIN_TICKS = 50  # the lag p99 says nothing before this many ticks (5 s)
 VERDICT_MIN_WALL_S = 5.0  # nor the CPU share over less than this
+#: Ticks in a row this late make a lag sustained (fewer: a stall, the start's long turn).
+SUSTAINED_LATE_TICKS = 3
+#: The loop's thread busy at least this share of a core: its lag comes from its own work.
+BUSY_CORE_SHARE = 0.5
 #: A run at this percentage of its capacity is held by the limits, not by the client.
 AT_CAPACITY_PCT = 95.0
 
 
-def client_limit(lag_p99_ms: float, ticks: int, core_share: float | None, pct_capacity: float = 0.0) -> str:
+def client_limit(
+    lag_p99_ms: float,
+    ticks: int,
+    core_share: float | None,
+    pct_capacity: float = 0.0,
+    *,
+    streak: int = 0,
+) -> str:
     """The verdict (see the module doc): the figures that say the client is the limit,
-    "loop late p99 25 ms, 97% of a core busy", or "" when it is not."""
+    "loop late p99 25 ms, 97% of a core busy", or "" when it is not. `streak`: the most
+    ticks in a row that fired later than `LOOP_LAG_WARN_MS` over the same ticks."""
     if pct_capacity >= AT_CAPACITY_PCT:
         return ""
     why = []
-    if ticks >= VERDICT_MIN_TICKS and lag_p99_ms > LOOP_LAG_WARN_MS:
+    lagging = ticks >= VERDICT_MIN_TICKS and lag_p99_ms > LOOP_LAG_WARN_MS
+    sustained = streak >= SUSTAINED_LATE_TICKS
+    busy = core_share is not None and core_share >= BUSY_CORE_SHARE
+    if lagging and sustained and busy:
         why.append(f"loop late p99 {lag_p99_ms:.0f} ms")
     if core_share is not None and core_share >= CLIENT_CORE_SHARE:
         why.append(f"{core_share * 100:.0f}% of a core busy")
     return ", ".join(why)
+
+
+def _longest_late_run(lags_ms: deque[float]) -> int:
+    """The most ticks in a row later than `LOOP_LAG_WARN_MS`."""
+    longest = run = 0
+    for late_ms in lags_ms:
+        run = run + 1 if late_ms > LOOP_LAG_WARN_MS else 0
+        longest = max(longest, run)
+    return longest
 
 
 def _nearest_rank(ordered: list[float], q: float) -> float:
@@ -86,6 +113,7 @@ class LoopWatch:
         "_lag_now",
         "_lag_prev",
         "_late_ticks",
+        "_late_run_max",
         "_window_end",
         "_warned_at",
         "_recent",
@@ -118,6 +146,7 @@ class LoopWatch:
         self._lag_now = 0.0  # the worst lateness in the running window
         self._lag_prev = 0.0  # and in the one before
         self._late_ticks = 0  # ticks in a row that fired late
+        self._late_run_max = 0  # the most ticks in a row that fired late, over the run
         self._window_end = 0.0
         self._warned_at = -math.inf
         self._recent: deque[float] = deque(maxlen=LAG_RECENT_TICKS)  # the last ticks' lateness, ms
@@ -181,8 +210,8 @@ class LoopWatch:
             run=run,
             core_share=share,
             run_core_share=run_share,
-            limit=client_limit(p99, len(recent), share, pct_capacity),
-            run_limit=client_limit(run_p99, h.count, run_share, pct_capacity),
+            limit=client_limit(p99, len(recent), share, pct_capacity, streak=_longest_late_run(self._recent)),
+            run_limit=client_limit(run_p99, h.count, run_share, pct_capacity, streak=self._late_run_max),
         )
 
     def note_lag(self, late_s: float, now: float) -> None:
@@ -203,6 +232,7 @@ class LoopWatch:
         self.lag_ms = max(self._lag_prev, self._lag_now)
         # Two late ticks in a row: one alone may be a single long turn (the start, a GC).
         self._late_ticks = self._late_ticks + 1 if late_ms > LOOP_LAG_WARN_MS else 0
+        self._late_run_max = max(self._late_run_max, self._late_ticks)
         if self._late_ticks >= 2 and now - self._warned_at >= LOOP_LAG_WARN_EVERY_S:
             self._warned_at = now
             cpu = self._cpu_us_per_request()
@@ -210,5 +240,5 @@ class LoopWatch:
             self.event(
                 EventKind.ERROR,
                 f"the engine's loop runs late: a timer fired {late_ms:.0f} ms late{cost};"
-                " the client, not the server, may be the bottleneck (try --procs)",
+                " the client, not the server, may be the bottleneck",
             )

@@ -8,9 +8,11 @@ import pytest
 
 from ratedeck.engine.observe.loop_watch import (
     AT_CAPACITY_PCT,
+    BUSY_CORE_SHARE,
     CLIENT_CORE_SHARE,
     LAG_RECENT_TICKS,
     LOOP_LAG_WARN_MS,
+    SUSTAINED_LATE_TICKS,
     VERDICT_MIN_TICKS,
     LoopWatch,
     client_limit,
@@ -45,24 +47,49 @@ class FakeProcess:
 
 
 def test_the_verdict_rule():
-    many = VERDICT_MIN_TICKS
-    assert client_limit(2.0, many, 0.3) == ""  # a quiet loop, a third of a core: not the client
-    assert client_limit(25.0, many, 0.3) == "loop late p99 25 ms"
-    assert client_limit(25.0, many - 1, 0.3) == ""  # too few ticks: the p99 is the start's long turn
-    assert client_limit(LOOP_LAG_WARN_MS, many, None) == ""  # at the line is not over it
+    many, run, busy = VERDICT_MIN_TICKS, SUSTAINED_LATE_TICKS, 0.6
+    assert client_limit(2.0, many, busy, streak=run) == ""  # a quiet loop: not the client
+    assert client_limit(25.0, many, busy, streak=run) == "loop late p99 25 ms"  # sustained, under load
+    assert client_limit(25.0, many - 1, busy, streak=run) == ""  # too few ticks: the p99 is the start's turn
+    assert client_limit(25.0, many, busy, streak=run - 1) == ""  # stalls, however late, are not a lag
+    assert client_limit(25.0, many, BUSY_CORE_SHARE - 0.01, streak=run) == ""  # late while idle: not ours
+    assert client_limit(25.0, many, None, streak=run) == ""  # the CPU not measured long enough
+    assert client_limit(LOOP_LAG_WARN_MS, many, busy, streak=run) == ""  # at the line is not over it
     assert client_limit(1.0, many, CLIENT_CORE_SHARE) == "90% of a core busy"
     assert client_limit(1.0, many, None) == ""  # not measured long enough
-    assert client_limit(25.0, many, 0.97) == "loop late p99 25 ms, 97% of a core busy"
+    assert client_limit(25.0, many, 0.97, streak=run) == "loop late p99 25 ms, 97% of a core busy"
     # a run at the limits has the server's rules as its limit, however busy the client is
-    assert client_limit(25.0, many, 0.97, pct_capacity=AT_CAPACITY_PCT) == ""
-    assert client_limit(25.0, many, 0.97, pct_capacity=AT_CAPACITY_PCT - 1) != ""
+    assert client_limit(25.0, many, 0.97, pct_capacity=AT_CAPACITY_PCT, streak=run) == ""
+    assert client_limit(25.0, many, 0.97, pct_capacity=AT_CAPACITY_PCT - 1, streak=run) != ""
+
+
+def test_one_stall_on_a_quiet_loop_is_no_verdict():
+    """A gateway at 0.4 requests a second whose loop stalled 14 ms once at the start: with
+    fewer than a hundred ticks that one tick is the p99, yet the client is not the limit."""
+    fake = FakeProcess()
+    w = fake.watch(answered=30)
+    fake.ticks(w, 1, 14.0, busy=0.01)  # the start's long turn
+    fake.ticks(w, VERDICT_MIN_TICKS + 10, 0.3, busy=0.01)
+    view = w.view()
+    assert view.p99_ms == 14.0 and view.run.p99 == 14.0  # the figures say what happened...
+    assert view.limit == view.run_limit == ""  # ...and no verdict comes of it
+    # Stalls on a busy loop, never several in a row (a GC every second): no verdict either.
+    busy = FakeProcess()
+    w = busy.watch()
+    for _ in range(12):
+        busy.ticks(w, 1, 30.0, busy=0.8)
+        busy.ticks(w, 9, 0.3, busy=0.8)
+    assert w.view().p99_ms == 30.0 and w.view().limit == w.view().run_limit == ""
+    # Lag sustained under load is the client's limit.
+    busy.ticks(w, SUSTAINED_LATE_TICKS, 30.0, busy=0.8)
+    assert w.view().limit == w.view().run_limit == "loop late p99 30 ms"
 
 
 def test_recent_and_run_wide_percentiles_of_the_lag():
     fake = FakeProcess()
     w = fake.watch()
-    fake.ticks(w, 90, 0.45)
-    fake.ticks(w, 10, 30.0)  # a tenth of the ticks 30 ms late
+    fake.ticks(w, 90, 0.45, busy=0.6)
+    fake.ticks(w, 10, 30.0, busy=0.6)  # a tenth of the ticks 30 ms late, in a row, the loop busy
     view = w.view()
     assert (view.p50_ms, view.p99_ms) == (0.45, 30.0)  # the recent ticks, exact
     assert (view.run.p50, view.run.p99, view.run.max, view.run.count) == (
@@ -72,7 +99,7 @@ def test_recent_and_run_wide_percentiles_of_the_lag():
         100,
     )  # 0.1 ms grain
     assert view.limit == view.run_limit == "loop late p99 30 ms"
-    fake.ticks(w, LAG_RECENT_TICKS, 0.45)  # a quiet minute: the recent window forgets the late ticks
+    fake.ticks(w, LAG_RECENT_TICKS, 0.45, busy=0.6)  # a quiet minute: the recent window forgets them
     view = w.view()
     assert (view.p50_ms, view.p99_ms) == (0.45, 0.45)
     assert view.limit == ""  # the client is not the limit now...
@@ -125,15 +152,20 @@ def test_the_run_s_percentiles_of_several_processes_are_those_of_one_process():
     )
     assert merged.run.p99 == 0.5  # 2 late ticks in 200 are 1%: not over the p99
     assert merged.p99_ms == 40.0  # the recent figures are the worst process's
-    # the verdict is any process's that says so: b's own p99 is 40 ms (2 of its 50 ticks), and a
-    # loop that late holds back b's keys however quiet a's is
-    assert a.view().limit == "" and merged.limit == merged.run_limit == "loop late p99 40 ms"
+    # two late ticks on an idle loop are stalls: no verdict in either process, nor merged
+    assert a.view().limit == "" and merged.limit == merged.run_limit == ""
+    # the verdict is any process's that says so: c's loop lags, sustained and busy, which holds
+    # back c's keys however quiet a's loop is
+    c = fake.watch()
+    fake.ticks(c, 57, 0.45, busy=0.8)
+    fake.ticks(c, SUSTAINED_LATE_TICKS, 40.0, busy=0.8)
+    assert merge_lag([a.view(), c.view()]).limit == "loop late p99 40 ms"
     quiet = fake.watch()
     fake.ticks(quiet, 60, 0.45)
     assert merge_lag([a.view(), quiet.view()]).limit == ""
 
 
-def test_the_snapshot_carries_the_lag_and_the_verdict(tmp_path):
+def test_the_snapshot_carries_the_lag_and_stalls_give_no_verdict(tmp_path):
     from tests.support.engine_helpers import seed_engine
 
     engine, _ = seed_engine(tmp_path)
@@ -142,4 +174,4 @@ def test_the_snapshot_carries_the_lag_and_the_verdict(tmp_path):
     lag = engine.snapshot().lag
     assert (lag.p50_ms, lag.p99_ms) == (pytest.approx(1.0), pytest.approx(30.0))
     assert lag.run.count == VERDICT_MIN_TICKS and lag.run.max == pytest.approx(30.0)
-    assert lag.limit == "loop late p99 30 ms"
+    assert lag.limit == lag.run_limit == ""  # one late tick in ten: stalls, not a lag

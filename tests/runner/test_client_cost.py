@@ -63,6 +63,22 @@ def test_one_line_says_when_the_client_is_the_limit_and_what_to_try():
     )
 
 
+def test_a_gateway_s_verdict_names_no_flag_it_does_not_take():
+    """A gateway runs one engine and takes no --procs: its lines never name it (a run's do)."""
+    from ratedeck.engine.snapshot import ClientView
+
+    lag = LoopLag(p50_ms=4.0, p99_ms=25.0, limit="loop late p99 25 ms, 97% of a core busy")
+    gateway = _snap(lag=lag, clients=ClientView(answered=400))
+    said = [line for line in metrics_block(gateway) if CLIENT_IS_THE_LIMIT in line]
+    assert said == [f"             {CLIENT_IS_THE_LIMIT}: loop late p99 25 ms, 97% of a core busy"]
+    on_asyncio = metrics_block(dataclasses.replace(gateway, loop="asyncio"))
+    said = [line for line in on_asyncio if CLIENT_IS_THE_LIMIT in line]
+    assert said[0].endswith("; try uvloop (a quarter less CPU per request)")
+    stopped = dataclasses.replace(gateway, phase=Phase.STOPPED, lag=dataclasses.replace(lag, run_limit="x"))
+    for block in (metrics_block(gateway), on_asyncio, summary_lines(stopped)):
+        assert not [line for line in block if "--procs" in line], block
+
+
 def test_the_final_summary_gives_the_whole_run_s_figures_and_verdict():
     # The last minute was quiet; over the whole run the loop was late: the summary says the run's.
     lag = LoopLag(
