@@ -1,4 +1,5 @@
-"""The run command's setting flags, generated from the rows, and the flags read back as config overrides."""
+"""The commands' setting flags, generated from the rows (each command only those it takes), and
+the flags read back as config overrides."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 from ratedeck.engine.settings import ConfigError
 
 from .load import DEMO_PRESET, PRESETS, parse_setting
-from .rows import NO_DEFAULT, NO_SWITCH, ROWS, Row
+from .rows import NO_DEFAULT, NO_SWITCH, ROWS, RUN, Row
 
 
-def flag_rows() -> list[Row]:
-    """The rows that have a flag, in the rows' order."""
-    return [row for row in ROWS if row.flag is not None]
+def flag_rows(command: str | None = None) -> list[Row]:
+    """The rows that have a flag (that `command` takes, when given), in the rows' order."""
+    return [row for row in ROWS if row.flag is not None and (command is None or command in row.flag.commands)]
 
 
 def shown_value(row: Row, value: Any) -> str | None:
@@ -73,10 +74,11 @@ def flag_help(row: Row) -> str:
     return f"{text} ({'; '.join(notes)})"
 
 
-def add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per row that has one."""
+def add_setting_flags(parser: argparse.ArgumentParser, command: str = RUN) -> None:
+    """One flag per row whose flag `command` takes (rows.RUN, rows.GATEWAY): its --help lists
+    those and no other."""
     groups: dict[str, Any] = {}
-    for row in flag_rows():
+    for row in flag_rows(command):
         flag = row.flag
         assert flag is not None
         into: Any = parser
@@ -94,6 +96,8 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 kwargs["metavar"] = flag.metavar
             if flag.repeat:
                 kwargs["action"] = "append"
+            if flag.bare is not None:
+                kwargs.update(nargs="?", const=flag.bare)
         into.add_argument(flag.name, **kwargs)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_duration, parse_rate
-from ratedeck.core.vocab import Arrival, Excess, HttpClient, MessagePattern, Pacing
+from ratedeck.core.vocab import AccessLogForm, Arrival, Excess, HttpClient, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
     CostConfig,
@@ -38,6 +38,9 @@ from .settings import ConsoleSettings, GatewaySettings, RunnerSettings
 NO_SWITCH = object()
 #: The default of a row that has no field (a table the layer reads whole).
 NO_DEFAULT = object()
+#: The commands that take setting flags (`Flag.commands`): a run (`ratedeck`, and `replay` and
+#: `config show`, which take a run's flags) and `ratedeck gateway`.
+RUN, GATEWAY = "run", "gateway"
 
 
 def _split_keys(text: str) -> list[str]:
@@ -64,6 +67,8 @@ class Flag:
     keep_empty: bool = False  # "" is a value (else "" leaves the setting alone)
     group: str | None = None  # flags of one group exclude each other
     also: tuple[tuple[str, Any], ...] = ()  # other settings the flag sets with it
+    commands: tuple[str, ...] = (RUN, GATEWAY)  # the commands that take it (their --help lists it)
+    bare: str | None = None  # the value when given with none ("--access-log" alone: "text")
 
     @property
     def dest(self) -> str:
@@ -136,7 +141,7 @@ ROWS: tuple[Row, ...] = (
         p.url,
         "endpoint to call; unset: the embedded simulator",
         "engine",
-        _flag("--target", "URL", help="endpoint to call (default: the embedded simulator)"),
+        _flag("--target", "URL", help="endpoint to call (default: a run's is the embedded simulator)"),
         optional=True,
     ),
     Row(
@@ -145,7 +150,7 @@ ROWS: tuple[Row, ...] = (
         p.method,
         "HTTP method",
         "engine",
-        _flag("--method", choices=("GET", "POST")),
+        _flag("--method", choices=("GET", "POST"), commands=(RUN,)),
         choices=("GET", "POST"),
     ),
     Row(
@@ -616,7 +621,11 @@ ROWS: tuple[Row, ...] = (
         "arrival rate: requests/s, or N/W like 20/1s; unset: the keys' capacity",
         "engine",
         _flag(
-            "--rate", "R", help="arrival rate: requests/s, or N/W like 20/1s (default: capacity)", check=True
+            "--rate",
+            "R",
+            help="arrival rate: requests/s, or N/W like 20/1s (default: capacity)",
+            check=True,
+            commands=(RUN,),
         ),
         optional=True,
     ),
@@ -624,7 +633,9 @@ ROWS: tuple[Row, ...] = (
         help='"constant": evenly spaced arrivals; "poisson": Poisson arrivals',
         layer="engine",
         path="workload.arrival",
-        flag=_flag("--poisson", help="Poisson arrivals instead of evenly spaced", switch="poisson"),
+        flag=_flag(
+            "--poisson", help="Poisson arrivals instead of evenly spaced", switch="poisson", commands=(RUN,)
+        ),
         **_choice(Arrival),
     ),
     Row(
@@ -633,7 +644,12 @@ ROWS: tuple[Row, ...] = (
         p.path,
         "JSONL file of requests (one object of parameters per line) instead of generating",
         "engine",
-        _flag("--workload", "FILE", help="JSONL file of requests (one object of parameters per line)"),
+        _flag(
+            "--workload",
+            "FILE",
+            help="JSONL file of requests (one object of parameters per line)",
+            commands=(RUN,),
+        ),
         optional=True,
     ),
     Row(
@@ -642,7 +658,7 @@ ROWS: tuple[Row, ...] = (
         p.count(0, MAX_COUNT),
         "stop generating after this many requests",
         "engine",
-        _flag("--total", "N", help="stop generating after N requests", check=True),
+        _flag("--total", "N", help="stop generating after N requests", check=True, commands=(RUN,)),
         optional=True,
     ),
     # ---------------------------------------------------------------- [messages]
@@ -755,7 +771,7 @@ ROWS: tuple[Row, ...] = (
         p.boolean,
         "print TPS and latency charts at the end (headless)",
         "runner",
-        _flag("--plot", switch=True),
+        _flag("--plot", switch=True, commands=(RUN,)),
     ),
     Row(
         "run.max_cost",
@@ -775,7 +791,7 @@ ROWS: tuple[Row, ...] = (
         "read and check the whole workload, print per model the requests, tokens, the cost range and"
         " the least time the limits allow; send nothing",
         "runner",
-        _flag("--dry-run", switch=True),
+        _flag("--dry-run", switch=True, commands=(RUN,)),
         save="never",
     ),
     Row(
@@ -875,7 +891,7 @@ ROWS: tuple[Row, ...] = (
         p.procs,
         'engine processes, the keys shared out among them; "auto": one per core',
         "runner",
-        _flag("--procs", "N|auto", check=True),
+        _flag("--procs", "N|auto", check=True, commands=(RUN,)),
         save="changed",
     ),
     Row(
@@ -915,13 +931,14 @@ ROWS: tuple[Row, ...] = (
         save="changed",
     ),
     # ---------------------------------------------------------------- [gateway]
-    # `ratedeck gateway` only: its own flags (runner/commands/gateway.py), none on the run command.
+    # `ratedeck gateway` only: its flags are on no other command.
     Row(
         "gateway.listen",
         "string",
         p.nonempty,
         "HOST:PORT the gateway serves on; beyond loopback only with a token",
         "gateway",
+        _flag("--listen", "HOST:PORT", help="where the gateway serves", check=True, commands=(GATEWAY,)),
         save="changed",
     ),
     Row(
@@ -931,6 +948,14 @@ ROWS: tuple[Row, ...] = (
         "what clients present (Authorization: Bearer, x-api-key or the preset's key header):"
         " env:VAR or @FILE; unset: none asked, on loopback only",
         "gateway",
+        _flag(
+            "--gateway-token",
+            "env:VAR|@FILE",
+            help="the token clients present (Authorization: Bearer, x-api-key or the preset's key header);"
+            " needed to listen beyond loopback",
+            check=True,
+            commands=(GATEWAY,),
+        ),
         optional=True,
         save="changed",
         dump=lambda v: v if v.strip().startswith(("env:", "@")) else None,  # a literal token is never saved
@@ -942,6 +967,13 @@ ROWS: tuple[Row, ...] = (
         "how long a request may wait for the limits before a 503 with Retry-After"
         " (a client may lower it: header ratedeck-max-wait)",
         "gateway",
+        _flag(
+            "--max-wait",
+            "S",
+            help="longest a request waits for the limits, then 503 + Retry-After",
+            check=True,
+            commands=(GATEWAY,),
+        ),
         save="changed",
     ),
     Row(
@@ -950,6 +982,13 @@ ROWS: tuple[Row, ...] = (
         p.count(1, 4096),
         "a request body over this many MiB is answered 413",
         "gateway",
+        _flag(
+            "--max-body-mb",
+            "N",
+            help="a request body over N MiB is answered 413",
+            check=True,
+            commands=(GATEWAY,),
+        ),
         save="changed",
     ),
     Row(
@@ -958,6 +997,13 @@ ROWS: tuple[Row, ...] = (
         p.seconds(),
         "a connection that sends no whole request head in this long (or idles that long) is closed",
         "gateway",
+        _flag(
+            "--header-timeout",
+            "S",
+            help="close a connection whose request head has not come in S",
+            check=True,
+            commands=(GATEWAY,),
+        ),
         save="changed",
     ),
     Row(
@@ -966,6 +1012,13 @@ ROWS: tuple[Row, ...] = (
         p.seconds(),
         "a request body not received whole in this long is answered 408",
         "gateway",
+        _flag(
+            "--body-timeout",
+            "S",
+            help="answer 408 to a body not received in S",
+            check=True,
+            commands=(GATEWAY,),
+        ),
         save="changed",
     ),
     Row(
@@ -974,7 +1027,24 @@ ROWS: tuple[Row, ...] = (
         p.boolean,
         "answer 429 with Retry-After at once instead of queueing (a client may ask: header ratedeck-fail-fast: 1)",
         "gateway",
+        _flag("--fail-fast", switch=True, commands=(GATEWAY,)),
         save="changed",
+    ),
+    Row(
+        help='a line per answered request on stderr: "off", "text" or "json" (JSON lines); never a'
+        " query string, keys and the gateway token masked (headless only)",
+        layer="gateway",
+        path="gateway.access_log",
+        flag=_flag(
+            "--access-log",
+            choices=tuple(str(o) for o in AccessLogForm),
+            help="a line per answered request on stderr: text, or json (JSON lines); --access-log alone: text",
+            commands=(GATEWAY,),
+            bare="text",
+            check=True,
+        ),
+        save="changed",
+        **_choice(AccessLogForm),
     ),
     # ---------------------------------------------------------------- [console]
     Row(

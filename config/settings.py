@@ -15,6 +15,7 @@ from typing import Any
 
 from ratedeck.core.paths import run_graveyard_path
 from ratedeck.core.secrets import redact
+from ratedeck.core.vocab import AccessLogForm
 from ratedeck.engine.settings import (
     GRAVEYARD_AUTO,
     EngineSettings,
@@ -64,6 +65,7 @@ class GatewaySettings:
     header_timeout_s: float = 30.0  # a connection that has not sent its headers by then is closed
     body_timeout_s: float = 60.0  # a body not read whole by then: 408
     fail_fast: bool = False  # answer 429 at once instead of queueing (a client may ask per request)
+    access_log: AccessLogForm = AccessLogForm.OFF  # a line per answered request, as text or JSON
 
 
 _ENGINE = {f.name for f in dataclasses.fields(EngineSettings)}

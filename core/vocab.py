@@ -92,6 +92,14 @@ class Arrival(StrEnum):
     POISSON = "poisson"
 
 
+class AccessLogForm(StrEnum):
+    """The gateway's access log: none, a text line or a JSON line per answered request."""
+
+    OFF = "off"
+    TEXT = "text"
+    JSON = "json"
+
+
 class MessagePattern(StrEnum):
     """How a message's calls are made."""
 

@@ -14,9 +14,10 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ratedeck.config.settings import GatewaySettings
 from ratedeck.core.numbers import parse_duration
@@ -28,6 +29,7 @@ from ratedeck.engine.sources.live import LiveSource
 from .auth import GatewayToken
 from .headers import answer_headers, forwarded_headers
 from .paths import PathRefused, upstream_path
+from .server_log import BadRequests, why_of
 from .stream import ClientStream, with_usage
 
 MIB = 1024 * 1024
@@ -55,6 +57,17 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
+class Refusal(NamedTuple):
+    """A client's request refused for its own fault: the answer's status, message, type and
+    code, and `why` for the gateway's log (one short line, none of the client's text)."""
+
+    status: int
+    message: str
+    type_: str
+    code: str
+    why: str
+
+
 class GatewayApp:
     """The handler and the state it shares: the live source, the settings, the token."""
 
@@ -67,10 +80,12 @@ class GatewayApp:
         redact: Callable[[str], str],
         *,
         usage_streams: bool = False,
+        bad: BadRequests | None = None,
     ):
         """`usage_streams`: the target is OpenAI's, whose streamed answers carry usage only when
-        asked (`stream.with_usage`)."""
+        asked (`stream.with_usage`); `bad` hears of every request refused for the client's fault."""
         self.source = source
+        self.bad = bad
         self.usage_streams = usage_streams
         self.settings = settings
         self.token = token
@@ -97,27 +112,29 @@ class GatewayApp:
                 )
             )
         if not self.token.admits(request.headers):
-            return self._answered(
-                error_response(
+            return self._refused(
+                request,
+                Refusal(
                     401,
                     "no valid gateway token: send it as 'Authorization: Bearer TOKEN' or 'x-api-key: TOKEN'",
                     "invalid_request_error",
                     "invalid_api_key",
-                )
+                    "no valid gateway token",
+                ),
             )
         try:
             path = upstream_path(request.rel_url.raw_path, request.rel_url.raw_query_string, self.base_path)
         except PathRefused as exc:
-            return self._answered(
-                error_response(400, f"path refused: {exc}", "invalid_request_error", "bad_path")
-            )
+            why = f"path refused: {exc}"
+            return self._refused(request, Refusal(400, why, "invalid_request_error", "bad_path", why))
         try:
             max_wait, fail_fast = self._controls(request)
         except ValueError as exc:
-            return self._answered(error_response(400, str(exc), "invalid_request_error", "bad_header"))
+            why = f"unreadable {str(exc).partition(':')[0]}"  # the header's name, not the client's text
+            return self._refused(request, Refusal(400, str(exc), "invalid_request_error", "bad_header", why))
         got = await self._read_body(request)
-        if isinstance(got, web.Response):
-            return self._answered(got)
+        if isinstance(got, Refusal):
+            return self._refused(request, got)
         raw, body = got
         drop_usage = False
         if self.usage_streams and (asked := with_usage(body)) is not None:
@@ -152,14 +169,15 @@ class GatewayApp:
                 raise ValueError(f"header ratedeck-fail-fast: must be 1 or 0, got {flag[:20]!r}")
         return max_wait, fail_fast
 
-    async def _read_body(self, request: web.Request) -> tuple[bytes, Any] | web.Response:
+    async def _read_body(self, request: web.Request) -> tuple[bytes, Any] | Refusal:
         """The body, whole, within the size and time limits; its JSON when it says it is JSON."""
         length = request.content_length
-        too_big = error_response(
+        too_big = Refusal(
             413,
             f"the request body is over the gateway's limit of {self.settings.max_body_mb:g} MiB",
             "invalid_request_error",
             "body_too_large",
+            f"body over {self.settings.max_body_mb:g} MiB",
         )
         if length is not None and length > self.max_body:
             return too_big
@@ -173,11 +191,21 @@ class GatewayApp:
                         return too_big
                     chunks.append(chunk)
         except TimeoutError:
-            return error_response(
+            return Refusal(
                 408,
                 f"the request body did not arrive within {self.settings.body_timeout_s:g} s",
                 "invalid_request_error",
                 "body_timeout",
+                f"body not received within {self.settings.body_timeout_s:g} s",
+            )
+        except (web.RequestPayloadError, HttpProcessingError) as exc:  # a broken chunk, a bad gzip
+            why = f"unreadable body: {why_of(exc)}"
+            return Refusal(
+                400,
+                f"the request body cannot be read ({why_of(exc)})",
+                "invalid_request_error",
+                "bad_body",
+                why,
             )
         raw = b"".join(chunks)
         body: Any = None
@@ -186,8 +214,12 @@ class GatewayApp:
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError):
-                return error_response(
-                    400, "the request body is not valid JSON", "invalid_request_error", "bad_json"
+                return Refusal(
+                    400,
+                    "the request body is not valid JSON",
+                    "invalid_request_error",
+                    "bad_json",
+                    "body not JSON",
                 )
         return raw, body
 
@@ -237,6 +269,13 @@ class GatewayApp:
                 429, f"{why} (fail-fast)", "rate_limit_exceeded", "queue_full", retry_after=after
             )
         return error_response(503, why, "unavailable", "no_capacity", retry_after=after)
+
+    def _refused(self, request: web.Request, refusal: Refusal) -> web.Response:
+        """The answer to a client's own fault, noted for the gateway's log (one line, or a summary)."""
+        if self.bad is not None:
+            self.bad.note(request.remote, refusal.status, refusal.why)
+        status, message, type_, code, _why = refusal
+        return self._answered(error_response(status, message, type_, code))
 
     def _answered(self, resp: web.Response) -> web.Response:
         self.source.answered(resp.status)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import socket
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.settings import GatewaySettings
+from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import EventKind
 from ratedeck.engine.commands import Command
 from ratedeck.engine.snapshot import Snapshot
@@ -28,6 +30,7 @@ from ratedeck.host.session import Session
 from .app import GatewayApp
 from .auth import GatewayToken
 from .paths import target_base
+from .server_log import ACCESS_LOGGER, LOGGER, AccessLog, BadRequests, ServerLog
 
 if TYPE_CHECKING:
     from ratedeck.engine.engine import Engine
@@ -95,8 +98,13 @@ def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
 class GatewayService:
     """Start with `await start()` (the URL it serves), end with `await stop()` (the run's snapshot)."""
 
-    def __init__(self, cfg: RunConfig, settings: GatewaySettings | None = None, *, transport=None):
+    def __init__(
+        self, cfg: RunConfig, settings: GatewaySettings | None = None, *, transport=None, events: bool = False
+    ):
+        """`events`: bad requests are lines of the engine's event log (the console's), not of
+        the `ratedeck.gateway` logger (stderr, headless)."""
         self.cfg = cfg
+        self.events = events
         self.settings = settings or cfg.gateway
         self.host, self.port = check_gateway(cfg, self.settings)
         self.source = LiveSource()
@@ -104,6 +112,7 @@ class GatewayService:
         self.app: GatewayApp | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self.bad: BadRequests | None = None
         self.url = ""
 
     @property
@@ -120,6 +129,7 @@ class GatewayService:
             s = self.settings
             key_header = self.cfg.engine_settings.target.key_header
             assert self.cfg.engine_settings.target.url is not None  # check_gateway
+            self.bad = BadRequests(self._say)
             self.app = GatewayApp(
                 self.source,
                 s,
@@ -127,11 +137,24 @@ class GatewayService:
                 target_base(self.cfg.engine_settings.target.url),
                 engine.redact,
                 usage_streams=self.cfg.runner.preset == "openai",
+                bad=self.bad,
             )
+            # Every key and the gateway token masked in what the access log shows.
+            redact = Redactor(
+                [*(k.secret for k in self.cfg.engine_settings.keys), *([s.token] if s.token else [])]
+            )
+            if s.access_log != "off" and not ACCESS_LOGGER.isEnabledFor(logging.INFO):
+                ACCESS_LOGGER.setLevel(logging.INFO)  # asked for: shown wherever the log goes
             self._runner = web.AppRunner(
                 self.app.application(),
                 handler_cancellation=True,  # a client that leaves cancels its handler: its request is withdrawn
-                access_log=None,  # the periodic lines say what clients got; a log line per call is noise
+                logger=ServerLog(
+                    self.bad
+                ),  # a bad request is one line, never aiohttp's stack (server_log.py)
+                # Off by default: the periodic lines say what clients got (--access-log: a line per call).
+                access_log=ACCESS_LOGGER if s.access_log != "off" else None,
+                access_log_class=AccessLog.bound(redact),
+                access_log_format=s.access_log,
                 keepalive_timeout=s.header_timeout_s,  # also closes a connection that never sends its headers
                 shutdown_timeout=self.cfg.engine_settings.drain_s,
             )
@@ -147,6 +170,14 @@ class GatewayService:
         self.url = f"http://{host}:{port}"
         engine.event(EventKind.INFO, f"gateway at {self.url}: clients' requests are paced here")
         return self.url
+
+    def _say(self, line: str) -> None:
+        """A bad request's line (server_log.BadRequests): the event log's in the console, else a warning."""
+        engine = self.session.engine
+        if self.events and engine is not None:
+            engine.event(EventKind.INFO, line)
+        else:
+            LOGGER.warning("ratedeck: %s", line)
 
     def _bound_port(self) -> int:
         server = self._site._server if self._site is not None else None  # aiohttp keeps the socket there
@@ -195,6 +226,8 @@ class GatewayService:
         await self.session.stop(drain_timeout_s)
         self.source.withdraw_all(retries=True)  # retries left queued when the sending stopped
         await self._close_server()
+        if self.bad is not None:
+            self.bad.flush()  # what was counted and not said yet
         return self.snapshot()
 
     async def _close_server(self) -> None:
@@ -206,4 +239,4 @@ class GatewayService:
 def gateway_session(cfg: RunConfig) -> GatewayService:
     """The console's engine process runs this instead of a plain session (its [gateway] settings
     already checked and the token resolved by the command)."""
-    return GatewayService(cfg)
+    return GatewayService(cfg, events=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ratedeck.config.flags import add_setting_flags
 from ratedeck.config.flags import overrides_from_args as setting_overrides
+from ratedeck.config.rows import RUN as RUN_FLAGS
 from ratedeck.core.exits import ExitCode
 from ratedeck.core.version import version
 
@@ -21,7 +22,8 @@ from .commands import epilog as _epilog
 from .commands.common import parse_args
 
 
-def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
+def build_parser(prog: str = "ratedeck", command: str = RUN_FLAGS) -> argparse.ArgumentParser:
+    """The run's parser; `command` (config.rows: RUN or GATEWAY) says whose setting flags it takes."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="Push work through rate-limited HTTP APIs as fast as the limits allow, and never faster. "
@@ -35,10 +37,13 @@ def build_parser(prog: str = "ratedeck") -> argparse.ArgumentParser:
         metavar="FILE",
         help="TOML config file (flags override it); default: the user config file when present",
     )
-    p.add_argument("--preset", metavar="NAME", help="built-in settings; 'seed' matches the seed server")
-    add_setting_flags(p)  # one flag per setting that has one (ratedeck.config.rows)
+    p.add_argument(
+        "--preset", metavar="NAME", help="built-in settings to start from ('ratedeck presets' lists them)"
+    )
+    add_setting_flags(p, command)  # one flag per setting that has one (ratedeck.config.rows)
     p.add_argument("--no-ui", action="store_true", help="headless: periodic metrics on stdout, no console")
-    p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
+    if command == RUN_FLAGS:  # a run's config; the gateway's is the same flags given to `ratedeck`
+        p.add_argument("--save-config", metavar="FILE", help="write the effective config as TOML and exit")
     return p
 
 

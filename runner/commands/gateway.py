@@ -3,8 +3,9 @@
     ratedeck gateway --preset openai --target https://api.openai.com --keys env:OPENAI_KEYS \\
         --listen 127.0.0.1:8788 --gateway-token env:RATEDECK_TOKEN --no-ui
 
-Every run flag applies (limits, in-flight, headroom, --store, --report, --metrics-port, ...);
-the work comes from the clients, so --workload, --rate and --procs do not. With --no-ui the
+The run's flags apply (limits, in-flight, headroom, --store, --report, --metrics-port, ...)
+but those that shape a run's work (--workload, --rate, --procs, ...: `Flag.commands` in
+config/rows.py), which the gateway does not take: its work comes from its clients. With --no-ui the
 periodic lines go to stdout; without it the console opens as for a run. Ctrl-C, SIGTERM
 (or q) drain: no new clients, queued requests answered 503 + Retry-After at once (none of
 them was sent: a client may send it again), in-flight ones finished and answered.
@@ -19,8 +20,9 @@ import sys
 from typing import TextIO
 
 from ratedeck.config import ConfigError, RunConfig
-from ratedeck.config.load import parse_setting
+from ratedeck.config.flags import flag_rows
 from ratedeck.config.parsers import resolve_secrets
+from ratedeck.config.rows import GATEWAY, RUN
 from ratedeck.config.settings import GatewaySettings
 from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
@@ -40,67 +42,41 @@ from ..thresholds import Threshold
 from .common import fail, parse_args
 from .run import plan_run
 
-#: The gateway's own flags: (flag, metavar, the [gateway] setting it sets, help).
-FLAGS = (
-    ("--listen", "HOST:PORT", "listen", "where the gateway serves (default 127.0.0.1:8788)"),
-    (
-        "--gateway-token",
-        "env:VAR|@FILE",
-        "token",
-        "the token clients present (Authorization: Bearer, x-api-key or the preset's key header);"
-        " needed to listen beyond loopback",
-    ),
-    (
-        "--max-wait",
-        "S",
-        "max_wait_s",
-        "longest a request waits for the limits, then 503 + Retry-After (120s)",
-    ),
-    ("--max-body-mb", "N", "max_body_mb", "a request body over N MiB is answered 413 (32)"),
-    (
-        "--header-timeout",
-        "S",
-        "header_timeout_s",
-        "close a connection whose request head has not come in S (30s)",
-    ),
-    ("--body-timeout", "S", "body_timeout_s", "answer 408 to a body not received in S (60s)"),
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
-    p = run_parser("ratedeck gateway")
+    """The run's parser with the flags the gateway takes (config/rows.py `Flag.commands`)."""
+    p = run_parser("ratedeck gateway", GATEWAY)
     p.description = (
         "Serve the target's own API on a local port, paced by ratedeck: point any program's base URL"
         " at it. Clients authenticate with the gateway token; keys never leave the gateway."
     )
     p.epilog = None
-    group = p.add_argument_group("gateway")
-    for flag, metavar, _setting, text in FLAGS:
-        group.add_argument(flag, metavar=metavar, help=text)
-    group.add_argument(
-        "--fail-fast",
-        action="store_true",
-        help="answer 429 + Retry-After at once instead of queueing (a client may ask: ratedeck-fail-fast: 1)",
-    )
     return p
 
 
+def refused_flag(argv: list[str]) -> str | None:
+    """The first flag of a run the gateway does not take (one line, exit 2, rather than
+    argparse's "unrecognized arguments"); None when there is none."""
+    taken = {row.flag.name for row in flag_rows(GATEWAY) if row.flag is not None}
+    runs = {row.flag.name for row in flag_rows(RUN) if row.flag is not None} - taken
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if name == "--save-config":
+            return (
+                "--save-config: not for the gateway; use 'ratedeck --save-config FILE' with the run's flags"
+            )
+        if name in runs:
+            return f"{name}: the gateway's work comes from its clients, one engine serves them (a run's flag)"
+    return None
+
+
 def gateway_settings(args: argparse.Namespace, cfg: RunConfig) -> GatewaySettings:
-    """[gateway] with the flags over it, checked; the token resolved (`ConfigError` naming the flag)."""
-    values = {}
-    for flag, _metavar, setting, _text in FLAGS:
-        given = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if given is None:
-            continue
-        try:
-            values[setting] = parse_setting(f"gateway.{setting}", given)
-        except ValueError as exc:
-            raise ConfigError("command line", flag, str(exc)) from None
-    if args.fail_fast:
-        values["fail_fast"] = True
-    settings = dataclasses.replace(cfg.gateway, **values)
+    """[gateway] (the flags already over it), the token resolved (`ConfigError` naming its place)."""
+    settings = cfg.gateway
     if settings.token:
-        where = "--gateway-token" if "token" in values else "gateway.token"
+        where = "--gateway-token" if getattr(args, "gateway_token", None) else "gateway.token"
         found = resolve_secrets(settings.token, "command line", where)
         if len(found) != 1:
             raise ConfigError("command line", where, f"must hold one token, found {len(found)}")
@@ -109,17 +85,12 @@ def gateway_settings(args: argparse.Namespace, cfg: RunConfig) -> GatewaySetting
 
 
 def main(argv: list[str]) -> int:
+    if refused := refused_flag(argv):
+        return fail(refused)
     parsed = parse_args(build_parser(), argv)
     if isinstance(parsed, int):
         return parsed
     args = parsed
-    if args.save_config:
-        return fail(
-            "--save-config: not for the gateway; use 'ratedeck --save-config FILE' with the same flags"
-        )
-    for flag, given in (("--workload", args.workload), ("--procs", args.procs), ("--rate", args.rate)):
-        if given is not None:
-            return fail(f"{flag}: the gateway's work comes from its clients, one engine serves them")
     try:
         plan = plan_run(args)
         cfg = plan.cfg
@@ -131,6 +102,10 @@ def main(argv: list[str]) -> int:
         from ratedeck.gateway.service import check_gateway
 
         check_gateway(cfg, settings)
+        if settings.access_log != "off" and not args.no_ui:
+            raise ConfigError(
+                "command line", "--access-log", "needs --no-ui (the console holds the terminal)"
+            )
     except ConfigError as exc:
         return fail(str(exc))
     if not args.no_ui:
@@ -145,8 +120,12 @@ def main(argv: list[str]) -> int:
             metrics=plan.metrics,
             make_session=gateway_session,
         )
+    from ratedeck.gateway.server_log import logging_to
+
     out = sys.stderr if cfg.runner.report == "-" else sys.stdout
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    # Bad requests (one line each, or a summary), faults of the gateway's own code and the
+    # access log when asked: on stderr, the periodic lines' stream kept clean.
+    with asyncio.Runner(loop_factory=loop_factory()) as runner, logging_to(sys.stderr, settings.access_log):
         return runner.run(
             run_gateway(cfg, settings, plan.interval_s, out, thresholds=plan.thresholds, metrics=plan.metrics)
         )

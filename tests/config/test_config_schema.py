@@ -28,7 +28,7 @@ from ratedeck.config.docs import (
 )
 from ratedeck.config.flags import overrides_from_args
 from ratedeck.config.load import PRESET_DIR
-from ratedeck.config.rows import FIELDS, NO_SWITCH, ROWS
+from ratedeck.config.rows import FIELDS, GATEWAY, NO_SWITCH, ROWS, RUN
 from ratedeck.config.settings import RunnerSettings
 from ratedeck.core.exits import MEANING, ORDER, ExitCode
 from ratedeck.core.study_server import STUDY_KEYS
@@ -102,12 +102,20 @@ def test_every_row_is_one_reference_line_and_one_schema_property():
             assert f"`{row.flag.name}" in text, row.path
 
 
-def test_every_flag_row_is_a_flag_of_the_run_command():
-    parser = build_parser()
-    options = {s for action in parser._actions for s in action.option_strings}
+def _parser(command: str):
+    from ratedeck.runner.commands.gateway import build_parser as gateway_parser
+
+    return gateway_parser() if command == GATEWAY else build_parser()
+
+
+def test_every_flag_row_is_a_flag_of_each_command_that_takes_it_and_of_no_other():
     names = [row.flag.name for row in FLAG_ROWS]
     assert len(names) == len(set(names)), "two rows with one flag"
-    assert set(names) <= options
+    for command in (RUN, GATEWAY):
+        parser = _parser(command)
+        options = {s for action in parser._actions for s in action.option_strings}
+        for row in FLAG_ROWS:
+            assert (row.flag.name in options) == (command in row.flag.commands), (command, row.flag.name)
 
 
 #: A valid value of each kind, as typed on a command line.
@@ -139,7 +147,7 @@ def test_each_flag_sets_the_setting_of_its_row(row):
             value = "Token {key}"
         argv = [flag.name, value]
     section, key = row.path.split(".")
-    overrides = overrides_from_args(build_parser().parse_args(argv))
+    overrides = overrides_from_args(_parser(row.flag.commands[0]).parse_args(argv))
     assert key in overrides[section], argv
     if flag.switch is not NO_SWITCH:
         assert overrides[section][key] == flag.switch
