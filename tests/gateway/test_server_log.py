@@ -284,6 +284,34 @@ async def test_the_access_log_is_off_by_default_and_json_lines_when_asked(caplog
         assert secret not in caplog.text
 
 
+@run_async
+async def test_in_the_console_the_lines_go_to_the_event_log(caplog):
+    """The console's gateway (its engine process shares the terminal with the console):
+    bad requests are lines of the event log, nothing on stderr."""
+    import dataclasses
+
+    from ratedeck.config.settings import GatewaySettings
+    from ratedeck.gateway.service import GatewayService
+
+    caplog.set_level(logging.INFO)
+    async with await start_openai(keys=[KEY], rpm=1000, tpm=1_000_000) as stub:
+        settings = dataclasses.replace(GatewaySettings(), listen="127.0.0.1:0", token=TOKEN, **HOSTILE)
+        gw = GatewayService(gateway_config("openai", stub.url, [KEY]), settings, events=True)
+        await gw.start()
+        try:
+            port = int(gw.url.rsplit(":", 1)[1])
+            assert await _status(port, MALFORMED["two Content-Lengths"]) == 400
+            assert await _status(port, REFUSED["no token"][0]) == 401
+            events = [e.text for e in gw.engine.events if "bad request" in e.text]
+        finally:
+            await gw.stop(drain_timeout_s=1.0)
+    assert events == [
+        "bad request from 127.0.0.1: 400 Duplicate Content-Length",
+        "bad request from 127.0.0.1: 401 no valid gateway token",
+    ]
+    assert not [r for r in caplog.records if r.name.startswith(("ratedeck.gateway", "aiohttp"))]
+
+
 def test_the_text_access_line():
     from ratedeck.gateway.server_log import access_line
 
