@@ -475,7 +475,7 @@ class Engine:
             self._expire_queued(now)
             p.metrics.sample_depths(p.queues.fresh(), p.queues.retries())
             p.progress.tick(now)
-            p.keys.resize_in_flight()
+            p.keys.resize_in_flight(bool(len(p.queues)))
             while now >= next_second:
                 p.metrics.close_second()
                 for worker in p.keys:

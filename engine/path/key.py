@@ -296,13 +296,14 @@ class KeyLimits:
                 rate = min(rate, lim.live_rate(h) / cost)
         return rate
 
-    def resize(self, h: float) -> int:
+    def resize(self, h: float, full: bool) -> int:
         """No number pinned: as many in flight as the key's rate now (`live_rate`, `h` the
-        headroom) times its round trip needs (`InFlightSizing`); returns the size before."""
+        headroom) times its round trip needs (`InFlightSizing`; `full`: the key has as many in
+        flight as it may while work waits); returns the size before."""
         before = self.full_in_flight
         sizing = self.sizing
         if sizing is not None:
-            self.full_in_flight = size = sizing.size(self.live_rate(h))
+            self.full_in_flight = size = sizing.size(self.live_rate(h), full)
             if not (self.discovering or self.first_pending):
                 self.max_in_flight = size
         return before

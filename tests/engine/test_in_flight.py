@@ -13,12 +13,14 @@ from ratedeck.server.simulated import run_virtual
 from tests.support.engine_helpers import seed_engine
 
 
-def _sized(answers: list[tuple[float, bool]], rate: float, ceiling: int = 64) -> int:
+def _sized(answers: list[tuple[float, bool]], rate: float, ceiling: int = 64, full: bool = True) -> int:
+    """The size after `answers`, the ticker looking after each (`full`: work always waits
+    with the key's in flight at its size)."""
     sizing = InFlightSizing(ceiling)
-    size = sizing.size(rate)
+    size = sizing.size(rate, full)
     for rtt, ok in answers:
         sizing.answered(rtt, ok)
-        size = sizing.size(rate)  # the ticker's look between answers
+        size = sizing.size(rate, full)
     return size
 
 
@@ -50,12 +52,22 @@ def test_the_spread_of_the_round_trips_is_allowed_for():
     assert 14 <= size <= 26, size
 
 
-def test_answers_that_slow_down_past_twice_their_usual_shrink_it():
+def test_it_grows_only_while_the_key_is_full_and_work_waits():
+    assert _sized(STEADY, 100.0, full=False) == START  # never held back: no reason to grow
+    assert _sized(STEADY, 1.0, full=False) == 2  # but never above what the round trip needs
+
+
+def test_answers_that_slow_down_shrink_it_and_a_longer_path_within_reason_grows_it():
     usual = _sized(STEADY, 100.0)
-    twice = _sized(STEADY + [(0.2, True)] * 12, 100.0)
-    five_times = _sized(STEADY + [(0.5, True)] * 30, 100.0)
-    assert twice > usual  # a longer round trip within reason: more on the wire, as Little's law says
-    assert five_times < twice, (usual, twice, five_times)  # a server that queues: fewer at once
+    longer = _sized(STEADY + [(0.13, True)] * 40, 100.0)
+    queueing = _sized(STEADY + [(0.5, True)] * 30, 100.0)
+    assert longer > usual  # a longer round trip within reason: more on the wire, as Little's law says
+    assert queueing < usual, (usual, longer, queueing)  # a server that queues: fewer at once
+
+
+def test_a_slowdown_that_lasts_becomes_the_usual():
+    after = _sized(STEADY + [(0.3, True)] * 20_000, 100.0)
+    assert after >= 30, after  # 100/s at 300 ms
 
 
 def test_a_run_of_timeouts_halves_it_and_successes_win_it_back():
