@@ -193,6 +193,11 @@ class Source(Protocol):
         """How many requests the work holds in all, when known (a file's lines, a store's pending
         jobs, `--total`): a snapshot's `progress`; None for endless work."""
 
+    @property
+    def job_models(self) -> dict[str, int] | None:
+        """How many of the work's requests name each model lane, when counted (a file's lines,
+        with limits per model): the ETA's least time; None when not known."""
+
     def set_rate(self, rate: float) -> None: ...
 
     def set_throttle(self, value: str | float) -> None:

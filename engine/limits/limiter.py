@@ -657,6 +657,29 @@ class WindowLimiter:
         """Each policy with the end of its current fixed window (loop time); None for the other kinds."""
         return tuple((m.policy, m.end if isinstance(m, _Fixed) else None) for m in self._meters)
 
+    def standing(self, now: float, pad_s: float = 0.0) -> tuple[tuple[float, float | None], ...]:
+        """Where each policy stands at `now` (for the time what remains of a job needs,
+        observe/progress.py): the units it lets through at once, and in how many seconds what
+        it counts comes back (a fixed window's turn; a sliding window's oldest counted send
+        leaving it; None for a bucket, which refills at its rate, or a window counting
+        nothing). `pad_s`: a headroom each window keeps past its end. Read only: nothing moves."""
+        out: list[tuple[float, float | None]] = []
+        for m in self._meters:
+            if isinstance(m, _Bucket):
+                out.append((float(max(0, m.limit - m.used(now))), None))
+            elif isinstance(m, _Fixed):
+                end = m.end + pad_s
+                turns = math.floor((now - end) / m.window) + 1 if now >= end else 0
+                used = m.used_now if turns == 0 else m.used_next if turns == 1 else 0
+                out.append((float(max(0, m.limit - used)), end + turns * m.window - now))
+            else:
+                start = now - m.window - pad_s
+                counted = [(stamp.t, spent) for stamp, spent in m.entries if stamp.t > start]
+                used = sum(spent for _, spent in counted)
+                back = counted[0][0] - start if counted else None
+                out.append((float(max(0, m.limit - used)), back))
+        return tuple(out)
+
     def live_rate(self, h: float) -> float:
         """Cost units per second it lets through now: a window spaces sends by (W + h) / N,
         a bucket refills at its rate (as retuned or followed)."""

@@ -36,6 +36,17 @@ MODEL_CHARS = 80
 MAX_LANES = 256
 
 
+def lane_model(body: Any, field: tuple[str, ...]) -> str:
+    """The lane a request body spends from: the model it names at `field` (the parts of
+    `target.model_field`), cut to `MODEL_CHARS`; `NO_MODEL` when it names none."""
+    node = body
+    for part in field:
+        if not isinstance(node, dict):
+            return NO_MODEL
+        node = node.get(part)
+    return node[:MODEL_CHARS] if isinstance(node, str) and node else NO_MODEL
+
+
 class ModelLane:
     """One model's buckets on one key: its request limiter (None when the key's own limit is
     not per model), its budgets by name (the key's plain ones too, so a route finds every
@@ -147,12 +158,7 @@ class ModelLanes:
     def model_of(self, req: Request) -> str:
         """The model `req`'s body names at the model field (`NO_MODEL` when none)."""
         shape = req.shape
-        node: Any = shape.body if shape is not None else None
-        for part in self.field:
-            if not isinstance(node, dict):
-                return NO_MODEL
-            node = node.get(part)
-        return node[:MODEL_CHARS] if isinstance(node, str) and node else NO_MODEL
+        return lane_model(shape.body if shape is not None else None, self.field)
 
     def lane(self, req: Request) -> ModelLane:
         """The lane `req` spends from (made the first time its model is seen)."""

@@ -58,6 +58,10 @@ class LiveSource:
     def job_total(self) -> None:
         return None  # clients come as they come
 
+    @property
+    def job_models(self) -> None:
+        return None
+
     def set_rate(self, rate: float) -> None:
         """Clients set the pace; an arrival rate means nothing here (kept for the protocol)."""
 

@@ -235,6 +235,10 @@ class MessageWorkload:
     def job_total(self) -> None:
         return None  # messages, not jobs: their own counts (MessageStats)
 
+    @property
+    def job_models(self) -> None:
+        return None
+
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
         self.poke()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ratedeck.core.secrets import fingerprint
 from ratedeck.core.vocab import Arrival
 from ratedeck.engine.limits.waker import Waker
+from ratedeck.engine.path.lanes import lane_model
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
 from ratedeck.engine.sources.batch import (
@@ -80,6 +81,7 @@ class Workload:
         self.exhausted = False
         # How many items `items` holds in all when known (a file's lines; a store's pending jobs).
         self.size = items.count if isinstance(items, CountedLines) else None
+        self.models = items.models if isinstance(items, CountedLines) else None  # lines per model
         self._waker = Waker()
         # True when `before_submit` must run (and be awaited) before each request is queued.
         self.marks = False
@@ -91,7 +93,14 @@ class Workload:
         pins = KeyPins(cfg.keys)
         budgets = tuple(b.name for b in cfg.budgets)
         signed = bool(cfg.target.signing)
-        items = read_jsonl(w.file, tuple(cfg.pools), budgets, pins, signed=signed) if w.file else None
+        # With limits per model, the check pass counts each model's lines (the ETA's least time).
+        per_model = cfg.key_per_model or any(b.per_model for b in cfg.budgets)
+        model_field = cfg.target.model_field if per_model else None
+        items = (
+            read_jsonl(w.file, tuple(cfg.pools), budgets, pins, signed=signed, model_field=model_field)
+            if w.file
+            else None
+        )
         return cls(
             cfg.arrival_rate,
             poisson=w.arrival == Arrival.POISSON,
@@ -115,6 +124,12 @@ class Workload:
         most `total`; None for an endless stream."""
         sizes = [n for n in (self.size, self.total) if n is not None]
         return min(sizes) if sizes else None
+
+    @property
+    def job_models(self) -> dict[str, int] | None:
+        """The file's lines per model lane (`lanes.lane_model`), counted in its check pass when
+        the limits hold per model; None otherwise (a store's jobs, a stream)."""
+        return self.models
 
     def set_rate(self, rate: float) -> None:
         self.rate = float(rate)
@@ -406,6 +421,7 @@ def read_jsonl(
     pins: KeyPins | None = None,
     *,
     signed: bool = False,
+    model_field: str | None = None,
 ) -> CountedLines:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
@@ -428,20 +444,30 @@ def read_jsonl(
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
     costs the memory of the queue, not of the file; the check pass holds the
-    `_id`s, to find a repeated one). The check pass counts the lines: `count`.
+    `_id`s, to find a repeated one). The check pass counts the lines: `count`, and with
+    `model_field` each model's lines (`models`, by the lane its body spends from).
     """
     ids: dict[object, int] = {}
-    count = sum(1 for _ in _lines(path, pools, budgets, pins, signed, ids))
+    count = 0
+    models: dict[str, int] | None = {} if model_field else None
+    field = tuple(model_field.split(".")) if model_field else ()
+    for obj in _lines(path, pools, budgets, pins, signed, ids):
+        count += 1
+        if models is not None:
+            model = lane_model(obj.get("_body"), field)
+            models[model] = models.get(model, 0) + 1
     ids.clear()
-    return CountedLines(_lines(path, pools, budgets, pins, signed), count)
+    return CountedLines(_lines(path, pools, budgets, pins, signed), count, models)
 
 
 class CountedLines(Iterator[dict]):
-    """A workload file's objects, read lazily, and how many it holds (`count`, from the check pass)."""
+    """A workload file's objects, read lazily, and how many it holds (`count`, from the check
+    pass; `models`: how many per model lane, when counted)."""
 
-    def __init__(self, lines: Iterator[dict], count: int):
+    def __init__(self, lines: Iterator[dict], count: int, models: dict[str, int] | None = None):
         self._lines = lines
         self.count = count
+        self.models = models
 
     def __next__(self) -> dict:
         return next(self._lines)

@@ -92,3 +92,41 @@ def test_the_ratio_and_merging_parts():
     assert merge_makespans([None, None]) is None
     merged = merge_makespans([Makespan(10, 5.0, 4.0), None, Makespan(20, 6.0, 3.0)])
     assert merged == Makespan(30, 6.0, 4.0)
+
+
+def test_from_where_a_budget_stands_what_is_free_goes_at_once_then_each_policy_s_refill():
+    # a bucket of 10 refilling 10/s with 4 free: 4 at once, then 10 a second
+    bucket = parse_policy("10@10/s")
+    assert policy_allows(bucket, 0.0, None, 4.0) == pytest.approx(4.0)
+    assert policy_allows(bucket, 1.0, None, 4.0) == pytest.approx(14.0)
+    # a headroom of 0.1 s keeps what the bucket refills in 0.1 s free: one unit fewer
+    assert policy_allows(bucket, 1.0, None, 4.0, 0.1) == pytest.approx(13.0)
+    # a sliding 10/1s with 4 free, the 6 it counts back in 0.5 s: 4, 10 at 0.5, 14 at 1, 20 at 1.5
+    sliding = parse_policy("10/1s")
+    assert [policy_allows(sliding, t, 0.5, 4.0) for t in (0.0, 0.5, 1.0, 1.5)] == [4, 10, 14, 20]
+    # with a headroom of 0.2 s each slot comes back 1.2 s after it went
+    assert [policy_allows(sliding, t, 0.5, 4.0, 0.2) for t in (1.0, 1.2)] == [10, 14]
+    # a fixed 10/2s with 3 left in its window, turning in 0.5 s: 3, then 10 at each turn
+    fixed = parse_policy("10/2s fixed")
+    assert [policy_allows(fixed, t, 0.5, 3.0) for t in (0.4, 0.5, 2.5)] == [3, 13, 23]
+    # two keys side by side, 4 and nothing free, 10/s each: 24 units take 1 s
+    keys = [Limits((bucket,), (), (4.0,)), Limits((bucket,), (), (0.0,))]
+    assert time_for(keys, 24) == pytest.approx(1.0)
+    # a fresh start is the whole limit at once, as before
+    assert policy_allows(sliding, 0.0) == policy_allows(sliding, 0.0, None, 10.0) == 10
+
+
+def test_a_limiter_says_where_it_stands_without_moving():
+    from ratedeck.engine.limits.limiter import WindowLimiter
+
+    lim = WindowLimiter((parse_policy("10/1s"), parse_policy("10@5/s")), lambda: 0.0, pacing="burst")
+    for t in (0.0, 0.2, 0.2):
+        lim.record(t)
+    # sliding: 7 free, the oldest send back at 1.0; the bucket: 10 - 3 + 5 x 0.4 = 9 free
+    (free, back), (level_free, none) = lim.standing(0.4)
+    assert free == 7 and back == pytest.approx(0.6)
+    assert level_free == pytest.approx(9.0) and none is None
+    # with a headroom of 0.1 s the slots come back 0.1 s later
+    assert lim.standing(0.4, 0.1)[0] == (7, pytest.approx(0.7))
+    # after the window: everything back
+    assert lim.standing(1.5)[0] == (10, None) and lim.standing(0.4)[0][0] == 7
