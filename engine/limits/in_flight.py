@@ -12,11 +12,13 @@ later. So the size moves like TCP's window, within what the round trip needs:
   mean `srtt` and mean deviation `rttvar` of the answers' round trips (gain
   1/8 and 1/4). What the key needs is `rate x (srtt + 2 x rttvar)` plus the
   one being sent (paced sends have `rate x rtt` in flight, and two deviations
-  above the mean reach about the longest round trips): the size is never above
-  that, nor above the ceiling (`engine.in_flight_max`);
-- it grows by one per look while the key is full (as many in flight as its
-  size, work waiting), from `START`: it grows only when it is what holds the
-  key back;
+  above the mean reach about the longest round trips): once the key's limits
+  hold it back, the size is never above that, nor ever above the ceiling
+  (`engine.in_flight_max`);
+- it grows only while it is what holds the key back: the key full (as many in
+  flight as its size) with work waiting. Then it doubles per look when the
+  key's limits would let it send now (a full bucket's burst: TCP's slow start,
+  up to the ceiling), and grows by one when they would not; from `START`;
 - answers slower than `SLOWER` times their usual round trip (the mean of the
   first answers, then a slow mean: gain 1/512, and 1/8192 from answers that
   queue, so a slowdown that lasts becomes the usual) are a server that queues:
@@ -107,11 +109,13 @@ class InFlightSizing:
         gain = 1.0 / n if n < _WARM else _USUAL if srtt <= SLOWER * usual else _USUAL_SLOWED
         self.usual = usual + gain * (srtt - usual)
 
-    def size(self, rate: float, full: bool) -> int:
-        """Requests in flight for a key sending `rate` a second now (see the module); `full`:
-        the key was found with as many in flight as its size while work waited. One step per
-        look: one more while full, a share less while answers queue, at once down to what
-        the round trip needs."""
+    def size(self, rate: float, full: bool, room: bool = False) -> int:
+        """Requests in flight for a key sending `rate` a second now (see the module). `full`:
+        the key was found with as many in flight as its size while work waited; `room`: its
+        limits would let it send now (a bucket's burst, a window with room), so the size is
+        all that holds it back. One step per look: twice the size while full with room (as
+        TCP's slow start), one more while full without, a share less while answers queue,
+        and never above what the round trip needs at the key's rate once it has no room."""
         srtt = self.srtt
         now = self.now
         if srtt is not None and rate > 0.0 and math.isfinite(rate):
@@ -119,8 +123,8 @@ class InFlightSizing:
             if srtt > SLOWER * usual:  # queueing: shrink with the slowdown instead of following it
                 now -= _SHRINK * now * (1.0 - SLOWER * usual / srtt)
             elif full:
-                now += 1.0
-            need = math.ceil(rate * (srtt + SPREAD_K * self.rttvar)) + 1.0
-            now = min(now, need, float(self.ceiling))
-        self.now = now = max(1.0, min(now, self.cap))
+                now = now * 2.0 if room else now + 1.0
+            if not room:
+                now = min(now, math.ceil(rate * (srtt + SPREAD_K * self.rttvar)) + 1.0)
+        self.now = now = max(1.0, min(now, self.cap, float(self.ceiling)))
         return int(now)

@@ -296,14 +296,15 @@ class KeyLimits:
                 rate = min(rate, lim.live_rate(h) / cost)
         return rate
 
-    def resize(self, h: float, full: bool) -> int:
+    def resize(self, h: float, full: bool, now: float) -> int:
         """No number pinned: as many in flight as the key's rate now (`live_rate`, `h` the
         headroom) times its round trip needs (`InFlightSizing`; `full`: the key has as many in
         flight as it may while work waits); returns the size before."""
         before = self.full_in_flight
         sizing = self.sizing
         if sizing is not None:
-            self.full_in_flight = size = sizing.size(self.live_rate(h), full)
+            room = full and self.next_free(now) <= now
+            self.full_in_flight = size = sizing.size(self.live_rate(h), full, room)
             if not (self.discovering or self.first_pending):
                 self.max_in_flight = size
         return before

@@ -59,11 +59,11 @@ class KeyRing:
         """Each key with no number pinned sizes its in flight to its rate and round trip now
         (the engine's ticker, not a request's path; `work_waits`: the queues hold work); a key
         that may send more is woken."""
-        h = self.headroom.seconds()
+        h, now = self.headroom.seconds(), self.run.clock()
         for w in self.workers:
             limits = w.limits
             if limits.sizing is not None:
-                before = limits.resize(h, work_waits and w.in_flight >= limits.max_in_flight)
+                before = limits.resize(h, work_waits and w.in_flight >= limits.max_in_flight, now)
                 if w.in_flight >= before and limits.max_in_flight > w.in_flight:
                     w.poke()  # it was waiting for room in flight, and there is room now
 

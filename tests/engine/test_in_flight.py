@@ -119,3 +119,32 @@ def test_auto_reaches_the_limit_where_a_pinned_8_cannot():
         assert row.in_flight_auto
         assert 12 <= row.in_flight_limit <= 30, row.in_flight_limit
     assert all(not row.in_flight_auto and row.in_flight_limit == 8 for row in pinned.keys)
+
+
+def test_a_full_bucket_s_burst_doubles_it_per_look_and_the_steady_pace_takes_it_back():
+    sizing = InFlightSizing(64)
+    for _ in range(200):
+        sizing.answered(0.2, True)
+    sizes = [sizing.size(8.3, full=True, room=True) for _ in range(4)]
+    assert sizes == [16, 32, 64, 64], sizes  # the limits let it send now: only the size held it
+    assert sizing.size(8.3, full=True, room=False) == 3  # the burst spent: 8.3/s x 0.2 s, +1
+
+
+@pytest.mark.parametrize(
+    ("rtt_s", "most"),
+    [
+        (0.2, 1.1),  # requests bind: 2,500 at once, then 500 a minute per key
+        (3.0, 1.3),  # completions of 3 s: the burst needs ~170 in flight per key
+    ],
+    ids=["requests-bind", "slow-completions"],
+)
+def test_an_openai_job_spends_its_burst_at_once(tmp_path, rtt_s, most):
+    """3,000 prompts on 5 keys, the OpenAI preset with no --in-flight (its first sizes: one per
+    model until the first answer, then 8): the makespan stays near the least time the limits
+    allow (pinned 64 took 1.03x and 2.20x; a size that grew by one per look, 3.26x and 4.90x)."""
+    from tests.engine.test_progress import STUB_DEFAULT, openai_job, watch_to_end
+
+    engine = openai_job(tmp_path, {"gpt-4o-mini": STUB_DEFAULT}, 16, rtt_s)
+    _, snap = watch_to_end(engine)
+    assert snap.succeeded == 3000
+    assert snap.makespan.ratio is not None and snap.makespan.ratio <= most, snap.makespan
