@@ -27,12 +27,14 @@ The ETA is the later of three figures:
 - the same count with the engine's own brakes: each limiter's headroom, as its
   answered slots keep it on average and at most a round trip (a window's slot
   comes back that much later, a bucket keeps that much of its refill free),
-  and each key's in-flight size over the median round trip (a key never has
-  more than that many requests a round trip; a burst the limits allow is spent
-  no faster);
+  and each key's pinned in-flight size over the median round trip (a key never
+  has more than that many requests a round trip; a burst the limits allow is
+  spent no faster; an "auto" size counts at its ceiling, since it grows
+  while it holds the key back);
 - the pace observed (jobs ended per second over the last `PACE_WINDOW_S`,
   measured again after a stall: keys paused, a cooldown), once at least
-  `MIN_PACE_JOBS` ended over `MIN_PACE_S`: at the slower of the whole window's
+  `MIN_PACE_JOBS` ended over `MIN_PACE_S` and two round trips (answers that
+  come back in waves a round trip apart are measured wave to wave): at the slower of the whole window's
   pace and its newer half's, so a burst at the start (a bucket's full burst
   spent, then its refill) is not extrapolated; a pace still rising (the newer
   half `PACE_RISING` faster than the older, as the engine settles its headroom
@@ -68,9 +70,12 @@ if TYPE_CHECKING:
 
 #: The observed pace is measured over this many seconds, the newest.
 PACE_WINDOW_S = 10.0
-#: The pace counts only once this many jobs have ended over at least `MIN_PACE_S` seconds.
+#: The pace counts only once this many jobs have ended over at least `MIN_PACE_S` seconds and
+#: `PACE_RTTS` round trips (answers that come back in waves a round trip apart: a span of one
+#: wave's front measures the wave, not the pace).
 MIN_PACE_JOBS = 10
 MIN_PACE_S = 1.0
+PACE_RTTS = 2.0
 #: A window's newer half this much faster than its older half is a pace still rising.
 PACE_RISING = 0.1
 #: No ending for `STALL_S` (or `STALL_GAPS` of the usual gap between endings, or `STALL_RTTS`
@@ -173,7 +178,8 @@ class ProgressMeter:
             return None
         (t0, n0), (t1, n1) = samples[0], samples[-1]
         span = t1 - t0
-        if span < MIN_PACE_S or n1 - n0 < MIN_PACE_JOBS or self.run.clock() - t1 > PACE_WINDOW_S:
+        least_span = max(MIN_PACE_S, PACE_RTTS * self._rtt_s)
+        if span < least_span or n1 - n0 < MIN_PACE_JOBS or self.run.clock() - t1 > PACE_WINDOW_S:
             return None
         return (n1 - n0) / span
 
@@ -188,7 +194,7 @@ class ProgressMeter:
             return None
         (t0, n0), (t1, n1) = samples[0], samples[-1]
         tm, nm = next(s for s in samples if s[0] >= t0 + (t1 - t0) / 2)
-        if not t0 < tm < t1 or t1 - tm < MIN_PACE_S or n1 - nm < MIN_PACE_JOBS:
+        if not t0 < tm < t1 or t1 - tm < max(MIN_PACE_S, PACE_RTTS * self._rtt_s) or n1 - nm < MIN_PACE_JOBS:
             return whole  # halves too short to tell a trend from the noise
         older, newer = (nm - n0) / (tm - t0), (n1 - nm) / (t1 - tm)
         if newer > older * (1.0 + PACE_RISING):
@@ -272,7 +278,8 @@ class ProgressMeter:
         for w in self.host.workers:
             if w.blocked:
                 continue
-            size = max(1, w.limits.max_in_flight)
+            sizing = w.limits.sizing  # an "auto" size grows while it holds the key back
+            size = max(1, sizing.ceiling if sizing is not None else w.limits.max_in_flight)
             policy = Policy(size, rtt_s, PolicyKind.BUCKET, float(size))
             out.append(Limits((policy,), (), (float(max(0, size - w.in_flight)),)))
         return out
