@@ -141,7 +141,7 @@ ROWS: tuple[Row, ...] = (
         p.url,
         "endpoint to call; unset: the embedded simulator",
         "engine",
-        _flag("--target", "URL", help="endpoint to call (default: a run's is the embedded simulator)"),
+        _flag("--target", "URL", help="endpoint to call (a run with none calls the embedded simulator)"),
         optional=True,
     ),
     Row(
