@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ratedeck.core.files import private_write_text
+from ratedeck.core.files import private_dir, private_write_text
 from ratedeck.engine.commands import (
     Command,
     PauseAll,
@@ -302,7 +302,7 @@ class RatedeckApp(App[Snapshot]):
         *,
         theme: str | None = None,
         keymap: dict[str, str] | None = None,
-        profile_path: str = "ratedeck-profile.toml",
+        profile_path: str = "ratedeck-profile.toml",  # the runner passes core.paths.profile_save_path
         refresh_s: float = 0.25,
         title: str = "ratedeck",
         themes_dir: str | Path | None = None,
@@ -915,6 +915,7 @@ class RatedeckApp(App[Snapshot]):
 
     def _write_profile(self, path: Path, text: str) -> None:
         try:
+            private_dir(path.parent)  # the user's config directory may not exist yet (0700)
             private_write_text(path, text)  # 0600, as every file ratedeck creates
         except OSError as error:
             self.notify(
@@ -924,7 +925,7 @@ class RatedeckApp(App[Snapshot]):
                 timeout=8,
             )
             return
-        self.notify(f"Settings saved to {path.resolve()} (load with --config)", title="Saved", timeout=6)
+        self.notify(f"Settings saved to {path.resolve()}", title="Saved", timeout=6)
 
     def use_theme(self, name: str) -> None:
         """Switch to theme `name` and say so."""

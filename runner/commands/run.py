@@ -29,7 +29,7 @@ from ratedeck.config import (
 from ratedeck.core.exits import ExitCode
 from ratedeck.core.files import private_write_text
 from ratedeck.core.loops import loop_factory
-from ratedeck.core.paths import user_config_path
+from ratedeck.core.paths import profile_save_path, user_config_path
 from ratedeck.core.study_server import STUDY
 from ratedeck.host.process_host import ProcessHost
 from ratedeck.host.protocol import SpawnedHost
@@ -162,7 +162,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     # A run's work is the user's: its graveyard, none named, goes next to the report, else to the
     # XDG state dir. (A gateway places none: its engine keeps no client's request by default.)
     cfg = with_graveyard_place(cfg)
-    return run_console(cfg, thresholds=plan.thresholds, metrics=plan.metrics, procs=plan.procs)
+    return run_console(
+        cfg, thresholds=plan.thresholds, metrics=plan.metrics, procs=plan.procs, config_file=plan.source
+    )
 
 
 # ---------------------------------------------------------------- config files
@@ -234,8 +236,11 @@ def run_console(
     metrics: Metrics | None = None,
     procs: int = 1,
     make_session: Callable[[RunConfig], Any] | None = None,
+    config_file: str | None = None,
 ) -> int:
     """The Textual console; the engine runs in its own process (see host/process_host.py).
+    Its `s` saves the settings to `config_file` (the --config given), else the user's config
+    file (`core.paths.profile_save_path`).
 
     q, Ctrl-C, SIGTERM and SIGHUP all drain and leave the console (terminal
     restored); a second Ctrl-C stops at once. The summary, the report and
@@ -263,7 +268,7 @@ def run_console(
         not_started = _start(host)
         if not_started is not None:
             return fail(not_started)
-        return _console(cfg, host, thresholds, metrics, exporter)
+        return _console(cfg, host, thresholds, metrics, exporter, str(profile_save_path(config_file)))
     finally:
         if exporter is not None:
             exporter.close()
@@ -291,6 +296,7 @@ def _console(
     thresholds: list[Threshold] | tuple[Threshold, ...],
     metrics: Metrics | None,
     exporter: MetricsServer | None,
+    profile_path: str,
 ) -> int:
     """The console over a started engine, then the last drain, the summary and the report."""
     # textual loads only for the console, never for a headless run
@@ -302,6 +308,7 @@ def _console(
         theme=cfg.console.theme,
         keymap=cfg.console.keymap or None,
         duration_s=cfg.runner.duration_s,
+        profile_path=profile_path,
         on_hangup=_hangup(cfg, host, thresholds, exporter, concluding),
     )
     try:

@@ -198,8 +198,19 @@ async def test_s_saves_effective_config_as_toml(tmp_path: Path):
 
 
 @async_test
+async def test_s_makes_the_user_config_directory_it_saves_into(tmp_path: Path):
+    path = tmp_path / "config" / "ratedeck" / "config.toml"  # a first save: no directory yet
+    app = make_app(profile_path=path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s")
+        assert path.is_file() and path.stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "config").stat().st_mode & 0o777 == 0o700
+
+
+@async_test
 async def test_save_to_unwritable_path_gives_notice_not_crash(tmp_path: Path):
-    path = tmp_path / "missing-folder" / "profile.toml"
+    (tmp_path / "a-file").write_text("in the way")
+    path = tmp_path / "a-file" / "profile.toml"
     app = make_app(profile_path=path)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
