@@ -91,7 +91,12 @@ def metrics_block(snap: Snapshot) -> list[str]:
         *([progress_line(snap.progress, snap.phase == Phase.STOPPED)] if snap.progress is not None else []),
         f"throughput   {snap.throughput_tps:8.2f} req/s average, {snap.current_tps:.0f} in the last second"
         + (
-            f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity)"
+            f"  ({snap.pct_capacity:.1f}% of {readable(snap.capacity_tps)}/s capacity"
+            + (
+                ": the burst the limits allow at the start, on top of their steady rate)"
+                if snap.pct_capacity > 101
+                else ")"
+            )
             if snap.capacity_tps
             else "  (capacity not known yet: no limit given, none advertised)"
         ),

@@ -49,3 +49,12 @@ def test_the_summary_and_report_show_the_basis_and_learned_limits():
         ("25/1s", "20/1s"),
         ("25/1s", None),
     ]
+
+
+def test_a_throughput_above_capacity_says_it_is_the_start_s_burst():
+    """A short run against buckets gets their full burst at once: 33/s where the limits sustain
+    4/s is 835% of capacity, and the line says where the excess came from."""
+    over = metrics_block(_snap(throughput_tps=33.3, capacity_tps=3.99))[1]
+    assert "834.6% of 3.99/s capacity: the burst the limits allow at the start" in over, over
+    under = metrics_block(_snap(throughput_tps=3.8, capacity_tps=3.99))[1]
+    assert under.endswith("(95.2% of 3.99/s capacity)"), under
