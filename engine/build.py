@@ -113,7 +113,7 @@ def build_parts(
     source = source or source_from_config(cfg, rng)
     limits = _limits(cfg, headroom, source, shared=shared_state is not None)
     queues, metrics = WorkQueues(), Metrics()
-    graveyard = _graveyard(cfg, source)
+    graveyard = _graveyard(cfg, source, redact)
     keys = KeyRing(
         run=run,
         budgets=limits.budgets,
@@ -174,13 +174,16 @@ def build_parts(
     )  # fmt: skip
 
 
-def _graveyard(cfg: EngineSettings, source: Source) -> Graveyard:
+def _graveyard(cfg: EngineSettings, source: Source, redact: Redactor) -> Graveyard:
     """The file named, else ("auto", placed by no runner) one under the XDG state directory;
-    none for live clients' requests unless one was named: what a client sends is its own."""
+    none for live clients' requests unless one was named: what a client sends is its own.
+    Every key is masked in what it writes."""
     path = cfg.engine.graveyard_path
-    if path != GRAVEYARD_AUTO:
-        return Graveyard(path)
-    return Graveyard(None if source.clients else str(run_graveyard_path()))
+    if path == GRAVEYARD_AUTO:
+        path = None if source.clients else str(run_graveyard_path())
+    graveyard = Graveyard(path)
+    graveyard.redact = redact
+    return graveyard
 
 
 def _spend(cfg: EngineSettings, log: EventLog, ends: RunEnd) -> SpendMeter | None:

@@ -331,7 +331,7 @@ class Graveyard:
     can send it again: `params` (what the workload gave, never the key, the
     nonce or the id the transport adds) and `pool`, with `reason` (the last
     error, or the last status) and `ending` ("graveyard"). `redact`, when set
-    (the host sets the engine's), masks every key in the texts and parameters.
+    (the composition root sets the engine's), masks every key in the texts and parameters.
     """
 
     __slots__ = ("path", "count", "redact", "_out")

@@ -28,7 +28,7 @@ from ratedeck.engine.engine import Engine
 from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.http.transport import Response, Transport, http_transport
 from ratedeck.engine.jsonl import JsonLines
-from ratedeck.engine.ports import ResultsHost, Source
+from ratedeck.engine.ports import ResultsHost, SharedState, Source
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
@@ -112,37 +112,8 @@ class Session:
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
                 self._transport = http_transport(cfg.engine_settings, url)
-            store = open_for_run(cfg.runner, cfg.engine_settings)
-            if store is not None and self._source is not None:
-                # The work comes from the given source; a store many processes share still shares
-                # the budgets. One that only holds jobs has nothing to give such a run.
-                shared = store.shared()
-                await store.close()
-                if shared is None:
-                    raise ConfigError(
-                        "command line",
-                        "--store",
-                        "this run's work comes from its clients: only a store many processes share"
-                        " (redis://host:port/db) has anything for it (the keys' budgets)",
-                    )
-                self.engine = Engine(
-                    cfg.engine_settings, self._transport, source=self._source, shared_state=shared
-                )
-            elif store is not None:
-                self.store_run = StoreRun(
-                    cfg.runner, cfg.engine_settings, store, random.Random(cfg.engine_settings.seed)
-                )
-                await self.store_run.prepare()
-                # A store many processes share (Redis) also shares the keys' budgets and gates.
-                self.engine = Engine(
-                    cfg.engine_settings,
-                    self._transport,
-                    source=self.store_run.source,
-                    shared_state=store.shared(),
-                )
-            else:
-                self.engine = Engine(cfg.engine_settings, self._transport, source=self._source)
-            self.engine.graveyard.redact = self.engine.redact
+            source, shared = await self._work()
+            self.engine = Engine(cfg.engine_settings, self._transport, source=source, shared_state=shared)
             if self.store_run is not None:
                 self.store_run.attach(self.engine)
             if cfg.runner.results or cfg.runner.errors:
@@ -165,6 +136,33 @@ class Session:
         where = "embedded simulator" if self.server else "target"
         self.engine.event(EventKind.INFO, f"{where}: {self.shown_target}")
         return self.engine
+
+    async def _work(self) -> tuple[Source | None, SharedState | None]:
+        """Where the engine's work comes from (the given source, a store's jobs, else the
+        config's workload) and the state it shares with other processes (a store many share)."""
+        cfg = self.cfg
+        store = open_for_run(cfg.runner, cfg.engine_settings)
+        if store is None:
+            return self._source, None
+        if self._source is not None:
+            # The work comes from the given source; a store many processes share still shares
+            # the budgets. One that only holds jobs has nothing to give such a run.
+            shared = store.shared()
+            await store.close()
+            if shared is None:
+                raise ConfigError(
+                    "command line",
+                    "--store",
+                    "this run's work comes from its clients: only a store many processes share"
+                    " (redis://host:port/db) has anything for it (the keys' budgets)",
+                )
+            return self._source, shared
+        self.store_run = StoreRun(
+            cfg.runner, cfg.engine_settings, store, random.Random(cfg.engine_settings.seed)
+        )
+        await self.store_run.prepare()
+        # A store many processes share (Redis) also shares the keys' budgets and gates.
+        return self.store_run.source, store.shared()
 
     @property
     def facts(self) -> RunFacts:
