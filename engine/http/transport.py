@@ -455,18 +455,6 @@ class HttpTransport(TransportBase):
     def delay_hook(self) -> DelayHook | None:
         return self._reading.delay_hook
 
-    def _prepare(self, key: KeySpec, req: Request, nonce: int | None) -> tuple[str, URL | RqUrl, Any, Any]:
-        return self._building.prepare(key, req, nonce)
-
-    def _fields(self, key: KeySpec, req: Request, nonce: int | None) -> list[tuple[str, str]]:
-        return self._building.fields(key, req, nonce)
-
-    def _get_url(self, fields: list[tuple[str, str]]) -> URL:
-        return self._building.get_url(fields)
-
-    def _key_headers(self, key: KeySpec) -> dict[str, str]:
-        return self._building.key_headers(key)
-
     def _open(self) -> AioWire | ReqwestWire:
         # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
         # times every attempt out with one timer for all.

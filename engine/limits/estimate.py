@@ -14,7 +14,7 @@ moves the estimate:
   a tenth of the told limit per step, when the run spends a rejection
   budget). A level above the last one that held is *unconfirmed* until a
   whole window passes at it: the worker sends what goes beyond the
-  confirmed level one at a time (`probing_above`), so a probe that draws a
+  confirmed level one at a time (`confirmed`), so a probe that draws a
   429 never has company in flight to walk into the server's cooldown.
 - a probe that draws a 429 puts the estimate back where it held and holds
   it there, twice as long each time (`hold_s`, doubling, up to
@@ -121,12 +121,6 @@ class KeyEstimate:
             assert told is not None, "an estimate is told a limit, advertised one, or both"
             return told
         return advertised
-
-    @property
-    def probing_above(self) -> int | None:
-        """While the estimate is above its last confirmed level: that level (sends beyond it go
-        one at a time); else None."""
-        return self.confirmed if self.value > self.confirmed else None
 
     def describe(self) -> str:
         """One line: "20/1s (lowered by a 429 at 25)"."""

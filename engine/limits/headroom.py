@@ -605,10 +605,6 @@ class HeadroomController:
         return None if self.evidence.server_mean is None else self.evidence.server_mean * 1000.0
 
     @property
-    def probe_samples(self) -> int:
-        return self.evidence.probe.n
-
-    @property
     def hints_used(self) -> int:
         return self.evidence.hints_used
 

@@ -25,7 +25,6 @@ our forecast be lower.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import deque
 from collections.abc import Callable
@@ -329,8 +328,6 @@ class WindowLimiter:
         "_last",
         "_last_cost",
         "_recent",
-        "_waiters",
-        "_timer",
         "spent",
         "returned",
         "sends",
@@ -364,8 +361,6 @@ class WindowLimiter:
         self._last = -math.inf  # the last send
         self._last_cost = 1  # and its cost: the next send is due that much later
         self._recent: deque[tuple[float, int]] = deque(maxlen=1024)  # (send time, cost), for spent_since
-        self._waiters: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
         self.spent = 0  # cost units reserved by every send so far
         self.sends = 0  # and how many sends
         self.returned = 0  # and given back when the server charged less (`refund`)
@@ -521,57 +516,6 @@ class WindowLimiter:
                 if isinstance(meter, (_Sliding, _Fixed)) and abs(meter.window - window_s) < 1e-6:
                     return meter
         return min(self._meters, key=lambda m: m.policy.rate)
-
-    async def acquire(self, deadline: float | None = None, cost: int = 1) -> Stamp | None:
-        """Wait for a slot (first come, first served) and take it.
-
-        Returns None, without taking a slot, when the slot would come after
-        `deadline` (loop time, e.g. a request's TTL): at once if that is
-        already certain, else when the deadline has passed. One timer serves
-        every waiter; the key workers use `next_free`/`record` directly.
-        """
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if not self._waiters and self.next_free(now, cost) <= now:
-            return self.record(now, cost)
-        if deadline is not None and self.next_free(now, cost) > deadline:
-            return None
-        fut: asyncio.Future[Stamp | None] = loop.create_future()
-        self._waiters.append((fut, deadline))
-        self._arm(loop)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            self._waiters = deque(w for w in self._waiters if w[0] is not fut)
-            raise
-
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if not self._waiters:
-            self._timer = None
-            return
-        when = self.next_free(loop.time())
-        deadlines = [d for _, d in self._waiters if d is not None]
-        if deadlines:
-            when = min(when, min(deadlines))  # wake to let an expired waiter go
-        self._timer = loop.call_at(when, self._on_timer, loop)
-
-    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        now = loop.time()
-        kept: deque[tuple[asyncio.Future[Stamp | None], float | None]] = deque()
-        for fut, deadline in self._waiters:
-            if fut.done():
-                continue
-            if not kept and self.next_free(now) <= now:
-                fut.set_result(self.record(now))  # its turn, and a slot is free
-            elif deadline is not None and deadline <= now:
-                fut.set_result(None)  # gave up: its slot would come too late
-            else:
-                kept.append((fut, deadline))
-        self._waiters = kept
-        self._arm(loop)
 
     def add_policy(self, policy: Policy, now: float = 0.0) -> bool:
         """Also enforce `policy` from now on (a limit the server advertised, or one learned).

@@ -20,14 +20,14 @@ KEYS = tuple(f"key-00{i}" for i in range(5))
 
 # -- the estimate alone (fake clock: every call is told the time)
 def test_it_starts_at_the_told_limit_and_with_a_slow_start_probes_above_half_of_it():
-    assert KeyEstimate(20, 1.0).probing_above is None
+    assert KeyEstimate(20, 1.0).confirmed == 20  # told: nothing to probe above
     est = KeyEstimate(20, 1.0, slow_start=True)
     assert (est.value, est.reason, est.moved_at) == (20, "told", None)
-    assert est.probing_above == 10  # a slow start: beyond 10 in a window, one at a time
+    assert est.confirmed == 10 < est.value  # a slow start: beyond 10 in a window, one at a time
     est.confirm(14)
-    assert est.probing_above == 14
+    assert est.confirmed == 14 < est.value
     est.confirm(25)  # never above the estimate
-    assert est.probing_above is None and est.confirmed == 20
+    assert est.confirmed == est.value == 20
 
 
 def test_a_single_429_never_takes_it_below_half_the_told_limit():
@@ -77,7 +77,7 @@ def test_a_probe_that_draws_a_429_goes_back_and_is_held_longer_each_time():
     est.confirm(20)
     est.rejected(10.0, 15, 10.1)
     t = 10.1 + HOLD_S
-    assert est.tick(t) and est.value == 16 and est.probing_above == 15
+    assert est.tick(t) and est.value == 16 and est.confirmed == 15
     moved, _ = est.rejected(t + 0.5, 16, t + 0.6)  # the probe at 16 drew a 429
     assert moved and est.value == 15 and est.reason == "lowered by a 429 at 16"
     assert not est.tick(t + 0.6 + 2 * HOLD_S - 0.1)  # held twice as long
@@ -98,7 +98,7 @@ def test_a_told_limit_that_never_held_is_not_probed_again_for_long():
 def test_the_advertised_limit_caps_it_and_climbing_stops_at_the_lower_one():
     est = KeyEstimate(30, 1.0)
     assert est.advertise(20, 0.5)
-    assert (est.value, est.reason, est.ceiling, est.probing_above) == (20, "advertised", 20, None)
+    assert (est.value, est.reason, est.ceiling, est.confirmed) == (20, "advertised", 20, 20)
     assert not est.tick(5.0)  # at the ceiling: nothing to climb to
     assert KeyEstimate(None, 1.0, advertised=20).describe() == "20/1s (advertised)"
 

@@ -2,8 +2,10 @@
 
 import asyncio
 import functools
+from urllib.parse import parse_qsl
 
 import pytest
+from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ratedeck.engine.http.delays import has_hints
@@ -47,36 +49,65 @@ def test_hint_readers_are_skipped_only_when_no_header_could_feed_them():
         assert has_hints(_headers(**{"Date": "x", name: "1"})), name
 
 
+@pytest.mark.parametrize("client", ["reqwest", "aiohttp"])
 @pytest.mark.parametrize(
-    "url,target",
+    "suffix,target",
     [
+        ("/api/request", dict(key_param="api_key", key_header=None, id_param="req_id")),
         (
-            "http://127.0.0.1:9/api/request",
-            TargetConfig(key_param="api_key", key_header=None, id_param="req_id"),
+            "/x?fixed=1&b=%20",
+            dict(key_param="k", key_header=None, nonce_param="nonce", id_param="id", params={"a": "b c"}),
         ),
-        (
-            "https://h.example/v1/x?fixed=1&b=%20",
-            TargetConfig(
-                key_param="k", key_header=None, nonce_param="nonce", id_param="id", params={"a": "b c"}
-            ),
-        ),
-        ("http://[::1]:8080/p", TargetConfig(params={"z": "1"})),  # the key in a header
-        ("http://h/p", TargetConfig()),
+        ("/p", dict(params={"z": "1"})),  # the key in a header
+        ("/p", dict(key_header="X-Api-Key", headers={"X-Team": "t1"})),
+        ("/p", dict()),
     ],
 )
-def test_the_prebuilt_url_is_the_one_built_field_by_field(url, target):
-    transport = HttpTransport(target, url, 4)
+@run_async
+async def test_a_get_carries_its_key_nonce_id_and_params_as_built_field_by_field(suffix, target, client):
+    """The lean GET (a URL and headers prebuilt per key) sends what the fields say, on the wire."""
+    seen: list[tuple[list[tuple[str, str]], dict[str, str]]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((parse_qsl(request.query_string, keep_blank_values=True), dict(request.headers)))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}{suffix}"
+    cfg = TargetConfig(url=url, http_client=client, **target)
+    transport = HttpTransport(cfg, url, 4)
     key = KeySpec("k1", "s3cr/t+key", ())
-    for params in (None, {"q": "a/b&c", "n": 5}):
-        req = Request(41, 0.0, 1.0, params)
-        method, lean_url, body, headers = transport._prepare(key, req, 123)
-        assert method == "GET" and body is None
-        assert str(lean_url) == str(transport._get_url(transport._fields(key, req, 123)))
-        # what goes on the wire: the session's default headers, then what the key adds (names
-        # in any case: the client's own header type may keep them lower case)
-        wire = {name.lower(): value for name, value in transport._building.common_headers().items()}
-        wire |= {name.lower(): value for name, value in (headers or {}).items()}
-        assert wire == {name.lower(): value for name, value in transport._key_headers(key).items()}
+    try:
+        for params in (None, {"q": "a/b&c", "n": 5}):
+            outcome = await transport.send(key, Request(41, 0.0, 100.0, params), 123)
+            assert outcome.status == 200, outcome.error
+    finally:
+        await transport.close()
+        await runner.cleanup()
+    for (query, headers), params in zip(seen, (None, {"q": "a/b&c", "n": 5}), strict=True):
+        want = parse_qsl(suffix.partition("?")[2], keep_blank_values=True)
+        if cfg.key_param and not cfg.key_header:
+            want.append((cfg.key_param, key.secret))
+        if cfg.nonce_param:
+            want.append((cfg.nonce_param, "123"))
+        if cfg.id_param:
+            want.append((cfg.id_param, "41"))
+        want += [(k, str(v)) for k, v in (params or {}).items()]
+        want += [(k, str(v)) for k, v in cfg.params.items()]
+        assert query == want
+        assert headers["Accept"] == "*/*" and headers["User-Agent"]
+        if cfg.key_header == "Authorization":
+            assert headers["Authorization"] == f"Bearer {key.secret}"
+        elif cfg.key_header:
+            assert headers[cfg.key_header] == key.secret and "Authorization" not in headers
+        else:
+            assert not any(key.secret in value for value in headers.values())
+        for name, value in cfg.headers.items():
+            assert headers[name] == value
 
 
 @run_async

@@ -119,32 +119,27 @@ def test_even_gap_may_run_a_little_short_so_late_timers_do_not_accumulate():
     assert times[-1] - times[0] < 3.0 + 0.05  # about 100/s, not 100 per 1.05 s
 
 
-def test_acquire_waits_first_come_first_served_and_gives_up_at_its_deadline():
-    import asyncio
-
-    from ratedeck.server.simulated import run_virtual
-
+def test_next_free_says_when_a_slot_comes_so_a_caller_knows_a_deadline_is_missed():
+    """What the key workers ask: a full window's next slot comes when its oldest send
+    leaves; a request due before then (its TTL) is known to miss it before anything waits."""
     lim = WindowLimiter((Policy(2, 1.0),), lambda: 0.0, pacing="burst")
+    assert grant_all(lim, 0.0, 2) == [0.0, 0.0]
+    assert lim.next_free(0.0) == pytest.approx(1.0)
+    assert lim.next_free(0.5) > 0.5  # a deadline at 0.5 cannot be met: no slot taken
+    assert lim.used(0.5)[0] == 2
+    assert lim.next_free(1.5) == 1.5  # past the window: free at once
+    lim.record(1.5)
+    assert lim.used(1.5)[0] == 1
 
-    async def main():
-        loop = asyncio.get_running_loop()
-        got = []
 
-        async def take(name, deadline=None):
-            stamp = await lim.acquire(deadline)
-            got.append((name, round(loop.time(), 3), stamp is not None))
-
-        await take("a")
-        await take("b")
-        # window full until t=1.0: "c" waits, "d" cannot make its 0.5 deadline, "e" waits
-        await asyncio.gather(take("c"), take("d", deadline=0.5), take("e"), take("f", deadline=1.5))
-        return got
-
-    got = run_virtual(main())
-    assert got[:2] == [("a", 0.0, True), ("b", 0.0, True)]
-    assert ("d", 0.0, False) in got  # certain to miss: refused at once, no slot taken
-    assert ("c", 1.0, True) in got and ("e", 1.0, True) in got
-    assert ("f", 1.5, False) in got  # waited, then gave up cleanly at its deadline
+def test_a_heavy_send_waits_for_its_whole_cost_and_is_recorded_at_it():
+    lim = WindowLimiter((Policy(4, 1.0),), lambda: 0.0, pacing="burst")
+    lim.record(0.0, cost=3)
+    assert lim.next_free(0.0, cost=1) == 0.0  # one unit left
+    assert lim.next_free(0.0, cost=2) == pytest.approx(1.0)  # two must wait for the window
+    lim.record(1.0, cost=2)
+    assert lim.used(1.0)[0] == 2 and lim.spent == 5 and lim.sends == 2
+    assert lim.next_free(1.0, cost=3) == pytest.approx(2.0)
 
 
 @given(
