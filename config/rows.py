@@ -404,6 +404,15 @@ ROWS: tuple[Row, ...] = (
         dump=list,
     ),
     Row(
+        "target.stream_usage",
+        "boolean",
+        p.boolean,
+        "the API's streamed answers carry their usage only when asked (OpenAI's "
+        "stream_options.include_usage): the gateway asks for it on a client's streamed request, "
+        "so token budgets settle on the real count, and drops the usage event the client did not ask for",
+        "engine",
+    ),
+    Row(
         "target.model_field",
         "string",
         p.nonempty,

@@ -85,6 +85,9 @@ class TargetConfig:
     # Statuses the API documents as charging the key nothing (Anthropic's 529 overloaded):
     # what their attempt reserved is given back.
     free_statuses: tuple[int, ...] = ()
+    # The API's streamed answers carry usage only when asked (OpenAI's stream_options.include_usage):
+    # the gateway asks for it, so token budgets settle on the real count.
+    stream_usage: bool = False
     # The dotted JSON body field naming a request's model, for limits per key and model
     # (`[keys] scope = "key+model"`, budgets with `scope = "key+model"`).
     model_field: str = "model"

@@ -22,12 +22,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from ratedeck.config.settings import GatewaySettings
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.vocab import Ending, OutcomeKind
-from ratedeck.engine.http.answer_headers import answer_headers as engine_filter
+from ratedeck.engine.http.answer_headers import answer_headers
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.sources.live import LiveSource
 
 from .auth import GatewayToken
-from .headers import answer_headers, forwarded_headers
+from .headers import forwarded_headers
 from .paths import PathRefused, upstream_path
 from .server_log import BadRequests, why_of
 from .stream import ClientStream, with_usage
@@ -82,8 +82,8 @@ class GatewayApp:
         usage_streams: bool = False,
         bad: BadRequests | None = None,
     ):
-        """`usage_streams`: the target is OpenAI's, whose streamed answers carry usage only when
-        asked (`stream.with_usage`); `bad` hears of every request refused for the client's fault."""
+        """`usage_streams`: the target's streamed answers carry usage only when asked
+        (`target.stream_usage`, OpenAI's: `stream.with_usage`); `bad` hears of every request refused for the client's fault."""
         self.source = source
         self.bad = bad
         self.usage_streams = usage_streams
@@ -340,6 +340,6 @@ class GatewayApp:
                 body = masked.encode()
         resp = web.Response(status=status, body=body)
         pairs = outcome.headers if outcome.headers is not None else tuple(response.headers.items())
-        for name, value in answer_headers(engine_filter(pairs, self.redact)):
+        for name, value in answer_headers(pairs, self.redact):
             resp.headers.add(name, value)
         return resp

@@ -135,8 +135,8 @@ class GatewayService:
                 s,
                 GatewayToken(s.token, key_header),
                 target_base(self.cfg.engine_settings.target.url),
-                engine.redact,
-                usage_streams=self.cfg.runner.preset == "openai",
+                engine.parts.redact,
+                usage_streams=self.cfg.engine_settings.target.stream_usage,
                 bad=self.bad,
             )
             # Every key and the gateway token masked in what the access log shows.

@@ -5,7 +5,8 @@ for each piece (one whole SSE event each, for an event stream). Each goes straig
 an aiohttp `StreamResponse`; either returns False once the client is gone, and the
 transport then closes the upstream.
 
-For OpenAI, a client that asks `stream: true` without `stream_options.include_usage`
+Where the target's streams carry usage only when asked (`target.stream_usage`, as
+OpenAI's do), a client that asks `stream: true` without `stream_options.include_usage`
 gets it added (`with_usage`) so the token budget settles on the real count; the
 usage-only event that this adds at the end is dropped before the client sees it
 (`UsageEventFilter`), so the client sees the stream it asked for.
@@ -19,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .headers import answer_headers
+from ratedeck.engine.http.answer_headers import answer_headers
 
 
 def with_usage(body: Any) -> Any | None:
@@ -70,9 +71,8 @@ class ClientStream:
             self.gone = True
             return False
         response = web.StreamResponse(status=status)
-        for name, value in answer_headers(headers):
-            if self.mask(value) == value:
-                response.headers.add(name, value)
+        for name, value in answer_headers(headers, self.mask):
+            response.headers.add(name, value)
         try:
             await response.prepare(self.request)
         except (ConnectionError, RuntimeError):

@@ -17,7 +17,6 @@ from yarl import URL
 from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.version import version
 from ratedeck.engine.api_rules import PathRule, PathTable, first_match
-from ratedeck.engine.http.answer_headers import answer_headers
 from ratedeck.engine.http.delays import (
     DelayHook,
     answer_hints,
@@ -391,9 +390,10 @@ class HttpTransport(TransportBase):
 
     A request with a live client (`Request.answer`, the gateway's) gets a
     streamed answer (an event stream, or a chunked body it asked to stream) as
-    it arrives (`_stream`): headers filtered by `answer_headers`, then one whole
-    SSE event per write; its usage is read on the way. Any other answer to such
-    a request keeps its raw headers and body on the outcome. A request without
+    it arrives (`_stream`): its headers as received (the sink shows its client what
+    `answer_headers` lets through), then one whole SSE event per write; its usage is
+    read on the way. Any other answer to such a request keeps its raw headers and body
+    on the outcome. A request without
     one pays one look (`Request.live_answer`) for this, no more.
 
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
@@ -741,7 +741,7 @@ class HttpTransport(TransportBase):
         self.answers += 1
         self.statuses[status] += 1
         self.consecutive_no_answer = 0
-        shown = answer_headers(resp.headers.items(), self._reading.mask, streamed=True)
+        shown = tuple(resp.headers.items())
         passing.sent = True  # the status and headers are the answer's first bytes: no retry after them
         if not await passing.call(sink.begin(status, shown)):
             return passing.gone()

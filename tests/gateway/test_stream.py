@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from ratedeck.gateway.stream import ClientStream, usage_only, with_usage
 
 from .support import TOKEN, gateway_config, run_async, running_gateway
-from .test_gateway import KEY_A, Recorder, _plain
+from .test_gateway import KEY_A, PROMPT, Recorder, _plain
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -103,3 +104,45 @@ async def test_the_sink_streams_to_the_client_and_drops_the_usage_event_it_asked
     assert got == events[0] + events[1] + events[3]  # the usage event we added never reaches the client
     assert headers["Content-Type"] == "text/event-stream" and headers["x-request-id"] == "req-1"
     assert "x-ratelimit-remaining-requests" not in headers and "x-echo" not in headers
+
+
+def _own_openai_compatible(url: str, stream_usage: bool):
+    """A target under the user's own config, no preset: an OpenAI-compatible API."""
+    from ratedeck.config import load_config
+
+    data = {
+        "target": {
+            "url": url,
+            "method": "POST",
+            "key_header": "Authorization",
+            "key_format": "Bearer {key}",
+            "stream_usage": stream_usage,
+        },
+        "keys": {"secrets": [KEY_A], "limits": ["100/1s"]},
+    }
+    return load_config(None, None, data)
+
+
+@pytest.mark.parametrize("stream_usage", [True, False])
+@run_async
+async def test_a_target_of_the_users_own_that_declares_stream_usage_gets_it_through_the_gateway(stream_usage):
+    from ratedeck.server.stubs.openai import start_openai
+
+    body = {**PROMPT, "stream": True}
+    async with await start_openai(keys=[KEY_A], rpm=1000, tpm=1_000_000) as stub:
+        cfg = _own_openai_compatible(stub.url, stream_usage)
+        assert cfg.runner.preset is None
+        async with running_gateway(cfg) as gw:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(gw.url + "/v1/chat/completions", json=body, headers=AUTH) as r:
+                    assert r.status == 200
+                    streamed = await r.read()
+            snap = gw.snapshot()
+    events = [e for e in streamed.split(b"\n\n") if e.strip()]
+    assert events[-1] == b"data: [DONE]" and not any(usage_only(e + b"\n\n") for e in events)
+    assert snap.spend is not None
+    (row,) = [r for r in snap.spend.rows if r.model == PROMPT["model"]]
+    if stream_usage:  # asked upstream: the stream's usage was read, the client never saw it
+        assert (row.answers, row.unmetered) == (1, 0) and row.input_tokens > 0 and row.output_tokens > 0
+    else:  # not asked: a stream without usage, its cost unknown
+        assert (row.answers, row.unmetered) == (0, 1)
