@@ -69,14 +69,33 @@ class SourceQueues(Protocol):
     async def wait_space(self, limit: int) -> None: ...
 
 
+class Admission(Protocol):
+    """A decision on one queued request (`path/admit.py`'s `Send`, `Hold`, `Pass`), as the
+    queue reads it: `take` the request now, or `stop` looking past it (what holds it holds
+    every request behind it)."""
+
+    @property
+    def take(self) -> bool: ...
+
+    @property
+    def stop(self) -> bool: ...
+
+
+#: The decisions a key worker's admission returns.
+AdmissionT = TypeVar("AdmissionT", bound=Admission)
+
+
 class WorkerQueues(Protocol):
-    """What a key worker does with the engine's queues: take the next ready request."""
+    """What a key worker does with the engine's queues: take the next request (the head, or
+    the first its admission takes), wait for work, pass a wake on."""
 
     def __len__(self) -> int: ...
 
-    def pop_ready(
-        self, now: float, ok: Callable[[Request], bool | None] | None = None, key: str | None = None
-    ) -> Request | None: ...
+    def pop_ready(self, now: float, key: str | None = None) -> Request | None: ...
+
+    def pick(
+        self, now: float, choose: Callable[[Request], AdmissionT], key: str | None = None
+    ) -> tuple[Request, AdmissionT] | None: ...
 
     def pass_on(self) -> None: ...
 
@@ -243,9 +262,6 @@ class WorkerHost(Protocol[W_contra]):
 
     @property
     def pool_ok(self) -> Callable[[str | None], bool] | None: ...
-
-    @property
-    def pool_ok_req(self) -> Callable[[Request], bool] | None: ...
 
     def launch(
         self, worker: W_contra, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]

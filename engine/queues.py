@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .jsonl import JsonLines
+from .ports import AdmissionT
 from .request import Request, line_fields
 
 _POOL_SCAN = 64  # how far past the head a full pool's requests are skipped
@@ -152,66 +153,80 @@ class WorkQueues:
             p = self.pinned[key] = _Pinned()
         return p
 
-    def _pop_pinned(
-        self, key: str, now: float, admit: Callable[[Request], bool | None] | None
-    ) -> Request | None:
+    def _pop_pinned(self, key: str, now: float) -> Request | None:
         p = self.pinned.get(key)
         if p is None:
             return None
-        if p.dlq and p.dlq[0].eligible_at <= now and (admit is None or admit(p.dlq[0])):
+        if p.dlq and p.dlq[0].eligible_at <= now:
             self._pinned_n -= 1
             return heapq.heappop(p.dlq)
-        if p.main and (admit is None or admit(p.main[0])):
-            self._pinned_n -= 1
-            self._pinned_fresh -= 1
-            req = p.main.popleft()
-            if self._space is not None and self.fresh() < self._space_limit:
-                self._space.set()
-            return req
+        if p.main:
+            return self._take_pinned_fresh(p)
         return None
 
-    # -- taking
-    def pop_ready(
-        self, now: float, admit: Callable[[Request], bool | None] | None = None, key: str | None = None
-    ) -> Request | None:
-        """The next request to send: one pinned to `key` first, then an eligible retry, else fresh work.
-
-        `admit(request) -> bool`, when given, skips requests that cannot go
-        now (their connection pool is full, a budget they need has no room);
-        fresh work is then searched a little way past the head (`_POOL_SCAN`),
-        so one busy pool or budget does not stall the others. `admit` returns
-        None to stop the search: what holds this request back holds all.
-        """
-        if self._pinned_n and key is not None:
-            pinned = self._pop_pinned(key, now, admit)
-            if pinned is not None:
-                return pinned
-        dlq, main = self.dlq, self.main
-        if admit is None:
-            if dlq and dlq[0].eligible_at <= now:
-                req = heapq.heappop(dlq)
-            elif main:
-                req = main.popleft()
-            else:
-                return None
-        else:
-            req = None
-            if dlq and dlq[0].eligible_at <= now and admit(dlq[0]):
-                req = heapq.heappop(dlq)
-            else:
-                for i in range(min(len(main), _POOL_SCAN)):
-                    ok = admit(main[i])
-                    if ok:
-                        req = main[i]
-                        del main[i]
-                        break
-                    if ok is None:  # what stops it stops every request behind it too
-                        break
-            if req is None:
-                return None
+    def _take_pinned_fresh(self, p: _Pinned) -> Request:
+        self._pinned_n -= 1
+        self._pinned_fresh -= 1
+        req = p.main.popleft()
         if self._space is not None and self.fresh() < self._space_limit:
             self._space.set()
         return req
+
+    # -- taking
+    def pop_ready(self, now: float, key: str | None = None) -> Request | None:
+        """The next request to send: one pinned to `key` first, then an eligible retry, else
+        fresh work (a key whose requests all spend alike takes the head)."""
+        if self._pinned_n and key is not None:
+            pinned = self._pop_pinned(key, now)
+            if pinned is not None:
+                return pinned
+        dlq, main = self.dlq, self.main
+        if dlq and dlq[0].eligible_at <= now:
+            req = heapq.heappop(dlq)
+        elif main:
+            req = main.popleft()
+        else:
+            return None
+        if self._space is not None and self.fresh() < self._space_limit:
+            self._space.set()
+        return req
+
+    def pick(
+        self, now: float, choose: Callable[[Request], AdmissionT], key: str | None = None
+    ) -> tuple[Request, AdmissionT] | None:
+        """The first request `choose` admits, in `pop_ready`'s order, taken out with its decision.
+
+        `choose(request)` returns a decision (`engine/path/admit.py`): one whose `take` is
+        true takes the request; one whose `stop` is true ends the search (what holds that
+        request holds every one behind it). Fresh work is searched a little way past the
+        head (`_POOL_SCAN`), so one busy pool or budget does not stall the others.
+        """
+        if self._pinned_n and key is not None:
+            p = self.pinned.get(key)
+            if p is not None:
+                if p.dlq and p.dlq[0].eligible_at <= now and (d := choose(p.dlq[0])).take:
+                    self._pinned_n -= 1
+                    return heapq.heappop(p.dlq), d
+                if p.main and (d := choose(p.main[0])).take:
+                    return self._take_pinned_fresh(p), d
+        dlq, main = self.dlq, self.main
+        req, got = None, None
+        if dlq and dlq[0].eligible_at <= now and (d := choose(dlq[0])).take:
+            req, got = heapq.heappop(dlq), d
+        else:
+            for i in range(min(len(main), _POOL_SCAN)):
+                d = choose(main[i])
+                if d.take:
+                    req, got = main[i], d
+                    del main[i]
+                    break
+                if d.stop:  # what stops it stops every request behind it too
+                    break
+        if req is None or got is None:
+            return None
+        if self._space is not None and self.fresh() < self._space_limit:
+            self._space.set()
+        return req, got
 
     def add_getter(self, fut: asyncio.Future[None]) -> None:
         """Register a future to be resolved when work may be ready.

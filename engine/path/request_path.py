@@ -108,7 +108,6 @@ class RequestPath:
         self.pool_capacity = dict(pools)
         self.pool_in_use = dict.fromkeys(pools, 0)
         self.pool_ok: Callable[[str | None], bool] | None = self._pool_has_room if pools else None
-        self.pool_ok_req: Callable[[Request], bool] | None = self._req_pool_has_room if pools else None
         self.in_flight = 0
         self.sends: dict[Request, asyncio.Task[None]] = {}  # attempts in flight, by request
         self.clock: Callable[[], float] = lambda: 0.0
@@ -304,9 +303,6 @@ class RequestPath:
         if pool is None:
             return True
         return self.pool_in_use.get(pool, 0) < self.pool_capacity.get(pool, 1 << 30)
-
-    def _req_pool_has_room(self, req: Request) -> bool:
-        return self._pool_has_room(req.pool)
 
     # ------------------------------------------------------------ endings
     def bury(self, req: Request, now: float) -> None:

@@ -16,12 +16,13 @@ from ratedeck.core.secrets import fingerprint, mask_secret
 from ratedeck.core.vocab import KeyState
 from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.http.outcome import OK, SERVER_ERROR, Outcome
-from ratedeck.engine.limits.limiter import Stamp, WindowLimiter
+from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.observe.metrics import KeyLatency
 from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow, KeyRow
 
+from .admit import LEASE_EARLY_S, Hold, KeyView, Pass, Plan, Send, admit, default_plan
 from .key import UNKNOWN_LIMIT, KeyLimits
 from .settle import REJECTED_429, SUCCEEDED, Tally
 
@@ -33,14 +34,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.ports import RunClock, WorkerHost, WorkerQueues
     from ratedeck.engine.request import Request
 
-    from .lanes import ModelLane
-
 __all__ = ["LEASE_EARLY_S", "RECENT_ERRORS", "UNKNOWN_LIMIT", "KeyStats", "KeyWorker"]
-
-#: A lease may be used this much before its time: a timer fires up to the clock's resolution
-#: early, and float sums of times differ in the last bits (a store's grants carry the margin).
-LEASE_EARLY_S = 1e-6
-
 
 #: Failed attempts each key keeps for its detail view (the run's error groups keep the counts).
 RECENT_ERRORS = 8
@@ -122,15 +116,9 @@ class KeyWorker:
         "paused",
         "blocked",
         "in_flight",
+        "view",
         "_nonce",
         "_waker",
-        "_plan",
-        "_plan_now",
-        "_wake_at",
-        "_plan_slots",
-        "_asked",
-        "_route_tokens",
-        "_lane",
         "_turn",
     )
 
@@ -163,14 +151,9 @@ class KeyWorker:
         self.in_flight = 0
         self._nonce = 0
         self._waker = Waker()
-        self._plan: list[tuple[WindowLimiter, int]] = []  # what the request just admitted spends
-        self._plan_now = 0.0
-        self._wake_at = math.inf  # the earliest a skipped request's budgets have room
-        self._plan_slots: LeasedSlots | None = None
-        self._asked = False
-        self._route_tokens = False
-        self._lane: ModelLane | None = None  # the model lane of the request just admitted
-        self._turn = 0  # counts the turns that look for work with budgets (a lane held in one)
+        # What admission reads of this key (admit.py); the default plan is computed once.
+        self.view = KeyView(limits, self.budgets, path.pool_ok, Send(default_plan(limits)))
+        self._turn = 0  # counts the looks for work that ask admission (a lane held in one)
 
     # -- what callers read of the key (its limits and counts live in `limits` and `stats`)
     @property
@@ -271,6 +254,7 @@ class KeyWorker:
         first, last, many = gates[0], gates[-1], len(gates) > 2
         wait, loop = self._waker.wait, asyncio.get_running_loop()  # a wait per send: no wrapper
         woken_for_work = False
+        per_request, default = self.view.per_request, self.view.default.plan
         while not run.stopping:
             now = run.clock()
             # What stops this key from sending right now, if anything: one slot
@@ -309,29 +293,28 @@ class KeyWorker:
                     woken_for_work = False
                 await wait(loop, until)
                 continue
-            if self.budgets is None:
-                req = queues.pop_ready(now, self.path.pool_ok_req, self.label)
+            if not per_request:  # every request spends alike: the head goes, with the key's plan
+                req = queues.pop_ready(now, self.label)
+                if req is None:
+                    await self._wait_for_work()
+                    woken_for_work = True
+                    continue
+                plan = default
             else:
-                self._plan_now, self._wake_at, self._asked = now, math.inf, False
-                self._turn += 1
-                if limits.lanes is not None:
-                    limits.lanes.for_answer = False
-                req = queues.pop_ready(now, self._admit, self.label)
-            if req is None:
-                if self._wake_at < math.inf:  # work is there, its budgets have no room yet
-                    queues.pass_on()
-                    await wait(loop, self._wake_at)
-                    self._wake_at = math.inf
+                got = self._look(now)
+                if isinstance(got, Hold):
+                    if got.until < math.inf:  # work is there, its budgets have no room yet
+                        queues.pass_on()
+                        await wait(loop, got.until)
+                        continue
+                    if got.answer and self.in_flight:  # work is there, waiting for an answer
+                        queues.pass_on()
+                        await wait(loop, None)
+                        continue
+                    await self._wait_for_work()
+                    woken_for_work = True
                     continue
-                if (
-                    limits.lanes is not None and limits.lanes.for_answer and self.in_flight
-                ):  # work is there, waiting for an answer
-                    queues.pass_on()
-                    await wait(loop, None)
-                    continue
-                await self._wait_for_work()
-                woken_for_work = True
-                continue
+                req, plan = got[0], got[1].plan
             woken_for_work = False
             if req.deadline <= now:
                 self.path.expire(req)
@@ -339,127 +322,63 @@ class KeyWorker:
             if req.cancelled:
                 self.path.shed(req)
                 continue
-            self._send(req, now)
+            self._send(req, plan, now)
 
-    def _send(self, req: Request, now: float) -> None:
-        """Spend `req`'s slot in every budget (and its lease) and launch it."""
+    def _look(self, now: float) -> tuple[Request, Send] | Hold:
+        """One look for work whose admission depends on the request: the first request
+        `admit` sends, with its decision; else the turn's holds folded into one (the
+        earliest time, and whether an answer is awaited; Hold(inf): wait for work)."""
+        turn = self._turn = self._turn + 1
+        view, leases = self.view, self.limits.leases
+        wake_at, for_answer, asked = math.inf, False, False
+
+        def choose(req: Request) -> Send | Hold | Pass:
+            nonlocal wake_at, for_answer, asked
+            decision = admit(req, view, now, turn)
+            if isinstance(decision, Hold):
+                ask = decision.ask
+                if ask is not None and leases is not None and not asked and not leases.fetching:
+                    asked = True  # one fetch a turn: the first request without a lease
+                    req.leasing = ask
+                    leases.want(self, now, ask)  # pokes this worker when the grant comes
+                if decision.lane is not None:
+                    decision.lane.held_turn = turn
+                if decision.until < wake_at:
+                    wake_at = decision.until
+                for_answer = for_answer or decision.answer
+            return decision
+
+        got = self.queues.pick(now, choose, self.label)
+        if got is not None:
+            req, decision = got
+            assert isinstance(decision, Send)  # only a Send takes a request (`Admission.take`)
+            return req, decision
+        return Hold(wake_at, answer=for_answer)
+
+    def _send(self, req: Request, plan: Plan, now: float) -> None:
+        """Spend `plan` (a slot of every limiter it names, a lease) and launch `req`."""
         limits = self.limits
-        stamps: tuple[Stamp, ...]
-        if self.budgets is not None:
-            first, cost = self._plan[0]
-            stamp = first.record(now, cost)
-            for lim, cost in self._plan[1:]:
+        spends = plan.spends
+        first, cost = spends[0]
+        stamp = first.record(now, cost)
+        if len(spends) > 1:
+            for lim, cost in spends[1:]:
                 lim.record(now, cost, stamp)
-            stamps = (stamp,)
-        elif len(limits.limiters) == 1:
-            stamps = (limits.limiter.record(now),)
-        else:
-            stamp = limits.limiter.record(now)
-            for lim in limits.limiters[1:]:
-                lim.record(now, 1, stamp)
-            stamps = (stamp,)
-        leases = limits.leases
-        if leases is not None:
-            slots = leases.default if self.budgets is None else self._plan_slots
-            assert slots is not None
-            stamps[0].ticket = slots.take(now)
-            if len(slots) <= 1 and not slots.single and len(self.queues):
+        slots = plan.slots
+        if slots is not None:
+            stamp.ticket = slots.take(now)
+            leases = limits.leases
+            if leases is not None and len(slots) <= 1 and not slots.single and len(self.queues):
                 leases.want(self, now, slots)  # the next grant comes before these run out
-        lane = self._lane
-        if lane is not None and self.budgets is not None:
+        lane = plan.lane
+        if lane is not None:
             lane.sent += 1
             if lane.first_pending:
                 lane.first_out = True  # the model's others wait for this one's answer
         self.in_flight += 1
         self.stats.sent += 1
         limits.note_send(now)
-        self.path.launch(self, req, self.next_nonce() if self.use_nonce else None, stamps)
-
-    def spend_plan(self, req: Request) -> list[tuple[WindowLimiter, int]]:
-        """Every limiter `req` spends from with this key, and how much of each."""
-        assert self.budgets is not None
-        limits = self.limits
-        route = self.budgets.route(req)
-        lane = self._lane = limits.lanes.lane(req) if limits.lanes is not None else None
-        own, key_budgets = limits.limiter, limits.key_budgets
-        if lane is not None:
-            own = lane.limiter if lane.limiter is not None else own
-            key_budgets = lane.budgets
-        plan = []
-        if not any(spec.exclusive for spec in route.budgets):
-            plan.append((own, route.weight if limits.key_weighted else 1))
-        plan.extend((lim, 1) for lim in limits.limiters[1:])
-        tokens = False
-        for spec in route.budgets:
-            plan.append((self.budgets.limiter_for(spec, key_budgets), route.cost(spec)))
-            tokens = tokens or spec.tokens
-        self._route_tokens = tokens
-        return plan
-
-    def _admit(self, req: Request) -> bool | None:
-        """Whether `req` can go now with this key (its pool has room, all its budgets do);
-        None when a token budget every request spends from holds it back: the requests
-        behind it wait too (a smaller prompt would only overtake it, and a big one could
-        starve while small ones keep the bucket from filling)."""
-        pool_ok = self.path.pool_ok
-        if pool_ok is not None and not pool_ok(req.pool):
-            return False
-        plan = self.spend_plan(req)
-        now = self._plan_now
-        lane = self._lane
-        if lane is not None and not self._lane_open(lane, now):
-            return False
-        ready, holder = now, None
-        for lim, cost in plan:
-            free = lim.next_free(now, cost)
-            if free > ready:
-                ready, holder = free, lim
-        token_gates = self.limits.token_gates
-        leases = self.limits.leases
-        if ready <= now and leases is not None:
-            # A shared store grants the plan's budgets together: a lease for this plan, or none
-            slots = leases.for_plan(plan, self._route_tokens)
-            other = req.leasing
-            if other is not None and other is not slots and (other.fetching or other.next_at(now) < math.inf):
-                return False  # another key is getting (or holds) its slot: the ones behind are ours
-            lease_at = slots.next_at(now)
-            if lease_at > now + LEASE_EARLY_S:
-                if lease_at == math.inf:
-                    if not self._asked and not leases.fetching:
-                        self._asked = True  # one fetch a turn: the first request without a lease
-                        req.leasing = slots
-                        leases.want(self, now, slots)
-                    lease_at = slots.retry_at if slots.retry_at > now else math.inf
-                if lease_at < self._wake_at:
-                    self._wake_at = lease_at
-                # a token budget every request spends from: the ones behind wait for this lease too
-                return None if any(lim in token_gates for lim, _ in plan) else False
-            self._plan_slots = slots
-        if ready <= now:
-            self._plan = plan
-            return True
-        if ready < self._wake_at:
-            self._wake_at = ready
-        if holder is not None and holder in token_gates:
-            return None
-        if lane is not None and holder is not None and self._route_tokens and holder in lane.own.values():
-            lane.held_turn = self._turn  # this model's next requests wait behind this one
-        return False
-
-    def _lane_open(self, lane: ModelLane, now: float) -> bool:
-        """Whether a request of `lane`'s model may go now: its gate is open, its first answer
-        is not awaited, no earlier request of it was held by a token bucket this turn."""
-        open_at = lane.gate.open_at
-        if open_at > now:
-            if open_at < self._wake_at:
-                self._wake_at = open_at
-            return False
-        if lane.first_out:
-            lanes = self.limits.lanes
-            assert lanes is not None
-            lanes.for_answer = True  # the worker waits for an answer, not for more work
-            return False
-        return lane.held_turn != self._turn
+        self.path.launch(self, req, self.next_nonce() if self.use_nonce else None, (stamp,))
 
     async def _wait_for_work(self) -> None:
         # The waiter doubles as the queue's getter: a put wakes it, and so
