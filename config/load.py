@@ -30,7 +30,7 @@ from ratedeck.engine.settings import (
 )
 
 from . import parsers
-from .pricing import load_prices, price_data
+from .pricing import load_prices
 from .rows import BY_PATH, ROWS, section_rows
 from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
 
@@ -246,7 +246,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         messages = MessagesConfig(**_table(data, "messages", source))
     seed = run.pop("seed", None)
     max_cost = run.pop("max_cost", None)
-    prices = price_data(load_prices(data, source))
+    prices = dict(load_prices(data, source).prices)
     return RunConfig(
         engine_settings=EngineSettings(
             target=target,

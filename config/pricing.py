@@ -11,56 +11,25 @@ Every problem is one `ConfigError` naming the file, the model and the value.
 Every run gets both providers' tables, whatever its preset: a model name says
 its provider (no model is in two files, `shipped_prices` checks it), so one
 table prices an OpenAI preset, an Anthropic one, a gateway in front of
-either, or a target named without a preset that speaks either API. The
-engine receives the table as plain data (`price_data`).
+either, or a target named without a preset that speaks either API. A price
+is checked by the engine's own `parse_price` (engine/llm/prices.py), the one
+place prices are validated; the engine receives the `Price` objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ratedeck.core.numbers import show
-from ratedeck.engine.limits.prices import Price, PriceTable
+from ratedeck.engine.llm.prices import Price, PriceError, PriceTable, parse_price
 from ratedeck.engine.settings import ConfigError
 
 #: The shipped price files, one per provider.
 PRICE_DIR = Path(__file__).parent / "prices"
-
-_FIELDS = ("input", "cached_input", "cache_write", "cache_write_1h", "output")
-_REQUIRED = ("input", "output")
-
-
-def parse_price(fields: Any, source: str, where: str) -> Price:
-    """One model's price table checked field by field."""
-    if not isinstance(fields, Mapping):
-        raise ConfigError(
-            source, where, f"must be a table of prices like {{input = 2.5, output = 10}}, got {show(fields)}"
-        )
-    for name in fields:
-        if name not in _FIELDS:
-            raise ConfigError(source, f"{where}.{name}", f"unknown field; known: {', '.join(_FIELDS)}")
-    for name in _REQUIRED:
-        if name not in fields:
-            raise ConfigError(source, f"{where}.{name}", "missing: a price in USD per million tokens")
-    for name, value in fields.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ConfigError(
-                source,
-                f"{where}.{name}",
-                f"must be a price in USD per million tokens (a number >= 0), got {show(value)}",
-            )
-    return Price(**{name: float(value) for name, value in fields.items()})
 
 
 def parse_prices(models: Any, source: str, section: str) -> dict[str, Price]:
@@ -73,7 +42,11 @@ def parse_prices(models: Any, source: str, section: str) -> dict[str, Price]:
     for model, fields in models.items():
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(source, section, f"a model name must be text, got {show(model)}")
-        prices[model] = parse_price(fields, source, f'{section}."{model}"')
+        where = f'{section}."{model}"'
+        try:
+            prices[model] = parse_price(fields)
+        except PriceError as exc:
+            raise ConfigError(source, f"{where}.{exc.field}" if exc.field else where, exc.problem) from None
     return prices
 
 
@@ -121,16 +94,8 @@ def load_prices(config: Mapping[str, Any] | None = None, source: str = "config")
     return table.merged(parse_prices(config["prices"], source, "prices"))
 
 
-def price_data(table: PriceTable) -> dict[str, dict[str, float]]:
-    """A table as the engine's plain data: {model: {field: USD per million tokens}}, unset fields left out."""
-    return {
-        model: {k: v for k, v in dataclasses.asdict(price).items() if v is not None}
-        for model, price in table.prices.items()
-    }
-
-
-def user_prices(prices: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-    """The models of a run's plain-data prices that the shipped tables do not hold as they are:
-    what a saved config writes as its `[prices."model"]` tables."""
-    shipped = price_data(_shipped())
-    return {model: dict(fields) for model, fields in prices.items() if shipped.get(model) != fields}
+def user_prices(prices: Mapping[str, Price]) -> dict[str, dict[str, float]]:
+    """The models of a run's prices that the shipped tables do not hold as they are: what a
+    saved config writes as its `[prices."model"]` tables."""
+    shipped = _shipped().prices
+    return {model: price.fields() for model, price in prices.items() if shipped.get(model) != price}

@@ -7,8 +7,9 @@ imports it. `EngineSettings` is the whole of what one engine needs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import MAX_RATE
@@ -16,6 +17,9 @@ from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
 from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
 from ratedeck.engine.api_rules import BudgetSpec, OutcomeRule, PathRule
+
+if TYPE_CHECKING:
+    from ratedeck.engine.llm.prices import Price
 
 
 class ConfigError(RatedeckError, ValueError):
@@ -200,8 +204,8 @@ class EngineSettings:
     key_weighted: bool = False  # [keys] unit = "weight": a key's own limits count request weight
     key_per_model: bool = False  # [keys] scope = "key+model": a key's own limits hold per model
     seed: int | None = None  # random seed for jitter and arrivals
-    # USD per million tokens by model ({"gpt-4o": {"input": 2.5, "output": 10.0}}): config/prices
-    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    # USD per million tokens by model, checked (engine/llm/prices.py): config/prices and [prices]
+    prices: Mapping[str, Price] = field(default_factory=dict)
     max_cost: float | None = None  # USD: admission stops before spent + reserved would pass it
 
     @property

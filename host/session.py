@@ -28,11 +28,11 @@ from ratedeck.engine.engine import Engine
 from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.http.transport import Response, Transport, http_transport
 from ratedeck.engine.jsonl import JsonLines
+from ratedeck.engine.llm.batch import BatchFormat, batch_format, failed, output_record
 from ratedeck.engine.ports import ResultsHost, SharedState, Source
 from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.snapshot import Snapshot
-from ratedeck.engine.sources.batch import BatchFormat, batch_format, failed, output_record
 from ratedeck.engine.sources.workload import Workload
 from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
@@ -311,7 +311,7 @@ class ResultsFile:
     gave one), and with `--results-body` the answer's body: parsed when the
     answer is JSON (its Content-Type says so and it parses whole), else text.
 
-    A line of a provider's batch file (`engine/sources/batch.py`) is written in
+    A line of a provider's batch file (`engine/llm/batch.py`) is written in
     that API's output format instead, always with the answer's body and request id.
     In a store run (`store`) a batch line left queued or in flight is not written: it
     goes back to the store, and the run that ends it writes it. A store run `append`s to

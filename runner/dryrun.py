@@ -35,7 +35,7 @@ from ratedeck.core.files import private_write_text
 from ratedeck.core.numbers import usd_range
 from ratedeck.engine.api_rules import BudgetSpec, PathTable
 from ratedeck.engine.limits.costs import CostModel
-from ratedeck.engine.limits.prices import estimate_range_usd
+from ratedeck.engine.llm.prices import estimate_range_usd
 from ratedeck.engine.observe.makespan import Limits, least_time
 from ratedeck.engine.observe.spend import model_of, price_table
 from ratedeck.engine.settings import EngineSettings

@@ -21,6 +21,22 @@ TIMEOUT = OutcomeKind.TIMEOUT
 CONNECTION = OutcomeKind.CONNECTION
 
 
+class _Unread:
+    """`UNREAD`'s type: one value, the same after a copy or a pickle."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "UNREAD"
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+#: `Outcome.doc` before the body was parsed (None: parsed, and not JSON).
+UNREAD: Any = _Unread()
+
+
 class Outcome:
     """One attempt's result. `status` is None when no HTTP answer arrived."""
 
@@ -44,6 +60,7 @@ class Outcome:
         "headers",
         "body",
         "streamed",
+        "doc",
     )
 
     def __init__(
@@ -85,6 +102,8 @@ class Outcome:
         # The answer began at the live client (its status and headers went to `AnswerSink.begin`):
         # the client holds part of an answer, so the attempt is never sent again (settle.decide).
         self.streamed = False
+        # The answer's JSON body, parsed once on the first ask (engine/llm/usage.py's `answer_doc`).
+        self.doc: Any = UNREAD
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, {self.status}, retry_after={self.retry_after_s})"

@@ -1,7 +1,7 @@
 """What the run spends in US dollars, and the `--max-cost` cap on admission.
 
-Spend comes from the answers, never from the estimate: each answer's `usage`
-(OpenAI's or Anthropic's shape, engine/limits/prices.py) at the price of the
+Spend comes from the answers, never from the estimate: each answer's `Usage`
+(engine/llm/usage.py: its body parsed once, either provider's shape) at the price of the
 model its request named, added per model and per key. A model with no price
 is said once (one event) and its spend is unknown (`SpendRow.usd` None),
 never counted as 0. A request without a JSON body naming a `model` is not an
@@ -23,14 +23,14 @@ store's stay pending.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.core.numbers import usd
 from ratedeck.core.vocab import EventKind, OutcomeKind
 from ratedeck.engine.limits.costs import CostModel
-from ratedeck.engine.limits.prices import Price, PriceTable, cost_usd, estimate_range_usd
+from ratedeck.engine.llm.prices import Price, PriceTable, cost_usd, estimate_range_usd
+from ratedeck.engine.llm.usage import usage_of
 from ratedeck.engine.snapshot import Spend, SpendRow
 
 if TYPE_CHECKING:
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["SpendMeter", "merge_spend", "model_of", "price_table"]
 
 
-def price_table(prices: Mapping[str, Mapping[str, float]]) -> PriceTable:
-    """The engine's plain-data prices ({model: {input, output, ...}}) as a `PriceTable`."""
-    return PriceTable({model: Price(**fields) for model, fields in prices.items()})
+def price_table(prices: Mapping[str, Price]) -> PriceTable:
+    """The engine's prices (`EngineSettings.prices`) as a `PriceTable`."""
+    return PriceTable(prices)
 
 
 def model_of(body: Any) -> str | None:
@@ -60,34 +60,6 @@ def model_of(body: Any) -> str | None:
 def _body_of(req: Request) -> Any:
     shape = req.shape
     return shape.body if shape is not None else None
-
-
-def _usage(result: Outcome) -> Any:
-    """The `usage` object of an answer's JSON body, or None."""
-    response = result.response
-    body = getattr(response, "body", None)
-    if not isinstance(body, (bytes, str)) or not body:
-        return None
-    if isinstance(body, bytes) and b'"usage"' not in body:
-        return None  # no usage to read: not worth parsing the whole answer
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return doc.get("usage") if isinstance(doc, dict) else None
-
-
-def _tokens(usage: Mapping[str, Any]) -> tuple[int, int]:
-    """(input, output) tokens of a usage object, either provider's shape (for the report)."""
-
-    def n(name: str) -> int:
-        value = usage.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-    if "prompt_tokens" in usage or "completion_tokens" in usage:
-        return n("prompt_tokens"), n("completion_tokens")
-    cached = n("cache_read_input_tokens") + n("cache_creation_input_tokens")
-    return n("input_tokens") + cached, n("output_tokens")
 
 
 class _Tally:
@@ -219,17 +191,15 @@ class SpendMeter:
         model = model_of(body)
         if model is None:
             return
-        usage = _usage(result) if result.status is not None else None
-        ok = result.kind is OutcomeKind.OK
-        if not isinstance(usage, Mapping):
-            if ok:  # a success that reported no usage: its cost is not known
+        usage = usage_of(result) if result.status is not None else None
+        if usage is None:
+            if result.kind is OutcomeKind.OK:  # a success that reported no usage: its cost is not known
                 self._row(model, req.key or result.key or "").unmetered += 1
             return
         row = self._row(model, req.key or result.key or "")
         row.answers += 1
-        inp, out = _tokens(usage)
-        row.input_tokens += inp
-        row.output_tokens += out
+        row.input_tokens += usage.input
+        row.output_tokens += usage.output
         price = self._price(model)
         if price is not None:
             usd = cost_usd(price, usage)

@@ -13,7 +13,6 @@ learning reads the wire's answer (`http`) and spends from the budgets
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from ratedeck.core.vocab import EventKind, OutcomeKind, PolicyKind
 from ratedeck.engine.http.delays import advertised_policies
 from ratedeck.engine.limits.estimate import ADDITIVE, KeyEstimate
 from ratedeck.engine.limits.leases import LeasedSlots
+from ratedeck.engine.llm.usage import field as usage_field
 
 from .settle import REJECTED_429, SUCCEEDED, Tally
 
@@ -609,12 +609,11 @@ class KeyLimits:
             return
         if result.kind is not OutcomeKind.OK:
             return
-        doc: list[Any] = []
         for spec in route.budgets:
             if spec.settle is None:
                 continue
             lim = budgets.limiter_for(spec, key_budgets)
-            used = _used(result.response, spec.settle, doc)
+            used = usage_field(result, spec.settle)
             reserved = route.cost(spec)
             if used is not None and used < reserved:
                 lim.refund(stamp, reserved - used, now)
@@ -744,23 +743,6 @@ def _buckets_text(buckets: list[tuple[str, WindowLimiter]], window_s: float) -> 
     """ "requests 500, tokens 30,000 per 6.0 s": each bucket's size, and the refill window."""
     parts = [f"{name} {b.limit:,}" for name, lim in buckets if (b := lim.bucket()) is not None]
     return f"{', '.join(parts)} per {window_s:.1f} s" if parts else ""
-
-
-def _used(response: Any, field: str, doc: list[Any]) -> int | None:
-    """A whole number at the dotted `field` of a JSON answer body (parsed once into `doc`)."""
-    if not doc:
-        try:
-            doc.append(json.loads(response.body) if isinstance(response.body, (bytes, str)) else None)
-        except (AttributeError, ValueError, RecursionError):
-            doc.append(None)
-    node = doc[0]
-    for part in field.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    if isinstance(node, bool) or not isinstance(node, (int, float)) or not node >= 0:
-        return None
-    return math.ceil(node)
 
 
 def advertised_limits(result: Outcome) -> tuple[Policy, ...]:

@@ -20,10 +20,7 @@ from typing import TYPE_CHECKING
 from ratedeck.core.secrets import fingerprint
 from ratedeck.core.vocab import Arrival
 from ratedeck.engine.limits.waker import Waker
-from ratedeck.engine.path.lanes import lane_model
-from ratedeck.engine.request import Request, Shape
-from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
-from ratedeck.engine.sources.batch import (
+from ratedeck.engine.llm.batch import (
     BATCH_FIELD,
     BatchFormat,
     BatchLineError,
@@ -31,6 +28,9 @@ from ratedeck.engine.sources.batch import (
     format_of,
     translate,
 )
+from ratedeck.engine.path.lanes import lane_model
+from ratedeck.engine.request import Request, Shape
+from ratedeck.engine.settings import ConfigError, EngineSettings, KeySpec
 
 if TYPE_CHECKING:
     from ratedeck.engine.ports import SourceSink

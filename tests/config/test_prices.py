@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from ratedeck.config.pricing import PRICE_DIR, load_prices, read_price_file, shipped_prices
-from ratedeck.engine.limits.prices import Price
+from ratedeck.engine.llm.prices import Price
 from ratedeck.engine.settings import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Batch files in the providers' formats: detection, translation to workload lines, bad lines,
-and the output lines (pure logic: engine/sources/batch.py and the workload reader)."""
+and the output lines (pure logic: engine/llm/batch.py and the workload reader)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ratedeck.engine.settings import ConfigError
-from ratedeck.engine.sources.batch import (
+from ratedeck.engine.llm.batch import (
     BATCH_FIELD,
     BatchFormat,
     batch_format,
@@ -18,6 +17,7 @@ from ratedeck.engine.sources.batch import (
     output_record,
     translate,
 )
+from ratedeck.engine.settings import ConfigError
 from ratedeck.engine.sources.workload import read_jsonl, take_shape
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 5}

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ratedeck.engine.limits.prices import Price, PriceTable, cost_usd, estimate_range_usd
+from ratedeck.engine.llm.prices import Price, PriceTable, cost_usd, estimate_range_usd
 
 GPT_4O = Price(input=2.50, cached_input=1.25, output=10.00)
 OLD_4O = Price(input=5.00, output=15.00)

@@ -15,7 +15,7 @@ from ratedeck.core.vocab import Ending, EventKind
 from ratedeck.engine.http.outcome import OK, RATE_LIMITED, Outcome
 from ratedeck.engine.http.transport import Response
 from ratedeck.engine.limits.costs import CostModel
-from ratedeck.engine.limits.prices import Price, PriceTable, cost_usd
+from ratedeck.engine.llm.prices import Price, PriceTable, cost_usd
 from ratedeck.engine.observe.spend import SpendMeter, merge_spend, price_table
 from ratedeck.engine.request import Request
 from ratedeck.engine.snapshot import Spend, SpendRow
@@ -196,7 +196,7 @@ def test_a_1mb_png_is_reserved_at_its_providers_image_rule_not_its_bytes():
 
 
 def test_the_engines_plain_prices_make_the_table_and_processes_bills_add_up():
-    table = price_table({"m": {"input": 1.0, "output": 2.0, "cached_input": 0.5}})
+    table = price_table({"m": Price(1.0, 2.0, cached_input=0.5)})
     assert table.price_for("m") == Price(1.0, 2.0, cached_input=0.5)
     a = Spend((SpendRow("m", "k1", 1, 10, 10, 0.5),), 0.5, (), 0.1, 2.0, False)
     b = Spend(

@@ -563,3 +563,20 @@ def test_events_split_on_a_blank_line_in_each_of_the_three_line_endings():
     assert _event_end(bytearray(b"data: a\r\n\r\nx\n\n"), 0) == 11  # the first blank line wins
     assert _event_end(bytearray(b"data: a\ndata: b\n"), 0) == -1  # not whole yet
     assert _event_end(bytearray(b"data: a\n\n"), 9) == -1  # searched from where it stopped
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+def test_the_stubs_answers_usage_reads_the_same_sent_whole_or_streamed(api, stream):
+    from ratedeck.engine.llm.usage import usage_of
+
+    extra = {"stream_options": {"include_usage": True}} if api == "openai" and stream else {}
+
+    async def body() -> Outcome:
+        async with await start(api, StreamOptions(event_s=0)) as stub:
+            return await send(api, stub, request(api, RecordingSink(), stream=stream, **extra))
+
+    usage = usage_of(run(body))
+    assert usage is not None
+    # 40 characters of prompt (10 tokens; the chat's role adds none), 8 tokens of ceiling
+    assert (usage.input, usage.output, usage.cached) == (10, usage.output, 0) and 0 < usage.output <= 8

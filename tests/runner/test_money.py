@@ -19,7 +19,7 @@ from ratedeck.config.pricing import user_prices
 from ratedeck.config.save import to_toml_dict
 from ratedeck.console.widgets.run_bar import header_text
 from ratedeck.engine.limits.costs import CostModel
-from ratedeck.engine.limits.prices import Price, estimate_range_usd
+from ratedeck.engine.llm.prices import Price, estimate_range_usd
 from ratedeck.engine.settings import ConfigError
 from ratedeck.engine.snapshot import Snapshot, Spend, SpendRow
 from ratedeck.runner.dryrun import plan, table
@@ -45,9 +45,9 @@ def test_a_prices_section_overrides_and_adds_models_and_reaches_the_engine_as_da
         '[prices."gpt-4o-mini"]\ninput = 1.0\noutput = 2.0\n\n[prices."my-model"]\ninput = 0.5\noutput = 1.5\n',
     )
     prices = cfg.engine_settings.prices
-    assert prices["gpt-4o-mini"] == {"input": 1.0, "output": 2.0}  # replaced whole
-    assert prices["my-model"] == {"input": 0.5, "output": 1.5}
-    assert prices["claude-haiku-4-5"]["output"] > 0  # both providers' tables, whatever the preset
+    assert prices["gpt-4o-mini"] == Price(1.0, 2.0)  # replaced whole
+    assert prices["my-model"] == Price(0.5, 1.5)
+    assert prices["claude-haiku-4-5"].output > 0  # both providers' tables, whatever the preset
     assert (
         to_toml_dict(cfg)["prices"]
         == user_prices(prices)

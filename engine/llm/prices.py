@@ -1,28 +1,18 @@
-"""What an LLM request costs in US dollars: a price table and the arithmetic on an answer's usage.
+"""What an LLM request costs in US dollars: validated prices, a price table, the arithmetic.
 
-Pure: the table arrives built (the config layer reads the shipped TOML files,
-config/prices/*.toml, and the user's overrides). Prices are USD per million
-tokens, as both providers publish them.
+Prices are USD per million tokens, as both providers publish them. A `Price` is checked
+here and only here (`parse_price`: a table of fields from a price file or a user's
+config; `Price(...)` itself checks its values): the config layer reads the shipped files
+(config/prices/*.toml) and the user's overrides, and hands the engine `Price` objects.
 
 - `PriceTable.price_for(model)`: the model's price, or its family's for a dated
   snapshot (`gpt-4o-2024-08-06` -> `gpt-4o`, `claude-sonnet-4-5-20250929` ->
   `claude-sonnet-4-5`) unless the snapshot is listed itself; None for a model
   with no price (never 0: an unknown price is not a free one).
-- `cost_usd(price, usage)`: an answer's cost from its `usage`, in either
-  provider's shape (below).
+- `cost_usd(price, usage)`: an answer's cost from its `Usage` (engine/llm/usage.py: the
+  shapes of OpenAI's and Anthropic's answers), or from a raw `usage` object.
 - `estimate_range_usd(price, input_tokens, max_output_tokens)`: before sending,
   the cost if the model writes nothing .. if it writes its whole ceiling.
-
-Usage shapes:
-- OpenAI Chat Completions: `prompt_tokens` (cached ones included),
-  `prompt_tokens_details.cached_tokens`, `completion_tokens` (reasoning included).
-- OpenAI Responses: `input_tokens` (cached included),
-  `input_tokens_details.cached_tokens`, `output_tokens`.
-- Anthropic Messages: `input_tokens` (after the last cache breakpoint, so cache
-  reads and writes are NOT in it), `cache_read_input_tokens`,
-  `cache_creation_input_tokens` (optionally split by lifetime in
-  `cache_creation.ephemeral_5m_input_tokens` / `ephemeral_1h_input_tokens`),
-  `output_tokens`.
 """
 
 from __future__ import annotations
@@ -33,6 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from ratedeck.core.numbers import show
+from ratedeck.engine.llm.usage import Usage
 
 #: Tokens per price unit: prices are per million tokens.
 MILLION = 1_000_000
@@ -61,12 +54,48 @@ class Price:
     cache_write_1h: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input", "output", "cached_input", "cache_write", "cache_write_1h"):
+        for name in FIELDS:
             value = getattr(self, name)
-            if value is None and name not in ("input", "output"):
+            if value is None and name not in REQUIRED:
                 continue
             if not _is_price(value):
-                raise ValueError(f"{name} must be a price in USD per million tokens (>= 0), got {value!r}")
+                raise PriceError(
+                    name, f"must be a price in USD per million tokens (a number >= 0), got {show(value)}"
+                )
+
+    def fields(self) -> dict[str, float]:
+        """The price as a table of fields (a config's `[prices."model"]`), unset ones left out."""
+        return {name: value for name in FIELDS if (value := getattr(self, name)) is not None}
+
+
+#: A price's fields, as a price file and a config name them; `REQUIRED` must be there.
+FIELDS = ("input", "cached_input", "cache_write", "cache_write_1h", "output")
+REQUIRED = ("input", "output")
+
+
+class PriceError(ValueError):
+    """A price that cannot be used: `field` (None: the whole table) and what is wrong with it."""
+
+    def __init__(self, field: str | None, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+def parse_price(fields: Any) -> Price:
+    """One model's price from a table of fields ({input = 2.5, output = 10}), checked field by
+    field; `PriceError` names the field and the value."""
+    if not isinstance(fields, Mapping):
+        raise PriceError(
+            None, f"must be a table of prices like {{input = 2.5, output = 10}}, got {show(fields)}"
+        )
+    for name in fields:
+        if name not in FIELDS:
+            raise PriceError(name, f"unknown field; known: {', '.join(FIELDS)}")
+    for name in REQUIRED:
+        if name not in fields:
+            raise PriceError(name, "missing: a price in USD per million tokens")
+    price = Price(**fields)
+    return Price(**{name: float(value) for name, value in price.fields().items()})
 
 
 def _is_price(value: Any) -> bool:
@@ -105,52 +134,21 @@ class PriceTable:
         return PriceTable({**self.prices, **overrides})
 
 
-def _count(value: Any) -> int:
-    """A token count from an answer; anything else (absent, null, text) is 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return 0
-    return max(0, int(value))
-
-
-def _detail(usage: Mapping[str, Any], name: str, key: str) -> int:
-    details = usage.get(name)
-    return _count(details.get(key)) if isinstance(details, Mapping) else 0
-
-
-def cost_usd(price: Price, usage: Any) -> float:
-    """The USD cost of one answer's `usage`, in OpenAI's or Anthropic's shape."""
-    if not isinstance(usage, Mapping):
-        return 0.0
+def cost_usd(price: Price, usage: Usage | Mapping[str, Any] | None) -> float:
+    """The USD cost of one answer's usage (a `Usage`, or a `usage` object in either provider's shape)."""
+    if not isinstance(usage, Usage):
+        usage = Usage.of(usage)
+        if usage is None:
+            return 0.0
     cached_rate = price.input if price.cached_input is None else price.cached_input
-    if "prompt_tokens" in usage or "completion_tokens" in usage:
-        # Chat Completions: prompt_tokens includes the cached ones.
-        prompt = _count(usage.get("prompt_tokens"))
-        cached = min(prompt, _detail(usage, "prompt_tokens_details", "cached_tokens"))
-        out = _count(usage.get("completion_tokens"))
-        return ((prompt - cached) * price.input + cached * cached_rate + out * price.output) / MILLION
-    inp = _count(usage.get("input_tokens"))
-    out = _count(usage.get("output_tokens"))
-    if "input_tokens_details" in usage:
-        # Responses API: input_tokens includes the cached ones.
-        cached = min(inp, _detail(usage, "input_tokens_details", "cached_tokens"))
-        return ((inp - cached) * price.input + cached * cached_rate + out * price.output) / MILLION
-    # Anthropic: input_tokens excludes cache reads and writes, which are counted apart.
-    read = _count(usage.get("cache_read_input_tokens"))
     write_5m_rate = price.cache_write if price.cache_write is not None else CACHE_WRITE_5M * price.input
     write_1h_rate = price.cache_write_1h if price.cache_write_1h is not None else CACHE_WRITE_1H * price.input
-    split = usage.get("cache_creation")
-    if isinstance(split, Mapping):
-        write_5m = _count(split.get("ephemeral_5m_input_tokens"))
-        write_1h = _count(split.get("ephemeral_1h_input_tokens"))
-    else:
-        # No split given: the default lifetime, 5 minutes.
-        write_5m, write_1h = _count(usage.get("cache_creation_input_tokens")), 0
     return (
-        inp * price.input
-        + read * cached_rate
-        + write_5m * write_5m_rate
-        + write_1h * write_1h_rate
-        + out * price.output
+        usage.uncached * price.input
+        + usage.cached * cached_rate
+        + usage.written_5m * write_5m_rate
+        + usage.written_1h * write_1h_rate
+        + usage.output * price.output
     ) / MILLION
 
 
