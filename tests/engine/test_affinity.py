@@ -44,7 +44,7 @@ def write_lines(tmp_path, lines, name="work.jsonl"):
 
 
 async def run_engine(cfg, url, seconds, results=None):
-    from ratedeck.host.session import ResultsFile
+    from ratedeck.engine.observe.results import ResultsFile
 
     transport = http_transport(cfg.engine_settings, url)
     engine = Engine(cfg, transport)

@@ -302,8 +302,8 @@ def test_a_resumed_store_run_writes_no_custom_id_the_file_holds_and_cuts_a_parti
     """A kill -9 can come after a line was written and before its ending reached the store: the
     resumed run sends it again, and its second answer must not make a second line."""
     from ratedeck.core.vocab import Ending
+    from ratedeck.engine.observe.results import ResultsFile
     from ratedeck.engine.request import Request
-    from ratedeck.host.session import ResultsFile
 
     out = tmp_path / "output.jsonl"
     out.write_text(json.dumps({"custom_id": "a", "response": None}) + "\n" + '{"custom_id": "b", "resp')
@@ -386,8 +386,8 @@ def test_a_batch_output_line_keeps_an_answer_past_64_kib_whole_and_names_its_req
     from ratedeck.core.vocab import Ending
     from ratedeck.engine.http.outcome import OK, Outcome
     from ratedeck.engine.http.transport import Response
+    from ratedeck.engine.observe.results import RESULTS_BODY_CHARS, ResultsFile
     from ratedeck.engine.request import Request
-    from ratedeck.host.session import RESULTS_BODY_CHARS, ResultsFile
 
     answer = {"id": "chatcmpl-1", "choices": [{"message": {"content": "word " * RESULTS_BODY_CHARS}}]}
     headers = {"Content-Type": "application/json", "x-request-id": "req_big"}
@@ -417,7 +417,7 @@ def test_a_batch_output_line_keeps_an_answer_past_64_kib_whole_and_names_its_req
     ],
 )
 def test_a_kill_9s_cut_last_line_is_cut_off_before_a_store_run_adds_to_the_file(tmp_path, before, after):
-    from ratedeck.host.session import cut_partial_line
+    from ratedeck.engine.observe.results import cut_partial_line
 
     path = tmp_path / "output.jsonl"
     path.write_bytes(before)

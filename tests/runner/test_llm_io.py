@@ -258,7 +258,7 @@ def _answered(req: Request, body: bytes, content_type: str) -> Request:
 
 @pytest.mark.parametrize("link", ["_id", "custom_id"])
 def test_a_results_line_carries_the_line_id_its_own_fields_and_the_parsed_answer(tmp_path, link):
-    from ratedeck.host.session import ResultsFile
+    from ratedeck.engine.observe.results import ResultsFile
 
     path = tmp_path / "answers.jsonl"
     out = ResultsFile(str(path), _Host(), body=True, link=link)  # type: ignore[arg-type]
@@ -287,7 +287,7 @@ def test_a_results_line_carries_the_line_id_its_own_fields_and_the_parsed_answer
 
 
 def test_an_object_body_survives_a_results_file_and_replay(tmp_path):
-    from ratedeck.host.session import ResultsFile
+    from ratedeck.engine.observe.results import ResultsFile
 
     lines = [
         {"_id": f"q{i}", "_path": "/v1/messages", "_body": {**PROMPT, "n": i}, "tag": i, "_budget": "tok"}
