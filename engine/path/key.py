@@ -25,7 +25,7 @@ from ratedeck.engine.limits.estimate import ADDITIVE, KeyEstimate
 from ratedeck.engine.limits.leases import LeasedSlots
 from ratedeck.engine.llm.usage import field as usage_field
 
-from .settle import REJECTED_429, SUCCEEDED, Tally
+from .settle import Tally
 
 if TYPE_CHECKING:
     from ratedeck.engine.http.delays import Quota
@@ -365,19 +365,20 @@ class KeyLimits:
         """The verdict's tally for a send at `sent_at`: a success may let the estimate climb,
         a 429 lowers it. True when the 429 is explained by the limit (not the timing)."""
         sends = self.sends
+        succeeded = tally is Tally.SUCCEEDED
         if sent_at is not None and sent_at == sends.probe_at:
             sends.probe_out, sends.probe_at = False, -1.0  # the send beyond the confirmed level is answered
-            if tally is SUCCEEDED and self.estimate is not None:
+            if succeeded and self.estimate is not None:
                 self.estimate.confirm(sends.probe_level)
-        if tally is not SUCCEEDED and sent_at is not None:
+        if not succeeded and sent_at is not None:
             sends.failed.append(sent_at)
         learning = self.learning
         if not learning.learn_policy:
             return False
-        if tally is SUCCEEDED:
+        if succeeded:
             if self.climb(now):
                 self._estimate_moved()
-        elif tally is REJECTED_429 and sent_at is not None and not learning.headroom.narrowing:
+        elif tally is Tally.REJECTED_429 and sent_at is not None and not learning.headroom.narrowing:
             # A 429 while the headroom deliberately narrows (a rejection budget, remaining
             # counts) is about timing, not the limit: learn nothing from it.
             moved, explained = self.learn_from_rejection(sent_at, learning.headroom.seconds(), now)

@@ -35,11 +35,8 @@ from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow
 
-from .settle import REJECTED_429, REJECTED_OTHER, SUCCEEDED, Scope, SettleRules, Verdict, decide
+from .settle import KeyFacts, Scope, SettleRules, Tally, Verdict, decide, tally_of
 from .worker import KeyWorker
-
-# Read per request: bound once (an enum member read off its class is slow, engine/path/settle.py).
-_DONE = Ending.SUCCEEDED
 
 
 class SharedGates:
@@ -209,28 +206,31 @@ class RequestPath:
         sent = req.sent_state()
         sent.last_status = result.status
         sent.result = result
-        worker.limits.learn(result, req, stamps, now)
+        limits = worker.limits
+        limits.learn(result, req, stamps, now)
         if self.spend is not None:
             self.spend.answered(req, result)
-        verdict = decide(result, req, self.settle_rules, now)
+        # The key judges its limit by the answer's tally; the verdict takes what it said.
+        explains = limits.judged(tally_of(result, req), req.last_sent_at, now)
+        key = KeyFacts(worker.label, worker.blocked, explains)
+        verdict = decide(result, req, self.settle_rules, now, key)
         self._apply(verdict, worker, req, result, now)
 
     def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Apply one verdict: count, pause, block, then end or retry the request."""
+        """Carry out one verdict: count, pause, block, pin, then end or retry the request."""
         m = self.metrics
-        widen = v.widen_headroom
-        worker.stats.tally(v.tally)
-        if worker.limits.judged(v.tally, req.last_sent_at, now):
-            widen = False  # a 429 the limit explains, not the timing: the headroom stays
-        if v.tally is SUCCEEDED:
+        tally = v.tally
+        worker.stats.tally(tally)
+        succeeded = tally is Tally.SUCCEEDED
+        if succeeded:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-        elif v.tally is REJECTED_429:
+        elif tally is Tally.REJECTED_429:
             m.rejected_429 += 1
-        elif v.tally is REJECTED_OTHER:
+        elif tally is Tally.REJECTED_OTHER:
             m.rejected_other += 1
         else:
             m.fail(v.cause or str(result.kind))
-        if v.tally is not SUCCEEDED:
+        if not succeeded:
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
             at_s = now - self.started_at
@@ -238,11 +238,11 @@ class RequestPath:
             worker.stats.recent_errors.append(
                 ErrorRow(result.status, result.kind, cause, 1, req.last_error, worker.label, round(at_s, 1))
             )
-        if widen:
+        if v.widen_headroom:
             self.headroom.observe_rejection(now)
         lanes = worker.limits.lanes
         lane = lanes.lane(req) if lanes is not None else None
-        if lane is not None and v.tally is REJECTED_429:
+        if lane is not None and tally is Tally.REJECTED_429:
             lane.rejected_429 += 1
         if v.cooldown is not None:
             if v.cooldown.scope is Scope.HOST:
@@ -264,16 +264,11 @@ class RequestPath:
             )
             self._key_refused()
             self.strand(worker.label, now)
+        if v.pin is not None:
+            req.pin = v.pin  # its retries go out on this key only (settle.decide)
         ending = v.ending
-        if ending is None and (result.keyed or req.pin is not None):
-            # An Idempotency-Key is scoped to the account that first sent it: its retries go
-            # out on that key only, like a workload line's `_key`.
-            if req.pin is None:
-                req.pin = worker.label
-            if req.pin == worker.label and worker.blocked:
-                ending = Ending.UNCERTAIN if req.unsure else Ending.GRAVEYARD
-        if ending is _DONE:
-            self._finish(req, _DONE)
+        if succeeded:
+            self._finish(req, Ending.SUCCEEDED)
         elif ending is Ending.GRAVEYARD:
             self.bury(req, now)
         elif ending is Ending.EXPIRED:

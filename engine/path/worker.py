@@ -13,9 +13,9 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ratedeck.core.secrets import fingerprint, mask_secret
-from ratedeck.core.vocab import KeyState
+from ratedeck.core.vocab import KeyState, OutcomeKind
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.http.outcome import OK, SERVER_ERROR, Outcome
+from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.observe.metrics import KeyLatency
@@ -24,7 +24,7 @@ from ratedeck.engine.snapshot import ErrorRow, KeyRow
 
 from .admit import LEASE_EARLY_S, Hold, KeyView, Pass, Plan, Send, admit, default_plan
 from .key import UNKNOWN_LIMIT, KeyLimits
-from .settle import REJECTED_429, SUCCEEDED, Tally
+from .settle import Tally
 
 if TYPE_CHECKING:
     from ratedeck.core.policy import Policy
@@ -69,20 +69,21 @@ class KeyStats:
         self.refused_message = ""  # its text (masked where it was made)
 
     def answered(self, outcome: Outcome) -> None:
+        ok = outcome.kind is OutcomeKind.OK  # a success (settle.decide), as the run's histogram counts
         if outcome.status is not None:
             ms = self.last_latency_ms = outcome.latency_s * 1000.0
             self.last_status = outcome.status
-            if outcome.kind is OK:  # a success (settle.decide), as the run's histogram counts
+            if ok:
                 self.latency.add(ms)
-        if outcome.kind is not OK:
+        if not ok:
             self.errors += 1
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
 
     def tally(self, tally: Tally) -> None:
-        if tally is SUCCEEDED:
+        if tally is Tally.SUCCEEDED:
             self.succeeded += 1
-        elif tally is REJECTED_429:
+        elif tally is Tally.REJECTED_429:
             self.rejected_429 += 1
 
 
@@ -226,13 +227,12 @@ class KeyWorker:
         return self._nonce
 
     def gate_open_at(self) -> float:
-        gates = self.gates
-        if len(gates) == 2:  # the key's own gate and the host's: the usual case, asked per send
-            a, b = gates[0].open_at, gates[1].open_at
-            return a if a > b else b
-        if len(gates) == 1:
-            return gates[0].open_at
-        return max(g.open_at for g in gates)
+        """When every gate the key obeys is open (its own, the host's, a cluster's)."""
+        at = 0.0
+        for gate in self.gates:
+            if gate.open_at > at:
+                at = gate.open_at
+        return at
 
     def next_free(self, now: float) -> float:
         return self.limits.next_free(now)
@@ -249,9 +249,6 @@ class KeyWorker:
         run, queues, limits = self.run_state, self.queues, self.limits
         leases = limits.leases
         sends = limits.sends
-        # The gates: the key's own and the host's (their open times read here, not by a call)
-        gates = self.gates
-        first, last, many = gates[0], gates[-1], len(gates) > 2
         wait, loop = self._waker.wait, asyncio.get_running_loop()  # a wait per send: no wrapper
         woken_for_work = False
         per_request, default = self.view.per_request, self.view.default.plan
@@ -262,9 +259,7 @@ class KeyWorker:
             until = None
             if self.paused or self.blocked:
                 blocked = True
-            elif (first.open_at > now or last.open_at > now or many) and (
-                gate_at := self.gate_open_at()
-            ) > now:
+            elif (gate_at := self.gate_open_at()) > now:
                 blocked, until = True, gate_at
             elif self.in_flight >= limits.max_in_flight or sends.probe_out:
                 blocked = True
@@ -395,7 +390,7 @@ class KeyWorker:
         sizing = self.limits.sizing
         if sizing is not None:  # a timeout, no connection or a 5xx: the server or path is in trouble
             sizing.answered(
-                outcome.latency_s, outcome.status is not None and outcome.kind is not SERVER_ERROR
+                outcome.latency_s, outcome.status is not None and outcome.kind is not OutcomeKind.SERVER_ERROR
             )
 
     def block(self, status: int | None = None, message: str = "") -> bool:
