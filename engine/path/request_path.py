@@ -35,7 +35,7 @@ from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow
 
-from .settle import KeyFacts, Scope, SettleRules, Tally, Verdict, decide, tally_of
+from .settle import Scope, SettleRules, Tally, Verdict, decide, tally_of
 from .worker import KeyWorker
 
 
@@ -212,8 +212,7 @@ class RequestPath:
             self.spend.answered(req, result)
         # The key judges its limit by the answer's tally; the verdict takes what it said.
         explains = limits.judged(tally_of(result, req), req.last_sent_at, now)
-        key = KeyFacts(worker.label, worker.blocked, explains)
-        verdict = decide(result, req, self.settle_rules, now, key)
+        verdict = decide(result, req, self.settle_rules, now, worker.label, worker.blocked, explains)
         self._apply(verdict, worker, req, result, now)
 
     def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:

@@ -8,9 +8,9 @@ whether to block the key, to pin the request to its key (an Idempotency-Key's
 account) or end it there when that key is refused (stranded), whether the
 headroom widens, and where the request goes.
 
-`key` (`KeyFacts`) is what the key side said of the answer before the decision:
-its label, whether it was refused for good already, and whether its limit
-explains the answer's 429 (`KeyLimits.judged`, given the answer's `tally_of`).
+What the key side said of the answer comes in as facts, before the decision:
+the key's label, whether it was `refused` for good already, and whether its
+limit `explains` the answer's 429 (`KeyLimits.judged`, given `tally_of`).
 """
 
 from __future__ import annotations
@@ -81,17 +81,6 @@ class Verdict:
     pin: str | None = None  # from now on only this key may send it (an Idempotency-Key's account)
 
 
-@dataclass(frozen=True, slots=True)
-class KeyFacts:
-    """What the key that sent the attempt said before the decision: its `label`, whether it
-    was `refused` for good already, and whether its limit `explains` the answer's 429 (the
-    estimate learned from it, `KeyLimits.judged`): then the headroom does not widen."""
-
-    label: str
-    refused: bool = False
-    explains: bool = False
-
-
 #: The verdict of every success: immutable, so one serves them all (no allocation per answer).
 _SUCCESS = Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
 
@@ -113,26 +102,32 @@ def tally_of(outcome: Outcome, req: Request) -> Tally:
 
 
 def decide(
-    outcome: Outcome, req: Request, rules: SettleRules, now: float, key: KeyFacts | None = None
+    outcome: Outcome,
+    req: Request,
+    rules: SettleRules,
+    now: float,
+    key: str | None = None,
+    refused: bool = False,
+    explains: bool = False,
 ) -> Verdict:
     """What to count, whom to pause and where `req` goes after `outcome`.
 
-    `req.attempts` already counts this attempt. `key` says what the key knew (None: the
-    answer alone decides; nothing is pinned or stranded and the headroom widens on a 429).
+    `req.attempts` already counts this attempt. `key` is the label of the key that sent
+    it, `refused` whether that key was refused for good before this answer, `explains`
+    whether its limit explains the answer's 429 (then the headroom does not widen). With
+    no `key` the answer alone decides: nothing is pinned or stranded.
     """
     if outcome.kind is OutcomeKind.OK:
         return _SUCCESS
     v = _decide(outcome, req, rules, now)
-    if key is None:
-        return v
-    if key.explains and v.widen_headroom:
+    if explains and v.widen_headroom:
         v = replace(v, widen_headroom=False)  # a 429 the limit explains, not the timing
-    if v.ending is None and (outcome.keyed or req.pin is not None):
+    if key is not None and v.ending is None and (outcome.keyed or req.pin is not None):
         # An Idempotency-Key is scoped to the account that first sent it: its retries go out on
         # that key only, like a workload line's `_key`; refused for good, it strands them.
         if req.pin is None:
-            v = replace(v, pin=key.label)
-        if (req.pin is None or req.pin == key.label) and (key.refused or v.block_key):
+            v = replace(v, pin=key)
+        if (req.pin is None or req.pin == key) and (refused or v.block_key):
             v = replace(v, ending=Ending.UNCERTAIN if req.unsure or v.unsure else Ending.GRAVEYARD)
     return v
 

@@ -227,12 +227,13 @@ class KeyWorker:
         return self._nonce
 
     def gate_open_at(self) -> float:
-        """When every gate the key obeys is open (its own, the host's, a cluster's)."""
-        at = 0.0
-        for gate in self.gates:
-            if gate.open_at > at:
-                at = gate.open_at
-        return at
+        gates = self.gates
+        if len(gates) == 2:  # the key's own gate and the host's: the usual case, asked per send
+            a, b = gates[0].open_at, gates[1].open_at
+            return a if a > b else b
+        if len(gates) == 1:
+            return gates[0].open_at
+        return max(g.open_at for g in gates)
 
     def next_free(self, now: float) -> float:
         return self.limits.next_free(now)
@@ -249,6 +250,9 @@ class KeyWorker:
         run, queues, limits = self.run_state, self.queues, self.limits
         leases = limits.leases
         sends = limits.sends
+        # The gates: the key's own and the host's (their open times read here, not by a call)
+        gates = self.gates
+        first, last, many = gates[0], gates[-1], len(gates) > 2
         wait, loop = self._waker.wait, asyncio.get_running_loop()  # a wait per send: no wrapper
         woken_for_work = False
         per_request, default = self.view.per_request, self.view.default.plan
@@ -259,7 +263,9 @@ class KeyWorker:
             until = None
             if self.paused or self.blocked:
                 blocked = True
-            elif (gate_at := self.gate_open_at()) > now:
+            elif (first.open_at > now or last.open_at > now or many) and (
+                gate_at := self.gate_open_at()
+            ) > now:
                 blocked, until = True, gate_at
             elif self.in_flight >= limits.max_in_flight or sends.probe_out:
                 blocked = True

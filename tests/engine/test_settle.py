@@ -6,7 +6,7 @@ import pytest
 
 from ratedeck.core.vocab import Ending, OutcomeKind
 from ratedeck.engine.http.outcome import Outcome, classify
-from ratedeck.engine.path.settle import KeyFacts, Scope, SettleRules, Tally, decide, tally_of
+from ratedeck.engine.path.settle import Scope, SettleRules, Tally, decide, tally_of
 from ratedeck.engine.request import Request
 from ratedeck.server.simulated import run_virtual
 
@@ -188,7 +188,12 @@ def test_a_cancelled_library_call_keeps_the_usual_rules():
     assert decide(Outcome(OutcomeKind.TIMEOUT), r, RULES, now=1.0).ending is None
 
 
-# -- what the key knew (KeyFacts): pinning, stranding, the headroom's veto
+# -- what the key knew: pinning, stranding, the headroom's veto
+
+
+def facts(label: str, refused: bool = False, explains: bool = False) -> tuple[str, bool, bool]:
+    """decide's last three arguments: the key's label, refused already, its limit explains a 429."""
+    return label, refused, explains
 
 
 def keyed_500() -> Outcome:
@@ -208,28 +213,28 @@ def pinned(to: str | None, unsure: bool = False) -> Request:
     "outcome, request_, key, pin, ending",
     [
         # an Idempotency-Key's first answer pins the request to the key that sent it
-        (keyed_500(), pinned(None), KeyFacts("k1"), "k1", None),
+        (keyed_500(), pinned(None), facts("k1"), "k1", None),
         # pinned already: it stays where it is, nothing to pin again
-        (keyed_500(), pinned("k1"), KeyFacts("k1"), None, None),
+        (keyed_500(), pinned("k1"), facts("k1"), None, None),
         # a plain retry of an unpinned request is not pinned
-        (Outcome(OutcomeKind.SERVER_ERROR, 503), pinned(None), KeyFacts("k1"), None, None),
+        (Outcome(OutcomeKind.SERVER_ERROR, 503), pinned(None), facts("k1"), None, None),
         # its key was refused for good before the answer: stranded, uncertain (it may have written)
-        (keyed_500(), pinned("k1"), KeyFacts("k1", refused=True), None, Ending.UNCERTAIN),
-        (keyed_500(), pinned(None), KeyFacts("k1", refused=True), "k1", Ending.UNCERTAIN),
+        (keyed_500(), pinned("k1"), facts("k1", refused=True), None, Ending.UNCERTAIN),
+        (keyed_500(), pinned(None), facts("k1", refused=True), "k1", Ending.UNCERTAIN),
         # a pinned request that never wrote, on a key this answer refuses: the graveyard
-        (Outcome(OutcomeKind.BLOCKED, 401), pinned("k1"), KeyFacts("k1"), None, Ending.GRAVEYARD),
+        (Outcome(OutcomeKind.BLOCKED, 401), pinned("k1"), facts("k1"), None, Ending.GRAVEYARD),
         # ... uncertain when an earlier attempt may have written
-        (Outcome(OutcomeKind.BLOCKED, 401), pinned("k1", unsure=True), KeyFacts("k1"), None, Ending.UNCERTAIN),
+        (Outcome(OutcomeKind.BLOCKED, 401), pinned("k1", unsure=True), facts("k1"), None, Ending.UNCERTAIN),
         # an unpinned request on a refused key goes to another key (no pin)
-        (Outcome(OutcomeKind.BLOCKED, 401), pinned(None), KeyFacts("k1"), None, None),
+        (Outcome(OutcomeKind.BLOCKED, 401), pinned(None), facts("k1"), None, None),
         # a success ends the request, whatever the key knew
-        (Outcome(OutcomeKind.OK, 200), pinned("k1"), KeyFacts("k1", refused=True), None, Ending.SUCCEEDED),
+        (Outcome(OutcomeKind.OK, 200), pinned("k1"), facts("k1", refused=True), None, Ending.SUCCEEDED),
     ],
     ids=["pins", "stays-pinned", "plain-retry", "stranded-refused", "pins-then-stranded",
          "stranded-graveyard", "stranded-uncertain", "unpinned-moves-on", "success"],
 )  # fmt: skip
 def test_pinning_and_stranding(outcome, request_, key, pin, ending):
-    v = decide(outcome, request_, RULES, 1.0, key)
+    v = decide(outcome, request_, RULES, 1.0, *key)
     assert (v.pin, v.ending) == (pin, ending)
 
 
@@ -239,7 +244,7 @@ def test_pinning_and_stranding(outcome, request_, key, pin, ending):
 )
 def test_a_429_the_key_s_limit_explains_does_not_widen_the_headroom(explains, widen):
     limited = Outcome(OutcomeKind.RATE_LIMITED, 429)
-    assert decide(limited, req(), RULES, 1.0, KeyFacts("k1", explains=explains)).widen_headroom is widen
+    assert decide(limited, req(), RULES, 1.0, *facts("k1", explains=explains)).widen_headroom is widen
     # without the key's facts, the answer alone decides: a 429 widens it
     assert decide(limited, req(), RULES, 1.0).widen_headroom
 
@@ -262,4 +267,4 @@ def test_a_429_the_key_s_limit_explains_does_not_widen_the_headroom(explains, wi
 )
 def test_the_tally_the_key_judges_by_is_the_verdict_s(outcome):
     """`tally_of` (what the key's limit is judged by, before the decision) is `decide`'s tally."""
-    assert tally_of(outcome, req()) is decide(outcome, req(), RULES, 1.0, KeyFacts("k1")).tally
+    assert tally_of(outcome, req()) is decide(outcome, req(), RULES, 1.0, "k1").tally
