@@ -239,7 +239,7 @@ async def engine_max(spec: RunSpec) -> dict[str, Any]:
     session = _engine_session(spec, **spec.extra.get("engine", {}))
     engine = await session.start()
     try:
-        result = await _measure(spec.duration_s, lambda: engine.metrics.succeeded)
+        result = await _measure(spec.duration_s, lambda: engine.parts.metrics.succeeded)
     finally:
         snap = await session.stop()
     result["rejected_429"] = snap.rejected_429
@@ -251,7 +251,7 @@ async def scale_keys(spec: RunSpec) -> dict[str, Any]:
     session = _engine_session(spec)
     engine = await session.start()
     try:
-        result = await _measure(spec.duration_s, lambda: engine.metrics.succeeded)
+        result = await _measure(spec.duration_s, lambda: engine.parts.metrics.succeeded)
     finally:
         await session.stop()
     result["keys"] = len(spec.keys)
@@ -270,11 +270,11 @@ async def scale_queue(spec: RunSpec) -> dict[str, Any]:
     t0, cpu0 = time.monotonic(), _cpu()
     engine = await session.start()
     try:
-        while engine.metrics.generated < depth:
+        while engine.parts.metrics.generated < depth:
             await asyncio.sleep(0.01)
         fill_s, fill_cpu = time.monotonic() - t0, _cpu() - cpu0
         rss_full = _rss_mb()
-        result = await _measure(spec.duration_s, lambda: engine.metrics.succeeded)
+        result = await _measure(spec.duration_s, lambda: engine.parts.metrics.succeeded)
     finally:
         await session.stop()
     result.update(

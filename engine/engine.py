@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import readable
-from ratedeck.core.vocab import EventKind, Pacing, Phase
+from ratedeck.core.vocab import EventKind, Phase
 
 from .build import EngineParts, build_parts
 from .commands import (
@@ -43,25 +42,11 @@ from .commands import (
 )
 from .observe.loop_watch import LOOP_LAG_WARN_EVERY_S, LOOP_LAG_WARN_MS
 from .ports import Cooldown, FinishWatcher, SharedState, Source, Transport
-from .request import CallFn, Request
 from .settings import EngineSettings, HoldsEngineSettings, engine_settings
 
 if TYPE_CHECKING:
-    from ratedeck.core.secrets import Redactor
-    from ratedeck.engine.cluster.member import ClusterMember
-    from ratedeck.engine.gate import CooldownGate
-    from ratedeck.engine.http.probe import Probe
-    from ratedeck.engine.limits.budgets import Budgets
-    from ratedeck.engine.limits.headroom import HeadroomController
-    from ratedeck.engine.limits.limiter import WindowLimiter
-    from ratedeck.engine.observe.events import EventLog
-    from ratedeck.engine.observe.makespan import MakespanMeter
-    from ratedeck.engine.observe.metrics import Metrics
-    from ratedeck.engine.path.request_path import RequestPath
-    from ratedeck.engine.path.settle import SettleRules
     from ratedeck.engine.path.worker import KeyWorker
-    from ratedeck.engine.queues import Graveyard, WorkQueues
-    from ratedeck.engine.snapshot import Event, Snapshot
+    from ratedeck.engine.snapshot import Snapshot
 
 __all__ = ["LOOP_LAG_WARN_EVERY_S", "LOOP_LAG_WARN_MS", "Engine", "UnknownKey", "engine_clock", "loop_name"]
 
@@ -98,8 +83,8 @@ class Engine:
     `cooldown` is how a server's delay is honoured (`ports.Cooldown`): by
     default it closes the budget's gate for every sender (`path.SharedGates`).
     `retry_errors` false hands errors other than rate limits back at once
-    (a library caller). The parts are `parts` (`build.EngineParts`); the
-    properties below name the ones callers read.
+    (a library caller). The parts are `parts` (`build.EngineParts`): a host reads
+    and steers them there (or through the ports they implement), never through the engine.
     """
 
     def __init__(
@@ -125,255 +110,19 @@ class Engine:
         )
         self._tasks: list[asyncio.Task] = []
 
-    # ------------------------------------------------------------ the parts, as callers read them
-    @property
-    def transport(self) -> Transport:
-        return self.parts.transport
-
-    @property
-    def rng(self) -> random.Random:
-        return self.parts.rng
-
-    @property
-    def source(self) -> Source:
-        return self.parts.source
-
-    @property
-    def queues(self) -> WorkQueues:
-        return self.parts.queues
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.parts.metrics
-
-    @property
-    def headroom(self) -> HeadroomController:
-        return self.parts.headroom
-
-    @property
-    def graveyard(self) -> Graveyard:
-        return self.parts.graveyard
-
-    @property
-    def path(self) -> RequestPath:
-        return self.parts.path
-
-    @property
-    def cluster(self) -> ClusterMember | None:
-        return self.parts.cluster
-
-    @property
-    def makespan(self) -> MakespanMeter | None:
-        return self.parts.makespan
-
-    @property
-    def probe(self) -> Probe | None:
-        return self.parts.probe
-
-    @property
-    def log(self) -> EventLog:
-        return self.parts.log
-
-    @property
-    def events(self) -> deque[Event]:
-        return self.parts.log.rows
-
-    @property
-    def workers(self) -> list[KeyWorker]:
-        return self.parts.keys.workers
-
-    @property
-    def by_label(self) -> dict[str, KeyWorker]:
-        return self.parts.keys.by_label
-
-    @property
-    def budgets(self) -> Budgets:
-        return self.parts.limits.budgets
-
-    @property
-    def host_limiter(self) -> WindowLimiter | None:
-        return self.parts.limits.host_limiter
-
-    @property
-    def gates(self) -> dict[str, CooldownGate]:
-        return self.parts.limits.gates
-
-    @property
-    def host_gate(self) -> CooldownGate:
-        return self.parts.limits.host_gate
-
-    @property
-    def store_gate(self) -> CooldownGate:
-        return self.parts.limits.store_gate
-
-    @property
-    def pacing(self) -> Pacing:
-        """What the limiters do: even or burst."""
-        return self.parts.limits.pacing
-
-    @property
-    def redact(self) -> Redactor:
-        return self.parts.redact
-
-    @property
-    def queue_max(self) -> int:
-        return self.parts.intake.queue_max
-
-    @property
-    def ttl_s(self) -> float | None:
-        return self.parts.intake.ttl_s
-
-    @property
-    def backpressure(self) -> bool:
-        return self.parts.intake.backpressure
-
-    @backpressure.setter
-    def backpressure(self, on: bool) -> None:
-        self.parts.intake.backpressure = on
-
-    @property
-    def mergeable(self) -> bool:
-        """One of several processes: snapshots carry whole histograms."""
-        return self.parts.snapshots.mergeable
-
-    @mergeable.setter
-    def mergeable(self, on: bool) -> None:
-        self.parts.snapshots.mergeable = on
-
-    @property
-    def problems(self) -> list[str]:
-        return self.parts.ends.problems
-
-    @property
-    def no_limit_text(self) -> str:
-        return self.parts.ends.no_limit_text
-
+    # ------------------------------------------------------------ what hosts call besides
     @property
     def finished(self) -> asyncio.Event | None:
+        """Set when the run's work is done (a job's last request ended); None before `start`."""
         return self.parts.ends.finished
 
-    # The run's clock and state (`ports.RunClock`), shared with every part.
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self.parts.run.loop
-
-    @property
-    def stopping(self) -> bool:
-        return self.parts.run.stopping
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.parts.run.clock
-
-    @property
-    def started_at(self) -> float:
-        return self.parts.run.started_at
-
-    @property
-    def ended_at(self) -> float | None:
-        return self.parts.run.ended_at
-
-    @property
-    def phase(self) -> Phase:
-        return self.parts.run.phase
-
-    @property
-    def loop_name(self) -> str:
-        return self.parts.loop.name
-
-    @property
-    def loop_lag_ms(self) -> float:
-        return self.parts.loop.lag_ms
-
-    def wall_time(self, t: float) -> float:
-        return self.parts.run.wall_time(t)
-
-    @property
-    def retry_errors(self) -> bool:
-        """Whether errors other than rate limits are retried (a library caller wants them at once)."""
-        return self.parts.path.retry_errors
-
-    @retry_errors.setter
-    def retry_errors(self, on: bool) -> None:
-        self.parts.path.retry_errors = on
-
-    @property
-    def settle_rules(self) -> SettleRules:
-        return self.parts.path.settle_rules
-
-    @property
-    def in_flight(self) -> int:
-        """Attempts in flight now."""
-        return self.parts.path.in_flight
-
-    # ------------------------------------------------------------ what watchers and hosts call
     def event(self, kind: EventKind, text: str) -> None:
+        """One line in the run's event log (the console's and the report's)."""
         self.parts.log.event(kind, text)
-
-    def problem(self, text: str) -> None:
-        self.parts.ends.problem(text)
 
     def watch(self, watcher: FinishWatcher) -> None:
         """Tell `watcher` of every request that ends (`ports.FinishWatcher`)."""
         self.parts.ends.watch(watcher)
-
-    def queued(self) -> list[Request]:
-        """Requests still queued: the main queue first, then the retry queue by due time."""
-        return self.parts.queues.all_queued()
-
-    def in_flight_requests(self) -> list[Request]:
-        return self.parts.path.in_flight_requests()
-
-    def recent_sends(self) -> dict[str, list[float]]:
-        """Each key's sends in its longest window, as Unix times, by key fingerprint (`KeyRing`)."""
-        return self.parts.keys.recent_sends()
-
-    def seed_sends(self, sends: dict[str, list[float]]) -> int:
-        """Start each key's limiter with another run's sends (`KeyRing.seed_sends`); before `start`."""
-        return self.parts.keys.seed_sends(sends)
-
-    def capacity_tps(self) -> float:
-        return self.parts.keys.capacity_tps()
-
-    def live_capacity(self, now: float) -> float:
-        return self.parts.keys.live_capacity(now)
-
-    def next_gate_open(self, now: float) -> float | None:
-        return self.parts.keys.next_gate_open(now)
-
-    @property
-    def all_refused(self) -> bool:
-        return self.parts.keys.all_refused
-
-    def all_limiters(self) -> list[WindowLimiter]:
-        return self.parts.keys.all_limiters()
-
-    def cpu_s(self) -> float:
-        """CPU seconds of this process since the engine started (frozen when it stopped)."""
-        return self.parts.loop.cpu_s()
-
-    def note_lag(self, late_s: float, now: float) -> None:
-        self.parts.loop.note_lag(late_s, now)
-
-    # The source's side (`ports.SourceSink`), for callers that submit work themselves.
-    def new_request(
-        self,
-        params: dict | None = None,
-        pool: str | None = None,
-        ttl_s: float | None = None,
-        call: CallFn | None = None,
-        intended_at: float | None = None,
-    ) -> Request:
-        return self.parts.intake.new_request(params, pool, ttl_s, call, intended_at)
-
-    def submit(self, req: Request) -> None:
-        self.parts.intake.submit(req)
-
-    def refuse(self, req: Request) -> None:
-        self.parts.intake.refuse(req)
-
-    def source_done(self) -> None:
-        self.parts.ends.check_finished()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -508,48 +257,49 @@ class Engine:
                 w.poke()
                 self.event(EventKind.PAUSE, f"{key} resumed")
             case PauseAll():
-                for w in self.workers:
+                for w in self.parts.keys.workers:
                     w.paused = True
                 self.event(EventKind.PAUSE, "all keys paused")
             case ResumeAll():
-                for w in self.workers:
+                for w in self.parts.keys.workers:
                     w.paused = False
                     w.poke()
                 self.event(EventKind.PAUSE, "all keys resumed")
             case SetHeadroom(ms=ms):
+                headroom = self.parts.headroom
                 if ms is None:
-                    self.headroom.set_adaptive()
+                    headroom.set_adaptive()
                     self.event(EventKind.SETTING, "headroom adaptive")
                 else:
                     if not ms >= 0 or ms == float("inf"):
                         raise ValueError(f"headroom must be a finite number of ms, 0 or more, got {ms}")
-                    self.headroom.set_fixed(ms)
-                    self.event(EventKind.SETTING, f"headroom fixed at {self.headroom.value_ms:g} ms")
+                    headroom.set_fixed(ms)
+                    self.event(EventKind.SETTING, f"headroom fixed at {headroom.value_ms:g} ms")
                 self._poke_all()
             case SetBackpressure(on=on):
-                self.backpressure = on
+                self.parts.intake.backpressure = on
                 if not on:
-                    self.queues.release_space()
-                self.source.poke()
+                    self.parts.queues.release_space()
+                self.parts.source.poke()
                 self.event(EventKind.SETTING, f"backpressure {'on' if on else 'off'}")
             case SetArrivalRate(rate=rate):
                 if not rate >= 0 or rate == float("inf"):
                     raise ValueError(f"arrival rate must be a finite number, 0 or more, got {rate}")
-                self.source.set_rate(rate)
+                self.parts.source.set_rate(rate)
                 self.event(EventKind.SETTING, f"arrival rate {readable(rate)}/s")
             case SetThrottle(mode_or_rate=value):
-                self.source.set_throttle(value)
+                self.parts.source.set_throttle(value)
                 self.event(EventKind.SETTING, f"entry throttle {value}")
             case _:
                 raise TypeError(f"not a command: {cmd!r}")
         # Pausing or resuming keys changes what an auto throttle may admit.
-        self.source.poke()
+        self.parts.source.poke()
 
     def _worker(self, key: str) -> KeyWorker:
         try:
             return self.parts.keys.by_label[key]
         except KeyError:
-            raise UnknownKey(f"no key {key!r}; keys are {', '.join(self.by_label)}") from None
+            raise UnknownKey(f"no key {key!r}; keys are {', '.join(self.parts.keys.by_label)}") from None
 
     def _poke_all(self) -> None:
         for w in self.parts.keys.workers:

@@ -174,17 +174,18 @@ class RateDeck:
         engine = self.engine
         if engine is None:
             raise RuntimeError("use RateDeck as 'async with RateDeck(...) as deck'")
-        if engine.backpressure:
-            await engine.queues.wait_space(engine.queue_max)
+        intake = engine.parts.intake
+        if intake.backpressure:
+            await engine.parts.queues.wait_space(intake.queue_max)
         fut: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
 
         def done(_req: Request, where: Ending) -> None:
             if not fut.done():
                 fut.set_result(where)
 
-        req = engine.new_request(params, pool=pool, ttl_s=ttl_s, call=fn)
+        req = intake.new_request(params, pool=pool, ttl_s=ttl_s, call=fn)
         req.on_done = done
-        engine.submit(req)
+        intake.submit(req)
         try:
             where = await fut
         except asyncio.CancelledError:

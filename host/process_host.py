@@ -199,7 +199,7 @@ async def _child(
     try:
         await session.start()
         # One of several processes: snapshots carry whole histograms, for exact percentiles.
-        session.engine.mergeable = shard
+        session.engine.parts.snapshots.mergeable = shard
     except ConfigError as exc:
         conn.send((_FAILED, (exc.source, exc.key, exc.problem)))
         return

@@ -31,6 +31,7 @@ from ratedeck.store.base import StoreReport
 from ratedeck.store.work import StoreRun, open_for_run
 
 from .protocol import RunFacts
+from .run_view import RunView
 
 if TYPE_CHECKING:
     from ratedeck.server.app import RunningServer
@@ -105,11 +106,11 @@ class Session:
             source, shared = await self._work()
             self.engine = Engine(cfg.engine_settings, self._transport, source=source, shared_state=shared)
             if self.store_run is not None:
-                self.store_run.attach(self.engine)
+                self.store_run.attach(RunView(self.engine))
             if cfg.runner.results or cfg.runner.errors:
                 self.results = ResultsFile(
                     cfg.runner.results,
-                    self.engine,
+                    RunView(self.engine),
                     body=cfg.runner.results_body,
                     link=cfg.runner.results_id,
                     errors=cfg.runner.errors,
@@ -159,7 +160,7 @@ class Session:
         """Counts from the transport and the graveyard, for the summary and the exit code."""
         t = self._transport.stats() if self._transport is not None else {}
         engine = self.engine
-        graveyard = engine.graveyard if engine is not None else None
+        graveyard = engine.parts.graveyard if engine is not None else None
         return RunFacts(
             answers=t.get("answers"),
             statuses=tuple(t.get("statuses", {}).items()),
@@ -170,7 +171,7 @@ class Session:
             graveyard_path=graveyard.path if graveyard is not None else None,
             graveyard_written=graveyard.written if graveyard is not None else 0,
             graveyard_problem=graveyard.problem if graveyard is not None else None,
-            problems=tuple(engine.problems) if engine is not None else (),
+            problems=tuple(engine.parts.ends.problems) if engine is not None else (),
             results_path=self.results.shown_path if self.results is not None else None,
             results_written=self.results.written if self.results is not None else 0,
             results_problem=self.results.problem if self.results is not None else None,
@@ -230,7 +231,7 @@ class Session:
 
     def _other_loop(self) -> asyncio.AbstractEventLoop | None:
         """The engine's loop (None: not started), refused when called on that loop itself."""
-        loop = self.engine.loop if self.engine is not None else None
+        loop = self.engine.parts.run.loop if self.engine is not None else None
         if loop is None or loop.is_closed():
             return None
         try:
@@ -246,13 +247,13 @@ class Session:
             return
         self._closed = True
         if self.store_run is not None:
-            self.store_report = await self.store_run.finish(self.engine)
+            self.store_report = await self.store_run.finish(RunView(self.engine) if self.engine else None)
         if self.engine is not None:
-            self.engine.graveyard.close()
+            self.engine.parts.graveyard.close()
             if self.results is not None:
-                if self.engine.ended_at is not None:
+                if self.engine.parts.run.ended_at is not None:
                     self.results.left_over()
-                    source = self.engine.source
+                    source = self.engine.parts.source
                     if self.store_run is None and isinstance(source, Workload) and source.items is not None:
                         self.results.not_read(source.items)
                 self.results.close()
@@ -265,12 +266,13 @@ class Session:
 
 def current_config(cfg: RunConfig, engine: Engine) -> RunConfig:
     """The run's config with the live settings (headroom, backpressure, rate) folded in."""
-    h = engine.headroom
+    h = engine.parts.headroom
     eng = dataclasses.replace(
         cfg.engine_settings.engine,
-        backpressure=engine.backpressure,
+        backpressure=engine.parts.intake.backpressure,
         headroom=HeadroomMode.ADAPTIVE if h.adaptive else round(h.value_ms, 1),
     )
-    fed = engine.source.fed  # a job with no arrival rate stays one when saved
-    wl = dataclasses.replace(cfg.engine_settings.workload, rate=None if fed else engine.source.rate)
+    source = engine.parts.source
+    fed = source.fed  # a job with no arrival rate stays one when saved
+    wl = dataclasses.replace(cfg.engine_settings.workload, rate=None if fed else source.rate)
     return cfg.replace(engine=eng, workload=wl)

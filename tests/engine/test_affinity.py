@@ -45,12 +45,13 @@ def write_lines(tmp_path, lines, name="work.jsonl"):
 
 async def run_engine(cfg, url, seconds, results=None):
     from ratedeck.engine.observe.results import ResultsFile
+    from ratedeck.host.run_view import RunView
 
     transport = http_transport(cfg.engine_settings, url)
     engine = Engine(cfg, transport)
     seen = Endings()
     engine.watch(seen)
-    out = ResultsFile(str(results), engine) if results is not None else None
+    out = ResultsFile(str(results), RunView(engine)) if results is not None else None
     if out is not None:
         engine.watch(out)
     try:

@@ -123,7 +123,7 @@ def test_a_rate_makes_a_job_a_load_test_and_a_rate_command_paces_a_fed_one(tmp_p
     snap = run_virtual(main())
     # The queue was full when the rate came: its 100 drain at once, then 10/s arrive.
     assert snap.generated < 100 + 100 + 60, snap.generated
-    assert not engine.source.fed
+    assert not engine.parts.source.fed
 
 
 def test_the_generated_stream_has_no_makespan(tmp_path):
@@ -137,8 +137,8 @@ def test_the_generated_stream_has_no_makespan(tmp_path):
     )
     engine = Engine(cfg, PolicyTransport((parse_policy("20/1s"),)))
     snap = run_virtual(engine.run(60.0))
-    assert snap.succeeded == 40 and snap.makespan is None and engine.makespan is None
-    assert not engine.source.fed
+    assert snap.succeeded == 40 and snap.makespan is None and engine.parts.makespan is None
+    assert not engine.parts.source.fed
     assert "makespan" not in build_report(snap)
     assert not [line for line in summary_lines(snap) if line.startswith("makespan")]
     assert "arrival 20/s" in "\n".join(summary_lines(snap)) and not snap.fed
@@ -187,7 +187,7 @@ def test_a_saved_config_keeps_a_fed_job_fed(tmp_path):
 
     cfg = job_config(tmp_path, "20/1s", 2, 10)
     engine = Engine(cfg, PolicyTransport((parse_policy("20/1s"),)))
-    assert engine.source.fed
+    assert engine.parts.source.fed
     assert "rate" not in to_toml_dict(current_config(cfg, engine)).get("workload", {})
     engine.apply(SetArrivalRate(7.0))
     assert to_toml_dict(current_config(cfg, engine))["workload"]["rate"] == 7.0
@@ -200,7 +200,7 @@ def test_a_fed_job_with_a_ttl_queues_no_more_than_the_keys_send_before_it_passes
     cfg = job_config(tmp_path, "5/1s", 2, 60)
     cfg = cfg.replace(engine=dataclasses.replace(cfg.engine_settings.engine, ttl_s=1.0))
     engine = Engine(cfg, PolicyTransport((parse_policy("5/1s"),)))
-    assert engine.source.depth == 5
+    assert engine.parts.source.depth == 5
     snap = run_virtual(engine.run(60.0))
     assert snap.main_peak <= 5 and snap.expired == 0 and snap.succeeded == 60
     assert snap.makespan.ratio <= 1.25  # even pacing: the first window's burst goes unused

@@ -67,5 +67,5 @@ def test_shed_lines_that_cannot_be_written_are_one_problem_and_still_counted(tmp
     engine = message_engine(rate=30, throttle=10.0, excess="shed", shed_path=str(tmp_path))  # a directory
     snap = run_virtual(engine.run(4))
     assert snap.messages.shed > 20 and snap.balance() == 0
-    problems = [p for p in engine.problems if "shed" in p]
+    problems = [p for p in engine.parts.ends.problems if "shed" in p]
     assert problems == [f"cannot write shed messages to {tmp_path}: Is a directory"]

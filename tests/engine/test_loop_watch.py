@@ -170,7 +170,7 @@ def test_the_snapshot_carries_the_lag_and_stalls_give_no_verdict(tmp_path):
 
     engine, _ = seed_engine(tmp_path)
     for i in range(VERDICT_MIN_TICKS):
-        engine.note_lag(0.030 if i % 10 == 0 else 0.001, 1.0 + i / 10)
+        engine.parts.loop.note_lag(0.030 if i % 10 == 0 else 0.001, 1.0 + i / 10)
     lag = engine.snapshot().lag
     assert (lag.p50_ms, lag.p99_ms) == (pytest.approx(1.0), pytest.approx(30.0))
     assert lag.run.count == VERDICT_MIN_TICKS and lag.run.max == pytest.approx(30.0)

@@ -113,7 +113,7 @@ def engine_for(server: ModelServer, **over) -> Engine:
 
 def feed(engine: Engine, models: list[str], prompt: int = 400, max_tokens: int = 100) -> None:
     for i, model in enumerate(models):
-        req = engine.new_request()
+        req = engine.parts.intake.new_request()
         body = {
             "model": model,
             "messages": [{"role": "user", "content": "x" * prompt}],
@@ -121,7 +121,7 @@ def feed(engine: Engine, models: list[str], prompt: int = 400, max_tokens: int =
         }
         req.shape = Shape(method="POST", path=PATH, body=body, payload=Shape.encode(body))
         req.line_id = f"{model}-{i}"
-        engine.submit(req)
+        engine.parts.intake.submit(req)
 
 
 def run(engine: Engine, seconds: float, models: list[str], **kw):

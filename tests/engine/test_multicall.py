@@ -249,10 +249,10 @@ def test_messages_section_selects_the_message_workload():
     cfg = build_config({"keys": keys, "messages": {"calls": 3, "throttle": 25}})
     assert cfg.engine_settings.messages.calls == 3 and cfg.engine_settings.messages.throttle == 25.0
     engine = Engine(cfg, SimulatedTransport(ServerSettings()))
-    assert isinstance(engine.source, MessageWorkload)
-    assert engine.source.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
+    assert isinstance(engine.parts.source, MessageWorkload)
+    assert engine.parts.source.rate == pytest.approx(CAPACITY / 3)  # default arrival: capacity / n
     assert to_toml_dict(cfg)["messages"]["calls"] == 3
     plain = load_config(preset="study")
     assert plain.engine_settings.messages is None and not isinstance(
-        Engine(plain, SimulatedTransport(ServerSettings())).source, MessageWorkload
+        Engine(plain, SimulatedTransport(ServerSettings())).parts.source, MessageWorkload
     )

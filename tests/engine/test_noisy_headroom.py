@@ -64,8 +64,8 @@ def run(settings: ServerSettings, seconds=30.0, **kw):
         engine.start()
         for _ in range(int(seconds)):
             await asyncio.sleep(1.0)
-            sources.append(engine.headroom.source)
-            floors.append((engine.headroom.value_ms, engine.headroom.target_ms))
+            sources.append(engine.parts.headroom.source)
+            floors.append((engine.parts.headroom.value_ms, engine.parts.headroom.target_ms))
         return await engine.stop()
 
     snap = run_virtual(main())
@@ -163,7 +163,7 @@ def test_a_probe_that_finds_no_health_gives_up_and_changes_nothing():
     engine, transport = build(noisy(health=False), probe=True)
     snap = run_virtual(engine.run(10))
     assert snap.probe_sent == MAX_FAILURES
-    assert any("probing stopped" in p for p in engine.problems)
+    assert any("probing stopped" in p for p in engine.parts.ends.problems)
     assert snap.headroom_source == "round trip" and snap.rejected_429 == 0
 
 

@@ -85,7 +85,7 @@ def test_an_error_while_settling_buries_the_request_with_the_error_named(tmp_pat
     def broken(*_args):
         raise RuntimeError("outcome handling bug")
 
-    engine.path._settle = broken  # a bug anywhere in outcome handling
+    engine.parts.path._settle = broken  # a bug anywhere in outcome handling
     snap = run_virtual(engine.run(5.0))
     assert snap.graveyard == 40 and snap.balance() == 0
     assert dict(snap.failures) == {"internal:RuntimeError": 40}

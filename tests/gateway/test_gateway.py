@@ -112,7 +112,7 @@ async def test_past_its_max_wait_a_request_is_503_with_retry_after_and_never_sen
                 bad = await post(s, gw.url, headers={**AUTH, "ratedeck-max-wait": "soon"})
             snap = gw.snapshot()
             engine = gw.engine
-            assert (engine.in_flight, len(engine.queues)) == (0, 0)
+            assert (engine.parts.path.in_flight, len(engine.parts.queues)) == (0, 0)
     assert status == 503 and int(headers["Retry-After"]) >= 1 and b"no capacity" in body
     assert fast[0] == 429 and int(fast[1]["Retry-After"]) >= 1
     assert bad[0] == 400 and b"ratedeck-max-wait" in bad[2]
@@ -131,7 +131,7 @@ async def test_a_full_queue_answers_503_at_once():
                 while not stub.ledger.records:
                     await asyncio.sleep(0.01)
                 second = asyncio.ensure_future(post(s, gw.url))  # queued: one per key until the first answer
-                while not len(gw.engine.queues):
+                while not len(gw.engine.parts.queues):
                     await asyncio.sleep(0.01)
                 third = await post(s, gw.url)
                 hold.set()
@@ -256,7 +256,7 @@ async def test_a_drain_finishes_in_flight_answers_queued_503_and_takes_no_new_cl
             while not stub.ledger.records:  # the first is at the stub, held there
                 await asyncio.sleep(0.01)
             queued = asyncio.ensure_future(post(s, gw.url))  # one per key until the first answer
-            while not len(gw.engine.queues):
+            while not len(gw.engine.parts.queues):
                 await asyncio.sleep(0.01)
             stopping = asyncio.ensure_future(gw.stop(drain_timeout_s=5))
             status, headers, body = await queued  # answered at once, while the first is held

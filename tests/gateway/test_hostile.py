@@ -32,9 +32,9 @@ def counts(gw) -> dict[str, int]:
     return {
         "tasks": len(asyncio.all_tasks()),
         "fds": fds(),
-        "in_flight": engine.in_flight,
-        "reserved": sum(w.in_flight for w in engine.workers),
-        "queued": len(engine.queues),
+        "in_flight": engine.parts.path.in_flight,
+        "reserved": sum(w.in_flight for w in engine.parts.keys.workers),
+        "queued": len(engine.parts.queues),
         "waiting": len(gw.source.waiting),
         "connections": gw.connections,
     }
@@ -94,7 +94,7 @@ async def test_too_big_malformed_and_too_slow_take_no_slot_and_no_key():
     async with await start_openai(keys=[KEY], rpm=1000, tpm=1_000_000) as stub:
         async with running_gateway(gateway_config("openai", stub.url, [KEY]), **HOSTILE) as gw:
             await warm(gw)
-            before, generated = counts(gw), gw.engine.metrics.generated
+            before, generated = counts(gw), gw.engine.parts.metrics.generated
             # Over max_body_mb, said up front: 413 without reading it.
             reader, writer = await connect(gw)
             writer.write(head(2 * 1024 * 1024))
@@ -130,7 +130,7 @@ async def test_too_big_malformed_and_too_slow_take_no_slot_and_no_key():
             assert await asyncio.wait_for(reader.read(), 5) == b""
             writer.close()
             await until(lambda: settled(gw, before), show=lambda: (before, counts(gw)))
-            assert gw.engine.metrics.generated == generated  # none took a queue slot
+            assert gw.engine.parts.metrics.generated == generated  # none took a queue slot
     assert len(stub.ledger.records) == 1  # the warm-up only: none reached a key
 
 
@@ -164,7 +164,7 @@ async def test_vanishing_clients_withdraw_their_queued_requests():
             conns = await asyncio.gather(*(connect(gw) for _ in range(20)))
             for _r, w in conns:
                 w.write(head(len(PROMPT_BYTES)) + PROMPT_BYTES)
-            await until(lambda: engine.metrics.generated == 21 and len(engine.queues) == 20)
+            await until(lambda: engine.parts.metrics.generated == 21 and len(engine.parts.queues) == 20)
             for _r, w in conns:
                 w.transport.abort()  # gone without a word
             # A client gone mid-body never queued anything.
@@ -172,7 +172,8 @@ async def test_vanishing_clients_withdraw_their_queued_requests():
             writer.write(head(len(PROMPT_BYTES)) + PROMPT_BYTES[:5])
             writer.transport.abort()
             await until(
-                lambda: engine.metrics.shed == 20 and settled(gw, before), show=lambda: (before, counts(gw))
+                lambda: engine.parts.metrics.shed == 20 and settled(gw, before),
+                show=lambda: (before, counts(gw)),
             )
             snap = gw.snapshot()
             assert snap.generated == 21 and snap.balance() == 0
@@ -200,7 +201,8 @@ async def test_a_client_gone_mid_stream_closes_the_upstream_and_leaks_nothing():
             await until(lambda: gw.connections == 0)
             hold.set()  # the next event finds the client gone: the upstream is closed
             await until(
-                lambda: engine.metrics.shed == 1 and settled(gw, before), show=lambda: (before, counts(gw))
+                lambda: engine.parts.metrics.shed == 1 and settled(gw, before),
+                show=lambda: (before, counts(gw)),
             )
             snap = gw.snapshot()
     assert snap.balance() == 0 and snap.succeeded == 1  # the warm-up; the abandoned stream ended shed

@@ -93,8 +93,8 @@ async def test_openai_sdk_timeout_cancels_the_queued_request():
                         model="gpt-4o-mini", messages=MESSAGES, max_tokens=8, timeout=0.3
                     )
                 engine = gw.engine
-                await until(lambda: engine.metrics.shed == 1)
-                assert (len(engine.queues), engine.in_flight) == (0, 0)
+                await until(lambda: engine.parts.metrics.shed == 1)
+                assert (len(engine.parts.queues), engine.parts.path.in_flight) == (0, 0)
                 assert gw.source.view().waiting == 0
     assert len(stub.ledger.records) == 1  # the abandoned call never reached the API
 

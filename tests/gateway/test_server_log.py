@@ -302,7 +302,7 @@ async def test_in_the_console_the_lines_go_to_the_event_log(caplog):
             port = int(gw.url.rsplit(":", 1)[1])
             assert await _status(port, MALFORMED["two Content-Lengths"]) == 400
             assert await _status(port, REFUSED["no token"][0]) == 401
-            events = [e.text for e in gw.engine.events if "bad request" in e.text]
+            events = [e.text for e in gw.engine.parts.log.rows if "bad request" in e.text]
         finally:
             await gw.stop(drain_timeout_s=1.0)
     assert events == [

@@ -236,26 +236,26 @@ def test_a_late_loop_is_warned_once_per_interval_and_shown_for_a_few_seconds(tmp
     from tests.support.engine_helpers import seed_engine
 
     engine, _ = seed_engine(tmp_path)
-    warnings = lambda: [e for e in engine.events if "loop runs late" in e.text]  # noqa: E731
-    engine.note_lag(0.002, 1.0)  # 2 ms: timers and a busy turn, nothing to say
-    assert engine.loop_lag_ms == pytest.approx(2.0) and not warnings()
-    engine.note_lag(0.040, 1.1)  # one late tick alone: a long turn, shown but not warned
-    assert engine.loop_lag_ms == pytest.approx(40.0) and not warnings()
-    engine.note_lag(0.001, 1.2)
-    engine.note_lag(0.030, 1.3)
+    warnings = lambda: [e for e in engine.parts.log.rows if "loop runs late" in e.text]  # noqa: E731
+    engine.parts.loop.note_lag(0.002, 1.0)  # 2 ms: timers and a busy turn, nothing to say
+    assert engine.parts.loop.lag_ms == pytest.approx(2.0) and not warnings()
+    engine.parts.loop.note_lag(0.040, 1.1)  # one late tick alone: a long turn, shown but not warned
+    assert engine.parts.loop.lag_ms == pytest.approx(40.0) and not warnings()
+    engine.parts.loop.note_lag(0.001, 1.2)
+    engine.parts.loop.note_lag(0.030, 1.3)
     assert not warnings()
-    engine.note_lag(0.040, 1.4)  # the second late tick in a row: the loop cannot keep up
+    engine.parts.loop.note_lag(0.040, 1.4)  # the second late tick in a row: the loop cannot keep up
     assert len(warnings()) == 1 and "40 ms late" in warnings()[0].text
     assert warnings()[0].kind == EventKind.ERROR
-    engine.note_lag(0.050, 2.0)  # still late: no second warning yet
+    engine.parts.loop.note_lag(0.050, 2.0)  # still late: no second warning yet
     assert len(warnings()) == 1
-    engine.note_lag(0.001, 20.0)  # the window turned: the last one's worst still shows
-    assert engine.loop_lag_ms == pytest.approx(50.0)
-    engine.note_lag(0.001, 30.0)  # two windows later it is gone
-    assert engine.loop_lag_ms == pytest.approx(1.0)
-    engine.note_lag(0.030, 1.4 + LOOP_LAG_WARN_EVERY_S)
+    engine.parts.loop.note_lag(0.001, 20.0)  # the window turned: the last one's worst still shows
+    assert engine.parts.loop.lag_ms == pytest.approx(50.0)
+    engine.parts.loop.note_lag(0.001, 30.0)  # two windows later it is gone
+    assert engine.parts.loop.lag_ms == pytest.approx(1.0)
+    engine.parts.loop.note_lag(0.030, 1.4 + LOOP_LAG_WARN_EVERY_S)
     assert len(warnings()) == 1
-    engine.note_lag(0.030, 1.5 + LOOP_LAG_WARN_EVERY_S)
+    engine.parts.loop.note_lag(0.030, 1.5 + LOOP_LAG_WARN_EVERY_S)
     assert len(warnings()) == 2
 
 

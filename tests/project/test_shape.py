@@ -13,8 +13,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = ("core", "engine", "server", "store", "config", "host", "gateway", "console", "bench", "runner")
 
@@ -128,7 +126,6 @@ def test_the_surface_counter_counts_methods_properties_and_attributes():
     assert public_names(node) == {"x", "y", "p", "r"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40: the forwarding properties are moving to the parts")
 def test_the_engine_keeps_its_lifecycle_commands_and_snapshot_and_little_else():
     names = public_names(_engine_class())
     assert {"start", "stop", "run", "apply", "snapshot", "parts"} <= names

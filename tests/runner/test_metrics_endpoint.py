@@ -240,7 +240,11 @@ def test_a_scrape_costs_under_2_percent_of_a_second():
         overrides={"keys": {"secrets": [f"key-{i:04d}-secret" for i in range(50)], "limits": ["100/1s"]}}
     )
     engine = Engine(cfg, transport=None)  # never started: only read
-    for h in (engine.metrics.latency, engine.metrics.latency_total, engine.metrics.queue_wait):
+    for h in (
+        engine.parts.metrics.latency,
+        engine.parts.metrics.latency_total,
+        engine.parts.metrics.queue_wait,
+    ):
         for i in range(20_000):
             h.add(i % 700 / 7.0)
     loop_side: list[float] = []

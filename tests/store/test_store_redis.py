@@ -59,10 +59,10 @@ def _members_state(*args) -> str:
     engines, before = args[: len(args) // 2], args[len(args) // 2 :]
     out = []
     for e, sent in zip(engines, before, strict=True):
-        c = e.cluster
-        events = " | ".join(f"{ev.at_s} {ev.text}" for ev in list(e.events)[-6:])
+        c = e.parts.cluster
+        events = " | ".join(f"{ev.at_s} {ev.text}" for ev in list(e.parts.log.rows)[-6:])
         out.append(
-            f"member sent {e.metrics.sent - sent} since, down_since={c.down_since}, problem={c.last_problem!r},"
+            f"member sent {e.parts.metrics.sent - sent} since, down_since={c.down_since}, problem={c.last_problem!r},"
             f" epoch={c.epoch}, leases={c.lease_totals()}, events: {events}"
         )
     return " || ".join(out)
@@ -190,21 +190,21 @@ def test_two_members_share_the_budget_and_a_gate(redis_any):
         a.start()
         b.start()
         try:
-            await until(lambda: a.metrics.succeeded > 40 and b.metrics.succeeded > 40, 10)
+            await until(lambda: a.parts.metrics.succeeded > 40 and b.parts.metrics.succeeded > 40, 10)
             # a is told Retry-After on k1: it closes its gate and shares it, as _cool does
-            now = a.clock()
-            gate = a.gates["k1"]
+            now = a.parts.run.clock()
+            gate = a.parts.limits.gates["k1"]
             assert gate.close(now + 1.5, "Retry-After 1.5s", now)
-            assert a.cluster is not None
-            a.cluster.gate_closed(gate, "Retry-After 1.5s")
-            took = await until(lambda: b.gates["k1"].open_at > b.clock(), 1.0, 0.005)
+            assert a.parts.cluster is not None
+            a.parts.cluster.gate_closed(gate, "Retry-After 1.5s")
+            took = await until(lambda: b.parts.limits.gates["k1"].open_at > b.parts.run.clock(), 1.0, 0.005)
             assert took < 0.5  # a poll (0.1 s) and a round trip
-            k1 = b.by_label["k1"]
-            assert k1.state(b.clock()) is KeyState.COOLING
+            k1 = b.parts.keys.by_label["k1"]
+            assert k1.state(b.parts.run.clock()) is KeyState.COOLING
             sent_then = k1.sent
             await asyncio.sleep(0.8)  # well inside the 1.5 s cooldown
             assert k1.sent == sent_then  # b sent nothing on k1 while a's Retry-After held
-            assert b.by_label["k2"].sent > 0
+            assert b.parts.keys.by_label["k2"].sent > 0
             # the cluster view: both members, their counts, no secret
             shared = RedisShared(redis_any.url, namespace="m1")
             view = await read_cluster(shared.client, "m1")
@@ -221,8 +221,8 @@ def test_two_members_share_the_budget_and_a_gate(redis_any):
             await b.stop()
         worst, rejected = audit(transport)
         assert worst <= 20 and rejected == 0
-        total = a.metrics.succeeded + b.metrics.succeeded
-        return total, a.ended_at - a.started_at
+        total = a.parts.metrics.succeeded + b.parts.metrics.succeeded
+        return total, a.parts.run.ended_at - a.parts.run.started_at
 
     total, elapsed = asyncio.run(main())
     assert total <= 100 * elapsed + 100  # together never more than the keys allow
@@ -237,8 +237,8 @@ def test_two_members_each_see_the_other_in_their_snapshot(redis_server):
         await jobs.enqueue([{"n": i} for i in range(5)])  # the shared queue's depth shows in the view
         a.start()
         b.start()
-        assert a.cluster is not None and b.cluster is not None
-        ids = {a.cluster.member, b.cluster.member}
+        assert a.parts.cluster is not None and b.parts.cluster is not None
+        ids = {a.parts.cluster.member, b.parts.cluster.member}
 
         def both_seen(engine: Engine) -> bool:
             view = engine.snapshot().cluster
@@ -285,34 +285,37 @@ def test_redis_stopped_and_restarted_no_send_without_a_budget_then_resume(redis_
         b.start()
         try:
             # full windows of sends before the loss: 2 s of the keys' 100/s
-            await until(lambda: a.metrics.sent + b.metrics.sent > 200, 10)
+            await until(lambda: a.parts.metrics.sent + b.parts.metrics.sent > 200, 10)
             server.stop()
-            killed = a.clock()
+            killed = a.parts.run.clock()
             if outage_s:
-                await until(lambda: a.cluster.down_since is not None and b.cluster.down_since is not None, 3)
+                await until(
+                    lambda: a.parts.cluster.down_since is not None and b.parts.cluster.down_since is not None,
+                    3,
+                )
                 # what was leased before may still go (it was granted); nothing after the horizon
-                horizon = a.cluster.horizon_s + a.cluster.slack_s + 0.05
+                horizon = a.parts.cluster.horizon_s + a.parts.cluster.slack_s + 0.05
                 await asyncio.sleep(horizon)
-                sent_a, sent_b = a.metrics.sent, b.metrics.sent
+                sent_a, sent_b = a.parts.metrics.sent, b.parts.metrics.sent
                 await asyncio.sleep(outage_s)
-                assert (a.metrics.sent, b.metrics.sent) == (sent_a, sent_b)  # no budget, no send
+                assert (a.parts.metrics.sent, b.parts.metrics.sent) == (sent_a, sent_b)  # no budget, no send
                 snap = a.snapshot()
                 store_gate = {g.name: g for g in snap.gates}["store"]
                 assert store_gate.left_s > 0 and store_gate.reason == "store unreachable"
                 assert all(k.state is KeyState.COOLING for k in snap.keys)
                 assert any("unreachable" in e.text for e in snap.events)
             server.start()  # same port, empty: the budgets' state is lost
-            sent_a, sent_b = a.metrics.sent, b.metrics.sent
+            sent_a, sent_b = a.parts.metrics.sent, b.parts.metrics.sent
             back = time.monotonic()
             await until(
-                lambda: a.metrics.sent > sent_a + 5 and b.metrics.sent > sent_b + 5,
+                lambda: a.parts.metrics.sent > sent_a + 5 and b.parts.metrics.sent > sent_b + 5,
                 8,
                 why=lambda: _members_state(a, b, sent_a, sent_b),
             )
             resumed_s = time.monotonic() - back
             if outage_s:
                 assert any("reachable again" in e.text for e in a.snapshot().events)
-            await until(lambda: a.metrics.sent + b.metrics.sent > sent_a + sent_b + 100, 5)
+            await until(lambda: a.parts.metrics.sent + b.parts.metrics.sent > sent_a + sent_b + 100, 5)
             return killed, resumed_s
         finally:
             await a.stop()

@@ -229,7 +229,7 @@ def test_three_members_share_binances_weight_per_ip_and_never_exceed_it(redis_se
             finally:
                 for t in transports:
                     await t.close()
-            return snaps, stub, start, stub.now(), [p for e in engines for p in e.problems]
+            return snaps, stub, start, stub.now(), [p for e in engines for p in e.parts.ends.problems]
 
     snaps, stub, start, end, problems = asyncio.run(main())
     state = stub.state

@@ -73,22 +73,24 @@ def test_a_master_that_dies_takes_only_its_hosts_budgets_and_all_resume(shared_c
         a.start()
         b.start()
         try:
-            await until(lambda: a.metrics.sent > 100 and b.metrics.sent > 100, 10)
+            await until(lambda: a.parts.metrics.sent > 100 and b.parts.metrics.sent > 100, 10)
             cluster.stop(victim)
-            await until(lambda: a.cluster.down_since is not None, 3)
-            assert b.cluster.down_since is None
-            await asyncio.sleep(a.cluster.horizon_s + a.cluster.slack_s + 0.05)  # leases granted before
-            sent_a, sent_b = a.metrics.sent, b.metrics.sent
+            await until(lambda: a.parts.cluster.down_since is not None, 3)
+            assert b.parts.cluster.down_since is None
+            await asyncio.sleep(
+                a.parts.cluster.horizon_s + a.parts.cluster.slack_s + 0.05
+            )  # leases granted before
+            sent_a, sent_b = a.parts.metrics.sent, b.parts.metrics.sent
             await asyncio.sleep(1.5)
-            assert a.metrics.sent == sent_a  # no grant for A's keys: no send
+            assert a.parts.metrics.sent == sent_a  # no grant for A's keys: no send
             # B's keys, on another master, went on (100/s offered). The two members share this
             # test's one loop, where A's calls to the dead master (connects, timeouts) take turns
             # too: 32 in 1.5 s seen under load; in production a member is a process of its own.
-            assert b.metrics.sent > sent_b + 15
-            assert b.cluster.down_since is None
+            assert b.parts.metrics.sent > sent_b + 15
+            assert b.parts.cluster.down_since is None
             cluster.start(victim)  # same port, same nodes file: its slots back, its data lost
             back = time.monotonic()
-            await until(lambda: a.metrics.sent > sent_a + 20, 8)
+            await until(lambda: a.parts.metrics.sent > sent_a + 20, 8)
             resumed_s = time.monotonic() - back
             assert any("reachable again" in e.text for e in a.snapshot().events)
         finally:

@@ -119,7 +119,7 @@ def _engine(shared: FakeShared) -> Engine:
 
 
 def _sends_by_key(engine: Engine) -> dict[str, int]:
-    return {w.label: w.sent for w in engine.workers}
+    return {w.label: w.sent for w in engine.parts.keys.workers}
 
 
 def test_a_member_sends_only_at_granted_times_and_stops_without_the_store():
@@ -131,14 +131,14 @@ def test_a_member_sends_only_at_granted_times_and_stops_without_the_store():
         await asyncio.sleep(3.0)
         sent = _sends_by_key(engine)
         # each key sent about what was granted, never more (3 s / 0.06 s = 50 per key)
-        for w in engine.workers:
-            granted = shared.granted[engine.cluster.budget_ids[w.label]]
+        for w in engine.parts.keys.workers:
+            granted = shared.granted[engine.parts.cluster.budget_ids[w.label]]
             assert w.sent <= len(granted) and w.sent >= 40, (w.label, w.sent, len(granted))
         # every send is told to the store within a poll (0.1 s: at most about 20 not yet)
         assert sum(sent.values()) - 20 <= shared.sends <= sum(sent.values())
         shared.down = True
         await asyncio.sleep(0.5)  # held leases may go (they were granted); then nothing
-        assert engine.cluster.down_since is not None
+        assert engine.parts.cluster.down_since is not None
         held = _sends_by_key(engine)
         await asyncio.sleep(2.0)
         assert _sends_by_key(engine) == held
@@ -165,11 +165,11 @@ def test_a_lost_state_drops_old_leases_and_the_first_grant_holds():
         engine.start()
         await asyncio.sleep(2.0)
         assert shared.holds and max(shared.holds) == 0.0  # a cold start waits for nothing
-        lost_at = engine.clock()
+        lost_at = engine.parts.run.clock()
         before = {b: len(times) for b, times in shared.granted.items()}
         shared.lose_state()
         await asyncio.sleep(0.2)  # the next poll sees the new epoch
-        assert all(len(w.leases) == 0 or w.leases.times[0][0] >= lost_at for w in engine.workers)
+        assert all(len(w.leases) == 0 or w.leases.times[0][0] >= lost_at for w in engine.parts.keys.workers)
         events = [e.text for e in engine.snapshot().events]
         assert any("started afresh" in t for t in events)
         await asyncio.sleep(3.0)
@@ -177,9 +177,12 @@ def test_a_lost_state_drops_old_leases_and_the_first_grant_holds():
         # the members had been sending: each budget's first grant after the loss waited
         # out the window (1 s) + headroom + slack + the epoch's confirmation time
         later = shared.holds[5:]
-        assert len(later) == 5 and min(later) >= 1.0 + engine.cluster.slack_s + engine.cluster.confirm_s
-        for w in engine.workers:
-            budget = engine.cluster.budget_ids[w.label]
+        assert (
+            len(later) == 5
+            and min(later) >= 1.0 + engine.parts.cluster.slack_s + engine.parts.cluster.confirm_s
+        )
+        for w in engine.parts.keys.workers:
+            budget = engine.parts.cluster.budget_ids[w.label]
             after = shared.granted[budget][before[budget] :]  # granted after the loss
             assert after and after[0] >= lost_at + min(later) - 1e-6
 
@@ -193,20 +196,20 @@ def test_a_shared_gate_closes_ours_and_ours_is_shared():
         engine = _engine(shared)
         engine.start()
         await asyncio.sleep(1.0)
-        now = engine.clock()
-        name = engine.cluster.gate_ids["k2"]
+        now = engine.parts.run.clock()
+        name = engine.parts.cluster.gate_ids["k2"]
         shared.gates[name] = (now + 2.0, "Retry-After 2s")  # another member's
         await asyncio.sleep(0.15)
-        assert engine.gates["k2"].open_at >= now + 2.0 - 1e-6
-        k2 = engine.by_label["k2"]
+        assert engine.parts.limits.gates["k2"].open_at >= now + 2.0 - 1e-6
+        k2 = engine.parts.keys.by_label["k2"]
         before = k2.sent
         await asyncio.sleep(1.5)
         assert k2.sent == before  # stopped by another member's Retry-After
-        gate = engine.gates["k3"]
-        gate.close(engine.clock() + 1.0, "Retry-After 1s", engine.clock())
-        engine.cluster.gate_closed(gate, "Retry-After 1s")
+        gate = engine.parts.limits.gates["k3"]
+        gate.close(engine.parts.run.clock() + 1.0, "Retry-After 1s", engine.parts.run.clock())
+        engine.parts.cluster.gate_closed(gate, "Retry-After 1s")
         await asyncio.sleep(0.05)
-        assert engine.cluster.gate_ids["k3"] in shared.gates
+        assert engine.parts.cluster.gate_ids["k3"] in shared.gates
         await engine.stop()
 
     run_virtual(main())
@@ -239,7 +242,7 @@ def test_the_cluster_view_is_read_at_most_once_a_second_and_shown_in_the_snapsho
         snap = engine.snapshot()
         view = snap.cluster
         assert view is not None
-        assert [m.member for m in view.members] == [engine.cluster.member]
+        assert [m.member for m in view.members] == [engine.parts.cluster.member]
         me = view.members[0]
         assert me.sent > 0 and me.phase == "running" and me.store == "ok"
         assert me.leases_granted >= me.leases_used > 0
@@ -275,14 +278,14 @@ def test_a_poll_loop_killed_by_an_unexpected_error_is_told_and_starts_again():
         engine.start()
         await asyncio.sleep(1.5)
         assert broken["polls"] == 0  # both failures met, each ending the loop
-        assert engine.problems == ["cluster: RuntimeError: a bug in the client"]  # told once
+        assert engine.parts.ends.problems == ["cluster: RuntimeError: a bug in the client"]  # told once
         shared.down = True
         await asyncio.sleep(1.0)
-        assert engine.cluster.down_since is not None
+        assert engine.parts.cluster.down_since is not None
         held = sum(_sends_by_key(engine).values())
         shared.down = False
         await asyncio.sleep(1.0)
-        assert engine.cluster.down_since is None and sum(_sends_by_key(engine).values()) > held + 20
+        assert engine.parts.cluster.down_since is None and sum(_sends_by_key(engine).values()) > held + 20
         await engine.stop()
 
     run_virtual(main())
@@ -319,9 +322,9 @@ def test_a_request_costs_one_lease_however_many_keys_look_at_it(tmp_path):
         return engine
 
     engine = run_virtual(main())
-    granted, used, _dropped = engine.cluster.lease_totals()
+    granted, used, _dropped = engine.parts.cluster.lease_totals()
     assert engine.snapshot().succeeded == 120
-    assert sum(1 for w in engine.workers if w.sent) >= 2  # the keys shared the work
+    assert sum(1 for w in engine.parts.keys.workers if w.sent) >= 2  # the keys shared the work
     assert used == 120 and granted - used <= 1, (granted, used)
 
 
@@ -365,7 +368,7 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
             cfg, ModelServer({"gpt-a": (500, 30_000), "gpt-b": (500, 30_000)}), shared_state=shared
         )
         # Each lane's limiters are named in the store as they are made, before any send.
-        for w in engine.workers:
+        for w in engine.parts.keys.workers:
             req = Request(0, 0.0, 1.0)
             req.shape = Shape(body={"model": "gpt-a"})
             lane = w.limits.lanes.lane(req)

@@ -341,9 +341,9 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
         dead = Engine(cfg, http_transport(cfg.engine_settings, "http://127.0.0.1:9/x"))
         wall = time.time()
         for i in range(18):  # the dead run: 18 sends of k1 in its last 0.6 s
-            dead.workers[0].limiter.record(dead.clock() - 0.6 + i * 0.03)
+            dead.parts.keys.workers[0].limiter.record(dead.parts.run.clock() - 0.6 + i * 0.03)
         s = SqliteStore.open(str(tmp_path / "w.db"))
-        await s.save_windows("dead", dead.recent_sends())
+        await s.save_windows("dead", dead.parts.keys.recent_sends())
         kept = await s.load_windows()
         await s.close()
         first = fingerprint(secrets[0])
@@ -351,9 +351,9 @@ def test_a_run_on_the_store_starts_each_key_from_the_last_run_s_window(tmp_path)
         sends = last_sends(kept, wall)
         assert len(sends[first]) > 18 and fingerprint(secrets[1]) not in sends  # it sent nothing
         fresh = Engine(cfg, http_transport(cfg.engine_settings, "http://127.0.0.1:9/x"))
-        assert fresh.seed_sends(sends) == len(sends[first])
-        now = fresh.clock()
-        k1, k2 = fresh.workers
+        assert fresh.parts.keys.seed_sends(sends) == len(sends[first])
+        now = fresh.parts.run.clock()
+        k1, k2 = fresh.parts.keys.workers
         oldest = min(kept[first][1])
         # k1 has no room until the dead run's oldest send leaves the server's window
         assert k1.next_free(now) >= now + (oldest + 1.0 - wall) - 0.01
