@@ -211,7 +211,8 @@ class RequestPath:
         if self.spend is not None:
             self.spend.answered(req, result)
         # The key judges its limit by the answer's tally; the verdict takes what it said.
-        explains = limits.judged(tally_of(result, req), req.last_sent_at, now)
+        tally = tally_of(result, req.cancelled and req.answer is not None)
+        explains = limits.judged(tally, req.last_sent_at, now)
         verdict = decide(result, req, self.settle_rules, now, worker.label, worker.blocked, explains)
         self._apply(verdict, worker, req, result, now)
 

@@ -85,13 +85,14 @@ class Verdict:
 _SUCCESS = Verdict(Tally.SUCCEEDED, Ending.SUCCEEDED)
 
 
-def tally_of(outcome: Outcome, req: Request) -> Tally:
-    """The counter `decide` adds `outcome` to (the key judges its limit by it before the decision)."""
+def tally_of(outcome: Outcome, client_gone: bool = False) -> Tally:
+    """The counter `decide` adds `outcome` to, from the answer alone (`client_gone`: its live
+    client left while it held part of the answer); the key judges its limit by it first."""
     kind = outcome.kind
     if kind is OutcomeKind.OK:
         return Tally.SUCCEEDED
-    if (outcome.streamed or req.cancelled) and _live_client_end(outcome, req) is not None:
-        return Tally.FAILED
+    if outcome.streamed or client_gone:
+        return Tally.FAILED  # its live client's end (`_live_client_end`)
     if kind is OutcomeKind.RATE_LIMITED or (kind is OutcomeKind.BLOCKED and outcome.status == 429):
         return Tally.REJECTED_429
     if kind is OutcomeKind.BLOCKED and outcome.status == 403 and _rate_limit_signs(outcome):

@@ -267,4 +267,4 @@ def test_a_429_the_key_s_limit_explains_does_not_widen_the_headroom(explains, wi
 )
 def test_the_tally_the_key_judges_by_is_the_verdict_s(outcome):
     """`tally_of` (what the key's limit is judged by, before the decision) is `decide`'s tally."""
-    assert tally_of(outcome, req()) is decide(outcome, req(), RULES, 1.0, "k1").tally
+    assert tally_of(outcome) is decide(outcome, req(), RULES, 1.0, "k1").tally
