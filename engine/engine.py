@@ -1,7 +1,7 @@
 """The engine: its lifecycle (start, run, stop), its commands (`apply`) and its snapshot.
 
-Every request ends in exactly one place (`Ending`): succeeded, expired,
-graveyard or shed; while the run lasts it is queued (main or DLQ) or in
+Every request ends in exactly one place (`Ending`): succeeded, uncertain,
+expired, graveyard or shed; while the run lasts it is queued (main or DLQ) or in
 flight. The engine runs on one asyncio loop; a front end reaches it through
 a host (`ratedeck.host`), which pulls snapshots and pushes commands.
 

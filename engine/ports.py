@@ -8,6 +8,7 @@ never the `Engine` itself:
 - a work source: `Source` (what the engine calls) and `SourceSink` (what it may call,
   the intake), with what it reads of the queues (`SourceQueues`);
 - a key worker: `WorkerHost` (the request path: launch, expire, shed) and `WorkerQueues`;
+  the key as the request path sees it after an answer: `KeySide` (learn, carry out, wake);
 - the request path's ends: `Endings` (the run's end receives a request's end),
   `EventSink`, `ProblemSink`, `Burial` (where the intake ends a request at once),
   `GateWatcher` and `BudgetWatcher` (a cluster member told what the path learned),
@@ -37,12 +38,13 @@ from ratedeck.core.errors import RatedeckError
 from ratedeck.core.policy import Policy
 from ratedeck.core.vocab import Ending, EventKind, Pacing, Phase
 from ratedeck.engine.gate import CooldownGate
-from ratedeck.engine.snapshot import ClusterView, MessageStats
+from ratedeck.engine.snapshot import ClusterView, ErrorRow, MessageStats
 
 from .request import CallFn, Request
 
 if TYPE_CHECKING:
     from ratedeck.engine.http.outcome import Outcome
+    from ratedeck.engine.path.settle import Verdict
     from ratedeck.engine.settings import KeySpec
 
 #: A key worker, as the request path knows it (the path's own implementation picks the type).
@@ -273,8 +275,42 @@ class WorkerHost(Protocol[W_contra]):
     def shed(self, req: Request) -> None: ...
 
 
+class KeySide(Protocol):
+    """The key that sent an attempt, as the request path sees it (`path/worker.py`'s `KeyWorker`):
+    who it is, and its two steps after the answer. The path reaches no further into the key
+    (its limits, counts, gates), and the key calls the path only to launch (`WorkerHost`)."""
+
+    @property
+    def spec(self) -> KeySpec:
+        """What the transport sends with."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def masked(self) -> str: ...
+
+    def answered(
+        self, outcome: Outcome, req: Request, stamps: tuple[SendStamp, ...], now: float
+    ) -> tuple[str, bool, bool]:
+        """The key takes the answer's facts (counts it, learns what it says of its limits) and
+        returns what it knows for the verdict (`settle.decide`): its label, whether it was
+        refused for good already, and whether its limit explains the answer's 429."""
+
+    def carry_out(
+        self, verdict: Verdict, req: Request, outcome: Outcome, error: ErrorRow | None
+    ) -> CooldownGate | None:
+        """The verdict's key part: count its tally (and `error`, a failure's row), block the key
+        it refuses. Returns the key's gate its cooldown closes (the model's with limits per model);
+        None when it closes none of the key's."""
+
+    def wake_if_sooner(self, now: float) -> None:
+        """The answer is carried out: wake the key's sender if it may send sooner now."""
+
+
 class Endings(Protocol):
-    """Where the request path hands a request that reached its final place: the engine."""
+    """Where the request path hands a request that reached its final place: the run's end
+    (`path/ending.py`'s `RunEnd`)."""
 
     def finish(self, req: Request, ending: Ending) -> None:
         """`req` ended (`ending` is its one final place): tell its caller and the watchers."""

@@ -1,6 +1,7 @@
 """aiohttp's client, tuned: how the engine opens its one `ClientSession`.
 
-The transport (`transport.py`) and the probe (`probe.py`) use aiohttp because
+The probe (`probe.py`) uses aiohttp, and so does the transport (`transport.py`) with
+`target.http_client = "aiohttp"` (its default is pyreqwest, `reqwest_client.py`), because
 real networks need what it already has: proxies, happy eyeballs, per-phase
 timeouts, client certificates, 1xx answers, a parser that gets security fixes
 (docs/dependencies.md). They set it up here the way its best users do:

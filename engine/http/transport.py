@@ -370,7 +370,9 @@ class _Connection:
 
 
 class HttpTransport(TransportBase):
-    """aiohttp's client, tuned (`client.py`), keep-alive, the key in a parameter or a header.
+    """HTTP through pyreqwest (Rust's reqwest, `reqwest_client.py`) by default, or aiohttp's
+    client, tuned (`client.py`), with `target.http_client = "aiohttp"`; keep-alive, the key in
+    a parameter or a header.
 
     Hostile targets in mind:
     - error texts are built from the exception type, never from its message
@@ -398,8 +400,8 @@ class HttpTransport(TransportBase):
 
     `answers` (and `statuses`), `no_answer` and `redirects` count what came
     back, so a run can say "connection refused x57" instead of a bare 0 req/s;
-    `retried` counts sends aiohttp repeated once on a new connection after a
-    kept-alive one turned out closed (an idempotent request only).
+    `retried` counts sends repeated once on a new connection after a kept-alive
+    one turned out closed (an idempotent request only).
     """
 
     def __init__(

@@ -4,7 +4,7 @@ LLM APIs count tokens as well as requests, and a request's cost is known only
 roughly when it goes: its prompt's tokens (estimated) plus the most it may
 write (`max_tokens`). The estimate is reserved from every token budget the
 request belongs to (all-or-nothing, with its other budgets); the answer then
-settles it where the API settles (a budget's `settle` field, engine/path/request_path.py),
+settles it where the API settles (a budget's `settle` field, `KeyLimits.learn` in engine/path/key.py),
 and the server's own counts, read on every answer, correct the rest.
 
 Built in (`costs.estimate = "chars/4"`): a quarter of the characters of the

@@ -4,9 +4,9 @@ A key worker launches an attempt (`RequestPath.launch`), the `Transport`
 answers in the attempt's own task, `settle.decide` (pure) says what the
 answer means, and `_apply` counts it, closes the gates it must (through the
 `Cooldown`), blocks a key the server refused, and ends the request (buried,
-expired, succeeded: handed to the engine's `Endings.finish`) or queues its
-retry. The path sees the engine only through the ports (`ports.py`): it
-enters the engine once per request, at the end.
+expired, succeeded: handed to the run's end, `Endings.finish`, path/ending.py) or
+queues its retry. The path sees the other parts only through the ports (`ports.py`): it
+hands a request on once, at its end.
 
 The hot path: everything a request touches is an attribute of this object
 or bound once (`_send`, `_finish`, `_cool`); no closure or

@@ -1,7 +1,8 @@
 """What happens to a request after one attempt: one pure decision.
 
-`decide(outcome, request, rules, now, key)` looks at nothing else and changes
-nothing; the engine applies the `Verdict` in one place (`path.RequestPath._apply`).
+`decide(outcome, request, rules, now, key, refused, explains)` looks at nothing else and
+changes nothing; the request path carries the `Verdict` out in one place
+(`RequestPath._apply`).
 Every branch of "what does this answer mean for this request" lives here,
 so it can be read, and tested, as a table: what to count, whose gate to close,
 whether to block the key, to pin the request to its key (an Idempotency-Key's
