@@ -36,26 +36,33 @@ from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSetting
 
 # ---------------------------------------------------------------- presets
 
-#: The presets: one TOML file each, a `description` line and config tables; "study" first.
+#: The presets: one TOML file each, a `description` line, whether it `speaks_simulator`
+#: (the embedded simulator's conventions) and config tables; "study" first.
 PRESET_DIR = Path(__file__).parent / "presets"
 #: The preset a run starts from when it names no target: the embedded simulator's.
 DEMO_PRESET = STUDY
+#: What a preset file says of itself, beside its settings.
+PRESET_META = ("description", "speaks_simulator")
 
 
-def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every preset by name, and a line saying what each is (the files ship with the package)."""
+def _load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, str], frozenset[str]]:
+    """Every preset by name, a line saying what each is, and those that speak the embedded
+    simulator's conventions (the files ship with the package)."""
     presets: dict[str, dict[str, Any]] = {}
     descriptions: dict[str, str] = {}
+    simulator: set[str] = set()
     files = sorted(PRESET_DIR.glob("*.toml"), key=lambda f: (f.stem != DEMO_PRESET, f.stem))
     for file in files:
         with file.open("rb") as fh:
             data = tomllib.load(fh)
         descriptions[file.stem] = str(data.pop("description", ""))
+        if data.pop("speaks_simulator", False) is True:
+            simulator.add(file.stem)
         presets[file.stem] = data
-    return presets, descriptions
+    return presets, descriptions, frozenset(simulator)
 
 
-PRESETS, PRESET_DESCRIPTIONS = _load_presets()
+PRESETS, PRESET_DESCRIPTIONS, SIMULATOR_PRESETS = _load_presets()
 
 
 # ---------------------------------------------------------------- loading
@@ -122,7 +129,9 @@ def load_config(
             "(the study demo keys are only for the embedded simulator or --preset study)",
         )
     cfg = build_config(data, source, keys_needed=keys_needed)
-    return cfg.replace(preset=preset)
+    return cfg.replace(
+        preset=preset, preset_needs_target=preset is not None and preset not in SIMULATOR_PRESETS
+    )
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:

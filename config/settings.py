@@ -37,6 +37,7 @@ class RunnerSettings:
     store: str = "memory"  # memory, sqlite:PATH or redis://host:port/db (ratedeck.store)
     resume: bool = False
     preset: str | None = None
+    preset_needs_target: bool = False  # the preset is for a real API, not the simulator: give its URL
     procs: int | str = 1  # engine processes, or "auto": one per core (resolved when the run starts)
     interval_s: float = 5.0  # headless metrics period
     metrics_port: int | None = None  # serve /metrics here during the run (0: any free port)

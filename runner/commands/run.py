@@ -30,7 +30,6 @@ from ratedeck.core.exits import ExitCode
 from ratedeck.core.files import private_write_text
 from ratedeck.core.loops import loop_factory
 from ratedeck.core.paths import profile_save_path, user_config_path
-from ratedeck.core.study_server import STUDY
 from ratedeck.host.process_host import ProcessHost
 from ratedeck.host.protocol import SpawnedHost
 from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_configs
@@ -70,8 +69,12 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     options from the flags; raises ConfigError (one line) for anything wrong."""
     cfg, source = load_run_config(args)
     check_store(cfg)
-    real_api = cfg.runner.preset not in (None, STUDY)
-    if real_api and cfg.engine_settings.target.url is None and not cfg.server and not cfg.runner.dry_run:
+    if (
+        cfg.runner.preset_needs_target
+        and cfg.engine_settings.target.url is None
+        and not cfg.server
+        and not cfg.runner.dry_run
+    ):
         # The simulator speaks the seed's conventions (a key parameter): a real API's preset
         # against it only ever meets refusals.
         raise ConfigError(

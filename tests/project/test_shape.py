@@ -39,10 +39,7 @@ ANY_IN_PORTS: dict[str, str] = {
 
 #: "path" -> why it compares a preset's name outside config/ (a target's abilities are
 #: capabilities in its preset, `config/presets/`, never its name in code).
-PRESET_NAME_EXCEPTIONS: dict[str, str] = {
-    "runner/commands/run.py": "TODO(issue 40): 'a real API's preset' is `preset not in (None, STUDY)`;"
-    " the preset should say it (a capability) rather than the runner know the simulator's name",
-}
+PRESET_NAME_EXCEPTIONS: dict[str, str] = {}
 
 
 def _sources(*layers: str) -> list[Path]:
