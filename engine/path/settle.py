@@ -54,8 +54,9 @@ class SettleRules:
 
 
 @dataclass(frozen=True, slots=True)
-class Cooldown:
-    """Close a gate: `scope`'s senders all wait `delay_s`."""
+class CooldownOrder:
+    """What a verdict orders of a gate (not the `ports.Cooldown` that carries it out): close
+    `scope`'s gate, its senders all wait `delay_s`."""
 
     scope: Scope
     delay_s: float
@@ -74,7 +75,7 @@ class Verdict:
     tally: Tally
     ending: Ending | None = None
     backoff_cap_s: float = 0.0
-    cooldown: Cooldown | None = None
+    cooldown: CooldownOrder | None = None
     block_key: bool = False
     widen_headroom: bool = False
     cause: str | None = None  # the failure's name in the failures table
@@ -148,7 +149,7 @@ def _decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> V
         if outcome.retry_after_s is not None:
             host = rules.host_gate and rules.host_limit_match in (outcome.error or "")
             reason = f"429, asked to wait {outcome.retry_after_s:g}s"
-            cooldown = Cooldown(Scope.HOST if host else Scope.KEY, outcome.retry_after_s, reason)
+            cooldown = CooldownOrder(Scope.HOST if host else Scope.KEY, outcome.retry_after_s, reason)
         return _retry(
             Tally.REJECTED_429, req, rules, now, backoff=True, cooldown=cooldown, widen_headroom=True
         )
@@ -156,7 +157,7 @@ def _decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> V
         # Refused for a while for not slowing down: every sender from this host waits
         # it out (Binance bans the IP), then the request is tried again.
         delay = outcome.retry_after_s if outcome.retry_after_s is not None else rules.ban_default_s
-        cooldown = Cooldown(Scope.HOST, delay, f"banned ({outcome.status}), asked to wait {delay:g}s")
+        cooldown = CooldownOrder(Scope.HOST, delay, f"banned ({outcome.status}), asked to wait {delay:g}s")
         return _retry(
             Tally.REJECTED_OTHER, req, rules, now, backoff=False, cooldown=cooldown, widen_headroom=True
         )
@@ -174,7 +175,7 @@ def _decide(outcome: Outcome, req: Request, rules: SettleRules, now: float) -> V
     cause = str(outcome.status) if outcome.status is not None else str(kind)
     cooldown = None
     if outcome.retry_after_s is not None:
-        cooldown = Cooldown(
+        cooldown = CooldownOrder(
             Scope.KEY, outcome.retry_after_s, f"{cause}, asked to wait {outcome.retry_after_s:g}s"
         )
     if outcome.write and outcome.maybe_sent:
@@ -225,7 +226,7 @@ def _retry(
     now: float,
     *,
     backoff: bool,
-    cooldown: Cooldown | None = None,
+    cooldown: CooldownOrder | None = None,
     block_key: bool = False,
     widen_headroom: bool = False,
     cause: str | None = None,
