@@ -52,7 +52,7 @@ from .settings import GRAVEYARD_AUTO, EngineSettings, KeySpec
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class SharedLimits:
     """The run's shared limits: the named budgets, the host-wide limiter, the gates, how
     the limiters pace, and how to make one more."""
 
@@ -81,7 +81,7 @@ class EngineParts:
     metrics: Metrics
     graveyard: Graveyard
     source: Source
-    limits: Limits
+    limits: SharedLimits
     keys: KeyRing
     ends: RunEnd
     cluster: ClusterMember | None
@@ -291,7 +291,9 @@ def _pacing(cfg: EngineSettings, source: Source) -> Pacing:
     return Pacing.BURST if fed_burst else Pacing.EVEN
 
 
-def _limits(cfg: EngineSettings, headroom: HeadroomController, source: Source, *, shared: bool) -> Limits:
+def _limits(
+    cfg: EngineSettings, headroom: HeadroomController, source: Source, *, shared: bool
+) -> SharedLimits:
     seconds, pace = headroom.seconds, headroom.pace_seconds
     pacing = _pacing(cfg, source)
     # Sends closer than the network jitter can reach a nonce-checking server out of order:
@@ -320,7 +322,7 @@ def _limits(cfg: EngineSettings, headroom: HeadroomController, source: Source, *
         gates["store"] = store_gate
     # Named budgets ([[budgets]]): host-scope ones shared here, key-scope ones per key.
     budgets = Budgets(cfg, make)
-    return Limits(budgets, host_limiter, gates, host_gate, store_gate, pacing, make)
+    return SharedLimits(budgets, host_limiter, gates, host_gate, store_gate, pacing, make)
 
 
 def _weighted_host(cfg: EngineSettings, budgets: Budgets) -> WindowLimiter | None:
@@ -332,7 +334,7 @@ def _weighted_host(cfg: EngineSettings, budgets: Budgets) -> WindowLimiter | Non
 def _key(
     cfg: EngineSettings,
     spec: KeySpec,
-    limits: Limits,
+    limits: SharedLimits,
     learning: Learning,
     cluster: ClusterMember | None,
     *,
@@ -400,7 +402,7 @@ def _store_names(
     spec: KeySpec,
     limiter: WindowLimiter,
     key_budgets: dict[str, WindowLimiter],
-    limits: Limits,
+    limits: SharedLimits,
     cluster: ClusterMember,
 ) -> dict[WindowLimiter, str]:
     """Each of a key's limiters' budget in the store: the key's own limits, the host's, the
