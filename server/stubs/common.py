@@ -144,7 +144,9 @@ class Ledger:
         return sum(1 for r in self.select(**filters) if r.during_backoff)
 
 
-class Limits(Protocol):
+class CapacityState(Protocol):
+    """A stub's API-specific state as `Stub.allowed_capacity` reads it: what its limits allowed."""
+
     def allowed_capacity(
         self, start: float, end: float, *, key: str | None = ..., bucket: str | None = ...
     ) -> float: ...
