@@ -681,7 +681,7 @@ def _thresholds_failed(
 
 
 @dataclass(frozen=True)
-class Metrics:
+class MetricsEndpoint:
     """`--metrics-port`, `--metrics-host`, `--metrics-linger`: where /metrics is served, and how
     long the final numbers stay up after the run (so a scraper gets the end of the run)."""
 
@@ -696,7 +696,7 @@ async def run_headless(
     out: TextIO | None = None,
     *,
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
-    metrics: Metrics | None = None,
+    metrics: MetricsEndpoint | None = None,
     procs: int = 1,
 ) -> int:
     """Run until the duration passes, the workload ends, a signal, or a target that never answers.
@@ -873,7 +873,7 @@ async def _run(
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
     source: LoopSource | None = None,
     exporter: MetricsServer | None = None,
-    metrics: Metrics | None = None,
+    metrics: MetricsEndpoint | None = None,
 ) -> int:
     session = Session(cfg)
     try:

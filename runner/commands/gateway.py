@@ -29,7 +29,7 @@ from ratedeck.core.loops import loop_factory
 
 from ..cli import build_parser as run_parser
 from ..headless import (
-    Metrics,
+    MetricsEndpoint,
     StopSignals,
     _capacity,
     _keys,
@@ -138,7 +138,7 @@ async def run_gateway(
     out: TextIO,
     *,
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
-    metrics: Metrics | None = None,
+    metrics: MetricsEndpoint | None = None,
 ) -> int:
     """Serve until a signal (or the duration, or every key refused), drain, conclude as a run does."""
     from ratedeck.gateway.service import GatewayService

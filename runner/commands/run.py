@@ -36,7 +36,7 @@ from ratedeck.host.shards import ShardedHost, ShardError, parse_procs, shard_con
 from ratedeck.store.work import open_for_run
 
 from ..cli import overrides_from_args
-from ..headless import Metrics, check_outputs, conclude, run_headless
+from ..headless import MetricsEndpoint, check_outputs, conclude, run_headless
 from ..thresholds import Threshold, ThresholdError, parse
 from .common import fail
 
@@ -52,7 +52,7 @@ class RunPlan:
         cfg: RunConfig,
         source: str | None,
         thresholds: list[Threshold],
-        metrics: Metrics | None,
+        metrics: MetricsEndpoint | None,
         interval_s: float,
         procs: int = 1,
     ):
@@ -96,7 +96,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     return RunPlan(cfg, source, thresholds, metrics, cfg.runner.interval_s, procs)
 
 
-def _metrics(cfg: RunConfig) -> Metrics | None:
+def _metrics(cfg: RunConfig) -> MetricsEndpoint | None:
     """Where /metrics is served (`metrics_port`), if anywhere; a host or linger without sense is bad input."""
     run = cfg.runner
     if run.metrics_port is None:
@@ -106,10 +106,10 @@ def _metrics(cfg: RunConfig) -> Metrics | None:
     host = run.metrics_host.strip()
     if not host:
         raise ConfigError("command line", "--metrics-host", "must be an address like 127.0.0.1 or 0.0.0.0")
-    return Metrics(run.metrics_port, host, run.metrics_linger_s or 0.0)
+    return MetricsEndpoint(run.metrics_port, host, run.metrics_linger_s or 0.0)
 
 
-def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: Metrics | None) -> int:
+def _procs(args: argparse.Namespace, cfg: RunConfig, metrics: MetricsEndpoint | None) -> int:
     """`--procs`, checked against the run: a run that cannot be split is bad input."""
     try:
         procs = parse_procs(cfg.runner.procs)
@@ -236,7 +236,7 @@ def save_config(cfg: RunConfig, path: str) -> int:
 def run_console(
     cfg: RunConfig,
     thresholds: list[Threshold] | tuple[Threshold, ...] = (),
-    metrics: Metrics | None = None,
+    metrics: MetricsEndpoint | None = None,
     procs: int = 1,
     make_session: Callable[[RunConfig], Any] | None = None,
     config_file: str | None = None,
@@ -297,7 +297,7 @@ def _console(
     cfg: RunConfig,
     host: SpawnedHost,
     thresholds: list[Threshold] | tuple[Threshold, ...],
-    metrics: Metrics | None,
+    metrics: MetricsEndpoint | None,
     exporter: MetricsServer | None,
     profile_path: str,
 ) -> int:

@@ -305,7 +305,7 @@ def test_a_console_run_serves_metrics_from_the_parent(tmp_path, monkeypatch):
     import ratedeck.console.app as console_app
     from ratedeck.config import load_config
     from ratedeck.runner.commands.run import run_console
-    from ratedeck.runner.headless import Metrics
+    from ratedeck.runner.headless import MetricsEndpoint
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -327,7 +327,7 @@ def test_a_console_run_serves_metrics_from_the_parent(tmp_path, monkeypatch):
     monkeypatch.setattr(console_app, "RatedeckApp", StandIn)
     report = tmp_path / "report.json"
     cfg = load_config(overrides={"run": {"report": str(report)}, "engine": {"graveyard_path": ""}})
-    code = run_console(cfg, metrics=Metrics(port))
+    code = run_console(cfg, metrics=MetricsEndpoint(port))
     assert code == 0
     (during,) = scrapes
     assert _value(during, "ratedeck_requests_total", outcome="succeeded") >= 20
