@@ -53,7 +53,7 @@ class Decision:
     outcome: str = "ok"
 
 
-class KeyState:
+class SimulatedKey:
     """Everything the server remembers about one API key, counters included.
 
     `accepted` counts requests that spent a rate-limit slot (answered 200, or 400
@@ -154,7 +154,7 @@ class RateRules:
     def reset(self) -> None:
         """Forget every stamp, nonce, block and counter (settings stay)."""
         policies = self.settings.policies
-        self._states = {key: KeyState(i, key, policies) for i, key in enumerate(self.settings.keys)}
+        self._states = {key: SimulatedKey(i, key, policies) for i, key in enumerate(self.settings.keys)}
         self._host = HostState(self.settings.host_policies)
         self._origin_ms: float | None = None  # the first request's time: the other load counts from it
 
@@ -235,7 +235,7 @@ class RateRules:
         state.ok += 1
         return Decision(200, {"status": "OK", "req_id": req_id}, self._headers(state, now_ms, None))
 
-    def _other_user(self, state: KeyState, now_ms: float) -> None:
+    def _other_user(self, state: SimulatedKey, now_ms: float) -> None:
         """Play the other user's requests on this key up to `now_ms`: each takes a slot of the
         key's windows if there is room (no cooldown, no stats)."""
         other, origin = self._other, self._origin_ms
@@ -250,7 +250,7 @@ class RateRules:
             at += other.gap_ms
         state.other_next_ms = at
 
-    def _spend(self, state: KeyState, now_ms: float) -> None:
+    def _spend(self, state: SimulatedKey, now_ms: float) -> None:
         """Take a slot in every per-key and host ring, and tell the audits."""
         first = state.first_accept_ms
         if first is None:
@@ -275,13 +275,13 @@ class RateRules:
         state.accepted += 1
         host.accepted += 1
 
-    def _reject_key(self, state: KeyState, now_ms: float, wait_ms: float, outcome: str) -> Decision:
+    def _reject_key(self, state: SimulatedKey, now_ms: float, wait_ms: float, outcome: str) -> Decision:
         """A 429 that the key earned: it counts toward the block."""
         state.strikes += 1
         state.rejected_429 += 1
         return Decision(429, _error(MSG_RATE_LIMIT), self._headers(state, now_ms, wait_ms), outcome)
 
-    def _headers(self, state: KeyState, now_ms: float, retry_ms: float | None) -> dict[str, str]:
+    def _headers(self, state: SimulatedKey, now_ms: float, retry_ms: float | None) -> dict[str, str]:
         """Retry-After and RateLimit headers, as far as the settings ask for them."""
         settings = self.settings
         headers: dict[str, str] = {}
@@ -292,7 +292,7 @@ class RateRules:
             headers.update(self._limit_headers(state, now_ms))
         return headers
 
-    def _limit_headers(self, state: KeyState, now_ms: float) -> dict[str, str]:
+    def _limit_headers(self, state: SimulatedKey, now_ms: float) -> dict[str, str]:
         # Report the tightest policy: fewest free slots, then the longest wait.
         best: tuple[int, float, SlotRing, bool] | None = None
         candidates = [(r, False) for r in state.rings] + [(r, True) for r in self._host.rings]
@@ -436,7 +436,7 @@ def _audit_row(audit: WindowAudit) -> dict[str, Any]:
     }
 
 
-def _key_stats(state: KeyState, block_after: int) -> dict[str, Any]:
+def _key_stats(state: SimulatedKey, block_after: int) -> dict[str, Any]:
     return {
         "index": state.index,
         "key": mask_secret(state.key),
