@@ -1,8 +1,8 @@
 """pyreqwest's client (Rust's reqwest and hyper), set up for a run: the default HTTP client.
 
-Why this one (docs/dependencies.md): on the same loopback server it spends a
-third of aiohttp's CPU per request (35 µs against 96 µs tuned, 111 µs as a
-user writes it; `docs/measurements.md`, "HTTP clients"), and on two shared
+Why this one (docs/dependencies.md): on the same loopback server it spends about
+two fifths of aiohttp's CPU per request (47-49 µs against 118-126 µs, each as a user
+writes it; `docs/measurements.md`, "HTTP clients side by side"), and on two shared
 cores the client's CPU decides how close to the limit a run gets. It has what
 real networks need: proxies (HTTP, CONNECT for HTTPS), TLS with extra roots and
 client certificates, connect and read timeouts, gzip, brotli, zstd and deflate,
