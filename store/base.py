@@ -7,7 +7,7 @@ A `WorkStore` holds jobs (workload lines) in one of four states:
   a store that can (SQLite) also keeps whether the member marked it *sending*
   (`mark_sending`, written before the job may go out): a killed member's claimed
   jobs that were never marked go back to pending on `recover`, as they were;
-- done: `finish` journaled its ending (`Ending`: succeeded, expired, graveyard, shed);
+- done: `finish` journaled its ending (`Ending`: succeeded, uncertain, expired, graveyard, shed);
 - uncertain: claimed by a member that went away (killed) after it may have sent
   the job, on a target with no Idempotency-Key; sending it again could do the work
   twice, so it is reported, never silently re-sent or dropped.

@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--only",
         metavar="ENDINGS",
-        help="only these endings, comma-separated (succeeded, expired, graveyard, shed, queued, in_flight);"
-        " default: all but succeeded",
+        help="only these endings, comma-separated (succeeded, uncertain, expired, graveyard, shed, queued,"
+        " in_flight); default: all but succeeded and uncertain",
     )
     return p
 
