@@ -16,6 +16,7 @@ object is made per request beyond the attempt's task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Coroutine
@@ -29,14 +30,13 @@ from ratedeck.engine.http.transport import Transport
 from ratedeck.engine.limits.headroom import HeadroomController
 from ratedeck.engine.observe.metrics import Metrics
 from ratedeck.engine.observe.spend import SpendMeter
-from ratedeck.engine.ports import Cooldown, Endings, EventSink, GateWatcher, SendStamp
+from ratedeck.engine.ports import Cooldown, Endings, EventSink, GateWatcher, KeySide, SendStamp
 from ratedeck.engine.queues import Graveyard, WorkQueues
 from ratedeck.engine.request import Request
 from ratedeck.engine.settings import KeySpec
 from ratedeck.engine.snapshot import ErrorRow
 
-from .settle import Scope, SettleRules, Tally, Verdict, decide, tally_of
-from .worker import KeyWorker
+from .settle import Scope, SettleRules, Tally, Verdict, decide
 
 
 class SharedGates:
@@ -137,7 +137,7 @@ class RequestPath:
 
     # ------------------------------------------------------------ sending
     def launch(
-        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...] = ()
+        self, key: KeySide, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...] = ()
     ) -> None:
         """Send one attempt in its own task (so a key keeps several in flight)."""
         req.attempts += 1
@@ -145,7 +145,7 @@ class RequestPath:
         m = self.metrics
         m.sent += 1
         sent_at = stamps[0].t if stamps else self.clock()
-        if req.mark_sent(sent_at, worker.label):
+        if req.mark_sent(sent_at, key.label):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
         if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
@@ -153,21 +153,20 @@ class RequestPath:
         assert create_task is not None, "launch() before start()"
         # The attempt takes itself out of `sends` when it ends (no done callback: one
         # loop turn less per request). A request has one attempt in flight at a time.
-        self.sends[req] = create_task(self._attempt(worker, req, nonce, stamps))
+        self.sends[req] = create_task(self._attempt(key, req, nonce, stamps))
 
     async def _attempt(
-        self, worker: KeyWorker, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]
+        self, key: KeySide, req: Request, nonce: int | None, stamps: tuple[SendStamp, ...]
     ) -> None:
         try:
-            result = await self._send(worker.spec, req, nonce)
+            result = await self._send(key.spec, req, nonce)
         except asyncio.CancelledError:
             self.sends.pop(req, None)
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")
         self.sends.pop(req, None)
-        result.key = worker.label
-        worker.answered(result)
+        result.key = key.label
         self.in_flight -= 1
         if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] -= 1
@@ -186,84 +185,77 @@ class RequestPath:
                 # The answer bounds how late the server stamped this request: its
                 # slot frees by that, not by the worst case (see headroom.py).
                 self.headroom.assign(stamps, held, now, server_s)
-            self._settle(worker, req, result, now, stamps)
+            sent = req.sent_state()
+            sent.last_status = result.status
+            sent.result = result
+            # The key takes the answer's facts (it learns what the answer says of its limits)
+            # and returns what it knows for the verdict.
+            self._settle(key, req, result, now, key.answered(result, req, stamps, now))
         except Exception as exc:
             # Whatever went wrong in handling the answer, the request is
             # accounted for: it ends in the graveyard with the error named.
+            with contextlib.suppress(Exception):
+                if req.sent_state().result is not result:  # the key has the answer all the same
+                    key.answered(result, req, (), now)  # (its count in flight, its sizing)
             self._settle_failed(req, exc, now)
-        worker.wake_if_sooner(now)
+        key.wake_if_sooner(now)
 
     def _settle(
-        self,
-        worker: KeyWorker,
-        req: Request,
-        result: oc.Outcome,
-        now: float,
-        stamps: tuple[SendStamp, ...] = (),
+        self, key: KeySide, req: Request, result: oc.Outcome, now: float, facts: tuple[str, bool, bool]
     ) -> None:
-        """The key learns what the answer says of its limits (`KeyLimits.learn`), then
-        `settle.decide` (pure) says what the answer means, and it is applied here."""
-        sent = req.sent_state()
-        sent.last_status = result.status
-        sent.result = result
-        limits = worker.limits
-        limits.learn(result, req, stamps, now)
+        """`settle.decide` (pure) returns the verdict on the answer from what the key knows
+        (`facts`: `KeySide.answered`'s label, refused, explains), and it is carried out."""
         if self.spend is not None:
             self.spend.answered(req, result)
-        # The key judges its limit by the answer's tally; the verdict takes what it said.
-        tally = tally_of(result, req.cancelled and req.answer is not None)
-        explains = limits.judged(tally, req.last_sent_at, now)
-        verdict = decide(result, req, self.settle_rules, now, worker.label, worker.blocked, explains)
-        self._apply(verdict, worker, req, result, now)
+        label, refused, explains = facts
+        verdict = decide(result, req, self.settle_rules, now, label, refused, explains)
+        self._apply(verdict, key, req, result, now, refused)
 
-    def _apply(self, v: Verdict, worker: KeyWorker, req: Request, result: oc.Outcome, now: float) -> None:
-        """Carry out one verdict: count, pause, block, pin, then end or retry the request."""
+    def _apply(
+        self, v: Verdict, key: KeySide, req: Request, result: oc.Outcome, now: float, refused: bool
+    ) -> None:
+        """Carry out one verdict: count, pause, block (the key's part: `KeySide.carry_out`),
+        pin, then end or retry the request. `refused`: the key was refused before this answer."""
         m = self.metrics
         tally = v.tally
-        worker.stats.tally(tally)
         succeeded = tally is Tally.SUCCEEDED
         if succeeded:
             m.success(result.latency_s * 1000.0, (now - req.intended_at) * 1000.0)
-        elif tally is Tally.REJECTED_429:
-            m.rejected_429 += 1
-        elif tally is Tally.REJECTED_OTHER:
-            m.rejected_other += 1
+            error = None
         else:
-            m.fail(v.cause or str(result.kind))
-        if not succeeded:
+            if tally is Tally.REJECTED_429:
+                m.rejected_429 += 1
+            elif tally is Tally.REJECTED_OTHER:
+                m.rejected_other += 1
+            else:
+                m.fail(v.cause or str(result.kind))
             req.last_error = result.error or str(result.kind)
             cause = str(result.kind) if result.status is not None else (result.error or str(result.kind))
             at_s = now - self.started_at
-            m.errors.add(result.status, result.kind, cause, req.last_error, worker.label, at_s)
-            worker.stats.recent_errors.append(
-                ErrorRow(result.status, result.kind, cause, 1, req.last_error, worker.label, round(at_s, 1))
-            )
+            m.errors.add(result.status, result.kind, cause, req.last_error, key.label, at_s)
+            error = ErrorRow(result.status, result.kind, cause, 1, req.last_error, key.label, round(at_s, 1))
         if v.widen_headroom:
             self.headroom.observe_rejection(now)
-        lanes = worker.limits.lanes
-        lane = lanes.lane(req) if lanes is not None else None
-        if lane is not None and tally is Tally.REJECTED_429:
-            lane.rejected_429 += 1
+        key_gate = key.carry_out(v, req, result, error)
         if v.cooldown is not None:
-            if v.cooldown.scope is Scope.HOST:
-                gate = self.host_gate
-            else:  # the key's, or with limits per model the model's: the key's other models go on
-                gate = lane.gate if lane is not None else worker.gates[0]
-            self._cool(gate, req, now, v.cooldown.delay_s, v.cooldown.reason)
+            cooldown = v.cooldown
+            gate = self.host_gate if cooldown.scope is Scope.HOST else key_gate
+            assert gate is not None  # a key-scoped cooldown closes the key's gate (`carry_out`)
+            self._cool(gate, req, now, cooldown.delay_s, cooldown.reason)
         if v.unsure:
             req.unsure = True
             if result.request_id is not None or req.request_id is None:
                 req.request_id = result.request_id
-        if v.block_key and worker.block(result.status, result.error or ""):
+        if v.block_key and not refused:  # refused by this answer: the first time
             said = f"HTTP {result.status}" if result.status is not None else str(result.kind)
             if result.error and result.error != said:
                 said += f": {result.error}"
             self.event(
                 EventKind.ERROR,
-                f"{worker.label} {worker.masked} refused by the server ({said}); not used again",
+                f"{key.label} {key.masked} refused by the server ({said}); not used again",
             )
             self._key_refused()
-            self.strand(worker.label, now)
+            self.strand(key.label, now)
         if v.pin is not None:
             req.pin = v.pin  # its retries go out on this key only (settle.decide)
         ending = v.ending

@@ -24,14 +24,14 @@ from ratedeck.engine.snapshot import ErrorRow, KeyRow
 
 from .admit import LEASE_EARLY_S, Hold, KeyView, Pass, Plan, Send, admit, default_plan
 from .key import UNKNOWN_LIMIT, KeyLimits
-from .settle import Tally
+from .settle import Scope, Tally, Verdict, tally_of
 
 if TYPE_CHECKING:
     from ratedeck.core.policy import Policy
     from ratedeck.engine.limits.budgets import Budgets
     from ratedeck.engine.limits.estimate import KeyEstimate
     from ratedeck.engine.limits.leases import LeasedSlots
-    from ratedeck.engine.ports import RunClock, WorkerHost, WorkerQueues
+    from ratedeck.engine.ports import RunClock, SendStamp, WorkerHost, WorkerQueues
     from ratedeck.engine.request import Request
 
 __all__ = ["LEASE_EARLY_S", "RECENT_ERRORS", "UNKNOWN_LIMIT", "KeyStats", "KeyWorker"]
@@ -79,12 +79,6 @@ class KeyStats:
             self.errors += 1
             what = str(outcome.status) if outcome.status is not None else str(outcome.kind)
             self.last_error = f"{what}: {outcome.error}" if outcome.error else what
-
-    def tally(self, tally: Tally) -> None:
-        if tally is Tally.SUCCEEDED:
-            self.succeeded += 1
-        elif tally is Tally.REJECTED_429:
-            self.rejected_429 += 1
 
 
 class KeyWorker:
@@ -386,18 +380,55 @@ class KeyWorker:
         # does poke() (pause, stop), with no extra task per wait.
         await self._waker.wait(self.run_state.loop, None, register=self.queues.add_getter)
 
-    # -- answers
-    def answered(self, outcome: Outcome) -> None:
-        """An attempt of this key came back (or failed to)."""
+    # -- answers: the key side of the request path (`ports.KeySide`)
+    def answered(
+        self, outcome: Outcome, req: Request, stamps: tuple[SendStamp, ...], now: float
+    ) -> tuple[str, bool, bool]:
+        """An attempt of this key came back (or failed to): count it, learn what the answer says
+        of the key's limits (`KeyLimits.learn`), judge the limit by the answer's tally; returns
+        what the verdict takes of the key: its label, refused already, its limit explains a 429."""
         self.in_flight -= 1
+        limits = self.limits
         if self.in_flight == 0:
-            self.limits.answered_all()  # nothing in flight: nothing to wait for
+            limits.answered_all()  # nothing in flight: nothing to wait for
         self.stats.answered(outcome)
-        sizing = self.limits.sizing
+        sizing = limits.sizing
         if sizing is not None:  # a timeout, no connection or a 5xx: the server or path is in trouble
             sizing.answered(
                 outcome.latency_s, outcome.status is not None and outcome.kind is not OutcomeKind.SERVER_ERROR
             )
+        limits.learn(outcome, req, stamps, now)
+        # The key judges its limit by the answer's tally; the verdict takes what it said.
+        explains = limits.judged(
+            tally_of(outcome, req.cancelled and req.answer is not None), req.last_sent_at, now
+        )
+        return self.label, self.blocked, explains
+
+    def carry_out(
+        self, verdict: Verdict, req: Request, outcome: Outcome, error: ErrorRow | None
+    ) -> CooldownGate | None:
+        """The verdict's key part: its tally and `error` (a failure's row) counted, the key blocked
+        when the verdict refuses it; returns the key's gate a key-scoped cooldown closes (the
+        request's model's with limits per model), else None."""
+        tally = verdict.tally
+        if tally is Tally.SUCCEEDED:
+            self.stats.succeeded += 1
+            if verdict.cooldown is None:
+                return None  # nothing else for the key (the usual answer)
+        elif tally is Tally.REJECTED_429:
+            self.stats.rejected_429 += 1
+        if error is not None:
+            self.stats.recent_errors.append(error)
+        lanes = self.limits.lanes
+        lane = lanes.lane(req) if lanes is not None else None
+        if lane is not None and tally is Tally.REJECTED_429:
+            lane.rejected_429 += 1
+        if verdict.block_key:
+            self.block(outcome.status, outcome.error or "")
+        cooldown = verdict.cooldown
+        if cooldown is None or cooldown.scope is Scope.HOST:
+            return None
+        return lane.gate if lane is not None else self.gates[0]  # a lane's: the key's other models go on
 
     def block(self, status: int | None = None, message: str = "") -> bool:
         """The server refused this key for good (`status`, its masked `message`); True the first time."""

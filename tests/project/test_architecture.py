@@ -152,20 +152,27 @@ def test_a_request_s_walk_enters_the_engine_module_once_at_its_end():
 
 
 def _readme_path_modules() -> list[str]:
-    """The modules and folders the README's numbered request path names, in its order."""
+    """The modules and folders the README's numbered request path names, in its order (a module
+    named at two steps, as the key worker is, twice; a name repeated within a step once)."""
     import re
 
     readme = (REPO / "README.md").read_text()
     steps = readme[readme.index("A request's path, one direction") :]
     steps = steps[: steps.index("\n\n", steps.index("\n1. "))]
-    names = re.findall(r"`(engine/[a-z_/]+(?:\.py)?)`", steps)
-    return list(dict.fromkeys(names))
+    names: list[str] = []
+    for step in re.split(r"\n\d\. ", steps):
+        names += [
+            n for n in dict.fromkeys(re.findall(r"`(engine/[a-z_/]+(?:\.py)?)`", step)) if n not in names[-1:]
+        ]
+    return names
 
 
 def test_a_request_s_walk_follows_the_readme_s_path_entering_each_module_once():
     """One request, from the workload that made it to its end: every module it is handed to
     (a call from another module with the request in hand; a task's steps run by the loop are
-    not hand-offs) is one the README's request path names, entered once, in the README's order."""
+    not hand-offs) is one the README's request path names, in the README's order, each step
+    entered once (the key worker at its steps: it takes the request, then as the path's
+    `KeySide` it learns from the answer and carries out the verdict's key part)."""
     from ratedeck.engine.request import Request
     from ratedeck.server.simulated import run_virtual
     from tests.support.engine_helpers import seed_engine
@@ -173,17 +180,19 @@ def test_a_request_s_walk_follows_the_readme_s_path_entering_each_module_once():
     order = _readme_path_modules()
     assert order[0] == "engine/sources/" and order[-1] == "engine/path/ending.py", order
 
-    def place(path: str) -> int | None:
+    def place(path: str, after: int) -> int | None:
+        """The first of the README's steps at or after `after` that names `path`."""
         hits = [
             i
             for i, name in enumerate(order)
-            if path == name or (name.endswith("/") and path.startswith(name))
+            if i >= after and (path == name or (name.endswith("/") and path.startswith(name)))
         ]
-        return hits[-1] if hits else None
+        return hits[0] if hits else None
 
     engine, _ = seed_engine(workload={"total": 1}, engine={"graveyard_path": ""})
     loop_files = {"events.py", "tasks.py", "base_events.py"}
     entries: list[tuple[str, str]] = []
+    calls: list[str] = []  # each entry's module and function
 
     def profile(frame, event, _arg):
         if event != "call" or frame.f_back is None:
@@ -196,6 +205,7 @@ def test_a_request_s_walk_follows_the_readme_s_path_entering_each_module_once():
         ):
             return
         entries.append((Path(caller).relative_to(REPO).as_posix(), Path(callee).relative_to(REPO).as_posix()))
+        calls.append(f"{Path(callee).relative_to(REPO).as_posix()}:{frame.f_code.co_name}")
 
     sys.setprofile(profile)
     try:
@@ -204,11 +214,18 @@ def test_a_request_s_walk_follows_the_readme_s_path_entering_each_module_once():
         sys.setprofile(None)
     assert snap.succeeded == 1
     entered = [callee for _caller, callee in entries]
-    assert len(entered) == len(set(entered)), f"a module entered twice: {entries}"
+    assert len(calls) == len(set(calls)), f"a step entered twice: {calls}"
     assert entries[0][0].startswith("engine/sources/"), entries  # the source hands it in
-    places = [place(m) for m in entered]
-    assert None not in places, f"entered a module the README's path does not name: {entries}"
-    assert places == sorted(places), f"out of the README's order {order}: {entries}"
+    at = 0
+    for module in entered:
+        found = place(module, at)
+        assert found is not None, (
+            f"entered {module} out of the README's order {order} (or not named): {entries}"
+        )
+        at = found
+    assert (
+        calls.count("engine/path/worker.py:answered") == calls.count("engine/path/worker.py:carry_out") == 1
+    ), calls
     assert {
         "engine/path/intake.py",
         "engine/queues.py",
