@@ -1,11 +1,13 @@
 """A request's path from its launch to its verdict: send, settle, apply.
 
 A key worker launches an attempt (`RequestPath.launch`), the `Transport`
-answers in the attempt's own task, `settle.decide` (pure) says what the
-answer means, and `_apply` counts it, closes the gates it must (through the
-`Cooldown`), blocks a key the server refused, and ends the request (buried,
+answers in the attempt's own task with an `Outcome`, the key takes its facts
+and returns what it knows (`ports.KeySide.answered`), `settle.decide` (pure)
+returns the `Verdict`, and `_apply` carries it out: counts it, hands the key
+its part (`KeySide.carry_out`: its tally, its block; the key's gate to close),
+closes the gates (through the `Cooldown`), and ends the request (buried,
 expired, succeeded: handed to the run's end, `Endings.finish`, path/ending.py) or
-queues its retry. The path sees the other parts only through the ports (`ports.py`): it
+queues its retry. The path knows its key only as a `KeySide`. The path sees the other parts only through the ports (`ports.py`): it
 hands a request on once, at its end.
 
 The hot path: everything a request touches is an attribute of this object

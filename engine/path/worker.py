@@ -1,7 +1,9 @@
 """One worker per API key: waits for a slot, takes work, keeps several in flight.
 
-`KeyWorker` is the sender loop; what the key knows of its limits is its
-`KeyLimits` (`key.py`), and what it counts of its answers its `KeyStats`.
+`KeyWorker` is the sender loop, and the key side of the request path
+(`ports.KeySide`: it takes an answer's facts, carries out a verdict's key
+part, wakes its loop); what the key knows of its limits is its `KeyLimits`
+(`key.py`), and what it counts of its answers its `KeyStats`.
 """
 
 from __future__ import annotations
