@@ -164,39 +164,8 @@ class _Done:
 DONE = _Done()
 
 
-class AioAnswer:
-    """aiohttp's answer as the transport reads every client's (`reqwest_client.RqAnswer`)."""
-
-    __slots__ = ("status", "headers", "resp")
-
-    def __init__(self, resp: aiohttp.ClientResponse):
-        self.resp = resp
-        self.status = resp.status
-        self.headers = resp.headers
-
-    @property
-    def content_length(self) -> int | None:
-        return self.resp.content_length
-
-    def read(self, cap: int, stop: bool = False) -> Awaitable[bytes]:
-        return read_capped(self.resp, cap, stop)
-
-    def pieces(self) -> Any:
-        return self.resp.content.iter_any()
-
-    def end(self) -> Awaitable[None]:
-        """Done with it: the connection back to the pool when the body was read to its end,
-        else dropped."""
-        resp = self.resp
-        if resp.content.at_eof():
-            resp.release()
-        else:
-            resp.close()
-        return DONE
-
-
 class AioWire:
-    """The run's aiohttp session as the transport uses every client (`reqwest_client.ReqwestWire`)."""
+    """The run's aiohttp session as a `wire.Wire`: `open`'s `__aenter__` gives aiohttp's own answer."""
 
     __slots__ = ("client", "proxy", "sends", "request")
 
@@ -212,8 +181,26 @@ class AioWire:
         return self.request(method, url, data=data, headers=headers, allow_redirects=False, proxy=self.proxy)
 
     @staticmethod
-    def answer(request: Any, resp: aiohttp.ClientResponse) -> AioAnswer:
-        return AioAnswer(resp)
+    def read(resp: aiohttp.ClientResponse, cap: int, stop: bool = False) -> Awaitable[bytes]:
+        return read_capped(resp, cap, stop)
+
+    @staticmethod
+    def end(opening: Any, resp: aiohttp.ClientResponse) -> Awaitable[None]:
+        """Done with it: the connection back to the pool when the body was read to its end,
+        else dropped."""
+        if resp.content.at_eof():
+            resp.release()
+        else:
+            resp.close()
+        return DONE
+
+    @staticmethod
+    def length(resp: aiohttp.ClientResponse) -> int | None:
+        return resp.content_length
+
+    @staticmethod
+    def pieces(resp: aiohttp.ClientResponse) -> Any:
+        return resp.content.iter_any()
 
     @property
     def retried(self) -> int:

@@ -27,7 +27,7 @@ Where it differs from aiohttp, on purpose or not:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -51,7 +51,7 @@ from yarl import URL
 
 from ratedeck.engine.settings import TargetConfig
 
-from .client import DONE, IDLE_S, BodyTooLarge, proxy_for, system_ca_file
+from .client import IDLE_S, BodyTooLarge, proxy_for, system_ca_file
 
 #: How long a closed client's thread is left to let its requests and connections go.
 SETTLE_S = 0.1
@@ -61,67 +61,24 @@ SETTLE_S = 0.1
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 
-class RqAnswer:
-    """One answer being read: its status and headers (case-insensitive), its body read up to a
-    cap, and `end` to give the connection back (read whole) or drop it (not).
-
-    `read` and `end` hand back pyreqwest's own awaitables where they can, not coroutines of
-    ours: every Python step of a request costs the process about three times its own time, as
-    pyreqwest's thread and the loop's take turns with the GIL (docs/measurements.md)."""
-
-    __slots__ = ("status", "headers", "_request", "_resp", "_ended")
-
-    def __init__(self, request: Any, resp: Any):
-        self._request = request
-        self._resp = resp
-        self.status: int = resp.status
-        self.headers = resp.headers
-        self._ended = False
-
-    @property
-    def content_length(self) -> int | None:
-        value = self._resp.get_header("content-length")
-        return int(value) if value is not None and value.isdigit() else None
-
-    def read(self, cap: int, stop: bool = False) -> Awaitable[Any]:
-        """The body (bytes-like), decompressed, up to `cap` bytes. Past it: `BodyTooLarge`, or
-        with `stop` the first `cap` bytes. The connection is dropped when the body is not read
-        to its end."""
-        if within(self._resp.get_header("content-length"), cap):
-            return self._resp.bytes()
-        return self._read_capped(cap, stop)
-
-    async def _read_capped(self, cap: int, stop: bool) -> bytes:
-        reader = self._resp.body_reader
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await reader.read_chunk()
-            if chunk is None:
+async def _read_capped(resp: Any, cap: int, stop: bool) -> bytes:
+    """The body read a piece at a time up to `cap` (`ReqwestWire.read`); the caller's `end`
+    drops the connection when it was not read to its end."""
+    reader = resp.body_reader
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await reader.read_chunk()
+        if chunk is None:
+            return b"".join(chunks)
+        piece = bytes(chunk)
+        size += len(piece)
+        if size > cap:
+            if stop:
+                chunks.append(piece[: len(piece) - (size - cap)])
                 return b"".join(chunks)
-            piece = bytes(chunk)
-            size += len(piece)
-            if size > cap:
-                await self.end()
-                if stop:
-                    chunks.append(piece[: len(piece) - (size - cap)])
-                    return b"".join(chunks)
-                raise BodyTooLarge()
-            chunks.append(piece)
-
-    async def pieces(self) -> Any:
-        """The body as it arrives, a piece at a time."""
-        reader = self._resp.body_reader
-        while (chunk := await reader.read_chunk()) is not None:
-            yield bytes(chunk)
-
-    def end(self) -> Awaitable[None]:
-        """Done with it: a body read to its end leaves the connection for the next request,
-        one not read drops it."""
-        if self._ended:
-            return DONE
-        self._ended = True
-        return self._request.__aexit__(None, None, None)
+            raise BodyTooLarge()
+        chunks.append(piece)
 
 
 def within(length: str | None, cap: int) -> bool:
@@ -137,9 +94,14 @@ def native_headers(headers: Any) -> HeaderMap:
 
 
 class ReqwestWire:
-    """The run's pyreqwest client: `open` builds one request, whose `__aenter__` puts it on
-    the wire and gives the client's answer once the status line and headers are in; `answer`
-    wraps that as the transport reads it (`RqAnswer`)."""
+    """The run's pyreqwest client as a `wire.Wire`: `open` builds one request, whose
+    `__aenter__` puts it on the wire and gives pyreqwest's own answer once the status line and
+    headers are in; the transport reads that answer through `read` and gives it back with `end`.
+
+    `read` and `end` hand back pyreqwest's own awaitables where they can, not coroutines of
+    ours, and no object wraps the answer: every Python step of a request costs the process about
+    three times its own time, as pyreqwest's thread and the loop's take turns with the GIL
+    (docs/measurements.md)."""
 
     __slots__ = ("client", "proxy")
 
@@ -169,8 +131,30 @@ class ReqwestWire:
         return builder.build_streamed()
 
     @staticmethod
-    def answer(request: Any, resp: Any) -> RqAnswer:
-        return RqAnswer(request, resp)
+    def read(resp: Any, cap: int, stop: bool = False) -> Awaitable[Any]:
+        """The body (bytes-like), decompressed, up to `cap` bytes: pyreqwest's own read when the
+        Content-Length bounds it (most answers), else a piece at a time up to the cap (past it:
+        `BodyTooLarge`, or with `stop` the first `cap` bytes)."""
+        if within(resp.get_header("content-length"), cap):
+            return resp.bytes()
+        return _read_capped(resp, cap, stop)
+
+    @staticmethod
+    def end(opening: Any, resp: Any) -> Awaitable[None]:
+        """pyreqwest's own end of the request: a body read to its end leaves the connection for
+        the next request, one not read drops it."""
+        return opening.__aexit__(None, None, None)
+
+    @staticmethod
+    def length(resp: Any) -> int | None:
+        value = resp.get_header("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    @staticmethod
+    async def pieces(resp: Any) -> AsyncIterator[bytes]:
+        reader = resp.body_reader
+        while (chunk := await reader.read_chunk()) is not None:
+            yield bytes(chunk)
 
     async def close(self) -> None:
         """Close the client, then leave its thread time to wind down: pyreqwest's `close` does

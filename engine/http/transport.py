@@ -7,7 +7,7 @@ import base64
 import json
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -39,16 +39,9 @@ from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import EngineSettings, KeySpec, TargetConfig
 
 from .client import AioWire, BodyTooLarge, describe, open_client, probe_get
-from .reqwest_client import (
-    ReqwestWire,
-    RqAnswer,
-    RqUrl,
-    describe_reqwest,
-    native_headers,
-    open_reqwest,
-    within,
-)
+from .reqwest_client import RqUrl, describe_reqwest, native_headers, open_reqwest
 from .signing import SigningError, SignInput, encode, signer_for
+from .wire import Wire
 
 USER_AGENT = f"ratedeck/{version()}"
 _FORM = "application/x-www-form-urlencoded"
@@ -358,11 +351,10 @@ class _Connection:
     """The connection part of `HttpTransport`: the session (opened on the first send), its
     deadlines, the probe's own session, and the counts of sends."""
 
-    __slots__ = ("wire", "straight", "max_connections", "attempts", "deadlines", "probe_close")
+    __slots__ = ("wire", "max_connections", "attempts", "deadlines", "probe_close")
 
     def __init__(self, max_connections: int):
-        self.wire: AioWire | ReqwestWire | None = None
-        self.straight = False  # an answer read whole goes straight on the wire (`_exchange_rq`)
+        self.wire: Wire | None = None
         self.max_connections = max_connections
         self.attempts = [0]  # aiohttp's sends, its own resends included (its request class counts)
         self.deadlines: AttemptDeadlines | None = None
@@ -457,7 +449,7 @@ class HttpTransport(TransportBase):
     def delay_hook(self) -> DelayHook | None:
         return self._reading.delay_hook
 
-    def _open(self) -> AioWire | ReqwestWire:
+    def _open(self) -> Wire:
         # One session for the run (client.py), and no timer per request: `AttemptDeadlines`
         # times every attempt out with one timer for all.
         conn = self._conn
@@ -468,13 +460,14 @@ class HttpTransport(TransportBase):
             conn.max_connections,
             building.common_headers(),
         )
+        wire: Wire
         if target.http_client == "aiohttp":
-            conn.wire = AioWire(open_client(target, url, limit, conn.attempts, headers))
+            wire = AioWire(open_client(target, url, limit, conn.attempts, headers))
         else:
-            conn.wire = open_reqwest(target, url, limit, headers)
-            conn.straight = not target.follow_redirects
+            wire = open_reqwest(target, url, limit, headers)
+        conn.wire = wire
         conn.deadlines = AttemptDeadlines(self.target.timeout_s)
-        return conn.wire
+        return wire
 
     def prober(self) -> ProbeGet | None:
         """`target.probe_url` timed on a session of its own, set up as the traffic's (proxy, TLS)."""
@@ -511,13 +504,9 @@ class HttpTransport(TransportBase):
         ) as exc:  # a signing hook's own bug: named, never with its message (it may hold the secret)
             return Outcome(CLIENT_ERROR, error=f"not signed: {t.signing} raised {type(exc).__name__}")
         if req.live_answer() is None:
-            # Most attempts, on pyreqwest: straight on its request and answer (`_exchange_rq`).
-            whole: Callable[..., Awaitable[Outcome]] = (
-                self._exchange_rq if self._conn.straight else self._exchange
-            )
             if method in _IDEMPOTENT_METHODS or t.safe_writes:  # safe_writes: repeating does nothing twice
-                return await whole(wire, method, url, data, headers)
-            out = await whole(wire, method, url, data, headers)
+                return await self._exchange(wire, method, url, data, headers)
+            out = await self._exchange(wire, method, url, data, headers)
         else:  # a live client waits: a streamed answer goes to it as it arrives
             out = await self._exchange(wire, method, url, data, headers, req)
             _keep_raw(out)
@@ -542,81 +531,53 @@ class HttpTransport(TransportBase):
 
     async def _exchange(
         self,
-        wire: AioWire | ReqwestWire,
+        wire: Wire,
         method: str,
         url: URL | RqUrl,
         data: Any,
         headers: Any,
         live: Request | None = None,
     ) -> Outcome:
-        """One attempt on the wire: sent (a same-origin redirect followed, `_hop`), the answer
-        read, then classified (`_answered`), or why there was none. With `live` (a request whose
-        client waits, `Request.answer`), a streamed answer goes to that client as it arrives
-        (`_stream`)."""
+        """The one exchange of an attempt, on any `Wire`: sent (a same-origin redirect followed,
+        `_hop`), the answer's body read up to its cap, the answer ended, then classified
+        (`_answered`), or why there was none. With `live` (a request whose client waits,
+        `Request.answer`), a streamed answer goes to that client as it arrives (`_stream`).
+        On pyreqwest (`ReqwestWire`) each step is pyreqwest's own call on its own request and
+        answer: no wrapper, no coroutine of ours for a body its Content-Length bounds."""
         start, watch = self._begin()
         hops = 0
-        resp = None
+        opening: Any = None
+        resp: Any = None
         status = 0
         try:
             while True:
                 opening = wire.open(method, url, data, headers, live is not None)
-                resp = wire.answer(opening, await opening.__aenter__())
+                resp = await opening.__aenter__()
                 status = resp.status
                 if 300 <= status < 400 and hops < MAX_REDIRECTS and self.target.follow_redirects:
                     nxt = self._hop(url, resp)
                     if nxt is not None:
-                        await resp.end()
+                        left, resp = resp, None
+                        await wire.end(opening, left)
                         hops += 1
                         url = nxt
                         if status == 303 or (status in (301, 302) and method == "POST"):
                             method, data = "GET", None
                         continue
                 if status < 300:
-                    if live is not None and _streams(resp, live):
+                    if live is not None and _streams(wire, resp, live):
                         return await self._stream(_Passing(live, resp, start), watch)
-                    raw = bytes(await resp.read(self._reading.body_cap))
+                    raw = bytes(await wire.read(resp, self._reading.body_cap))
                 else:
-                    raw = bytes(await resp.read(ERROR_BODY_BYTES, stop=True))
+                    raw = bytes(await wire.read(resp, ERROR_BODY_BYTES, True))
                 break
         except BaseException as exc:
             return self._unanswered(exc, watch, status, wire, start)
         finally:
             watch.task = None  # answered (or not): the deadline no longer applies
             if resp is not None:
-                await resp.end()
+                await wire.end(opening, resp)
         return self._answered(status, resp.headers, raw, url, start)
-
-    async def _exchange_rq(
-        self, wire: ReqwestWire, method: str, url: URL | RqUrl, data: Any, headers: Any
-    ) -> Outcome:
-        """`_exchange` on pyreqwest for an answer read whole, with no redirect to follow (most
-        attempts): the same steps, straight on pyreqwest's request and answer; the wrapper the
-        other cases share (`RqAnswer`) only for a body read up to its cap. A fifth less of the
-        transport's own CPU per request (docs/measurements.md)."""
-        start, watch = self._begin()
-        opening = wire.open(method, url, data, headers)
-        entered = False
-        capped: RqAnswer | None = None
-        status = 0
-        try:
-            resp = await opening.__aenter__()
-            entered = True
-            status, answer_headers = resp.status, resp.headers
-            cap = self._reading.body_cap if status < 300 else ERROR_BODY_BYTES
-            if within(answer_headers.get("content-length"), cap):
-                raw = bytes(await resp.bytes())
-            else:  # read up to the cap
-                capped = RqAnswer(opening, resp)
-                raw = bytes(await capped.read(cap, stop=status >= 300))
-        except BaseException as exc:
-            return self._unanswered(exc, watch, status, wire, start)
-        finally:
-            watch.task = None  # answered (or not): the deadline no longer applies
-            if capped is not None:
-                await capped.end()
-            elif entered:
-                await opening.__aexit__(None, None, None)
-        return self._answered(status, answer_headers, raw, url, start)
 
     def _begin(self) -> tuple[float, _Watch]:
         """An attempt starts: its clock (precise even where the loop's is coarse) and its deadline."""
@@ -625,7 +586,7 @@ class HttpTransport(TransportBase):
         return time.monotonic(), deadlines.watch()
 
     def _unanswered(
-        self, exc: BaseException, watch: _Watch, status: int, wire: AioWire | ReqwestWire, start: float
+        self, exc: BaseException, watch: _Watch, status: int, wire: Wire, start: float
     ) -> Outcome:
         """An attempt that raised `exc` (called while it is handled): a timeout when its
         deadline cancelled it, a body over the cap, or whatever the target did (an attempt with
@@ -739,6 +700,8 @@ class HttpTransport(TransportBase):
         the usage the stream reports on the way. A client gone closes the upstream at once
         and cancels the request."""
         resp, sink = passing.resp, passing.sink
+        wire = self._conn.wire
+        assert wire is not None
         status = resp.status
         self.answers += 1
         self.statuses[status] += 1
@@ -748,7 +711,7 @@ class HttpTransport(TransportBase):
         if not await passing.call(sink.begin(status, shown)):
             return passing.gone()
         if not passing.events:
-            async for piece in resp.pieces():
+            async for piece in wire.pieces(resp):
                 passing.sent = True
                 if not await passing.call(sink.write(piece)):
                     return passing.gone()
@@ -756,7 +719,7 @@ class HttpTransport(TransportBase):
         pending = bytearray()
         scan = 0  # where the search for the blank line resumes: no byte is searched twice
         cap = self._reading.body_cap
-        async for piece in resp.pieces():
+        async for piece in wire.pieces(resp):
             pending += piece
             while True:
                 end = _event_end(pending, scan)
@@ -836,13 +799,13 @@ def _keep_raw(out: Outcome) -> None:
             out.body = response.body
 
 
-def _streams(resp: Any, req: Request) -> bool:
+def _streams(wire: Wire, resp: Any, req: Request) -> bool:
     """Whether a 2xx answer is a stream to pass on as it arrives: an event stream, or a chunked
     body with no length to a request whose JSON body asked for `"stream": true`."""
     headers = resp.headers
     if headers.get("Content-Type", "").lower().startswith("text/event-stream"):
         return True
-    if resp.content_length is not None or "chunked" not in headers.get("Transfer-Encoding", "").lower():
+    if wire.length(resp) is not None or "chunked" not in headers.get("Transfer-Encoding", "").lower():
         return False
     shape = req.shape
     return shape is not None and isinstance(shape.body, dict) and shape.body.get("stream") is True
@@ -961,7 +924,7 @@ def _url(url: Any) -> URL:
     return url if isinstance(url, URL) else URL(str(url), encoded=True)
 
 
-def _why(exc: Exception, wire: AioWire | ReqwestWire) -> tuple[Any, str]:
+def _why(exc: Exception, wire: Wire) -> tuple[Any, str]:
     """An attempt with no answer: a timeout or a connection failure, and the phase that failed,
     from the error's kind (`describe`, `describe_reqwest`), never its message."""
     why = describe_reqwest(exc, wire.proxy is not None)
