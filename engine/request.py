@@ -134,7 +134,7 @@ def _side(holder: str, shared: Any, name: str) -> Any:
     - the getter is `operator.attrgetter` (C, no Python frame): these are read several times
       per request on the path, writes are fewer. A plain Python getter in its place costs
       4.7% more opcodes per request on the openai run (47,001 -> 49,197) and 0.7% on the study
-      run (9,520 -> 9,590) of `/work/notes/opcodes_per_request.py`."""
+      run (9,520 -> 9,590) of `python -m tests.perf.opcodes`."""
     kind, default = type(shared), getattr(shared, name)
 
     def put(obj: Any, value: Any) -> None:
