@@ -7,7 +7,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import re
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from ratedeck.config import load_config
@@ -45,3 +48,29 @@ async def running_gateway(cfg: RunConfig, **settings: Any) -> AsyncIterator[Gate
         yield service
     finally:
         await service.stop(drain_timeout_s=2.0)
+
+
+#: The real command, in a child process.
+GATEWAY_COMMAND = [sys.executable, "-m", "ratedeck.runner.cli", "gateway"]
+
+
+async def gateway_command(
+    target: str, *flags: str, cwd: Path, env: dict[str, str]
+) -> tuple[asyncio.subprocess.Process, str, str]:
+    """`ratedeck gateway --preset openai --target TARGET` with the keys in $GW_KEYS and the
+    token in $GW_TOKEN on a free loopback port, `--no-ui`, and `flags`; (the process, its URL,
+    its first line, which names the URL)."""
+    proc = await asyncio.create_subprocess_exec(
+        *GATEWAY_COMMAND,
+        *("--preset", "openai", "--target", target, "--keys", "env:GW_KEYS"),
+        *("--gateway-token", "env:GW_TOKEN", "--listen", "127.0.0.1:0", "--no-ui", *flags),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+    )
+    assert proc.stdout is not None
+    first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+    found = re.search(r"gateway at (http://127\.0\.0\.1:\d+)", first)
+    assert found, first
+    return proc, found.group(1), first

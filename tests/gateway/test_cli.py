@@ -6,16 +6,14 @@ import asyncio
 import os
 import re
 import signal
-import sys
 
 import aiohttp
 import pytest
 
 from ratedeck.server.stubs.openai import start_openai
 
-from .support import TOKEN, run_async
+from .support import GATEWAY_COMMAND, TOKEN, gateway_command, run_async
 
-RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli", "gateway"]
 KEYS = "sk-cli-aaaaaaaaaaaaaaaa,sk-cli-bbbbbbbbbbbbbbbb"
 PROMPT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
@@ -25,31 +23,7 @@ PROMPT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}
 async def test_the_command_serves_clients_and_drains_on_sigterm(tmp_path):
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), GW_KEYS=KEYS, GW_TOKEN=TOKEN)
     async with await start_openai(keys=KEYS.split(","), rpm=1000, tpm=1_000_000) as stub:
-        proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
-            "--preset",
-            "openai",
-            "--target",
-            stub.url,
-            "--keys",
-            "env:GW_KEYS",
-            "--gateway-token",
-            "env:GW_TOKEN",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            "200ms",
-            "--no-ui",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env=env,
-        )
-        assert proc.stdout is not None
-        first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        found = re.search(r"gateway at (http://127\.0\.0\.1:\d+)", first)
-        assert found, first
-        url = found.group(1)
+        proc, url, first = await gateway_command(stub.url, "--interval", "200ms", cwd=tmp_path, env=env)
         async with aiohttp.ClientSession() as s:
             statuses = []
             for _ in range(3):
@@ -92,7 +66,12 @@ async def test_user_mistakes_are_one_line_and_exit_2(tmp_path):
     ]
     for extra, said in cases:
         proc = await asyncio.create_subprocess_exec(
-            *RATEDECK, *base, *extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+            *GATEWAY_COMMAND,
+            *base,
+            *extra,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
         )
         out, err = await proc.communicate()
         lines = err.decode().strip().splitlines()
@@ -107,7 +86,7 @@ async def test_prometheus_has_the_clients_view(tmp_path):
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), GW_KEYS=KEYS, GW_TOKEN=TOKEN)
     async with await start_openai(keys=KEYS.split(","), rpm=1000, tpm=1_000_000) as stub:
         proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
+            *GATEWAY_COMMAND,
             *("--preset", "openai", "--target", stub.url, "--keys", "env:GW_KEYS"),
             *("--gateway-token", "env:GW_TOKEN", "--listen", "127.0.0.1:0", "--metrics-port", "0", "--no-ui"),
             stdout=asyncio.subprocess.PIPE,

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -19,9 +17,8 @@ import pytest
 
 from ratedeck.server.stubs.openai import start_openai
 
-from .support import TOKEN, run_async
+from .support import TOKEN, gateway_command, run_async
 
-RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli", "gateway"]
 KEYS = "sk-priv-aaaaaaaaaaaaaaaa,sk-priv-bbbbbbbbbbbbbbbb"
 MODELS = {"gpt-4o-mini": {"rpm": 1000, "tpm": 1_000_000}}  # any other model: 404
 SECRET = "the-clients-own-words-7f3a9c"  # the text a client's prompt holds; no file may hold it
@@ -54,37 +51,14 @@ async def test_a_gateway_asked_for_no_output_keeps_no_clients_prompt(tmp_path):
     old = os.umask(0o022)
     try:
         async with await start_openai(keys=KEYS.split(","), models=MODELS) as stub:
-            proc = await asyncio.create_subprocess_exec(
-                *RATEDECK,
-                "--preset",
-                "openai",
-                "--target",
-                stub.url,
-                "--keys",
-                "env:GW_KEYS",
-                "--gateway-token",
-                "env:GW_TOKEN",
-                "--listen",
-                "127.0.0.1:0",
-                "--interval",
-                "200ms",
-                "--no-ui",
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=home,
-                env=env,
-            )
-            assert proc.stdout is not None
-            first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-            found = re.search(r"gateway at (http://127\.0\.0\.1:\d+)", first)
-            assert found, first
+            proc, url, first = await gateway_command(stub.url, "--interval", "200ms", cwd=home, env=env)
             auth = {"Authorization": f"Bearer {TOKEN}"}
             bad = {"model": "gpt-4o-mini", "prompt": SECRET}  # no messages: 400
             unknown = {"model": "no-such-model", "messages": [{"role": "user", "content": SECRET}]}  # 404
             async with aiohttp.ClientSession() as s:
                 statuses = []
                 for body in (bad, unknown):
-                    async with s.post(found.group(1) + "/v1/chat/completions", json=body, headers=auth) as r:
+                    async with s.post(url + "/v1/chat/completions", json=body, headers=auth) as r:
                         statuses.append(r.status)  # the client got its answer
             proc.send_signal(signal.SIGTERM)
             out, err = await asyncio.wait_for(proc.communicate(), 30)

@@ -17,7 +17,7 @@ import pytest
 from ratedeck.gateway.server_log import BadRequests, why_of
 from ratedeck.server.stubs.openai import start_openai
 
-from .support import TOKEN, gateway_config, run_async, running_gateway
+from .support import TOKEN, gateway_command, gateway_config, run_async, running_gateway
 
 KEY = "sk-logs-aaaaaaaaaaaaaaaa"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"
@@ -341,26 +341,17 @@ async def test_the_command_s_stderr_holds_one_line_per_bad_request_and_no_stack(
     import os
     import re
     import signal
-    import sys
 
     keys = "sk-cli-logs-aaaaaaaaaaaa,sk-cli-logs-bbbbbbbbbbbb"
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), GW_KEYS=keys, GW_TOKEN=TOKEN)
     async with await start_openai(keys=keys.split(","), rpm=1000, tpm=1_000_000) as stub:
-        proc = await asyncio.create_subprocess_exec(
-            *[sys.executable, "-m", "ratedeck.runner.cli", "gateway"],
-            *["--preset", "openai", "--target", stub.url, "--keys", "env:GW_KEYS"],
-            *["--gateway-token", "env:GW_TOKEN", "--listen", "127.0.0.1:0", "--no-ui", "--access-log"],
-            *["--header-timeout", "300ms", "--body-timeout", "300ms", "--max-body-mb", "1"],
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        proc, url, _first = await gateway_command(
+            stub.url,
+            *["--access-log", "--header-timeout", "300ms", "--body-timeout", "300ms", "--max-body-mb", "1"],
             cwd=tmp_path,
             env=env,
         )
-        assert proc.stdout is not None
-        first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        found = re.search(r"gateway at http://127\.0\.0\.1:(\d+)", first)
-        assert found, first
-        port = int(found.group(1))
+        port = int(url.rsplit(":", 1)[1])
         statuses = [await _status(port, data) for data in MALFORMED.values()]
         statuses += [await _status(port, data) for data, _expected in REFUSED.values()]
         statuses += [await _status(port, MALFORMED["a TLS hello"]) for _ in range(3)]
