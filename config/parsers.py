@@ -235,7 +235,10 @@ def in_flight(value: Any) -> int | str:
     """Requests in flight per key: a whole number from 1 (pinned), or "auto" (rate x round trip)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return whole(value, low=1, high=MAX_IN_FLIGHT)
+    try:
+        return whole(value, low=1, high=MAX_IN_FLIGHT)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or 'auto': the key's rate times its round trip)") from None
 
 
 def procs(value: Any) -> int | str:
