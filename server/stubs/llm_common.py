@@ -228,3 +228,93 @@ async def write_stream(
     except (ConnectionError, RuntimeError):  # the client hung up (aiohttp's reset is a ConnectionError)
         log.ended = "client_gone"
     return resp
+
+
+# ---------------------------------------------------------------- OpenAI-shaped chat answers
+
+
+def chat_usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def chat_prompt_tokens(messages: list[Any]) -> int:
+    """The prompt estimate of an OpenAI-shaped ``messages`` list (``estimate_tokens`` of each content)."""
+    return sum(estimate_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+
+
+def chat_chunks(
+    answer_id: str,
+    created: int,
+    model: str,
+    completion: int,
+    finish: str,
+    usage: dict[str, int] | None,
+    tokens_per_event: int,
+) -> list[tuple[bytes, str]]:
+    """A streamed answer as OpenAI sends it: a first chunk with the role, the text in
+    ``chat.completion.chunk`` deltas, one with the finish reason; with ``include_usage`` every
+    chunk has ``"usage": null`` and one more, with no choices, carries the usage; then
+    ``data: [DONE]``."""
+    base = {"id": answer_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    extra = {"usage": None} if usage is not None else {}
+
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return sse({**base, "system_fingerprint": None, "choices": [choice], **extra})
+
+    events = [(chunk({"role": "assistant", "content": "", "refusal": None}), "")]
+    events += [(chunk({"content": p}), p) for p in pieces(completion, tokens_per_event)]
+    events.append((chunk({}, finish), ""))
+    if usage is not None:
+        events.append((sse({**base, "system_fingerprint": None, "choices": [], "usage": usage}), ""))
+    events.append((sse("[DONE]"), ""))
+    return events
+
+
+async def answer_chat(
+    request: web.Request,
+    body: dict[str, Any],
+    *,
+    log: Answered,
+    created: int,
+    model: str,
+    prompt: int,
+    completion: int,
+    max_tokens: int,
+    headers: dict[str, str],
+    streaming: StreamOptions,
+) -> web.StreamResponse:
+    """An accepted chat request's ``chat.completion`` (``log.text`` as its content): sent whole,
+    or streamed (``chat_chunks``) when the body asks ``"stream": true``."""
+    finish = "length" if completion == max_tokens else "stop"
+    usage = chat_usage(prompt, completion)
+    if body.get("stream") is True:
+        options = body.get("stream_options")
+        with_usage = isinstance(options, dict) and options.get("include_usage") is True
+        events = chat_chunks(
+            log.id,
+            created,
+            model,
+            completion,
+            finish,
+            usage if with_usage else None,
+            streaming.tokens_per_event,
+        )
+        return await write_stream(request, events, headers, streaming, log)
+    answer = {
+        "id": log.id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": log.text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": usage,
+    }
+    log.sent_text, log.ended = log.text, "done"
+    return web.Response(text=json.dumps(answer), content_type="application/json", headers=headers)

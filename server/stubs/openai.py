@@ -21,6 +21,8 @@ was not in the searchable corpus):
   ``x-ratelimit-remaining-tokens``, ``x-ratelimit-reset-requests``,
   ``x-ratelimit-reset-tokens``; a reset is the time until that bucket is full again,
   written as the docs' samples are (``12ms``, ``1.4s``, ``6m0s``).
+  With ``limit_headers=False`` none of them is sent (an "OpenAI-compatible" provider
+  that tells nothing of its limits).
 - Over a limit: 429 ``{"error": {"message": "Rate limit reached for ... Please try again
   in 1.4s. ...", "type": "requests"|"tokens", "param": null, "code":
   "rate_limit_exceeded"}}``; "try again in" is the time until this request would fit.
@@ -55,7 +57,6 @@ the repeats, ``state.book.refusals[key]`` the 429s by code.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -71,13 +72,10 @@ from .llm_common import (
     Call,
     PromptBook,
     StreamOptions,
-    content_text,
-    estimate_tokens,
+    answer_chat,
+    chat_prompt_tokens,
     mask,
-    pieces,
     prompt_identity,
-    sse,
-    write_stream,
 )
 
 PATH = "/v1/chat/completions"
@@ -128,6 +126,7 @@ class OpenAIState:
     organization: str = "org-stub"  # the openai-organization header a success carries
     models: dict[str, dict[str, int]] | None = None  # per model {"rpm": .., "tpm": ..}; None: one for all
     streaming: StreamOptions = field(default_factory=StreamOptions)
+    limit_headers: bool = True  # False: no x-ratelimit-* header at all (an "OpenAI-compatible" provider)
     ledger: Ledger = field(default_factory=Ledger)
     book: PromptBook = field(default_factory=PromptBook)
     answered: list[Answered] = field(default_factory=list)  # every answer's text, as written
@@ -177,6 +176,8 @@ class OpenAIState:
         return n * (size + size * max(0.0, end - start) / self.minute_s)
 
     def headers(self, key: str, now: float, model: str = "") -> dict[str, str]:
+        if not self.limit_headers:
+            return {}
         r, t = self.requests[key, model], self.tokens[key, model]
         return {
             "x-ratelimit-limit-requests": str(int(r.capacity)),
@@ -224,7 +225,7 @@ class OpenAIState:
         if refused is not None:
             return refused
         messages = body["messages"]
-        prompt = sum(estimate_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+        prompt = chat_prompt_tokens(messages)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or self.default_max_tokens
         max_tokens = int(max_tokens)
         cost = prompt + max_tokens
@@ -327,70 +328,21 @@ class OpenAIState:
         """An accepted request's completion: sent whole, or streamed when the body asks."""
         completion = min(max_tokens, math.ceil(max_tokens * self.completion_ratio))
         self.seq += 1
-        answer_id = f"chatcmpl-stub{self.seq:010d}"
         headers = {**headers, "x-request-id": f"req_stub{self.seq:010d}"}  # as every OpenAI answer has
-        text = "stub " * completion
-        log = Answered(answer_id, key, text)
+        log = Answered(f"chatcmpl-stub{self.seq:010d}", key, "stub " * completion)
         self.answered.append(log)
-        finish = "length" if completion == max_tokens else "stop"
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        model = body.get("model", self.model)
-        if body.get("stream") is True:
-            options = body.get("stream_options")
-            with_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = self.chunks(
-                answer_id, int(now), model, completion, finish, usage if with_usage else None
-            )
-            return await write_stream(request, events, headers, self.streaming, log)
-        answer = {
-            "id": answer_id,
-            "object": "chat.completion",
-            "created": int(now),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": usage,
-        }
-        log.sent_text, log.ended = text, "done"
-        return web.Response(text=json.dumps(answer), content_type="application/json", headers=headers)
-
-    def chunks(
-        self,
-        answer_id: str,
-        created: int,
-        model: str,
-        completion: int,
-        finish: str,
-        usage: dict[str, int] | None,
-    ) -> list[tuple[bytes, str]]:
-        """A streamed answer as OpenAI sends it: a first chunk with the role, the text in
-        ``chat.completion.chunk`` deltas, one with the finish reason; with ``include_usage`` every
-        chunk has ``"usage": null`` and one more, with no choices, carries the usage; then
-        ``data: [DONE]``."""
-        base = {"id": answer_id, "object": "chat.completion.chunk", "created": created, "model": model}
-        extra = {"usage": None} if usage is not None else {}
-
-        def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return sse({**base, "system_fingerprint": None, "choices": [choice], **extra})
-
-        events = [(chunk({"role": "assistant", "content": "", "refusal": None}), "")]
-        events += [(chunk({"content": p}), p) for p in pieces(completion, self.streaming.tokens_per_event)]
-        events.append((chunk({}, finish), ""))
-        if usage is not None:
-            events.append((sse({**base, "system_fingerprint": None, "choices": [], "usage": usage}), ""))
-        events.append((sse("[DONE]"), ""))
-        return events
+        return await answer_chat(
+            request,
+            body,
+            log=log,
+            created=int(now),
+            model=body.get("model", self.model),
+            prompt=prompt,
+            completion=completion,
+            max_tokens=max_tokens,
+            headers=headers,
+            streaming=self.streaming,
+        )
 
 
 async def start_openai(*, clock: Clock = mono_clock, **options: Any) -> Stub:
