@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ratedeck.config import load_config
 from ratedeck.engine import Engine
-from ratedeck.engine.http.transport import http_transport
+from ratedeck.engine.http.endpoints import run_transport
 from ratedeck.server.stubs.binance import start_binance
 from ratedeck.server.stubs.github import start_github
 from ratedeck.server.stubs.kraken import start_kraken
@@ -42,7 +42,7 @@ async def run_job(preset: str, url: str, lines: list[dict], seconds: float | Non
         cfg = load_config(
             preset=preset, overrides={"target": {"url": url}, "workload": {"file": str(path)}, **overrides}
         )
-        transport = http_transport(cfg.engine_settings, url)
+        transport = run_transport(cfg.engine_settings, url)
         engine = Engine(cfg, transport)
         try:
             return await engine.run(seconds)

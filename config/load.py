@@ -21,6 +21,7 @@ from ratedeck.engine.api_rules import BudgetSpec, PathRule, parse_budgets, parse
 from ratedeck.engine.settings import (
     ConfigError,
     CostConfig,
+    EndpointSpec,
     EngineConfig,
     EngineSettings,
     KeySpec,
@@ -30,6 +31,7 @@ from ratedeck.engine.settings import (
 )
 
 from . import parsers
+from .endpoints import build_endpoints, endpoint_presets
 from .pricing import load_prices
 from .rows import BY_PATH, ROWS, section_rows
 from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
@@ -92,6 +94,10 @@ def load_config(
     else:
         file_data.pop("preset", None)
     preset = current_name("preset", preset)
+    if "endpoints" in file_data:  # a pool of endpoints: the first one's preset is the base
+        presets = endpoint_presets(file_data["endpoints"], str(path), PRESETS)
+        _check_pool_flags(file_data, overrides, str(path), preset, presets[0])
+        preset = presets[0]
     named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
     file_target = file_data.get("target")
     file_names_target = isinstance(file_target, dict) and bool(file_target.get("url"))
@@ -121,7 +127,10 @@ def load_config(
             parsers.url(overrides["target"]["url"])  # type: ignore[index]
         except ValueError as exc:
             raise ConfigError("command line", "--target", str(exc)) from None
-    if keys_needed and named_target and not (data.get("keys") or {}).get("secrets"):
+    if "endpoints" in data:
+        user_target = {**(file_data.get("target") or {}), **((overrides or {}).get("target") or {})}
+        data["_user_target"] = user_target
+    elif keys_needed and named_target and not (data.get("keys") or {}).get("secrets"):
         raise ConfigError(
             "command line",
             "--keys",
@@ -132,6 +141,30 @@ def load_config(
     return cfg.replace(
         preset=preset, preset_needs_target=preset is not None and preset not in SIMULATOR_PRESETS
     )
+
+
+def _check_pool_flags(
+    file_data: dict[str, Any], overrides: dict[str, Any] | None, source: str, preset: str | None, first: str
+) -> None:
+    """With [[endpoints]], each endpoint names its URL and keys: a --target, --keys, [target]
+    url or [keys] secrets would be a second, unnamed one."""
+    given = overrides if isinstance(overrides, dict) else {}
+    if (given.get("target") or {}).get("url"):
+        raise ConfigError(
+            "command line", "--target", f"{source} lists [[endpoints]]: give each its url there"
+        )
+    if (given.get("keys") or {}).get("secrets"):
+        raise ConfigError("command line", "--keys", f"{source} lists [[endpoints]]: give each its keys there")
+    if (file_data.get("target") or {}).get("url") if isinstance(file_data.get("target"), dict) else False:
+        raise ConfigError(source, "target.url", "the config lists [[endpoints]]: give each endpoint its url")
+    if (file_data.get("keys") or {}).get("secrets") if isinstance(file_data.get("keys"), dict) else False:
+        raise ConfigError(
+            source, "keys.secrets", "the config lists [[endpoints]]: give each endpoint its keys"
+        )
+    if preset is not None and preset != first:
+        raise ConfigError(
+            source, "preset", f"the pool's presets are its endpoints' ({first} first), not {preset!r}"
+        )
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -229,15 +262,31 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
     Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
     `keys_needed=False`: the [keys] secrets are neither read nor required (no keys).
     """
+    user_target = data.pop("_user_target", None)
     _check_sections(data, source)
-    target = _target(data, source)
+    endpoints: tuple[EndpointSpec, ...] = ()
+    pool_keys: tuple[KeySpec, ...] = ()
+    if "endpoints" in data:
+        endpoint_presets(data["endpoints"], source, PRESETS)
+        if user_target is None:
+            user_target = {k: v for k, v in data.get("target", {}).items() if k != "url"}
+        endpoints, pool_keys = build_endpoints(
+            data["endpoints"], source, PRESETS, user_target, _target, keys_needed=keys_needed
+        )
+        data = {**data, "target": {**data.get("target", {}), "url": endpoints[0].target.url}}
+    target = endpoints[0].target if endpoints else _target(data, source)
     engine = EngineConfig(**_table(data, "engine", source))
     _check_engine(engine, source)
     workload = WorkloadConfig(**_table(data, "workload", source))
     if workload.file is not None and not _is_file(workload.file):
         raise ConfigError(source, "workload.file", f"no such file: {workload.file}")
     keys_table = data.get("keys", {}) if keys_needed else {}
-    keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default) if keys_needed else ()
+    if endpoints:
+        keys = pool_keys
+    elif keys_needed:
+        keys = parsers.keys(keys_table, source, BY_PATH["keys.limits"].default)
+    else:
+        keys = ()
     key_sources = keys_table.get("secrets", [])
     key_sources = (key_sources,) if isinstance(key_sources, str) else tuple(key_sources)
     run = _table(data, "run", source)
@@ -273,6 +322,7 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
             seed=seed,
             prices=prices,
             max_cost=max_cost,
+            endpoints=endpoints,
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
@@ -290,7 +340,7 @@ def _check_sections(data: Any, source: str) -> None:
             raise ConfigError(
                 source, str(name), f"unknown section; expected one of {', '.join(sorted(_SECTIONS))}"
             )
-        if name in ("preset", "budgets"):  # [[budgets]] is a list of tables
+        if name in ("preset", "budgets", "endpoints"):  # [[budgets]], [[endpoints]]: lists of tables
             continue
         if not isinstance(data[name], dict):
             raise ConfigError(source, name, "must be a table, like [" + name + "]")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.numbers import MAX_COUNT, MAX_MS, fraction, parse_duration, parse_rate
-from ratedeck.core.vocab import AccessLogForm, Arrival, Excess, HttpClient, MessagePattern, Pacing
+from ratedeck.core.vocab import AccessLogForm, ApiStyle, Arrival, Excess, HttpClient, MessagePattern, Pacing
 from ratedeck.engine.api_rules import parse_outcome_rules, rules_to_toml
 from ratedeck.engine.settings import (
     CostConfig,
@@ -419,6 +419,22 @@ ROWS: tuple[Row, ...] = (
         'the dotted JSON body field naming a request\'s model, for limits with scope "key+model"',
         "engine",
     ),
+    Row(
+        help='"plain": a request\'s path goes as it is; "azure": OpenAI\'s /v1/... goes as Azure '
+        "OpenAI's /openai/v1/... with the deployment as the body's model, or, with target.api_version, "
+        "as /openai/deployments/{deployment}/...?api-version=...",
+        layer="engine",
+        path="target.api_style",
+        **_choice(ApiStyle),
+    ),
+    Row(
+        "target.api_version",
+        "string",
+        p.nonempty,
+        'the api-version an Azure OpenAI deployments path carries (like "2024-10-21"); unset: the v1 path',
+        "engine",
+        optional=True,
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",
@@ -741,6 +757,14 @@ ROWS: tuple[Row, ...] = (
         "paths",
         None,
         "[paths]: weight, budgets and signing per request path (engine/api_rules.py)",
+        "engine",
+    ),
+    Row(
+        "endpoints",
+        "budgets",
+        None,
+        "[[endpoints]]: one pool over several endpoints, each with a name, a preset, a url, its keys"
+        " and the models it serves (docs/endpoints.md)",
         "engine",
     ),
     Row("pools", "pools", None, "[pools] name = connections: connection pools a request can name", "engine"),

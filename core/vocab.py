@@ -72,6 +72,13 @@ class Pacing(StrEnum):
     AUTO = "auto"  # burst for a job fed as fast as the limits allow, else even (engine/engine.py)
 
 
+class ApiStyle(StrEnum):
+    """How a request's path reaches an API (`target.api_style`, engine/http/endpoints.py)."""
+
+    PLAIN = "plain"  # the path as the line or the client gave it
+    AZURE = "azure"  # OpenAI's /v1/... as Azure OpenAI's /openai/v1/... or deployments path
+
+
 class HttpClient(StrEnum):
     """The HTTP client a run's requests go through (engine/http)."""
 

@@ -36,10 +36,11 @@ from ratedeck.engine.observe.progress import ProgressMeter
 from ratedeck.engine.observe.snapshot_builder import SnapshotBuilder, SnapshotParts
 from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.path.ending import RunEnd
+from ratedeck.engine.path.health import EndpointHealth
 from ratedeck.engine.path.intake import Intake
 from ratedeck.engine.path.key import UNKNOWN_LIMIT, KeyLeases, KeyLimits, Learning
 from ratedeck.engine.path.keys import KeyRing
-from ratedeck.engine.path.lanes import ModelLanes
+from ratedeck.engine.path.lanes import NO_MODEL, ModelLanes, lane_model
 from ratedeck.engine.path.request_path import RequestPath, SharedGates
 from ratedeck.engine.path.settle import SettleRules
 from ratedeck.engine.path.worker import KeyWorker
@@ -48,6 +49,7 @@ from ratedeck.engine.sources.workload import bursts_in_time
 
 from .ports import Cooldown, RunClock, SharedState, Source, Transport
 from .queues import Graveyard, WorkQueues
+from .request import Request
 from .settings import GRAVEYARD_AUTO, EngineSettings, KeySpec
 
 
@@ -157,8 +159,13 @@ def build_parts(
         no_limit=ends.no_limit,
         watcher=cluster,
     )
+    health = _health(cfg, log, keys)
     for spec in cfg.keys:
-        keys.add(_key(cfg, spec, limits, learning, cluster, run=run, queues=queues, path=path))
+        worker = _key(cfg, spec, limits, learning, cluster, run=run, queues=queues, path=path)
+        if spec.endpoint is not None and spec.endpoint.name in health:
+            worker.health = health[spec.endpoint.name]
+            worker.gates = (*worker.gates, worker.health.gate)
+        keys.add(worker)
     makespan = None
     if source.job:  # a job (a workload file, a store): its makespan against the least time the limits allow
         makespan = MakespanMeter(keys, run, cfg.key_weighted)
@@ -172,6 +179,22 @@ def build_parts(
         cfg, transport, rng, redact, run, log, headroom, probe, queues, metrics, graveyard,
         source, limits, keys, ends, cluster, path, intake, makespan, progress, loop, snapshots,
     )  # fmt: skip
+
+
+def _health(cfg: EngineSettings, log: EventLog, keys: KeyRing) -> dict[str, EndpointHealth]:
+    """Each endpoint's health in a pool of two or more (health.py): failover needs another."""
+    if len(cfg.endpoints) < 2:
+        return {}
+
+    def waker(name: str) -> Callable[[], None]:
+        def wake() -> None:
+            for worker in keys:
+                if worker.spec.endpoint is not None and worker.spec.endpoint.name == name:
+                    worker.poke()
+
+        return wake
+
+    return {e.name: EndpointHealth(e.name, log, waker(e.name)) for e in cfg.endpoints}
 
 
 def _graveyard(cfg: EngineSettings, source: Source, redact: Redactor) -> Graveyard:
@@ -226,16 +249,45 @@ def _intake(
         # A generated load with no rate of its own follows the limits keys discover.
         follow_discovered=cfg.workload.rate is None and cfg.workload.file is None,
         spend=path.spend,
+        unserved=_unserved(cfg),
     )
 
 
+def _unserved(cfg: EngineSettings) -> Callable[[Request], str | None] | None:
+    """In a pool whose every endpoint names its models: why a request naming another model
+    cannot go ("no endpoint serves model X"); None when some endpoint serves any model."""
+    if not cfg.endpoints or any(e.models is None for e in cfg.endpoints):
+        return None
+    served = {m for e in cfg.endpoints for m in e.models or ()}
+    listed = ", ".join(sorted(served)[:8])
+    field = tuple(cfg.target.model_field.split("."))
+
+    def unserved(req: Request) -> str | None:
+        shape = req.shape
+        model = lane_model(shape.body if shape is not None else None, field)
+        if model in served:
+            return None
+        named = "names no model" if model == NO_MODEL else f"names model {model!r}"
+        return f"no endpoint serves it: it {named}; the endpoints serve {listed}"
+
+    return unserved
+
+
+def _url_of(cfg: EngineSettings, spec: KeySpec) -> str | None:
+    """The URL a key's budgets are named by in a shared store: its endpoint's, or the target's."""
+    return spec.endpoint.target.url if spec.endpoint is not None else cfg.target.url
+
+
 def _cluster(cfg: EngineSettings, member: MemberParts, shared_state: SharedState) -> ClusterMember:
-    url = cfg.target.url
+    gates: dict[str, str] = {}
+    for k in cfg.keys:
+        gates.update(gate_names(_url_of(cfg, k), {k.label: k.secret}))
+    gates["host"] = gate_names(cfg.target.url, {})["host"]
     return ClusterMember(
         member,
         shared_state,
-        {k.label: budget_name(url, k.secret) for k in cfg.keys},
-        gate_names(url, {k.label: k.secret for k in cfg.keys}),
+        {k.label: budget_name(_url_of(cfg, k), k.secret) for k in cfg.keys},
+        gates,
     )
 
 
@@ -358,7 +410,7 @@ def _key(
     if cfg.per_model:
         # Limits per key and model: each model its own buckets, made when first named (and
         # with a shared store, each its own budget there: the key's and the model's).
-        url, secret = cfg.target.url, spec.secret
+        url, secret = _url_of(cfg, spec), spec.secret
         lanes = ModelLanes(
             spec.label,
             cfg.target.model_field,
@@ -369,6 +421,7 @@ def _key(
             learn_first=e.learn_first,
             store_names=leases.store_names if leases is not None else None,
             store_name=lambda unit, model: budget_name(url, secret, f"{unit}\0model\0{model}"),
+            endpoint=spec.endpoint,
         )
     key = KeyLimits(
         spec,
@@ -414,5 +467,5 @@ def _store_names(
     for name, lim in limits.budgets.host.items():
         names[lim] = budget_name(url, None, name)
     for name, lim in key_budgets.items():
-        names[lim] = budget_name(url, spec.secret, name)
+        names[lim] = budget_name(_url_of(cfg, spec), spec.secret, name)
     return names

@@ -27,7 +27,8 @@ from typing import Any
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.vocab import Ending
 from ratedeck.engine.http import outcome as oc
-from ratedeck.engine.http.transport import Transport, TransportBase, http_transport
+from ratedeck.engine.http.endpoints import run_transport
+from ratedeck.engine.http.transport import Transport, TransportBase
 from ratedeck.engine.snapshot import Snapshot
 
 from .engine import Engine
@@ -132,7 +133,7 @@ class RateDeck:
                 raise ConfigError(
                     "RateDeck", "target.url", "a library deck needs a target URL, a transport or delay_error"
                 )
-            transport = http_transport(cfg, cfg.target.url)
+            transport = run_transport(cfg, cfg.target.url)
         self.cfg = cfg
         self.transport = transport
         self.engine: Engine | None = None

@@ -15,7 +15,7 @@ from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import MAX_RATE
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
-from ratedeck.core.vocab import Arrival, Excess, HeadroomMode, MessagePattern, Pacing
+from ratedeck.core.vocab import ApiStyle, Arrival, Excess, HeadroomMode, MessagePattern, Pacing
 from ratedeck.engine.api_rules import BudgetSpec, OutcomeRule, PathRule
 
 if TYPE_CHECKING:
@@ -95,16 +95,55 @@ class TargetConfig:
     # The dotted JSON body field naming a request's model, for limits per key and model
     # (`[keys] scope = "key+model"`, budgets with `scope = "key+model"`).
     model_field: str = "model"
+    # How a request's path reaches the API: "plain" as it is; "azure": OpenAI's /v1/... as Azure
+    # OpenAI's /openai/v1/... (the deployment as the body's model), or with `api_version`, as
+    # /openai/deployments/{deployment}/...?api-version=... (engine/http/endpoints.py).
+    api_style: ApiStyle = ApiStyle.PLAIN
+    api_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """How one endpoint serves a model clients name: under its own name there (`deployment`,
+    Azure's; None: the same name), and the limits told for it per key (`requests`, and
+    `budgets` by budget name); none told: learned from the answers."""
+
+    deployment: str | None = None
+    requests: tuple[Policy, ...] = ()
+    budgets: Mapping[str, tuple[Policy, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """One endpoint of a pool (`[[endpoints]]`): its name (shown everywhere), the preset it
+    speaks, its target (URL, how the key travels, its API's rules) and the models it
+    serves (None: whatever model a request names)."""
+
+    name: str
+    preset: str
+    target: TargetConfig
+    models: Mapping[str, ModelRoute] | None = None
+    learn_first: bool = False  # its answers' headers tell each model's limits: one first
+    # Each budget's starting limits on this endpoint (its preset's), where no model's are told.
+    starts: Mapping[str, tuple[Policy, ...]] = field(default_factory=dict)
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def route(self, model: str) -> ModelRoute | None:
+        return self.models.get(model) if self.models is not None else None
 
 
 @dataclass(frozen=True)
 class KeySpec:
-    """One API key: its id ("k1"), secret, and the policies that bind it."""
+    """One API key: its id ("k1"), secret, and the policies that bind it; in a pool of
+    endpoints, the endpoint it belongs to."""
 
     label: str
     secret: str = field(repr=False)
     policies: tuple[Policy, ...]
     api_secret: str | None = field(default=None, repr=False)  # the signing secret that goes with the key
+    endpoint: EndpointSpec | None = field(default=None, repr=False, compare=False)
 
 
 #: `graveyard_path`'s default: the runner places the file next to the report, else under
@@ -207,6 +246,8 @@ class EngineSettings:
     # USD per million tokens by model, checked (engine/llm/prices.py): config/prices and [prices]
     prices: Mapping[str, Price] = field(default_factory=dict)
     max_cost: float | None = None  # USD: admission stops before spent + reserved would pass it
+    # [[endpoints]]: the pool's endpoints, each key's own in `KeySpec.endpoint` (empty: one target)
+    endpoints: tuple[EndpointSpec, ...] = ()
 
     @property
     def per_model(self) -> bool:

@@ -22,7 +22,8 @@ from ratedeck.core.study_server import STUDY, current_name
 from ratedeck.core.vocab import EventKind, HeadroomMode, Phase
 from ratedeck.engine.commands import Command
 from ratedeck.engine.engine import Engine
-from ratedeck.engine.http.transport import Transport, http_transport
+from ratedeck.engine.http.endpoints import run_transport
+from ratedeck.engine.http.transport import Transport
 from ratedeck.engine.observe.results import ResultsFile
 from ratedeck.engine.ports import SharedState, Source
 from ratedeck.engine.snapshot import Snapshot
@@ -102,7 +103,7 @@ class Session:
                     self.server = await start_server(embedded_server_settings(cfg))
                     url = f"{self.server.url}/api/request"
                 self.target_url = url
-                self._transport = http_transport(cfg.engine_settings, url)
+                self._transport = run_transport(cfg.engine_settings, url)
             source, shared = await self._work()
             self.engine = Engine(cfg.engine_settings, self._transport, source=source, shared_state=shared)
             if self.store_run is not None:

@@ -1027,8 +1027,9 @@ def _delay_of(
 
 
 def http_transport(cfg: EngineSettings, url: str) -> HttpTransport:
-    """The HTTP transport for a run: enough connections for every key's in-flight
-    requests, every key's secrets masked, the config's path rules."""
+    """The HTTP transport for a run at one target: enough connections for every key's
+    in-flight requests, every key's secrets masked, the config's path rules (a pool of
+    endpoints: `endpoints.run_transport`)."""
     secrets = [k.secret for k in cfg.keys] + [k.api_secret for k in cfg.keys if k.api_secret]
     max_conn = max(1, len(cfg.keys) * cfg.in_flight_ceiling)
     return HttpTransport(cfg.target, url, max_conn, secrets=secrets, paths=cfg.paths)

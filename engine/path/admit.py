@@ -141,6 +141,8 @@ def admit(req: Request, key: KeyView, now: float, turn: int) -> Send | Hold | Pa
     lane = limits.lanes.lane(req) if limits.lanes is not None else None
     own, key_budgets = limits.limiter, limits.key_budgets
     if lane is not None:
+        if not lane.served:
+            return PASS  # the key's endpoint does not serve this model: another key's will
         open_at = lane.gate.open_at
         if open_at > now:
             return Hold(open_at)

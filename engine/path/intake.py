@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ratedeck.core.numbers import MAX_RATE
@@ -46,6 +47,7 @@ class Intake:
         "pools",
         "follow_discovered",
         "spend",
+        "unserved",
         "_next_id",
     )
 
@@ -67,8 +69,12 @@ class Intake:
         pools: dict[str, int] | None = None,
         follow_discovered: bool = True,
         spend: SpendMeter | None = None,
+        unserved: Callable[[Request], str | None] | None = None,
     ) -> None:
         self.run = run
+        # A pool whose endpoints each serve named models: what is wrong with a request no
+        # endpoint serves (None: one does), so it ends at once instead of waiting for ever.
+        self.unserved = unserved
         self.work = queues
         self.metrics = metrics
         self.keys = keys
@@ -158,6 +164,10 @@ class Intake:
                 req.last_error = f"its key {req.pin} {'was refused' if owner else 'is not one of ours'}"
                 self.burial.bury(req, self.run.clock())
                 return
+        if self.unserved is not None and (why := self.unserved(req)) is not None:
+            req.last_error = why
+            self.burial.bury(req, self.run.clock())
+            return
         self.work.put(req)
 
     def refuse(self, req: Request) -> None:

@@ -16,7 +16,7 @@ a request costs one dict lookup to find its lane.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratedeck.engine.gate import CooldownGate
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.api_rules import BudgetSpec
     from ratedeck.engine.limits.limiter import WindowLimiter
     from ratedeck.engine.request import Request
+    from ratedeck.engine.settings import EndpointSpec
 
 #: A request whose body names no model (or not as text) spends from this lane.
 NO_MODEL = "-"
@@ -67,6 +68,7 @@ class ModelLane:
         "reset_at",
         "sent",
         "rejected_429",
+        "served",
     )
 
     def __init__(
@@ -77,8 +79,10 @@ class ModelLane:
         own: dict[str, WindowLimiter],
         gate: CooldownGate,
         first_pending: bool,
+        served: bool = True,
     ) -> None:
         self.model = model
+        self.served = served  # the key's endpoint serves this model (False: its requests pass it by)
         self.limiter = limiter
         self.budgets = budgets
         self.own = own  # the budgets that are this model's alone (scope key+model)
@@ -120,6 +124,7 @@ class ModelLanes:
         "for_answer",
         "_store_names",
         "_store_name",
+        "endpoint",
     )
 
     def __init__(
@@ -134,6 +139,7 @@ class ModelLanes:
         learn_first: bool,
         store_names: dict[WindowLimiter, str] | None = None,
         store_name: Callable[[str, str], str] | None = None,
+        endpoint: EndpointSpec | None = None,
     ) -> None:
         self.label = label
         self.field = tuple(field.split("."))
@@ -149,6 +155,9 @@ class ModelLanes:
         # member that uses the key spends one budget per model.
         self._store_names = store_names
         self._store_name = store_name
+        # In a pool of endpoints: the models the key's endpoint serves, their limits told
+        # there, and its preset's starting limits (settings.EndpointSpec).
+        self.endpoint = endpoint
 
     @property
     def per_model_requests(self) -> bool:
@@ -169,11 +178,24 @@ class ModelLanes:
     def _new(self, model: str) -> ModelLane:
         if len(self.by_model) >= MAX_LANES:
             return next(reversed(self.by_model.values()))
-        make = self._make
-        limiter = make(self._policies) if self._policies else None
-        own = {spec.name: make(spec.policies) for spec in self._specs}
+        make, policies, learn_first, served = self._make, self._policies, self.learn_first, True
+        starts: Mapping[str, tuple[Policy, ...]] = {}
+        endpoint = self.endpoint
+        if endpoint is not None:
+            served = endpoint.serves(model)
+            starts = endpoint.starts
+            route = endpoint.route(model)
+            learn_first = endpoint.learn_first
+            if route is not None:
+                if route.requests and policies is not None:
+                    policies = route.requests
+                starts = {**starts, **route.budgets}
+                learn_first = learn_first and not (route.requests or route.budgets)
+        limiter = make(policies) if policies else None
+        own = {spec.name: make(starts.get(spec.name) or spec.policies) for spec in self._specs}
         gate = CooldownGate(f"{self.label} {model}")
-        lane = ModelLane(model, limiter, {**self._key_budgets, **own}, own, gate, self.learn_first)
+        budgets = {**self._key_budgets, **own}
+        lane = ModelLane(model, limiter, budgets, own, gate, learn_first and served, served)
         names, name_of = self._store_names, self._store_name
         if names is not None and name_of is not None:
             for unit, lim in lane.buckets():

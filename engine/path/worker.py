@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from ratedeck.engine.ports import RunClock, SendStamp, WorkerHost, WorkerQueues
     from ratedeck.engine.request import Request
 
+    from .health import EndpointHealth
+
 __all__ = ["LEASE_EARLY_S", "RECENT_ERRORS", "UNKNOWN_LIMIT", "KeyStats", "KeyWorker"]
 
 #: Failed attempts each key keeps for its detail view (the run's error groups keep the counts).
@@ -117,6 +119,7 @@ class KeyWorker:
         "_nonce",
         "_waker",
         "_turn",
+        "health",
     )
 
     def __init__(
@@ -138,6 +141,7 @@ class KeyWorker:
         self.limits = limits
         self.stats = KeyStats()
         self.gates = gates
+        self.health: EndpointHealth | None = None  # its endpoint's, in a pool of several (health.py)
         self.run_state = run
         self.queues = queues
         self.path = path
@@ -262,7 +266,7 @@ class KeyWorker:
             elif (first.open_at > now or last.open_at > now or many) and (
                 gate_at := self.gate_open_at()
             ) > now:
-                blocked, until = True, gate_at
+                blocked, until = True, (gate_at if gate_at < math.inf else None)  # held: a poke ends it
             elif self.in_flight >= limits.max_in_flight or sends.probe_out:
                 blocked = True
             elif (slot_at := limits.next_free(now)) > now:
@@ -375,6 +379,8 @@ class KeyWorker:
         self.in_flight += 1
         self.stats.sent += 1
         limits.note_send(now)
+        if self.health is not None:
+            self.health.sent(now)
         self.path.launch(self, req, self.next_nonce() if self.use_nonce else None, (stamp,))
 
     async def _wait_for_work(self) -> None:
@@ -394,6 +400,8 @@ class KeyWorker:
         if self.in_flight == 0:
             limits.answered_all()  # nothing in flight: nothing to wait for
         self.stats.answered(outcome)
+        if self.health is not None:
+            self.health.answered(outcome, now)
         sizing = limits.sizing
         if sizing is not None:  # a timeout, no connection or a 5xx: the server or path is in trouble
             sizing.answered(

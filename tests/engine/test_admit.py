@@ -121,8 +121,12 @@ def view(
     return KeyView(limits, route, pool_room, default)  # type: ignore[arg-type]
 
 
-def a_lane(*, open_at: float = 0.0, first_out: bool = False, held_turn: int = -1) -> Any:
-    return SimpleNamespace(gate=SimpleNamespace(open_at=open_at), first_out=first_out, held_turn=held_turn)
+def a_lane(
+    *, open_at: float = 0.0, first_out: bool = False, held_turn: int = -1, served: bool = True
+) -> Any:
+    return SimpleNamespace(
+        gate=SimpleNamespace(open_at=open_at), first_out=first_out, held_turn=held_turn, served=served
+    )
 
 
 def spent(decision: Send | Hold | Pass) -> list[tuple[str, int]]:
@@ -181,6 +185,7 @@ def test_admit_table(case: str, key: KeyView, expected: Any) -> None:
     "case, lane, free, expected",
     [
         ("its gate is closed: until it opens", a_lane(open_at=4.0), {}, Hold(4.0)),
+        ("the key's endpoint does not serve its model: another key's will", a_lane(served=False), {}, PASS),
         ("its first answer is awaited", a_lane(first_out=True), {}, Hold(math.inf, answer=True)),
         ("an earlier request held it this turn", a_lane(held_turn=TURN), {}, PASS),
         ("held in an earlier turn: it may go", a_lane(held_turn=TURN - 1), {}, "send"),
