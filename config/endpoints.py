@@ -160,7 +160,12 @@ def _endpoint_target(
         raise ConfigError(source, f"{where}.url", str(exc)) from None
     merged: dict[str, Any] = {**(preset.get("target") or {}), **user_target, **own, "url": url}
     if "api_version" in table:
-        merged["api_version"] = table["api_version"]
+        version = table["api_version"]
+        if not isinstance(version, str) or not version.strip() or parsers.CONTROL.search(version):
+            raise ConfigError(
+                source, f"{where}.api_version", f'must be a version like "2024-10-21", got {show(version)}'
+            )
+        merged["api_version"] = version
     return make_target({"target": merged}, f"{source}: {where}")
 
 

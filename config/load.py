@@ -87,6 +87,7 @@ def load_config(
     """
     data: dict[str, Any] = {}
     file_data = read_toml(path) if path is not None else {}
+    preset_flag = preset is not None
     if preset is None:
         preset = file_data.pop("preset", None)
         if preset is not None and not isinstance(preset, str):
@@ -96,7 +97,7 @@ def load_config(
     preset = current_name("preset", preset)
     if "endpoints" in file_data:  # a pool of endpoints: the first one's preset is the base
         presets = endpoint_presets(file_data["endpoints"], str(path), PRESETS)
-        _check_pool_flags(file_data, overrides, str(path), preset, presets[0])
+        _check_pool_flags(file_data, overrides, str(path), preset, presets[0], preset_flag=preset_flag)
         preset = presets[0]
     named_target = isinstance(overrides, dict) and bool((overrides.get("target") or {}).get("url"))
     file_target = file_data.get("target")
@@ -144,7 +145,13 @@ def load_config(
 
 
 def _check_pool_flags(
-    file_data: dict[str, Any], overrides: dict[str, Any] | None, source: str, preset: str | None, first: str
+    file_data: dict[str, Any],
+    overrides: dict[str, Any] | None,
+    source: str,
+    preset: str | None,
+    first: str,
+    *,
+    preset_flag: bool = False,
 ) -> None:
     """With [[endpoints]], each endpoint names its URL and keys: a --target, --keys, [target]
     url or [keys] secrets would be a second, unnamed one."""
@@ -163,7 +170,9 @@ def _check_pool_flags(
         )
     if preset is not None and preset != first:
         raise ConfigError(
-            source, "preset", f"the pool's presets are its endpoints' ({first} first), not {preset!r}"
+            "command line" if preset_flag else source,
+            "--preset" if preset_flag else "preset",
+            f"{source} lists [[endpoints]]: the pool's presets are its endpoints' ({first} first), not {preset!r}",
         )
 
 
