@@ -49,7 +49,7 @@ from ratedeck.engine.sources.workload import bursts_in_time
 
 from .ports import Cooldown, RunClock, SharedState, Source, Transport
 from .queues import Graveyard, WorkQueues
-from .request import Request
+from .request import UNSERVED, Request
 from .settings import GRAVEYARD_AUTO, EngineSettings, KeySpec
 
 
@@ -268,7 +268,7 @@ def _unserved(cfg: EngineSettings) -> Callable[[Request], str | None] | None:
         if model in served:
             return None
         named = "names no model" if model == NO_MODEL else f"names model {model!r}"
-        return f"no endpoint serves it: it {named}; the endpoints serve {listed}"
+        return f"{UNSERVED}: it {named}; the endpoints serve {listed}"
 
     return unserved
 

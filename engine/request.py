@@ -21,6 +21,11 @@ CallFn = Callable[[str], Awaitable[Any]]
 LINE_FIELDS = ("_id", "_method", "_path", "_body", "_weight", "_budget")
 
 
+#: How `Request.last_error` begins for a request no endpoint of the pool serves (its model):
+#: it ends at once, never sent; a gateway answers it as the API answers an unknown model.
+UNSERVED = "no endpoint serves it"
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """How one request differs from the target's defaults (a workload line's `_method`, `_path`, ...).

@@ -23,7 +23,7 @@ from ratedeck.config.settings import GatewaySettings
 from ratedeck.core.numbers import parse_duration
 from ratedeck.core.vocab import Ending, OutcomeKind
 from ratedeck.engine.http.answer_headers import answer_headers
-from ratedeck.engine.request import Request, Shape
+from ratedeck.engine.request import UNSERVED, Request, Shape
 from ratedeck.engine.sources.live import LiveSource
 
 from .auth import GatewayToken
@@ -299,6 +299,8 @@ class GatewayApp:
                 request_id=rid,
             )
         if outcome is None:
+            if req.last_error and req.last_error.startswith(UNSERVED):  # OpenAI's answer to an unknown model
+                return error_response(404, req.last_error, "invalid_request_error", "model_not_found")
             return error_response(502, "no answer from the upstream", "upstream_error", "no_answer")
         kind = outcome.kind
         response = outcome.response

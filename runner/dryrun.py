@@ -33,12 +33,13 @@ from ratedeck.config import ConfigError, RunConfig
 from ratedeck.core.exits import ExitCode
 from ratedeck.core.files import private_write_text
 from ratedeck.core.numbers import usd_range
+from ratedeck.core.policy import Policy
 from ratedeck.engine.api_rules import BudgetSpec, PathTable
 from ratedeck.engine.limits.costs import CostModel
 from ratedeck.engine.llm.prices import estimate_range_usd
 from ratedeck.engine.observe.makespan import Limits, least_time
 from ratedeck.engine.observe.spend import model_of, price_table
-from ratedeck.engine.settings import EngineSettings
+from ratedeck.engine.settings import EngineSettings, KeySpec
 from ratedeck.engine.sources.workload import Workload, take_shape
 
 #: The row of lines whose body names no model (not LLM calls: they cost nothing here).
@@ -102,14 +103,30 @@ class _Units:
         cfg = self.cfg
         if not cfg.keys or any(not k.policies for k in cfg.keys):
             return None
-        keys = [Limits(k.policies) for k in cfg.keys]
+        keys = [Limits(_told(k) or k.policies) for k in cfg.keys]
         demands: list[tuple[Sequence[Limits], float]] = [(keys, self.key_units)]
         if cfg.host_policies:
             demands.append(([Limits(cfg.host_policies)], self.requests))
         for b in cfg.budgets:
-            group = [Limits(b.policies)] * (1 if b.scope == "host" else len(cfg.keys))
+            if b.scope == "host":
+                group = [Limits(b.policies)]
+            else:
+                group = [Limits(_told(k, b.name) or b.policies) for k in cfg.keys]
             demands.append((group, self.budgets[b.name]))
         return least_time(demands)
+
+
+def _told(key: KeySpec, budget: str | None = None) -> tuple[Policy, ...]:
+    """A pool endpoint's limits for `key`: the requests limit (`budget` None) or a budget's,
+    told for a model in its `models`, else its preset's start; () outside a pool."""
+    endpoint = key.endpoint
+    if endpoint is None:
+        return ()
+    for route in (endpoint.models or {}).values():
+        told = route.requests if budget is None else route.budgets.get(budget, ())
+        if told:
+            return told
+    return endpoint.starts.get(budget, ()) if budget is not None else ()
 
 
 def _cost(spec: BudgetSpec, weight: int, units: dict[str, int]) -> int:

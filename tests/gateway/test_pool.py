@@ -1,0 +1,103 @@
+"""The gateway in front of a pool of endpoints (`[[endpoints]]`): two Azure OpenAI resources and
+an OpenAI org, each a real stub on loopback; requests go where the model is served and limits
+admit them, the body and path as each API wants them, and around an endpoint that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+
+from ratedeck.config import load_config
+from ratedeck.server.stubs.azure import start_azure
+from ratedeck.server.stubs.openai import start_openai
+
+from .support import TOKEN, run_async, running_gateway
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def prompt(model: str = "gpt-4o-mini", chars: int = 400, max_tokens: int = 100) -> dict:
+    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "x" * chars}]}
+
+
+def pool_file(tmp: Path, east: str, west: str, openai: str | None = None) -> str:
+    text = f"""
+[[endpoints]]
+name = "east"
+preset = "azure-openai"
+url = "{east}"
+keys = ["east-key"]
+models = {{ "gpt-4o-mini" = {{ deployment = "mini", tpm = 20000 }} }}
+[[endpoints]]
+name = "west"
+preset = "azure-openai"
+url = "{west}"
+api_version = "2024-10-21"
+keys = ["west-key"]
+models = {{ "gpt-4o-mini" = {{ deployment = "mini-w", tpm = 40000 }}, "gpt-4o" = "big" }}
+"""
+    if openai:
+        text += f"""
+[[endpoints]]
+name = "openai"
+preset = "openai"
+url = "{openai}"
+keys = ["sk-openai"]
+"""
+    path = tmp / "pool.toml"
+    path.write_text(text)
+    return str(path)
+
+
+async def post(s: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
+    async with s.post(url + "/v1/chat/completions", json=body, headers=AUTH) as r:
+        return r.status, json.loads(await r.read())
+
+
+def azure(deployment: str, tpm: int) -> dict:
+    return {deployment: {"model": "gpt-4o-mini", "tpm": tpm}}
+
+
+@run_async
+async def test_each_model_goes_to_the_endpoints_that_serve_it_as_their_api_wants(tmp_path):
+    east = await start_azure(keys=["east-key"], deployments=azure("mini", 20000))
+    west = await start_azure(
+        keys=["west-key"], deployments={**azure("mini-w", 40000), "big": {"model": "gpt-4o", "tpm": 30000}}
+    )
+    async with east, west:
+        cfg = load_config(pool_file(tmp_path, east.url, west.url))
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            minis = await asyncio.gather(*(post(s, gw.url, prompt()) for _ in range(30)))
+            big = await post(s, gw.url, prompt("gpt-4o"))
+            nowhere = await post(s, gw.url, prompt("gpt-5-nano"))
+    assert [status for status, _ in minis] == [200] * 30
+    assert {body["model"] for _, body in minis} == {"gpt-4o-mini"}  # the upstream's answer, as it said
+    east_ok, west_ok = east.ledger.accepted(bucket="mini"), west.ledger.accepted(bucket="mini-w")
+    assert east_ok and west_ok and len(east_ok) + len(west_ok) == 30  # both resources serve the model
+    assert big[0] == 200 and len(west.ledger.accepted(bucket="big")) == 1  # only west serves gpt-4o
+    assert nowhere[0] >= 400 and "no endpoint serves" in json.dumps(nowhere[1])
+    assert not east.ledger.refused("rate_limited") and not west.ledger.refused("rate_limited")
+    assert not east.ledger.refused("deployment_not_found") and not west.ledger.refused("deployment_not_found")
+
+
+@run_async
+async def test_an_endpoint_that_stops_answering_leaves_the_pool_and_no_request_fails(tmp_path):
+    east = await start_azure(keys=["east-key"], deployments=azure("mini", 200000))
+    west = await start_azure(keys=["west-key"], deployments=azure("mini-w", 400000))
+    async with east, west, await start_openai(keys=["sk-openai"], rpm=5000, tpm=1_000_000) as oai:
+        cfg = load_config(pool_file(tmp_path, east.url, west.url, oai.url))
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            first = await asyncio.gather(*(post(s, gw.url, prompt()) for _ in range(30)))
+            await east.state.go_dark("refuse")
+            during = await asyncio.gather(*(post(s, gw.url, prompt()) for _ in range(60)))
+            served_before = len(east.ledger.accepted(bucket="mini"))
+            await east.state.come_back()
+            view = gw.engine.snapshot() if hasattr(gw, "engine") else None
+    assert [status for status, _ in first + during] == [200] * 90  # every one answered, none twice
+    total = len(east.ledger.accepted()) + len(west.ledger.accepted()) + len(oai.ledger.accepted())
+    assert total == 90
+    assert served_before == len(east.ledger.accepted(bucket="mini"))  # nothing reached it while dark
+    del view
