@@ -233,7 +233,15 @@ def _models(
             raise ConfigError(source, f"{at}.deployment", f"must be a name, got {show(deployment)}")
         rpm, tpm = (_per_minute(entry.get(n), source, f"{at}.{n}") for n in ("rpm", "tpm"))
         if tpm is not None and not tokens:
-            raise ConfigError(source, f"{at}.tpm", "this endpoint's preset counts no tokens")
+            split = [name for name, b in budgets.items() if b.tokens]
+            raise ConfigError(
+                source,
+                f"{at}.tpm",
+                f"this endpoint's preset counts {' and '.join(split)} apart, which one tpm = {tpm} cannot tell "
+                "(they are learned from its answers' headers)"
+                if split
+                else f"this endpoint's preset counts no tokens (tpm = {tpm}); give rpm only",
+            )
         if azure and rpm is None and tpm is not None:
             rpm = max(1, tpm * AZURE_RPM_PER_1000_TPM // 1000)
         requests: tuple[Policy, ...] = ()
