@@ -60,10 +60,11 @@ class EndpointPaths:
         """`shape` as this endpoint wants it (the same object when nothing changes)."""
         body = shape.body
         model = body.get("model") if isinstance(body, dict) else None
-        name = self.names.get(model, model) if isinstance(model, str) else None
+        # a model that is not a name (a client's mistake) goes as written, for the upstream to refuse
+        name = self.names.get(model, model) if isinstance(model, str) else model
         path = shape.path
         if self.style is ApiStyle.AZURE and path is not None:
-            path = self._azure_path(path, name)
+            path = self._azure_path(path, name if isinstance(name, str) else None)
         changes: dict[str, Any] = {}
         if path != shape.path:
             changes["path"] = path
