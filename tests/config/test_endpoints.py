@@ -447,3 +447,22 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path, text, needles):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "pool.toml" in lines[0] and all(n in lines[0] for n in needles), lines[0]
+
+
+def test_the_pool_in_docs_endpoints_md_loads_as_written(tmp_path, env, monkeypatch):
+    """docs/endpoints.md's `pool.toml` (the issue's contract) is what the loader reads."""
+    from tests.support.doc_commands import ROOT, named_files
+
+    text = named_files((ROOT / "docs" / "endpoints.md").read_text())["pool.toml"]
+    monkeypatch.setenv("OPENAI_KEYS", "sk-openai-000000000001,sk-openai-000000000002")
+    es = load(tmp_path, text).engine_settings
+    assert [(e.name, e.preset) for e in es.endpoints] == [
+        ("east", "azure-openai"),
+        ("west", "azure-openai"),
+        ("openai", "openai"),
+    ]
+    assert [k.label for k in es.keys] == ["east", "west", "openai-1", "openai-2"]
+    east, west, openai = es.endpoints
+    assert east.route("gpt-4o-mini").requests == (Policy(20, 10.0),)  # 20,000 TPM: 120 RPM
+    assert west.route("gpt-4o-mini").requests == (Policy(40, 10.0),)  # 40,000 TPM: 240 RPM
+    assert openai.models is None

@@ -23,6 +23,8 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     for name in ("MY_KEYS", "GH_TOKENS", "STRIPE_KEYS", "OPENAI_KEYS", "ANTHROPIC_KEYS"):
         monkeypatch.setenv(name, "first-key-0000001,second-key-000002")
+    for name in ("AZURE_EAST_KEY", "AZURE_WEST_KEY"):  # docs/endpoints.md: one key per Azure resource
+        monkeypatch.setenv(name, f"{name.lower()}-00001")
     monkeypatch.setenv("RATEDECK_TOKEN", "a-gateway-token-0001")  # docs/gateway.md
     return tmp_path
 

@@ -65,6 +65,7 @@ def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
     commands = [
         line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
     ]
+    writes = [c for c in commands if c.startswith("printf ") and c.endswith(".toml")]  # a config, as written
     commands = [c for c in commands if c.startswith("ratedeck ")]
     assert {c.split("--preset ")[1].split()[0] for c in commands} == {
         "github",
@@ -73,19 +74,27 @@ def test_every_preset_recipe_loads_as_written(tmp_path, monkeypatch):
         "kraken",
         "openai",
         "anthropic",
+        "azure-openai",
+        "openai-compatible",
     }
     monkeypatch.chdir(tmp_path)
-    for name in ("GH_TOKENS", "STRIPE_KEYS", "OPENAI_KEYS", "ANTHROPIC_KEYS"):
+    for name in ("GH_TOKENS", "STRIPE_KEYS", "OPENAI_KEYS", "ANTHROPIC_KEYS", "TOGETHER_KEYS"):
         monkeypatch.setenv(name, "tok_0000000000000001,tok_0000000000000002")
+    monkeypatch.setenv("AZURE_KEY", "tok_0000000000000003")  # an Azure resource: one key
     (tmp_path / "binance.keys").write_text("MY_API_KEY MY_SECRET\n")
     (tmp_path / "kraken.keys").write_text("MY_API_KEY c2VjcmV0\n")
     for file in ("queries.jsonl", "charges.jsonl", "calls.jsonl", "prompts.jsonl"):
         (tmp_path / file).write_text('{"_path": "/x"}\n')
+    assert writes
+    for line in writes:
+        subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True)
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
         cfg = load_config(args.config, args.preset, overrides_from_args(args))
-        assert (
-            cfg.runner.preset == args.preset
-            and cfg.engine_settings.keys
-            and cfg.engine_settings.target.url == args.target
-        )
+        es = cfg.engine_settings
+        assert cfg.runner.preset == args.preset and es.keys
+        if es.endpoints:  # a pool from the config file: its endpoints' URLs and keys
+            assert args.target is None and all(k.endpoint is not None for k in es.keys)
+            assert es.target.url == es.endpoints[0].target.url and es.endpoints[0].preset == args.preset
+        else:
+            assert es.target.url == args.target
