@@ -51,6 +51,7 @@ from .steering import Pending, RateSteps
 from .themes import DEFAULT_THEME, load_themes
 from .widgets import numbers
 from .widgets.clients import ClientsPanel
+from .widgets.endpoints import EndpointsPanel
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel, has_history
@@ -370,6 +371,7 @@ class RatedeckApp(App[Snapshot]):
                 yield KeysTable(id="keys")
             yield ErrorsPanel(id="errors-panel", classes="panel")
         yield GatesPanel(id="gates", classes="panel")
+        yield EndpointsPanel(id="endpoints", classes="panel")  # a pool of endpoints only (App.-endpoints)
         yield ClientsPanel(id="clients", classes="panel")  # a gateway's only (App.-clients)
         with Horizontal(id="bottom"):
             yield EventLog(id="events", classes="panel")
@@ -508,6 +510,7 @@ class RatedeckApp(App[Snapshot]):
         self.set_class(has_history(snap.gates), "-gates")
         self.set_class(snap.clients is not None, "-clients")
         self.set_class(snap.progress is not None, "-job")
+        self.set_class(bool(snap.endpoints), "-endpoints")
         self.main.run_bar.snapshot = snap
         self.main.job_bar.snapshot = snap
         for panel in self.main.panels:

@@ -10,6 +10,7 @@ from .history import SPANS, RunHistory
 from .widgets import numbers
 from .widgets.chart import ChartSpec, Series
 from .widgets.clients import ClientsPanel
+from .widgets.endpoints import EndpointsPanel
 from .widgets.errors import ErrorsPanel
 from .widgets.event_log import EventLog
 from .widgets.gates import GatesPanel
@@ -46,7 +47,9 @@ class MainWidgets:
     filter_bar: Widget
     event_log: EventLog
     #: The panels that take every snapshot as an attribute.
-    panels: tuple[GoodputPanel, QueuesPanel, LimiterPanel, GatesPanel, ErrorsPanel, ClientsPanel]
+    panels: tuple[
+        GoodputPanel, QueuesPanel, LimiterPanel, GatesPanel, ErrorsPanel, ClientsPanel, EndpointsPanel
+    ]
 
     @classmethod
     def find(cls, app: App, filter_type: type[Input]) -> MainWidgets:
@@ -70,6 +73,7 @@ class MainWidgets:
                 app.query_one(GatesPanel),
                 app.query_one(ErrorsPanel),
                 app.query_one(ClientsPanel),
+                app.query_one(EndpointsPanel),
             ),
         )
 

@@ -156,6 +156,57 @@ class KeyRow:
     # round trip ("auto", engine/limits/in_flight.py) rather than a pinned number.
     in_flight_limit: int = 0
     in_flight_auto: bool = False
+    # In a pool of endpoints ([[endpoints]]): the name of the endpoint the key belongs to ("" with
+    # one target).
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """One model an endpoint serves, and its limits as the endpoint's keys' lanes hold them now
+    (told in `models`, started from the preset, or learned from the answers' headers).
+
+    `limits` is (unit, per minute) for each bucket, summed over the endpoint's keys that have
+    a lane for the model ("requests", "tokens", ...); empty while no key has sent the model.
+    `followed` says a key's lane follows the server's own buckets (its headers)."""
+
+    model: str
+    limits: tuple[tuple[str, float], ...] = ()
+    followed: bool = False
+
+    def text(self) -> str:
+        """ "gpt-4o-mini: requests 120/min, tokens 12,000/min" ("gpt-4o-mini: not sent yet")."""
+        parts = ", ".join(f"{unit} {per_min:,.0f}/min" for unit, per_min in self.limits)
+        return f"{self.model}: {parts or 'not sent yet'}"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRow:
+    """One endpoint of a pool (`[[endpoints]]`): what it is, what it serves, whether it is in the pool.
+
+    `url` is printable (core.secrets.safe_url: no user:password@, no query string); `serves`
+    the models named in its `models` ("any" when it serves whatever a request names);
+    `models` each model's limits as its keys learned them; `state` "up", "down" (out of the
+    pool) or "probing" (one request out to see), `reason` why it is out, `downs` how often it
+    left the pool (engine/path/health.py; an endpoint alone in its pool has no health: "up").
+    `keys`, `sent`, `succeeded` and `rejected_429` add up its keys' rows."""
+
+    name: str
+    preset: str = ""
+    url: str = ""
+    serves: tuple[str, ...] = ("any",)
+    models: tuple[ModelLimits, ...] = ()
+    state: str = "up"
+    reason: str = ""
+    downs: int = 0
+    keys: int = 0
+    sent: int = 0
+    succeeded: int = 0
+    rejected_429: int = 0
+
+    def limits_text(self) -> str:
+        """Each model's limits: "gpt-4o-mini: requests 120/min, tokens 12,000/min; ..." ("" with none)."""
+        return "; ".join(m.text() for m in self.models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,6 +522,8 @@ class Snapshot:
     clients: ClientView | None = None
     # what the answers cost in USD (LLM usage against config/prices); None when nothing was priced
     spend: Spend | None = None
+    # a pool of endpoints ([[endpoints]]): one row each, in the config's order; empty with one target
+    endpoints: tuple[EndpointRow, ...] = ()
 
     @property
     def answered(self) -> int:

@@ -38,6 +38,8 @@ from ratedeck.engine.snapshot import (
     BudgetRow,
     ClientView,
     ClusterView,
+    EndpointRow,
+    Event,
     KeyRow,
     LatencySummary,
     Makespan,
@@ -52,7 +54,7 @@ from ratedeck.runner.thresholds import Threshold, evaluate
 from ratedeck.store.work import StoreReport
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from ratedeck.runner.prometheus import LoopSource, MetricsServer
 
@@ -121,7 +123,52 @@ def metrics_block(snap: Snapshot) -> list[str]:
         lines.append(f"spend        {snap.spend.line()}")
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
+    lines += endpoint_lines(snap.endpoints)
     return lines
+
+
+def endpoint_line(e: EndpointRow) -> str:
+    """One endpoint of a pool: "east (azure-openai) up  keys 1  sent 40  ok 40  429 0  gpt-4o-mini:
+    requests 120/min, tokens 20,000/min", with why it is out of the pool when it is."""
+    state = e.state if not e.reason else f"{e.state} ({e.reason})"
+    downs = f", out {e.downs}x" if e.downs else ""
+    limits = e.limits_text() or ("serves any model" if e.serves == ("any",) else "")
+    return (
+        f"{e.name} ({e.preset}) {state}{downs}  keys {e.keys}  sent {e.sent}  ok {e.succeeded}"
+        f"  429 {e.rejected_429}" + (f"  {limits}" if limits else "")
+    )
+
+
+def endpoint_lines(endpoints: tuple[EndpointRow, ...]) -> list[str]:
+    """The pool's endpoints, one line each ([] with one target)."""
+    return [f"{'endpoints' if i == 0 else '':<13}{endpoint_line(e)}" for i, e in enumerate(endpoints)]
+
+
+def is_endpoint_event(e: Event) -> bool:
+    """An endpoint leaving or coming back to the pool (engine/path/health.py)."""
+    return e.text.startswith("endpoint ") and ("out of the pool" in e.text or "back in the pool" in e.text)
+
+
+class EndpointEvents:
+    """The endpoint events (`is_endpoint_event`) of an event log not printed yet: `new(rows)`
+    gives those after the last one it saw (the log keeps its last few hundred, newest last)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: Event | None = None
+
+    def new(self, rows: Iterable[Event]) -> list[Event]:
+        rows = list(rows)
+        start = 0
+        if self.last is not None:
+            for i in range(len(rows) - 1, -1, -1):
+                if rows[i] == self.last:
+                    start = i + 1
+                    break
+        if rows:
+            self.last = rows[-1]
+        return [e for e in rows[start:] if is_endpoint_event(e)]
 
 
 def progress_line(p: Progress, stopped: bool = False) -> str:
@@ -763,17 +810,20 @@ async def _watch(
     facts: Callable[[], RunFacts],
     snapshot: Callable[[], Snapshot],
     done: Callable[[], bool],
+    events: Callable[[], Iterable[Event]] | None = None,
 ) -> None:
     """A headless run while it runs: metrics every `interval_s` until the duration ends,
     Ctrl-C asks for a drain, `done()` (the work is over) or the target stays silent.
 
     Wakes for the next print, the deadline, a tick, a drain or any of `waiters`
-    (which it cancels at the end, with its own)."""
+    (which it cancels at the end, with its own). `events` reads the event log: an endpoint
+    leaving or coming back to the pool is printed as it happens."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + cfg.runner.duration_s if cfg.runner.duration_s else None
     next_print = started + interval_s
     waiters = [asyncio.ensure_future(signals.drain.wait()), *waiters]
+    tail = EndpointEvents()
     try:
         while not signals.drain.is_set() and not done():
             now = loop.time()
@@ -782,6 +832,9 @@ async def _watch(
             wake = min(next_print, deadline if deadline is not None else next_print, now + _TICK_S)
             await asyncio.wait(waiters, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
             now = loop.time()
+            if events is not None:
+                for e in tail.new(events()):
+                    _say(f"ratedeck: {e.at_s:.1f} s: {e.text}", out)
             seen = facts()
             if target_silent(seen, now - started):
                 _say(
@@ -839,6 +892,7 @@ async def _run_sharded(
         facts=lambda: host.facts,
         snapshot=host.snapshot,
         done=lambda: _workload_done(cfg, snap := host.snapshot()) or _every_key_refused(snap),
+        events=(lambda: host.snapshot().events) if cfg.engine_settings.endpoints else None,
     )
     stopping = loop.run_in_executor(None, host.stop_blocking)
     cut = asyncio.ensure_future(signals.now.wait())
@@ -905,6 +959,7 @@ async def _run(
         facts=lambda: session.facts,
         snapshot=engine.snapshot,
         done=finished.is_set,
+        events=(lambda: engine.parts.log.rows) if cfg.engine_settings.endpoints else None,
     )
     snap, at_once = await stop_session(session, signals, out)
     if source is not None:

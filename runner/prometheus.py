@@ -135,6 +135,7 @@ def families(snap: Snapshot, buckets: dict[str, Buckets] | None = None) -> list[
         *_latency_families(snap, buckets or {}),
         *_message_families(snap),
         *_spend_families(snap),
+        *_endpoint_families(snap),
         *(client_families(snap.clients) if snap.clients is not None else ()),
     ]
 
@@ -212,63 +213,70 @@ def _attempt_families(snap: Snapshot) -> list[Metric]:
 
 
 def _key_families(snap: Snapshot) -> list[Metric]:
-    """Per key; the labels are key ids, never secrets."""
-    key_sent = _counter("ratedeck_key_attempts_sent", "Attempts sent with each key.", None, ("key",))
+    """Per key; the labels are key ids, never secrets. In a pool of endpoints every series also
+    has an `endpoint` label, the key's endpoint's name; with one target there is no such label,
+    so a run with one target scrapes exactly as before (dashboards and alerts keep matching)."""
+    pool = bool(snap.endpoints)
+    ep: tuple[str, ...] = ("endpoint",) if pool else ()
+    key_sent = _counter("ratedeck_key_attempts_sent", "Attempts sent with each key.", None, ("key", *ep))
     key_attempts = _counter(
         "ratedeck_key_attempts",
         "Attempts of each key by outcome (error: any other failure).",
         None,
-        ("key", "outcome"),
+        ("key", "outcome", *ep),
     )
-    key_in_flight = GaugeMetricFamily("ratedeck_key_in_flight", "Attempts in flight per key.", labels=["key"])
+    key_in_flight = GaugeMetricFamily(
+        "ratedeck_key_in_flight", "Attempts in flight per key.", labels=["key", *ep]
+    )
     window_used = GaugeMetricFamily(
-        "ratedeck_key_window_used", "Sends in the key's tightest window now.", labels=["key"]
+        "ratedeck_key_window_used", "Sends in the key's tightest window now.", labels=["key", *ep]
     )
     window_limit = GaugeMetricFamily(
-        "ratedeck_key_window_limit", "The key's tightest window's limit.", labels=["key"]
+        "ratedeck_key_window_limit", "The key's tightest window's limit.", labels=["key", *ep]
     )
     window_ratio = GaugeMetricFamily(
-        "ratedeck_key_window_use_ratio", "window_used / window_limit per key (0..1).", labels=["key"]
+        "ratedeck_key_window_use_ratio", "window_used / window_limit per key (0..1).", labels=["key", *ep]
     )
     key_state = GaugeMetricFamily(
         "ratedeck_key_state",
         "The key's current state (active, paused, cooling, blocked): one series per key, value 1.",
-        labels=["key", "state"],
+        labels=["key", "state", *ep],
     )
     estimate = GaugeMetricFamily(
         "ratedeck_key_limit_estimate",
         "The key's limit as estimated now (requests per window): why (told, advertised, lowered by "
         "a 429 at N, climbing, climbed back) and how it climbs (additive, probing) as labels.",
-        labels=["key", "window", "reason", "climb"],
+        labels=["key", "window", "reason", "climb", *ep],
     )
     estimate_moved = GaugeMetricFamily(
         "ratedeck_key_limit_estimate_moved_seconds_ago",
         "Seconds since the key's limit estimate last moved (absent while it never did).",
-        labels=["key"],
+        labels=["key", *ep],
     )
     shared = GaugeMetricFamily(
         "ratedeck_key_shared_ratio",
         "Share of the key's last counted window someone else used (the server's count against "
         "our sends); absent while none was seen.",
-        labels=["key"],
+        labels=["key", *ep],
     )
     for k in snap.keys:
+        e = (k.endpoint,) if pool else ()
         if k.limit_estimate:
             limit, _, window = k.limit_estimate.partition("/")
-            estimate.add_metric([k.label, window, k.estimate_reason, k.estimate_climb], float(limit))
+            estimate.add_metric([k.label, window, k.estimate_reason, k.estimate_climb, *e], float(limit))
         if k.estimate_moved_ago_s is not None:
-            estimate_moved.add_metric([k.label], k.estimate_moved_ago_s)
+            estimate_moved.add_metric([k.label, *e], k.estimate_moved_ago_s)
         if k.shared_share is not None:
-            shared.add_metric([k.label], k.shared_share)
-        key_sent.add_metric([k.label], k.sent)
-        key_attempts.add_metric([k.label, "succeeded"], k.succeeded)
-        key_attempts.add_metric([k.label, "rejected_429"], k.rejected_429)
-        key_attempts.add_metric([k.label, "error"], max(0, k.errors - k.rejected_429))
-        key_in_flight.add_metric([k.label], k.in_flight)
-        window_used.add_metric([k.label], k.window_used)
-        window_limit.add_metric([k.label], k.window_limit)
-        window_ratio.add_metric([k.label], k.window_used / k.window_limit if k.window_limit else 0.0)
-        key_state.add_metric([k.label, str(k.state)], 1.0)
+            shared.add_metric([k.label, *e], k.shared_share)
+        key_sent.add_metric([k.label, *e], k.sent)
+        key_attempts.add_metric([k.label, "succeeded", *e], k.succeeded)
+        key_attempts.add_metric([k.label, "rejected_429", *e], k.rejected_429)
+        key_attempts.add_metric([k.label, "error", *e], max(0, k.errors - k.rejected_429))
+        key_in_flight.add_metric([k.label, *e], k.in_flight)
+        window_used.add_metric([k.label, *e], k.window_used)
+        window_limit.add_metric([k.label, *e], k.window_limit)
+        window_ratio.add_metric([k.label, *e], k.window_used / k.window_limit if k.window_limit else 0.0)
+        key_state.add_metric([k.label, str(k.state), *e], 1.0)
     return [
         key_sent,
         key_attempts,
@@ -418,13 +426,15 @@ def _spend_families(snap: Snapshot) -> list[Metric]:
     spend = snap.spend
     if spend is None:
         return []
+    pool = bool(snap.endpoints)  # a pool of endpoints: the key's endpoint as a label too
+    endpoint_of = {k.label: k.endpoint for k in snap.keys}
     cost = _counter(
         "ratedeck_cost_usd", "US dollars the answers cost, from their usage at the model's price.", None,
-        ("model", "key"),
+        ("model", "key", *(("endpoint",) if pool else ())),
     )  # fmt: skip
     for r in spend.rows:
         if r.usd is not None:
-            cost.add_metric([r.model, r.key], r.usd)
+            cost.add_metric([r.model, r.key, *((endpoint_of.get(r.key, ""),) if pool else ())], r.usd)
     families: list[Metric] = [cost]
     if spend.cap_usd is not None:
         families.append(_gauge("ratedeck_cost_cap_usd", "The --max-cost cap in US dollars.", spend.cap_usd))
@@ -436,6 +446,37 @@ def _spend_families(snap: Snapshot) -> list[Metric]:
             )
         )
     return families
+
+
+def _endpoint_families(snap: Snapshot) -> list[Metric]:
+    """A pool of endpoints ([[endpoints]]): whether each is in the pool, how often it left it, and
+    each model's limits there as its keys hold them (none with one target)."""
+    if not snap.endpoints:
+        return []
+    up = GaugeMetricFamily(
+        "ratedeck_endpoint_up",
+        "1 while the endpoint is in the pool, 0 while it is out of it (down, or one probe out to see).",
+        labels=["endpoint"],
+    )
+    downs = _counter(
+        "ratedeck_endpoint_downs",
+        "Times the endpoint left the pool (a run of failures).",
+        None,
+        ("endpoint",),
+    )
+    limit = GaugeMetricFamily(
+        "ratedeck_endpoint_model_limit_per_minute",
+        "Each model's limit per minute at the endpoint, per unit (requests, tokens, ...), summed over "
+        "its keys: told, the preset's, or learned from the answers' headers.",
+        labels=["endpoint", "model", "unit"],
+    )
+    for e in snap.endpoints:
+        up.add_metric([e.name], 1.0 if e.state == "up" else 0.0)
+        downs.add_metric([e.name], e.downs)
+        for m in e.models:
+            for unit, per_min in m.limits:
+                limit.add_metric([e.name, m.model, unit], per_min)
+    return [up, downs, limit]
 
 
 def _latency_families(snap: Snapshot, buckets: dict[str, Buckets]) -> list[Metric]:

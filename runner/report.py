@@ -16,6 +16,7 @@ from ratedeck.core.files import private_write_text
 from ratedeck.engine.snapshot import (
     BudgetRow,
     ClusterView,
+    EndpointRow,
     ErrorRow,
     KeyRow,
     LatencySummary,
@@ -121,7 +122,34 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["makespan"] = makespan_report(snap.makespan)
     if snap.spend is not None:
         report["spend"] = spend_report(snap.spend)
+    if snap.endpoints:
+        report["endpoints"] = [endpoint_report(e) for e in snap.endpoints]
     return report
+
+
+def endpoint_report(e: EndpointRow) -> dict:
+    """One endpoint of a pool: what it serves, each model's limits per minute, its health."""
+    return {
+        "name": e.name,
+        "preset": e.preset,
+        "url": e.url,
+        "serves": list(e.serves),
+        "models": [
+            {
+                "model": m.model,
+                "limits": [{"unit": unit, "per_min": per_min} for unit, per_min in m.limits],
+                "followed": m.followed,
+            }
+            for m in e.models
+        ],
+        "state": e.state,
+        "reason": e.reason,
+        "downs": e.downs,
+        "keys": e.keys,
+        "sent": e.sent,
+        "succeeded": e.succeeded,
+        "rejected_429": e.rejected_429,
+    }
 
 
 def requests_report(snap: Snapshot) -> dict:
@@ -195,6 +223,7 @@ def key_report(k: KeyRow, elapsed_s: float) -> dict:
         "in_flight_limit": k.in_flight_limit,
         "in_flight_auto": k.in_flight_auto,
         **estimate_fields(k, elapsed_s),
+        **({"endpoint": k.endpoint} if k.endpoint else {}),
     }
 
 

@@ -3,11 +3,24 @@ consistent because it is built on the loop between two turns."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ratedeck.core.policy import MAX_LIMIT
+from ratedeck.core.secrets import safe_url
 from ratedeck.core.vocab import Phase
-from ratedeck.engine.snapshot import BudgetRow, GateRow, LoopLag, Makespan, Progress, Snapshot
+from ratedeck.engine.snapshot import (
+    BudgetRow,
+    EndpointRow,
+    GateRow,
+    KeyRow,
+    LoopLag,
+    Makespan,
+    ModelLimits,
+    Progress,
+    Snapshot,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -20,6 +33,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.path.ending import RunEnd
     from ratedeck.engine.path.intake import Intake
     from ratedeck.engine.path.keys import KeyRing
+    from ratedeck.engine.path.worker import KeyWorker
     from ratedeck.engine.ports import RunClock, Source
     from ratedeck.engine.queues import WorkQueues
 
@@ -73,6 +87,7 @@ class SnapshotBuilder:
         end = run.ended_at if run.ended_at is not None else now
         elapsed = max(0.0, end - run.started_at) if started else 0.0
         mergeable, capacity = self.mergeable, p.keys.capacity_tps()
+        keys = tuple(w.row(now) for w in p.keys.workers)
         return Snapshot(
             elapsed_s=elapsed,
             phase=run.phase,
@@ -112,7 +127,7 @@ class SnapshotBuilder:
             tps_series=tuple(m.tps_series),
             p50_series=tuple(m.p50_series),
             p99_series=tuple(m.p99_series),
-            keys=tuple(w.row(now) for w in p.keys.workers),
+            keys=keys,
             events=tuple(p.log.rows),
             gates=tuple(
                 GateRow(g.name, round(g.left(now), 1), g.reason, g.closures, g.escalations)
@@ -138,6 +153,7 @@ class SnapshotBuilder:
             uncertain=m.uncertain,
             no_limit=p.ends.no_limit_text,
             spend=p.spend.view() if p.spend is not None else None,
+            endpoints=self.endpoint_rows(keys),
         )
 
     def _lag(self, elapsed: float, capacity: float) -> LoopLag:
@@ -177,3 +193,79 @@ class SnapshotBuilder:
         unit = self.parts.keys.budgets.specs[name].unit
         per_min = round(lim.capacity_tps * 60.0, 1)
         return BudgetRow(name, owner, used, limit, unit, per_min, lim.spent, lim.spent - lim.returned)
+
+    def endpoint_rows(self, keys: tuple[KeyRow, ...]) -> tuple[EndpointRow, ...]:
+        """One row per endpoint of a pool, in the order its keys come (the config's); `keys`
+        are the workers' rows, in the same order. Empty with one target."""
+        workers = self.parts.keys.workers
+        by_name: dict[str, list[tuple[KeyWorker, KeyRow]]] = {}
+        for w, row in zip(workers, keys, strict=True):
+            if w.spec.endpoint is not None:
+                by_name.setdefault(w.spec.endpoint.name, []).append((w, row))
+        return tuple(_endpoint_row(pairs) for pairs in by_name.values())
+
+
+#: A limiter's rate at or above this is no limit known yet (the key's placeholder, key.UNKNOWN_LIMIT).
+_NO_LIMIT_RATE = MAX_LIMIT / 2
+
+
+def _endpoint_row(pairs: list[tuple[KeyWorker, KeyRow]]) -> EndpointRow:
+    """An endpoint's row from its keys (every one names the same `EndpointSpec`)."""
+    spec = pairs[0][0].spec.endpoint
+    assert spec is not None
+    health = pairs[0][0].health
+    serves = tuple(spec.models) if spec.models is not None else ("any",)
+    return EndpointRow(
+        name=spec.name,
+        preset=spec.preset,
+        url=safe_url(spec.target.url),
+        serves=serves,
+        models=_model_limits(spec.models, [w for w, _ in pairs]),
+        state=health.state if health is not None else "up",
+        reason=health.reason if health is not None else "",
+        downs=health.downs if health is not None else 0,
+        keys=len(pairs),
+        sent=sum(r.sent for _, r in pairs),
+        succeeded=sum(r.succeeded for _, r in pairs),
+        rejected_429=sum(r.rejected_429 for _, r in pairs),
+    )
+
+
+def _model_limits(named: Mapping[str, object] | None, workers: list[KeyWorker]) -> tuple[ModelLimits, ...]:
+    """Each model's limits per minute, summed over the keys' lanes for it: the models the
+    endpoint names first (in its order, "not sent yet" until a key made their lane), then
+    any other model its keys' lanes hold (an endpoint that serves any model); a model it
+    does not serve, or a request that named none, is left out."""
+    per_model: dict[str, dict[str, float]] = {m: {} for m in named or ()}
+    followed: set[str] = set()
+    for w in workers:
+        limits = w.limits
+        lanes = limits.lanes
+        if lanes is None:  # one set of buckets for every model: the key's own, under "any"
+            buckets = [("requests", limits.limiter), *limits.key_budgets.items()]
+            _add(per_model.setdefault("any", {}), buckets)
+            if limits.window_bound < math.inf:
+                followed.add("any")
+            continue
+        for lane in lanes:
+            if not lane.served or lane.model == "-":
+                continue
+            buckets = lane.buckets()
+            if lane.limiter is None:  # the key's own request limit holds for every model
+                buckets.insert(0, ("requests", limits.limiter))
+            shared = [(n, lim) for n, lim in limits.key_budgets.items() if n not in lane.own]
+            _add(per_model.setdefault(lane.model, {}), [*buckets, *shared])
+            if lane.window_bound < math.inf:
+                followed.add(lane.model)
+    return tuple(
+        ModelLimits(model, tuple((unit, round(v, 1)) for unit, v in units.items()), model in followed)
+        for model, units in per_model.items()
+    )
+
+
+def _add(into: dict[str, float], buckets: list[tuple[str, WindowLimiter]]) -> None:
+    """Add each bucket's rate per minute to `into` by unit (a limit not known yet adds nothing)."""
+    for unit, lim in buckets:
+        rate = lim.capacity_tps
+        if 0 < rate < _NO_LIMIT_RATE:
+            into[unit] = into.get(unit, 0.0) + rate * 60.0

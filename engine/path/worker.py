@@ -493,4 +493,5 @@ class KeyWorker:
             limits.followed(),
             limits.max_in_flight,
             limits.sizing is not None,
+            self.spec.endpoint.name if self.spec.endpoint is not None else "",
         )
