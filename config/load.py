@@ -95,6 +95,7 @@ def load_config(
     else:
         file_data.pop("preset", None)
     preset = current_name("preset", preset)
+    presets: list[str] = []
     if "endpoints" in file_data:  # a pool of endpoints: the first one's preset is the base
         presets = endpoint_presets(file_data["endpoints"], str(path), PRESETS)
         _check_pool_flags(file_data, overrides, str(path), preset, presets[0], preset_flag=preset_flag)
@@ -131,6 +132,12 @@ def load_config(
     if "endpoints" in data:
         user_target = {**(file_data.get("target") or {}), **((overrides or {}).get("target") or {})}
         data["_user_target"] = user_target
+        user_costs = {**(file_data.get("costs") or {}), **((overrides or {}).get("costs") or {})}
+        if "max_tokens" not in user_costs:  # a body without max_tokens: the largest any endpoint reserves
+            reserved = [(PRESETS[p].get("costs") or {}).get("max_tokens") for p in presets]
+            counts = [n for n in reserved if isinstance(n, int)]
+            if counts and len(counts) == len(reserved):
+                data.setdefault("costs", {})["max_tokens"] = max(counts)
     elif keys_needed and named_target and not (data.get("keys") or {}).get("secrets"):
         raise ConfigError(
             "command line",
