@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ratedeck.core.vocab import ApiStyle
+from ratedeck.engine.settings import EndpointSpec
 
 from .transport import HttpTransport, TransportBase, http_transport
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.http.outcome import Outcome
     from ratedeck.engine.ports import ProbeGet
     from ratedeck.engine.request import Request, Shape
-    from ratedeck.engine.settings import EndpointSpec, EngineSettings, KeySpec
+    from ratedeck.engine.settings import EngineSettings, KeySpec
 
 #: The prefix of OpenAI's paths, which Azure OpenAI serves under /openai.
 _V1 = "/v1/"
@@ -102,17 +103,7 @@ class PoolTransport(TransportBase):
         endpoint = key.endpoint
         assert endpoint is not None, "a pool's keys each belong to an endpoint"
         transport, paths = self.by_endpoint[endpoint.name]
-        shape = req.shape
-        if shape is None or not paths.needed:
-            return await transport.send(key, req, nonce)
-        adapted = paths.shape_for(shape)
-        if adapted is shape:
-            return await transport.send(key, req, nonce)
-        req.shape = adapted  # this attempt's shape, put back at once: a retry may go elsewhere
-        try:
-            return await transport.send(key, req, nonce)
-        finally:
-            req.shape = shape
+        return await _send_as(transport, paths, key, req, nonce)
 
     async def close(self) -> None:
         for transport, _ in self.by_endpoint.values():
@@ -141,6 +132,43 @@ class PoolTransport(TransportBase):
         return None
 
 
+async def _send_as(
+    transport: HttpTransport, paths: EndpointPaths, key: KeySpec, req: Request, nonce: int | None
+) -> Outcome:
+    """One attempt through `transport`, its shape as `paths` wants it for this attempt only."""
+    shape = req.shape
+    if shape is None or not paths.needed:
+        return await transport.send(key, req, nonce)
+    adapted = paths.shape_for(shape)
+    if adapted is shape:
+        return await transport.send(key, req, nonce)
+    req.shape = adapted  # this attempt's shape, put back at once: a retry may go elsewhere
+    try:
+        return await transport.send(key, req, nonce)
+    finally:
+        req.shape = shape
+
+
+class StyledTransport(TransportBase):
+    """One target whose API wants paths of its own (`--preset azure-openai --target URL`): every
+    attempt through the target's transport, rewritten as a pool's endpoint's would be."""
+
+    def __init__(self, transport: HttpTransport, paths: EndpointPaths) -> None:
+        self.transport, self.paths = transport, paths
+
+    async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+        return await _send_as(self.transport, self.paths, key, req, nonce)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    def stats(self) -> dict[str, Any]:
+        return self.transport.stats()
+
+    def prober(self) -> ProbeGet | None:
+        return self.transport.prober()
+
+
 def pool_transport(cfg: EngineSettings) -> PoolTransport:
     """One transport per endpoint of `cfg`: enough connections for its keys' in-flight
     requests, its keys' secrets masked, the config's path rules."""
@@ -155,7 +183,13 @@ def pool_transport(cfg: EngineSettings) -> PoolTransport:
     return PoolTransport(by_endpoint)
 
 
-def run_transport(cfg: EngineSettings, url: str) -> HttpTransport | PoolTransport:
+def run_transport(cfg: EngineSettings, url: str) -> HttpTransport | PoolTransport | StyledTransport:
     """The transport for a run: one per endpoint with [[endpoints]] (`pool_transport`), else
     the one target's at `url` (`transport.http_transport`)."""
-    return pool_transport(cfg) if cfg.endpoints else http_transport(cfg, url)
+    if cfg.endpoints:
+        return pool_transport(cfg)
+    transport = http_transport(cfg, url)
+    if cfg.target.api_style is ApiStyle.PLAIN:
+        return transport
+    one = EndpointSpec(name="target", preset="", target=cfg.target)
+    return StyledTransport(transport, EndpointPaths(one))

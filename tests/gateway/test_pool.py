@@ -14,7 +14,7 @@ from ratedeck.config import load_config
 from ratedeck.server.stubs.azure import start_azure
 from ratedeck.server.stubs.openai import start_openai
 
-from .support import TOKEN, run_async, running_gateway
+from .support import TOKEN, gateway_config, run_async, running_gateway
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -101,3 +101,13 @@ async def test_an_endpoint_that_stops_answering_leaves_the_pool_and_no_request_f
     assert total == 90
     assert served_before == len(east.ledger.accepted(bucket="mini"))  # nothing reached it while dark
     del view
+
+
+@run_async
+async def test_one_azure_target_without_a_pool_gets_azure_paths_too():
+    async with await start_azure(keys=["east-key"], deployments=azure("mini", 20000)) as east:
+        cfg = gateway_config("azure-openai", east.url, ["east-key"])
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            status, body = await post(s, gw.url, prompt("mini"))  # the v1 path: the deployment as the model
+    assert status == 200 and body["model"] == "gpt-4o-mini"
+    assert len(east.ledger.accepted(bucket="mini")) == 1
