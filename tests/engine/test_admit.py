@@ -121,9 +121,7 @@ def view(
     return KeyView(limits, route, pool_room, default)  # type: ignore[arg-type]
 
 
-def a_lane(
-    *, open_at: float = 0.0, first_out: bool = False, held_turn: int = -1, served: bool = True
-) -> Any:
+def a_lane(*, open_at: float = 0.0, first_out: bool = False, held_turn: int = -1, served: bool = True) -> Any:
     return SimpleNamespace(
         gate=SimpleNamespace(open_at=open_at), first_out=first_out, held_turn=held_turn, served=served
     )
