@@ -45,7 +45,8 @@ before it answers; none further ahead than `horizon_s`):
 
 Redis's state may be lost (a restart without persistence). Every grant
 sets the store's epoch key if it is missing; members read it with each gate
-poll (0.1 s) and each grant, and use leases only while their epoch was
+poll (0.1 s) and each grant, as `<tag>=<epoch>` per host (a pool's endpoints
+are several hosts, each its own epoch; a poll joins them with `|`), and use leases only while their epoch was
 confirmed within `confirm_s` (0.3 s), dropping them all when it changed. The
 first grant of a budget with no record waits (`hold_s`) the longest window,
 the headroom, the slack and `confirm_s` when the asking member sent on it
@@ -472,7 +473,7 @@ class RedisShared:
             usable_s=slack_s,
             retry_at=retry_at,
             fresh=bool(fresh),
-            epoch=_text(out[4]),
+            epoch=f"{tag(self._name)}={_text(out[4])}",
             tickets=tickets,
         )
 
@@ -551,10 +552,10 @@ class RedisShared:
         await self._ensure_offset()
         found = {}
         epochs: list[str | None] = []
-        for names in by_tag.values():
+        for host, names in by_tag.items():
             keys = [self.epoch_key(names[0]), *(self.gate_key(g) for g in names)]
             values = await self._call(self.client.mget, keys)
-            epochs.append(_text(values[0]) if values[0] is not None else None)
+            epochs.append(f"{host}={_text(values[0])}" if values[0] is not None else None)
             for gate, raw in zip(names, values[1:], strict=True):
                 if raw is None:
                     continue

@@ -194,7 +194,7 @@ class ClusterMember:
         self.slack_s = slack_s
         self.poll_s = poll_s
         self.confirm_s = confirm_s
-        self.epoch: str | None = None
+        self.epochs: dict[str, str] = {}  # the store's epoch by host (`_epoch`)
         self.publish_s = publish_s
         self.read_s = read_s  # the cluster view is read at most this often
         self.view: ClusterView | None = None  # the last one read (kept while the store is away)
@@ -344,23 +344,34 @@ class ClusterMember:
         except StoreUnavailable as exc:
             self._went_down(str(exc))
 
+    @property
+    def epoch(self) -> str | None:
+        """The store's epochs as last read, for people (None: none read)."""
+        return "|".join(f"{h}={e}" for h, e in sorted(self.epochs.items())) if self.epochs else None
+
     def _epoch(self, epoch: str | None, now: float) -> bool:
-        """Note the store's epoch as just read: leases stay usable `confirm_s` more if it is the one
-        we knew; a new one (Redis lost its state) drops every lease held. False if it changed."""
-        same = epoch is not None and epoch == self.epoch
-        if not same and self.epoch is not None:
+        """Note the store's epoch as just read (a grant's: its host's; a poll's: every host's, as
+        `host=epoch|...`): leases stay usable `confirm_s` more if each host's is the one we knew;
+        a new one (Redis lost its state) drops every lease held. False when none was read."""
+        found = _epochs(epoch)
+        known = self.epochs
+        changed = any(known.get(host, e) != e for host, e in found.items()) if found else bool(known)
+        if changed:
             for w in self.parts.keys.workers:
                 for slots in w.all_leases():
                     slots.clear()
             self.parts.events.event(
                 EventKind.INFO, f"store {self.shared.shown} started afresh (state lost): leases dropped"
             )
-        self.epoch = epoch
-        until = now + self.confirm_s if epoch is not None else -math.inf
+        if found is None:
+            self.epochs = {}
+        else:
+            known.update(found)
+        until = now + self.confirm_s if found is not None else -math.inf
         for w in self.parts.keys.workers:
             for slots in w.all_leases():
                 slots.valid_until = until
-        return same or self.epoch is not None
+        return found is not None
 
     def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
         by_store = {v: k for k, v in self.gate_ids.items()}
@@ -596,3 +607,15 @@ class ClusterMember:
                 used += slots.used
                 dropped += slots.dropped
         return granted, used, dropped
+
+
+def _epochs(text: str | None) -> dict[str, str] | None:
+    """A store's epoch text as {host: epoch}: `host=epoch` parts joined by `|` (a plain text is
+    one epoch for the one host); None when the store said none."""
+    if text is None:
+        return None
+    out = {}
+    for part in text.split("|"):
+        host, sep, epoch = part.partition("=")
+        out[host if sep else ""] = epoch if sep else part
+    return out

@@ -111,3 +111,26 @@ async def test_one_azure_target_without_a_pool_gets_azure_paths_too():
             status, body = await post(s, gw.url, prompt("mini"))  # the v1 path: the deployment as the model
     assert status == 200 and body["model"] == "gpt-4o-mini"
     assert len(east.ledger.accepted(bucket="mini")) == 1
+
+
+@run_async
+async def test_two_gateways_share_a_pools_budgets_through_redis(tmp_path, redis_server):
+    # Two OpenAI-style endpoints, 10 requests a (scaled) minute of 6 s each: beyond the first
+    # buckets a key's next slot is more than 0.3 s away, so its leases must outlive the store's
+    # polls of both endpoints' hosts (they were dropped at each poll, and the keys starved).
+    a = await start_openai(keys=["sk-a"], rpm=10, tpm=1_000_000, minute_s=6.0)
+    b = await start_openai(keys=["sk-b"], rpm=10, tpm=1_000_000, minute_s=6.0)
+    async with a, b:
+        text = "".join(
+            f'[[endpoints]]\nname = "{name}"\npreset = "openai"\nurl = "{stub.url}"\nkeys = ["sk-{name}"]\n'
+            for name, stub in (("a", a), ("b", b))
+        )
+        (tmp_path / "pool.toml").write_text(text)
+        cfg = load_config(str(tmp_path / "pool.toml")).replace(store=redis_server.url)
+        async with running_gateway(cfg) as one, running_gateway(cfg) as two, aiohttp.ClientSession() as s:
+            answers = await asyncio.gather(
+                *(post(s, gw.url, prompt()) for gw in (one, two) for _ in range(16))
+            )
+    assert [status for status, _ in answers] == [200] * 32
+    assert not a.ledger.refused("rate_limited") and not b.ledger.refused("rate_limited")
+    assert len(a.ledger.accepted()) + len(b.ledger.accepted()) == 32

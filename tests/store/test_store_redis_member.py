@@ -386,3 +386,64 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
         for model in ("gpt-a", "gpt-b"):
             for unit in ("requests", "tokens"):
                 assert budget_name(url, secret, f"{unit}\0model\0{model}") in asked, (unit, model)
+
+
+class TwoHosts(FakeShared):
+    """A store whose budgets sit under two hosts (a pool's endpoints): a grant says its host's
+    epoch, a poll every host's, as RedisShared does (`host=epoch`, joined by `|`)."""
+
+    async def lease(self, *args, **kwargs):
+        grant = await super().lease(*args, **kwargs)
+        return Grant(
+            grant.times, grant.usable_s, grant.retry_at, grant.fresh, f"h:a={self.epoch}", grant.tickets
+        )
+
+    async def poll(self, gates):
+        polled = await super().poll(gates)
+        return Poll(polled.gates, f"h:a={self.epoch}|h:b={self.epoch}")
+
+
+def test_leases_of_one_host_outlive_polls_that_read_every_hosts_epoch():
+    # Grants 0.5 s apart lie further ahead than confirm_s (0.3 s): a poll must confirm them. It
+    # used to compare its "a|b" with the grant's "a", take that for a lost store and drop them
+    # all, and the key, its slot spent in the store, never sent again.
+    shared = TwoHosts(gap=0.5)
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(4.0)
+        sent = _sends_by_key(engine)
+        granted = {
+            w.label: len(shared.granted[engine.parts.cluster.budget_ids[w.label]])
+            for w in engine.parts.keys.workers
+        }
+        dropped = sum(s.dropped for w in engine.parts.keys.workers for s in w.all_leases())
+        await engine.stop()
+        return sent, granted, dropped, engine.parts.cluster.epoch
+
+    sent, granted, dropped, epoch = run_virtual(main())
+    for label, n in sent.items():
+        assert n >= granted[label] - 2 and n >= 6, (label, n, granted[label])
+    assert dropped <= len(sent) * 2  # at most the last leases held at the stop
+    assert epoch == "h:a=e1|h:b=e1"
+
+
+def test_a_new_epoch_on_one_host_drops_the_leases():
+    shared = TwoHosts(gap=0.05)
+
+    async def main():
+        engine = _engine(shared)
+        engine.start()
+        await asyncio.sleep(1.0)
+        before = sum(s.dropped for w in engine.parts.keys.workers for s in w.all_leases())
+        shared.lose_state()
+        await asyncio.sleep(0.5)
+        after = sum(s.dropped for w in engine.parts.keys.workers for s in w.all_leases())
+        events = [e.text for e in engine.snapshot().events]
+        await engine.stop()
+        return before, after, events
+
+    before, after, events = run_virtual(main())
+    assert after > before
+    assert any("started afresh" in text for text in events)
