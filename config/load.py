@@ -313,6 +313,13 @@ def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: b
         host_policies = parsers.policies(keys_table["host_limits"], source, "keys.host_limits")
     pools = parsers.pools(data.get("pools", {}), source)
     budgets, paths = _budgets_and_paths(data, source)
+    if endpoints and (host_policies or any(b.scope == "host" for b in budgets)):
+        raise ConfigError(
+            source,
+            "keys.host_limits" if host_policies else "budgets",
+            "a limit for the whole host holds for one host; the pool's endpoints are several "
+            "(give each endpoint's limits in its models)",
+        )
     _check_signing(target, keys, source)
     costs = CostConfig(**_table(data, "costs", source))
     messages = None

@@ -466,3 +466,14 @@ def test_the_pool_in_docs_endpoints_md_loads_as_written(tmp_path, env, monkeypat
     assert east.route("gpt-4o-mini").requests == (Policy(20, 10.0),)  # 20,000 TPM: 120 RPM
     assert west.route("gpt-4o-mini").requests == (Policy(40, 10.0),)  # 40,000 TPM: 240 RPM
     assert openai.models is None
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ('[keys]\nhost_limits = ["100/1s"]\n', "keys.host_limits"),
+        ('[[budgets]]\nname = "all"\nscope = "host"\nlimits = ["100/1s"]\n', "budgets"),
+    ],
+)
+def test_a_limit_for_the_whole_host_is_refused_in_a_pool_of_several_hosts(tmp_path, env, extra, key):
+    one_line(refused(tmp_path, azure() + OPENAI + extra), "pool.toml", key, "one host", "several")
