@@ -21,7 +21,7 @@ endpoint of a pool speaks one API: their presets' budgets must be the same.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ratedeck.core.numbers import show
@@ -63,7 +63,7 @@ def build_endpoints(
     source: str,
     presets: Mapping[str, dict[str, Any]],
     user_target: dict[str, Any],
-    make_target: Any,
+    make_target: Callable[[dict[str, Any], str], TargetConfig],
     *,
     keys_needed: bool,
 ) -> tuple[tuple[EndpointSpec, ...], tuple[KeySpec, ...]]:
@@ -145,7 +145,7 @@ def _endpoint_target(
     source: str,
     preset: dict[str, Any],
     user_target: dict[str, Any],
-    make_target: Any,
+    make_target: Callable[[dict[str, Any], str], TargetConfig],
 ) -> TargetConfig:
     own = table.get("target", {})
     if not isinstance(own, dict):

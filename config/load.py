@@ -129,9 +129,9 @@ def load_config(
             parsers.url(overrides["target"]["url"])  # type: ignore[index]
         except ValueError as exc:
             raise ConfigError("command line", "--target", str(exc)) from None
+    user_target = None  # the file's and flags' own [target], for each endpoint of a pool
     if "endpoints" in data:
         user_target = {**(file_data.get("target") or {}), **((overrides or {}).get("target") or {})}
-        data["_user_target"] = user_target
         user_costs = {**(file_data.get("costs") or {}), **((overrides or {}).get("costs") or {})}
         if "max_tokens" not in user_costs:  # a body without max_tokens: the largest any endpoint reserves
             reserved = [(PRESETS[p].get("costs") or {}).get("max_tokens") for p in presets]
@@ -145,7 +145,7 @@ def load_config(
             f"no API keys given for {safe_url(data['target']['url'])}; pass --keys "
             "(the study demo keys are only for the embedded simulator or --preset study)",
         )
-    cfg = build_config(data, source, keys_needed=keys_needed)
+    cfg = build_config(data, source, keys_needed=keys_needed, user_target=user_target)
     return cfg.replace(
         preset=preset, preset_needs_target=preset is not None and preset not in SIMULATOR_PRESETS
     )
@@ -272,13 +272,20 @@ def _table(data: dict[str, Any], section: str, source: str) -> dict[str, Any]:
     return out
 
 
-def build_config(data: dict[str, Any], source: str = "config", *, keys_needed: bool = True) -> RunConfig:
+def build_config(
+    data: dict[str, Any],
+    source: str = "config",
+    *,
+    keys_needed: bool = True,
+    user_target: dict[str, Any] | None = None,
+) -> RunConfig:
     """Validate a plain dict (as read from TOML) into a `RunConfig`.
 
     Any value of any type in any field gives a `RunConfig` or one `ConfigError`.
     `keys_needed=False`: the [keys] secrets are neither read nor required (no keys).
+    `user_target`: with [[endpoints]], the [target] settings the user gave (not a preset's),
+    which go on every endpoint (None: those in `data`, less the url).
     """
-    user_target = data.pop("_user_target", None)
     _check_sections(data, source)
     endpoints: tuple[EndpointSpec, ...] = ()
     pool_keys: tuple[KeySpec, ...] = ()

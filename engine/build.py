@@ -279,16 +279,10 @@ def _url_of(cfg: EngineSettings, spec: KeySpec) -> str | None:
 
 
 def _cluster(cfg: EngineSettings, member: MemberParts, shared_state: SharedState) -> ClusterMember:
-    gates: dict[str, str] = {}
-    for k in cfg.keys:
-        gates.update(gate_names(_url_of(cfg, k), {k.label: k.secret}))
-    gates["host"] = gate_names(cfg.target.url, {})["host"]
-    return ClusterMember(
-        member,
-        shared_state,
-        {k.label: budget_name(_url_of(cfg, k), k.secret) for k in cfg.keys},
-        gates,
-    )
+    """A member of the store's cluster: each key's budget (and gate) named by its endpoint's
+    URL and its secret, the host's gate by the target's."""
+    ids = {k.label: budget_name(_url_of(cfg, k), k.secret) for k in cfg.keys}
+    return ClusterMember(member, shared_state, ids, {**ids, **gate_names(cfg.target.url, {})})
 
 
 def _settle_rules(cfg: EngineSettings, retry_errors: bool) -> SettleRules:
