@@ -194,7 +194,13 @@ def x_ratelimit_delay(
 def response_delay(
     status: int, headers: Mapping[str, str], body: str, hook: DelayHook | None = None
 ) -> float | None:
-    """How long the server asks us to wait, from whichever source it used."""
+    """How long the server asks us to wait, from whichever source it used (`retry-after-ms`,
+    Azure OpenAI's and OpenAI's, first: Retry-After rounds its milliseconds up to seconds)."""
+    ms = _number(headers.get("retry-after-ms"))
+    if ms is not None:
+        value = _delay(ms / 1000.0)
+        if value is not None:
+            return value
     value = parse_retry_after(headers.get("Retry-After"))
     if value is not None:
         return value

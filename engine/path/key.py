@@ -527,28 +527,33 @@ class KeyLimits:
         watcher = self.learning.watcher
         moved = []
         for q in quotas:
-            if not q.follow or q.limit is None or q.remaining is None:
+            if not q.follow or q.remaining is None:
                 continue
             limiter = self._limiter_for_follow(q.name, lane)
             if limiter is None:
                 continue
             before = limiter.bucket()
+            # A server that says what is left but not of what (Azure OpenAI): left of the limit
+            # told, so the count follows the server's (a resumed job's drained buckets, others).
+            limit = q.limit if q.limit is not None else before.limit if before is not None else None
+            if limit is None:
+                continue
             # What the server may not have counted: ours sent since the answered request, and
             # since a headroom before it (one sent earlier may have reached it later: a new
             # connection's handshake, a late loop).
             since = limiter.spent_since(sent_at - self.learning.headroom.seconds())
-            if limiter.follow(now, q.limit, q.limit - q.remaining, since, window):
+            if limiter.follow(now, limit, max(0, limit - q.remaining), since, window):
                 bucket = limiter.bucket()
                 if watcher is not None and bucket is not None:
-                    watcher.synced(self, limiter, bucket, q.limit - q.remaining, sent_at, None)
-                if before is not None and (before.limit != q.limit or first_window):
-                    was = f" (was {before.limit:,})" if before.limit != q.limit else ""
-                    moved.append(f"{q.name} {q.limit:,}{was}")
+                    watcher.synced(self, limiter, bucket, max(0, limit - q.remaining), sent_at, None)
+                if before is not None and (before.limit != limit or first_window):
+                    was = f" (was {before.limit:,})" if before.limit != limit else ""
+                    moved.append(f"{q.name} {limit:,}{was}")
             reset_at = now + q.reset_in_s if q.reset_in_s is not None else None
             if lane is None:
                 self.server.note(q, reset_at)
             elif q.name == "requests":
-                lane.remaining, lane.limit, lane.reset_at = q.remaining, q.limit, reset_at
+                lane.remaining, lane.limit, lane.reset_at = q.remaining, limit, reset_at
         if moved:
             refill = f", refilled over {bound:.1f} s" if bound < math.inf else ""
             who = f"{self.label} {lane.model}" if lane is not None else self.label

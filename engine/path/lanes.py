@@ -190,7 +190,6 @@ class ModelLanes:
                 if route.requests and policies is not None:
                     policies = route.requests
                 starts = {**starts, **route.budgets}
-                learn_first = learn_first and not (route.requests or route.budgets)
         limiter = make(policies) if policies else None
         own = {spec.name: make(starts.get(spec.name) or spec.policies) for spec in self._specs}
         gate = CooldownGate(f"{self.label} {model}")

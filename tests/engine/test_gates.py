@@ -5,6 +5,7 @@ import json
 from email.utils import formatdate
 
 import pytest
+from multidict import CIMultiDict
 
 from ratedeck.bench.cooldown import PerRequestCooldown
 from ratedeck.config import load_config
@@ -54,6 +55,14 @@ def test_body_hook_reads_google_style_retry_delay():
     assert response_delay(429, {}, body, hook) == 15.0
     assert response_delay(429, {"Retry-After": "3"}, body, hook) == 3.0  # the header wins
     assert hook(429, {}, "not json") is None
+
+
+def test_retry_after_ms_is_read_before_the_rounded_retry_after():
+    # Azure OpenAI's 429: retry-after in whole seconds (rounded up), retry-after-ms exact
+    headers = CIMultiDict({"Retry-After": "1", "Retry-After-Ms": "237"})
+    assert response_delay(429, headers, "") == 0.237
+    assert response_delay(429, CIMultiDict({"retry-after": "2", "retry-after-ms": "x"}), "") == 2.0
+    assert response_delay(429, CIMultiDict({"retry-after-ms": "-5", "retry-after": "4"}), "") == 4.0
 
 
 def test_gate_keeps_the_longest_delay():

@@ -134,3 +134,26 @@ async def test_two_gateways_share_a_pools_budgets_through_redis(tmp_path, redis_
     assert [status for status, _ in answers] == [200] * 32
     assert not a.ledger.refused("rate_limited") and not b.ledger.refused("rate_limited")
     assert len(a.ledger.accepted()) + len(b.ledger.accepted()) == 32
+
+
+@run_async
+async def test_a_deployment_someone_else_drained_is_read_from_its_remaining_counts(tmp_path):
+    # Azure sends what is left (x-ratelimit-remaining-tokens), not of what: the engine counts it
+    # against the limit told, after one first request, instead of spending its own full bucket.
+    east = await start_azure(keys=["east-key"], deployments=azure("mini", 20000))
+    west = await start_azure(keys=["west-key"], deployments=azure("mini-w", 40000))
+    async with east, west, aiohttp.ClientSession() as s:
+        for stub, path in ((east, "/openai/v1/chat/completions"), (west, "/openai/v1/chat/completions")):
+            key = "east-key" if stub is east else "west-key"
+            body = {**prompt("mini" if stub is east else "mini-w", chars=4000, max_tokens=4000)}
+            while True:  # another program spends the whole bucket
+                async with s.post(stub.url + path, json=body, headers={"api-key": key}) as r:
+                    if r.status == 429:
+                        break
+        refused_before = len(east.ledger.refused("rate_limited")) + len(west.ledger.refused("rate_limited"))
+        cfg = load_config(pool_file(tmp_path, east.url, west.url))
+        async with running_gateway(cfg) as gw:
+            answers = await asyncio.gather(*(post(s, gw.url, prompt(max_tokens=100)) for _ in range(8)))
+        refused = len(east.ledger.refused("rate_limited")) + len(west.ledger.refused("rate_limited"))
+    assert [status for status, _ in answers] == [200] * 8
+    assert refused - refused_before <= 2  # at most each deployment's first request
