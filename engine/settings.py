@@ -133,6 +133,15 @@ class EndpointSpec:
     def route(self, model: str) -> ModelRoute | None:
         return self.models.get(model) if self.models is not None else None
 
+    def told(self, budget: str | None = None) -> tuple[Policy, ...]:
+        """Its keys' limits as told for a model in `models`: the requests limit (`budget` None)
+        or a budget's, else the budget's start from its preset; () when none is told."""
+        for route in (self.models or {}).values():
+            told = route.requests if budget is None else route.budgets.get(budget, ())
+            if told:
+                return told
+        return self.starts.get(budget, ()) if budget is not None else ()
+
 
 @dataclass(frozen=True)
 class KeySpec:
@@ -257,7 +266,7 @@ class EngineSettings:
     @property
     def capacity_tps(self) -> float:
         """Requests per second all keys allow together (tightest policy per key, and the host's)."""
-        total = sum(min(p.rate for p in k.policies) for k in self.keys if k.policies)
+        total = sum(min(p.rate for p in _key_policies(k)) for k in self.keys if _key_policies(k))
         if self.host_policies:
             total = min(total, min(p.rate for p in self.host_policies))
         return total
@@ -302,6 +311,11 @@ class EngineSettings:
         """The fields, with every form of every key masked (a key may hide in a URL or params)."""
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         return redact(f"EngineSettings({shown})", [k.secret for k in self.keys])
+
+
+def _key_policies(key: KeySpec) -> tuple[Policy, ...]:
+    """A key's request limits: told for its endpoint's models in a pool, else its own."""
+    return (key.endpoint.told() if key.endpoint is not None else ()) or key.policies
 
 
 class HoldsEngineSettings(Protocol):

@@ -88,8 +88,19 @@ class Session:
 
     @property
     def shown_target(self) -> str:
-        """The target as it may be printed: no credentials, no query string."""
+        """The target as it may be printed: no credentials, no query string; a pool's endpoints
+        each by name and URL."""
+        endpoints = self.cfg.engine_settings.endpoints
+        if endpoints:
+            return ", ".join(f"{e.name} {safe_url(e.target.url) or '?'}" for e in endpoints)
         return safe_url(self.target_url) or "?"
+
+    @property
+    def where(self) -> str:
+        """What the requests go to, in a word or two: "embedded simulator", "target" or "pool"."""
+        if self.server:
+            return "embedded simulator"
+        return "pool" if self.cfg.engine_settings.endpoints else "target"
 
     async def start(self) -> Engine:
         cfg = self.cfg
@@ -125,8 +136,7 @@ class Session:
         except BaseException:
             await self._close()  # nothing left open behind a failed (or interrupted) start
             raise
-        where = "embedded simulator" if self.server else "target"
-        self.engine.event(EventKind.INFO, f"{where}: {self.shown_target}")
+        self.engine.event(EventKind.INFO, f"{self.where}: {self.shown_target}")
         return self.engine
 
     async def _work(self) -> tuple[Source | None, SharedState | None]:

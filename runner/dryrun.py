@@ -117,16 +117,8 @@ class _Units:
 
 
 def _told(key: KeySpec, budget: str | None = None) -> tuple[Policy, ...]:
-    """A pool endpoint's limits for `key`: the requests limit (`budget` None) or a budget's,
-    told for a model in its `models`, else its preset's start; () outside a pool."""
-    endpoint = key.endpoint
-    if endpoint is None:
-        return ()
-    for route in (endpoint.models or {}).values():
-        told = route.requests if budget is None else route.budgets.get(budget, ())
-        if told:
-            return told
-    return endpoint.starts.get(budget, ()) if budget is not None else ()
+    """A pool endpoint's limits for `key` (`EndpointSpec.told`); () outside a pool."""
+    return key.endpoint.told(budget) if key.endpoint is not None else ()
 
 
 def _cost(spec: BudgetSpec, weight: int, units: dict[str, int]) -> int:

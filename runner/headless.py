@@ -942,9 +942,8 @@ async def _run(
         source.engine = engine
     finished = engine.finished
     assert finished is not None  # made by session.start()
-    where = "embedded simulator" if session.server else "target"
     _say(
-        f"ratedeck: {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)}, {where} {session.shown_target}"
+        f"ratedeck: {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)}, {session.where} {session.shown_target}"
         + (f", {cfg.runner.duration_s:g} s" if cfg.runner.duration_s else ", Ctrl-C to stop"),
         out,
     )
