@@ -360,10 +360,20 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
     return lines
 
 
+#: A job the limits allow in less than this went out of the keys' first buckets: its makespan
+#: is round trips and ramp-up, not pacing, and no ratio is shown.
+FIRST_BUCKETS_S = 1.0
+
+
 def makespan_line(m: Makespan) -> str:
     """A job run's makespan: "makespan     600 jobs in 61.2 s, least 59.1 s the limits allow: ratio 1.036"."""
     if m.ratio is None:
         return f"makespan     {m.jobs} jobs done"
+    if m.least_s < FIRST_BUCKETS_S:  # a ratio to nearly nothing says nothing
+        return (
+            f"makespan     {m.jobs} jobs in {m.elapsed_s:.1f} s; the limits allowed them at once"
+            " (the keys' first buckets held them all)"
+        )
     return (
         f"makespan     {m.jobs} jobs in {m.elapsed_s:.1f} s, least {m.least_s:.1f} s the limits allow:"
         f" ratio {m.ratio:.3f}"

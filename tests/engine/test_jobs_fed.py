@@ -21,7 +21,7 @@ from ratedeck.engine.commands import SetArrivalRate, SetBackpressure
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.snapshot import Makespan, Snapshot
 from ratedeck.engine.sources.workload import read_jsonl
-from ratedeck.runner.headless import summary_lines
+from ratedeck.runner.headless import makespan_line, summary_lines
 from ratedeck.runner.report import build_report
 from ratedeck.server.policy_transport import PolicyTransport
 from ratedeck.server.simulated import run_virtual
@@ -225,3 +225,11 @@ def test_a_fed_job_bursts_unless_a_request_would_expire_waiting_a_window():
     assert bursts_in_time(cfg("6000/1m fixed", 120.0))  # Binance's preset: 120 s behind a 1 min window
     assert bursts_in_time(cfg("15@0.33/s", 300.0))  # a bucket drains as it goes
     assert not bursts_in_time(cfg("20/1s", 1.0)) and fed_depth(cfg("20/1s", 1.0)) == 20  # 40/s x 0.5 s
+
+
+def test_a_job_the_first_buckets_held_shows_no_ratio_to_nearly_nothing():
+    line = makespan_line(Makespan(jobs=151, elapsed_s=9.2, least_s=0.007))
+    assert line == (
+        "makespan     151 jobs in 9.2 s; the limits allowed them at once (the keys' first buckets held them all)"
+    )
+    assert "ratio 1.500" in makespan_line(Makespan(jobs=10, elapsed_s=3.0, least_s=2.0))
