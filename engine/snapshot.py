@@ -187,7 +187,7 @@ class EndpointRow:
     `url` is printable (core.secrets.safe_url: no user:password@, no query string); `serves`
     the models named in its `models` ("any" when it serves whatever a request names);
     `models` each model's limits as its keys learned them; `state` "up", "down" (out of the
-    pool) or "probing" (one request out to see), `reason` why it is out, `downs` how often it
+    pool), "probing" (one request out to see) or "refused" (the server refused all its keys), `reason` why it is out, `downs` how often it
     left the pool (engine/path/health.py; an endpoint alone in its pool has no health: "up").
     `keys`, `sent`, `succeeded` and `rejected_429` add up its keys' rows."""
 

@@ -14,8 +14,13 @@ from ratedeck.engine.snapshot import EndpointRow, Snapshot
 
 from .panel import SnapshotPanel
 
-_STYLE = {"up": "$text-success", "probing": "$text-warning", "down": "b $text-error"}
-_MARK = {"up": "●", "probing": "◐", "down": "○"}
+_STYLE = {
+    "up": "$text-success",
+    "probing": "$text-warning",
+    "down": "b $text-error",
+    "refused": "b $text-error",
+}
+_MARK = {"up": "●", "probing": "◐", "down": "○", "refused": "✕"}
 
 
 def endpoint_line(e: EndpointRow, name_width: int) -> str:

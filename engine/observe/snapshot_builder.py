@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ratedeck.engine.limits.limiter import WindowLimiter
     from ratedeck.engine.path.ending import RunEnd
     from ratedeck.engine.path.intake import Intake
+    from ratedeck.engine.path.health import EndpointHealth
     from ratedeck.engine.path.keys import KeyRing
     from ratedeck.engine.path.worker import KeyWorker
     from ratedeck.engine.ports import RunClock, Source
@@ -221,7 +222,7 @@ def _endpoint_row(pairs: list[tuple[KeyWorker, KeyRow]]) -> EndpointRow:
         url=safe_url(spec.target.url),
         serves=serves,
         models=_model_limits(spec.models, [w for w, _ in pairs]),
-        state=health.state if health is not None else "up",
+        state=_state(health, [r for _, r in pairs]),
         reason=health.reason if health is not None else "",
         downs=health.downs if health is not None else 0,
         keys=len(pairs),
@@ -229,6 +230,13 @@ def _endpoint_row(pairs: list[tuple[KeyWorker, KeyRow]]) -> EndpointRow:
         succeeded=sum(r.succeeded for _, r in pairs),
         rejected_429=sum(r.rejected_429 for _, r in pairs),
     )
+
+
+def _state(health: EndpointHealth | None, rows: list[KeyRow]) -> str:
+    """ "refused" when the server refused every key of the endpoint for good, else its health's."""
+    if all(r.state == "blocked" for r in rows):
+        return "refused"
+    return health.state if health is not None else "up"
 
 
 def _model_limits(named: Mapping[str, object] | None, workers: list[KeyWorker]) -> tuple[ModelLimits, ...]:

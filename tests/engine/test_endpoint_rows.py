@@ -133,3 +133,25 @@ def test_one_target_has_no_endpoints_and_its_keys_none(tmp_path):
     assert snap.endpoints == ()
     assert snap.keys and all(k.endpoint == "" for k in snap.keys)
     assert KeyRow("k1", "…").endpoint == ""
+
+
+def test_an_endpoint_whose_every_key_the_server_refused_says_refused(tmp_path):
+    async def run() -> Snapshot:
+        a = await start_openai(keys=["sk-a-0000000000000000", "sk-c-0000000000000000"], rpm=600, tpm=60000)
+        b = await start_openai(keys=["sk-someone-else-00000"], rpm=600, tpm=60000)  # compat's key: 401
+        try:
+            toml = tmp_path / "pool.toml"
+            toml.write_text(pool_toml(a.url, b.url))
+            overrides = {
+                "workload": {"file": batch(tmp_path / "b.jsonl", 6)},
+                "engine": {"graveyard_path": ""},
+            }
+            cfg = load_config(str(toml), overrides=overrides)
+            return await Engine(cfg, run_transport(cfg.engine_settings, "")).run(60.0)
+        finally:
+            await a.close()
+            await b.close()
+
+    snap = asyncio.run(run())
+    assert snap.succeeded == 6  # oa took them all
+    assert {e.name: e.state for e in snap.endpoints} == {"oa": "up", "compat": "refused"}
