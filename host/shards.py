@@ -126,6 +126,11 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
         raise ShardError("--procs above 1 does not run messages ([messages]); use one process")
     if wl.file:
         raise ShardError("--procs above 1 does not split a workload file; use one process")
+    if es.endpoints:
+        raise ShardError(
+            "--procs above 1 does not split a pool of endpoints ([[endpoints]]); use one process, "
+            "or one `ratedeck --store URL` per process"
+        )
     if cfg.runner.results or cfg.runner.errors:
         raise ShardError("--procs above 1 does not write --results or --errors; use one process")
     if cfg.runner.store != "memory":

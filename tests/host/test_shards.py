@@ -109,6 +109,16 @@ def test_procs_with_a_store_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.splitlines() == [err] and "--procs: above 1 does not split a --store run" in err
 
 
+def test_procs_with_a_pool_of_endpoints_is_one_line_and_exit_2(tmp_path, capsys):
+    pool = tmp_path / "pool.toml"
+    pool.write_text(
+        '[[endpoints]]\nname = "a"\npreset = "openai"\nurl = "http://127.0.0.1:9"\nkeys = ["sk-1", "sk-2"]\n'
+    )
+    assert main(["--no-ui", "--duration", "1", "--procs", "2", "--config", str(pool)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "does not split a pool of endpoints" in err
+
+
 def test_each_process_writes_its_own_graveyard():
     parts = shard_configs(_cfg(engine={"graveyard_path": "out/dead.jsonl"}), 2)
     assert [p.engine_settings.engine.graveyard_path for p in parts] == [
