@@ -14,8 +14,10 @@ Each endpoint's target is its preset's `[target]`, under the file's own `[target
 endpoint's `target` table, with its `url` (and `api_version`). Its keys take every form
 `--keys` takes and are labelled after it ("east", or "openai-1", "openai-2"). A `models`
 entry is a deployment name, or a table of `deployment`, `rpm` and `tpm` (limits told, per
-endpoint and model); without `models` the endpoint serves any model a request names. Every
-endpoint of a pool speaks one API: their presets' budgets must be the same.
+endpoint and model); without `models` the endpoint serves any model a request names.
+`prices` (`{ "gpt-4o-mini" = { input = 0.165, output = 0.66 } }`, as `[prices."model"]`) are
+the endpoint's own, over the run's. Every endpoint of a pool speaks one API: their presets'
+budgets must be the same.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from ratedeck.engine.api_rules import parse_budgets
 from ratedeck.engine.settings import ConfigError, EndpointSpec, KeySpec, ModelRoute, TargetConfig
 
 from . import parsers
+from .pricing import parse_prices
 
 #: What an `[[endpoints]]` table may hold.
-FIELDS = ("name", "preset", "url", "keys", "models", "api_version", "target")
+FIELDS = ("name", "preset", "url", "keys", "models", "api_version", "target", "prices")
 #: An endpoint's name: shown in the console, the report and Prometheus labels.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 #: Azure OpenAI's chat models: 6 requests per minute for every 1,000 tokens per minute.
@@ -119,6 +122,7 @@ def build_endpoints(
             models=models,
             learn_first=bool((preset.get("engine") or {}).get("learn_first", False)),
             starts={b.name: b.policies for b in budgets},
+            prices=parse_prices(table["prices"], source, f"{where}.prices") if "prices" in table else {},
         )
         endpoints.append(spec)
         if not keys_needed:

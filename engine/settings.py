@@ -126,6 +126,9 @@ class EndpointSpec:
     learn_first: bool = False  # its answers' headers tell each model's limits: one first
     # Each budget's starting limits on this endpoint (its preset's), where no model's are told.
     starts: Mapping[str, tuple[Policy, ...]] = field(default_factory=dict)
+    # USD per million tokens by model at this endpoint, over the run's ([[endpoints]] prices):
+    # Azure's and OpenAI's prices for one model may differ.
+    prices: Mapping[str, Price] = field(default_factory=dict)
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models

@@ -36,7 +36,7 @@ from ratedeck.core.numbers import usd_range
 from ratedeck.core.policy import Policy
 from ratedeck.engine.api_rules import BudgetSpec, PathTable
 from ratedeck.engine.limits.costs import CostModel
-from ratedeck.engine.llm.prices import estimate_range_usd
+from ratedeck.engine.llm.prices import Price, PriceTable, estimate_range_usd
 from ratedeck.engine.observe.makespan import Limits, least_time
 from ratedeck.engine.observe.spend import model_of, price_table
 from ratedeck.engine.settings import EngineSettings, KeySpec
@@ -116,6 +116,16 @@ class _Units:
         return least_time(demands)
 
 
+def _prices_of(cfg: EngineSettings, prices: PriceTable, model: str) -> list[Price]:
+    """`model`'s price, or in a pool its price at each endpoint that serves it (an endpoint's
+    own `prices` over the run's); empty when it has none."""
+    if not cfg.endpoints:
+        price = prices.price_for(model)
+        return [price] if price is not None else []
+    at = (prices.merged(e.prices).price_for(model) for e in cfg.endpoints if e.serves(model))
+    return [p for p in at if p is not None]
+
+
 def _told(key: KeySpec, budget: str | None = None) -> tuple[Policy, ...]:
     """A pool endpoint's limits for `key` (`EndpointSpec.told`); () outside a pool."""
     return key.endpoint.told(budget) if key.endpoint is not None else ()
@@ -166,14 +176,14 @@ def plan(cfg: EngineSettings) -> DryRun:
     out = DryRun(cfg.workload.file, spent.requests, keys=len(cfg.keys), learned=cfg.engine.learn_first)
     for bill in bills.values():
         if bill.model != NO_MODEL:
-            price = prices.price_for(bill.model)
-            if price is None:
+            found = _prices_of(cfg, prices, bill.model)
+            if not found:
                 bill.usd_min = bill.usd_max = None
                 out.unpriced.append(bill.model)
             else:
-                bill.usd_min, bill.usd_max = estimate_range_usd(
-                    price, bill.input_tokens, bill.output_tokens_max
-                )
+                # in a pool, any endpoint that serves it may answer: the cheapest one's least to the dearest's most
+                ranges = [estimate_range_usd(p, bill.input_tokens, bill.output_tokens_max) for p in found]
+                bill.usd_min, bill.usd_max = min(r[0] for r in ranges), max(r[1] for r in ranges)
                 out.usd_min += bill.usd_min
                 out.usd_max += bill.usd_max
         out.models.append(bill)

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from ratedeck.engine.limits.headroom import HeadroomController
     from ratedeck.engine.limits.limiter import WindowLimiter
     from ratedeck.engine.path.ending import RunEnd
-    from ratedeck.engine.path.intake import Intake
     from ratedeck.engine.path.health import EndpointHealth
+    from ratedeck.engine.path.intake import Intake
     from ratedeck.engine.path.keys import KeyRing
     from ratedeck.engine.path.worker import KeyWorker
     from ratedeck.engine.ports import RunClock, Source

@@ -82,6 +82,7 @@ class SpendMeter:
 
     __slots__ = (
         "prices",
+        "by_key",
         "costs",
         "cap",
         "event",
@@ -95,9 +96,16 @@ class SpendMeter:
     )
 
     def __init__(
-        self, prices: PriceTable, costs: CostModel, events: EventSink, cap: float | None = None
+        self,
+        prices: PriceTable,
+        costs: CostModel,
+        events: EventSink,
+        cap: float | None = None,
+        by_key: Mapping[str, PriceTable] | None = None,
     ) -> None:
         self.prices = prices
+        # A pool's keys whose endpoint has prices of its own: their answers cost those
+        self.by_key = dict(by_key or {})
         self.costs = costs
         self.cap = cap
         self.event = events.event
@@ -112,7 +120,13 @@ class SpendMeter:
     @classmethod
     def from_settings(cls, cfg: EngineSettings, events: EventSink) -> SpendMeter:
         costs = CostModel(cfg.costs.estimate, cfg.costs.max_tokens)
-        return cls(price_table(cfg.prices), costs, events, cfg.max_cost)
+        table = price_table(cfg.prices)
+        by_key = {
+            k.label: table.merged(k.endpoint.prices)
+            for k in cfg.keys
+            if k.endpoint is not None and k.endpoint.prices
+        }
+        return cls(table, costs, events, cfg.max_cost, by_key)
 
     @property
     def gating(self) -> bool:
@@ -120,8 +134,10 @@ class SpendMeter:
         return self.cap is not None
 
     # ------------------------------------------------------------ prices
-    def _price(self, model: str) -> Price | None:
-        price = self.prices.price_for(model)
+    def _price(self, model: str, key: str | None = None) -> Price | None:
+        """`model`'s price at `key`'s endpoint (None: the run's); the first missing one is said."""
+        table = self.by_key.get(key, self.prices) if key is not None else self.prices
+        price = table.price_for(model)
         if price is None and model not in self._unpriced:
             self._unpriced[model] = None
             self.event(
@@ -140,7 +156,9 @@ class SpendMeter:
         if price is None:
             return None
         units = self.costs.units(body)
-        return estimate_range_usd(price, units["input_tokens"], units["output_tokens"])[1]
+        # not sent yet, so not known where: the dearest endpoint's price holds it
+        prices = [price, *(p for t in self.by_key.values() if (p := t.price_for(model)) is not None)]
+        return max(estimate_range_usd(p, units["input_tokens"], units["output_tokens"])[1] for p in prices)
 
     # ------------------------------------------------------------ admission
     async def admit(self, req: Request) -> bool:
@@ -200,7 +218,7 @@ class SpendMeter:
         row.answers += 1
         row.input_tokens += usage.input
         row.output_tokens += usage.output
-        price = self._price(model)
+        price = self._price(model, req.key or result.key)
         if price is not None:
             usd = cost_usd(price, usage)
             row.usd += usd

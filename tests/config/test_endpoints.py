@@ -478,3 +478,15 @@ def test_the_pool_in_docs_endpoints_md_loads_as_written(tmp_path, env, monkeypat
 )
 def test_a_limit_for_the_whole_host_is_refused_in_a_pool_of_several_hosts(tmp_path, env, extra, key):
     one_line(refused(tmp_path, azure() + OPENAI + extra), "pool.toml", key, "one host", "several")
+
+
+def test_an_endpoint_s_prices_are_its_own_and_a_bad_one_names_it(tmp_path, env):
+    cfg = load(tmp_path, azure(prices='{ "gpt-4o-mini" = { input = 0.165, output = 0.66 } }') + OPENAI)
+    east, openai = cfg.engine_settings.endpoints
+    assert east.prices["gpt-4o-mini"].output == 0.66 and not openai.prices
+    exc = refused(tmp_path, azure(prices='{ "gpt-4o-mini" = { input = "cheap", output = 1.0 } }'))
+    assert (
+        exc.key.startswith('endpoints.east.prices."gpt-4o-mini"')
+        and "cheap" in str(exc)
+        and "\n" not in str(exc)
+    )

@@ -155,3 +155,39 @@ def test_an_endpoint_whose_every_key_the_server_refused_says_refused(tmp_path):
     snap = asyncio.run(run())
     assert snap.succeeded == 6  # oa took them all
     assert {e.name: e.state for e in snap.endpoints} == {"oa": "up", "compat": "refused"}
+
+
+def test_an_endpoint_s_own_prices_cost_its_answers_and_bound_the_dry_run(tmp_path):
+    from ratedeck.runner.dryrun import plan
+
+    async def run() -> tuple[Snapshot, object]:
+        a = await start_openai(keys=["sk-a-0000000000000000", "sk-c-0000000000000000"], rpm=600, tpm=60000)
+        b = await start_openai(keys=["sk-b-0000000000000000"], rpm=600, tpm=60000, limit_headers=False)
+        try:
+            toml = tmp_path / "pool.toml"
+            dear = f'prices = {{ "{MODEL}" = {{ input = 100.0, output = 200.0 }} }}\n'
+            toml.write_text(pool_toml(a.url, b.url) + dear)  # compat's (the last endpoint's) own prices
+            overrides = {
+                "workload": {"file": batch(tmp_path / "b.jsonl", 12)},
+                "engine": {"graveyard_path": ""},
+            }
+            cfg = load_config(str(toml), overrides=overrides)
+            dry = plan(cfg.engine_settings)
+            return await Engine(cfg, run_transport(cfg.engine_settings, "")).run(60.0), dry
+        finally:
+            await a.close()
+            await b.close()
+
+    snap, dry = asyncio.run(run())
+    assert snap.spend is not None and snap.succeeded == 12
+    rows = {r.key: r for r in snap.spend.rows if r.answers}
+    compat = rows["compat"]
+    assert compat.usd == pytest.approx((compat.input_tokens * 100.0 + compat.output_tokens * 200.0) / 1e6)
+    for label in ("oa-1", "oa-2"):
+        if label in rows:  # the shipped price: far below compat's
+            assert (
+                rows[label].usd < (rows[label].input_tokens * 100.0 + rows[label].output_tokens * 200.0) / 1e6
+            )
+    bill = dry.models[0]
+    assert bill.usd_max == pytest.approx((bill.input_tokens * 100.0 + bill.output_tokens_max * 200.0) / 1e6)
+    assert bill.usd_min < bill.usd_max / 100  # the cheapest endpoint's least: the shipped price
