@@ -18,13 +18,13 @@ sends a rewritten copy of its shape.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ratedeck.core.vocab import ApiStyle
+from ratedeck.engine.request import Shape
 from ratedeck.engine.settings import EndpointSpec
 
 from .transport import HttpTransport, TransportBase, http_transport
@@ -32,7 +32,7 @@ from .transport import HttpTransport, TransportBase, http_transport
 if TYPE_CHECKING:
     from ratedeck.engine.http.outcome import Outcome
     from ratedeck.engine.ports import ProbeGet
-    from ratedeck.engine.request import Request, Shape
+    from ratedeck.engine.request import Request
     from ratedeck.engine.settings import EngineSettings, KeySpec
 
 #: The prefix of OpenAI's paths, which Azure OpenAI serves under /openai.
@@ -73,7 +73,7 @@ class EndpointPaths:
             # the v1 path (and any plain API) names the deployment in the body; the
             # deployments path names it in the URL and leaves the body as the client wrote it
             new_body = {**body, "model": name}
-            changes["body"], changes["payload"] = new_body, _encode(new_body)
+            changes["body"], changes["payload"] = new_body, Shape.encode(new_body)
         return replace(shape, **changes) if changes else shape
 
     def _azure_path(self, path: str, deployment: str | None) -> str:
@@ -87,10 +87,6 @@ class EndpointPaths:
             query = f"{query}&{version}" if query else version
             return f"/openai/deployments/{quote(deployment, safe='')}{rest}?{query}"
         return f"/openai/v1{rest}{sep}{query}"
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class PoolTransport(TransportBase):
