@@ -31,10 +31,11 @@ from ratedeck.engine.settings import (
 )
 
 from . import parsers
+from .clients import parse_clients
 from .endpoints import build_endpoints, endpoint_presets
 from .pricing import load_prices
 from .rows import BY_PATH, ROWS, section_rows
-from .settings import ConsoleSettings, GatewaySettings, RunConfig, RunnerSettings
+from .settings import ConsoleSettings, GatewayClient, GatewaySettings, RunConfig, RunnerSettings
 
 # ---------------------------------------------------------------- presets
 
@@ -356,9 +357,23 @@ def build_config(
         ),
         runner=RunnerSettings(key_sources=key_sources, **run),
         console=ConsoleSettings(**console),
-        gateway=GatewaySettings(**_table(data, "gateway", source)),
+        gateway=_gateway(data, source, budgets, prices),
         server=server,
     )
+
+
+def _gateway(
+    data: dict[str, Any], source: str, budgets: tuple[BudgetSpec, ...], prices: dict[str, Any]
+) -> GatewaySettings:
+    """[gateway], with its `[[gateway.clients]]` (config/clients.py)."""
+    table = data.get("gateway", {})
+    clients: tuple[GatewayClient, ...] = ()
+    if "clients" in table:
+        table = dict(table)
+        clients = parse_clients(
+            table.pop("clients"), source, counts_tokens=any(b.tokens for b in budgets), priced=bool(prices)
+        )
+    return GatewaySettings(**_table({"gateway": table}, "gateway", source), clients=clients)
 
 
 def _check_sections(data: Any, source: str) -> None:

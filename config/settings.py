@@ -19,6 +19,7 @@ from ratedeck.core.vocab import AccessLogForm
 from ratedeck.engine.settings import (
     GRAVEYARD_AUTO,
     EngineSettings,
+    FlowSpec,
 )
 
 
@@ -56,6 +57,16 @@ class ConsoleSettings:
 
 
 @dataclass(frozen=True)
+class GatewayClient:
+    """One of the gateway's clients (`[[gateway.clients]]`, config/clients.py): its name, its
+    token (as written, `env:VAR`; the command resolves it) and its flow (priority, weight, quotas)."""
+
+    name: str
+    token: str = field(repr=False)
+    flow: FlowSpec = field(default_factory=lambda: FlowSpec("default"))
+
+
+@dataclass(frozen=True)
 class GatewaySettings:
     """`ratedeck gateway`'s [gateway] settings (the gateway layer reads them)."""
 
@@ -67,6 +78,9 @@ class GatewaySettings:
     body_timeout_s: float = 60.0  # a body not read whole by then: 408
     fail_fast: bool = False  # answer 429 at once instead of queueing (a client may ask per request)
     access_log: AccessLogForm = AccessLogForm.OFF  # a line per answered request, as text or JSON
+    # [[gateway.clients]]: several clients, each with its token, priority, weight and quotas
+    # (config/clients.py); empty: the one `token` (or none, on loopback).
+    clients: tuple[GatewayClient, ...] = field(default=(), repr=False)
 
 
 _ENGINE = {f.name for f in dataclasses.fields(EngineSettings)}

@@ -79,6 +79,23 @@ class ApiStyle(StrEnum):
     AZURE = "azure"  # OpenAI's /v1/... as Azure OpenAI's /openai/v1/... or deployments path
 
 
+class Priority(StrEnum):
+    """A gateway client's priority (`[[gateway.clients]] priority`): a waiting request of a
+    higher one goes first when capacity frees (engine/flows.py)."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        """0 first: interactive 0, standard 1, batch 2."""
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {Priority.INTERACTIVE: 0, Priority.STANDARD: 1, Priority.BATCH: 2}
+
+
 class HttpClient(StrEnum):
     """The HTTP client a run's requests go through (engine/http)."""
 

@@ -47,6 +47,7 @@ from ratedeck.engine.path.worker import KeyWorker
 from ratedeck.engine.sources.multicall import source_from_config
 from ratedeck.engine.sources.workload import bursts_in_time
 
+from .flows import FlowQueue
 from .ports import Cooldown, RunClock, SharedState, Source, Transport
 from .queues import Graveyard, WorkQueues
 from .request import UNSERVED, Request
@@ -131,6 +132,7 @@ def build_parts(
         )
         cluster = _cluster(cfg, member, shared_state)
     spend = _spend(cfg, log, ends)
+    queues.flows = _flows(cfg, limits.budgets, spend)
     path = RequestPath(
         transport=transport,
         queues=queues,
@@ -207,6 +209,31 @@ def _graveyard(cfg: EngineSettings, source: Source, redact: Redactor) -> Graveya
     graveyard = Graveyard(path)
     graveyard.redact = redact
     return graveyard
+
+
+def _flows(cfg: EngineSettings, budgets: Budgets, spend: SpendMeter | None) -> FlowQueue | None:
+    """The flows' queue (gateway clients: priority, fair share, quotas), or None for one queue.
+
+    A request's tokens are what admission charges (the token budgets' estimate); its USD, the
+    most it may cost at its model's dearest price (`SpendMeter.ceiling_usd`)."""
+    if not cfg.flows:
+        return None
+    tokens = None
+    if budgets.costs is not None:
+
+        def tokens(req: Request) -> int:
+            units = budgets.units(req)
+            return units["tokens"] if units else 0
+
+    usd = None
+    if spend is not None:
+        meter = spend
+
+        def usd(req: Request) -> float | None:
+            shape = req.shape
+            return meter.ceiling_usd(shape.body if shape is not None else None)
+
+    return FlowQueue(cfg.flows, tokens=tokens, usd=usd, weighted=cfg.key_weighted)
 
 
 def _spend(cfg: EngineSettings, log: EventLog, ends: RunEnd) -> SpendMeter | None:

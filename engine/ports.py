@@ -43,6 +43,7 @@ from ratedeck.engine.snapshot import ClusterView, ErrorRow, MessageStats
 from .request import CallFn, Request
 
 if TYPE_CHECKING:
+    from ratedeck.engine.flows import FlowQueue
     from ratedeck.engine.http.outcome import Outcome
     from ratedeck.engine.path.settle import Verdict
     from ratedeck.engine.settings import KeySpec
@@ -62,6 +63,9 @@ class SourceQueues(Protocol):
 
     @property
     def main(self) -> Sized: ...
+
+    #: The flows' queue (gateway clients: engine/flows.py), None for one first-come queue.
+    flows: FlowQueue | None
 
     def __len__(self) -> int: ...
 

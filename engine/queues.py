@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .flows import FlowQueue
 from .jsonl import JsonLines
 from .ports import AdmissionT
 from .request import Request, line_fields
@@ -53,9 +54,14 @@ class WorkQueues:
         "pinned",
         "_pinned_n",
         "_pinned_fresh",
+        "flows",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, flows: FlowQueue | None = None) -> None:
+        # Fresh work: one first-come queue, or with flows (gateway clients) a `FlowQueue` that
+        # serves them by priority, fair share and quota (engine/flows.py).
+        # With flows, every fresh unpinned request waits there and `main` stays empty.
+        self.flows = flows
         self.main: deque[Request] = deque()
         self.dlq: list[Request] = []
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -68,11 +74,13 @@ class WorkQueues:
         self._pinned_fresh = 0  # of which fresh (not retries)
 
     def __len__(self) -> int:
-        return len(self.main) + len(self.dlq) + self._pinned_n
+        n = len(self.main) + len(self.dlq) + self._pinned_n
+        return n if self.flows is None else n + len(self.flows)
 
     def fresh(self) -> int:
         """Fresh work waiting, shared and pinned: what backpressure bounds."""
-        return len(self.main) + self._pinned_fresh
+        n = len(self.main) + self._pinned_fresh
+        return n if self.flows is None else n + len(self.flows)
 
     def retries(self) -> int:
         """Retries waiting, shared and pinned."""
@@ -80,7 +88,7 @@ class WorkQueues:
 
     def all_queued(self) -> list[Request]:
         """Every queued request: fresh work first, then retries by due time."""
-        fresh = [*self.main, *(r for p in self.pinned.values() for r in p.main)]
+        fresh = [*self.main, *(self.flows or ()), *(r for p in self.pinned.values() for r in p.main)]
         return [*fresh, *sorted([*self.dlq, *(r for p in self.pinned.values() for r in p.dlq)])]
 
     def take_pinned(self, key: str) -> list[Request]:
@@ -105,7 +113,10 @@ class WorkQueues:
             self._pinned_fresh += 1
             self._wake_all()  # only its key's worker can take it: wake whoever waits
             return
-        self.main.append(req)
+        if self.flows is not None:
+            self.flows.append(req)
+        else:
+            self.main.append(req)
         self._wake()
 
     def retry(self, req: Request) -> None:
@@ -126,7 +137,9 @@ class WorkQueues:
 
         O(queue): for the rare request withdrawn before it was sent, never on the hot path."""
         p = self.pinned.get(req.pin) if req.pin is not None else None
-        if req in self.main:
+        if self.flows is not None and req in self.flows:
+            self.flows.remove(req)
+        elif req in self.main:
             self.main.remove(req)
         elif p is not None and req in p.main:
             p.main.remove(req)
@@ -183,6 +196,11 @@ class WorkQueues:
         dlq, main = self.dlq, self.main
         if dlq and dlq[0].eligible_at <= now:
             req = heapq.heappop(dlq)
+        elif self.flows is not None:
+            got = self.flows.popleft(now)
+            if got is None:
+                return None
+            req = got
         elif main:
             req = main.popleft()
         else:
@@ -213,6 +231,15 @@ class WorkQueues:
         req, got = None, None
         if dlq and dlq[0].eligible_at <= now and (d := choose(dlq[0])).take:
             req, got = heapq.heappop(dlq), d
+        elif (flows := self.flows) is not None:
+            for candidate in flows.candidates(now, _POOL_SCAN):
+                d = choose(candidate)
+                if d.take:
+                    req, got = candidate, d
+                    flows.take(candidate, now)
+                    break
+                if d.stop:
+                    break
         else:
             for i in range(min(len(main), _POOL_SCAN)):
                 d = choose(main[i])
@@ -255,8 +282,12 @@ class WorkQueues:
                 fut.set_result(None)
 
     def _arm(self) -> None:
-        """One timer for the earliest retry, so a waiting getter wakes when it is due."""
+        """One timer for the earliest retry (or flow's quota freeing), so a waiting getter wakes when it is due."""
         when = self.dlq[0].eligible_at if self.dlq else None
+        if self.flows is not None and self.flows:
+            free = self.flows.next_free_at(self._get_loop().time())
+            if free is not None and (when is None or free < when):
+                when = free
         if self._pinned_n:
             for p in self.pinned.values():
                 if p.dlq and (when is None or p.dlq[0].eligible_at < when):
@@ -276,7 +307,7 @@ class WorkQueues:
             self._wake_all()  # the retry due may be pinned: its key must look
         else:
             self._wake()
-        if (self.dlq or self._pinned_n) and self._getters:
+        if (self.dlq or self._pinned_n or self.flows) and self._getters:
             self._arm()
 
     # -- backpressure
@@ -309,7 +340,8 @@ class WorkQueues:
         call's own TTL, a cancelled call of a failed message) is expired when
         a worker pops it instead, never sent.
         """
-        main, dead = self.main, []
+        main = self.main
+        dead = self.flows.expired(now) if self.flows is not None else []
         while main and main[0].deadline <= now:
             dead.append(main.popleft())
         if dead and self._space is not None and self.fresh() < self._space_limit:

@@ -98,6 +98,7 @@ class _Extra:
         "line_id",
         "answer",
         "leasing",
+        "flow",
     )
 
     def __init__(self) -> None:
@@ -119,6 +120,9 @@ class _Extra:
         # for this request's slot. The other keys leave it to that key while its fetch runs or
         # its lease waits, so one request never costs two keys a slot.
         self.leasing: Any = None
+        # Its flow's index in the run's flows (`EngineSettings.flows`: a gateway client's
+        # priority, weight and quotas, engine/flows.py); 0 with none.
+        self.flow = 0
 
 
 #: The side objects of a request that has none of its own: every read of a side attribute
@@ -196,6 +200,7 @@ class Request:
     line_id = _side("_extra", _PLAIN, "line_id")
     answer = _side("_extra", _PLAIN, "answer")
     leasing = _side("_extra", _PLAIN, "leasing")
+    flow = _side("_extra", _PLAIN, "flow")
 
     def __init__(
         self,

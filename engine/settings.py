@@ -15,7 +15,7 @@ from ratedeck.core.errors import RatedeckError
 from ratedeck.core.numbers import MAX_RATE
 from ratedeck.core.policy import Policy
 from ratedeck.core.secrets import redact
-from ratedeck.core.vocab import ApiStyle, Arrival, Excess, HeadroomMode, MessagePattern, Pacing
+from ratedeck.core.vocab import ApiStyle, Arrival, Excess, HeadroomMode, MessagePattern, Pacing, Priority
 from ratedeck.engine.api_rules import BudgetSpec, OutcomeRule, PathRule
 
 if TYPE_CHECKING:
@@ -147,6 +147,30 @@ class EndpointSpec:
 
 
 @dataclass(frozen=True)
+class FlowSpec:
+    """One flow of work with its own place in the queue (a gateway client, `[[gateway.clients]]`):
+    its `priority`, its `weight` among flows of that priority, and its quotas, each over any
+    60 s (`usd_per_day` over any 24 h) in what admission charges. `refuse`: over a quota, a new
+    request is refused (the gateway's 429) instead of waiting. engine/flows.py schedules them."""
+
+    name: str
+    priority: Priority = Priority.STANDARD
+    weight: float = 1.0
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    usd_per_day: float | None = None
+    refuse: bool = False
+
+    @property
+    def quotas(self) -> bool:
+        return (
+            self.requests_per_minute is not None
+            or self.tokens_per_minute is not None
+            or self.usd_per_day is not None
+        )
+
+
+@dataclass(frozen=True)
 class KeySpec:
     """One API key: its id ("k1"), secret, and the policies that bind it; in a pool of
     endpoints, the endpoint it belongs to."""
@@ -260,6 +284,9 @@ class EngineSettings:
     max_cost: float | None = None  # USD: admission stops before spent + reserved would pass it
     # [[endpoints]]: the pool's endpoints, each key's own in `KeySpec.endpoint` (empty: one target)
     endpoints: tuple[EndpointSpec, ...] = ()
+    # The flows work comes in (gateway clients), each with its priority, weight and quotas
+    # (engine/flows.py); empty: one first-come queue.
+    flows: tuple[FlowSpec, ...] = ()
 
     @property
     def per_model(self) -> bool:

@@ -353,6 +353,36 @@ class MessageStats:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaRow:
+    """One quota of a gateway client: its name as configured (`tokens_per_minute`), its limit
+    and what is left of it now (over the last 60 s; `usd_per_day`: the last 24 h)."""
+
+    name: str
+    limit: float
+    left: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRow:
+    """One gateway client (`[[gateway.clients]]`, a flow of engine/flows.py): its priority and
+    weight, its requests waiting, its queue waits, its share of the binding unit served over
+    the last 60 s, its quotas, and the requests its quota refused (429)."""
+
+    name: str
+    priority: str
+    weight: float
+    waiting: int = 0
+    answered: int = 0  # answers given to it, of any status
+    wait_p50_ms: float = 0.0
+    wait_p99_ms: float = 0.0
+    share: float = 0.0  # of the binding unit served to all clients over the last 60 s
+    served: float = 0.0  # binding units served to it since the start
+    sent: int = 0  # its requests taken by a key to be sent
+    refused: int = 0  # requests refused by its quota (429 + Retry-After)
+    quotas: tuple[QuotaRow, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClientView:
     """Live clients' part of a snapshot (engine/sources/live.py, the gateway): how many wait,
     how long they waited, what they were answered."""
@@ -365,6 +395,10 @@ class ClientView:
     wait_count: int = 0
     wait_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound in s, waits at most that), cumulative
     statuses: tuple[tuple[int, int], ...] = ()  # (status answered, count); 499: the client left first
+    # Each client with `[[gateway.clients]]` (() with one token), and the unit shares are in:
+    # "tokens" (an LLM pool), "weight" or "requests".
+    rows: tuple[ClientRow, ...] = ()
+    unit: str = "requests"
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ class GatewayApp:
         *,
         usage_streams: bool = False,
         bad: BadRequests | None = None,
+        clients: tuple[str, ...] = (),
     ):
         """`usage_streams`: the target's streamed answers carry usage only when asked
         (`target.stream_usage`, OpenAI's: `stream.with_usage`); `bad` hears of every request refused for the client's fault."""
@@ -93,6 +94,8 @@ class GatewayApp:
         self.redact = redact
         self.draining = False
         self.max_body = int(settings.max_body_mb * MIB)
+        # The clients' names by flow, with [[gateway.clients]] (the token says which): () for one.
+        self.clients = clients
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body + 1)
@@ -111,7 +114,8 @@ class GatewayApp:
                     retry_after=5,
                 )
             )
-        if not self.token.admits(request.headers):
+        client = self.token.client(request.headers)
+        if client is None:
             return self._refused(
                 request,
                 Refusal(
@@ -126,15 +130,17 @@ class GatewayApp:
             path = upstream_path(request.rel_url.raw_path, request.rel_url.raw_query_string, self.base_path)
         except PathRefused as exc:
             why = f"path refused: {exc}"
-            return self._refused(request, Refusal(400, why, "invalid_request_error", "bad_path", why))
+            return self._refused(request, Refusal(400, why, "invalid_request_error", "bad_path", why), client)
         try:
             max_wait, fail_fast = self._controls(request)
         except ValueError as exc:
             why = f"unreadable {str(exc).partition(':')[0]}"  # the header's name, not the client's text
-            return self._refused(request, Refusal(400, str(exc), "invalid_request_error", "bad_header", why))
+            return self._refused(
+                request, Refusal(400, str(exc), "invalid_request_error", "bad_header", why), client
+            )
         got = await self._read_body(request)
         if isinstance(got, Refusal):
-            return self._refused(request, got)
+            return self._refused(request, got, client)
         raw, body = got
         drop_usage = False
         if self.usage_streams and (asked := with_usage(body)) is not None:
@@ -147,7 +153,7 @@ class GatewayApp:
             headers=forwarded_headers(request.headers.items(), self.token.headers),
         )
         sink = ClientStream(request, self.redact, drop_usage=drop_usage)
-        return await self._send(request, shape, max_wait, fail_fast, sink)
+        return await self._send(request, shape, max_wait, fail_fast, sink, client)
 
     def _controls(self, request: web.Request) -> tuple[float, bool]:
         """(max wait, fail fast) for this request: the settings, lowered by the client's headers."""
@@ -224,7 +230,13 @@ class GatewayApp:
         return raw, body
 
     async def _send(
-        self, request: web.Request, shape: Shape, max_wait: float, fail_fast: bool, sink: ClientStream
+        self,
+        request: web.Request,
+        shape: Shape,
+        max_wait: float,
+        fail_fast: bool,
+        sink: ClientStream,
+        client: int = 0,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[Ending] = loop.create_future()
@@ -237,30 +249,67 @@ class GatewayApp:
         wait_s = FAIL_FAST_S if fail_fast else max(FAIL_FAST_S, max_wait)
         source = self.source
         req = source.make(
-            shape, ttl_s=wait_s, on_done=done, idempotency_key=request.headers.get("Idempotency-Key")
+            shape,
+            ttl_s=wait_s,
+            on_done=done,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            flow=client,
         )
         req.answer = sink  # a streamed answer goes to the client as it arrives
+        if self.clients:
+            refused = self._over_quota(request, req)
+            if refused is not None:
+                req.cancelled = True
+                return refused
         if not source.offer(req):
             req.cancelled = True
-            return self._answered(self._no_room(fail_fast, "the gateway's queue is full"))
+            return self._answered(self._no_room(fail_fast, "the gateway's queue is full"), client)
         try:
             await asyncio.wait((ended,), timeout=wait_s)
             if not ended.done() and req.first_sent_at is None:
                 source.withdraw(req)  # waited long enough: out of the queue, never sent
                 if not ended.done():  # withdrawn while the engine held it: it ends on its own
                     await ended
-                return self._answered(self._no_room(fail_fast, f"no capacity within {wait_s:g} s"))
+                return self._answered(self._no_room(fail_fast, f"no capacity within {wait_s:g} s"), client)
             ending = await ended  # sent: the upstream's answer is coming
         except asyncio.CancelledError:
             source.withdraw(req)  # the client left: nothing more is sent for it
-            source.answered(CLIENT_GONE)
+            source.answered(CLIENT_GONE, client)
             raise
         if sink.started:  # streamed: the status, headers and body went as they arrived
             streamed = await sink.end()
             assert streamed is not None
-            source.answered(streamed.status if not sink.gone else CLIENT_GONE)
+            source.answered(streamed.status if not sink.gone else CLIENT_GONE, client)
             return streamed
-        return self._answered(self._answer(req, ending, fail_fast))
+        return self._answered(self._answer(req, ending, fail_fast), client)
+
+    def _over_quota(self, request: web.Request, req: Request) -> web.Response | None:
+        """The answer to a request its client's quota refuses (429 + Retry-After when it frees),
+        or to one a USD quota cannot count (its model has no price); None: it may queue."""
+        flows = self.source.flows
+        if flows is None:
+            return None
+        name = self.clients[req.flow] if req.flow < len(self.clients) else "?"
+        if flows.unpriced(req):
+            why = f"client {name!r} has a usd_per_day quota and this model has no price"
+            return self._refused(
+                request, Refusal(400, why, "invalid_request_error", "model_not_priced", why), req.flow
+            )
+        refusal = self.source.quota_refusal(req)
+        if refusal is None:
+            return None
+        after = max(1, math.ceil(refusal.retry_after_s))
+        return self._answered(
+            error_response(
+                429,
+                f"client {name!r} is over its {refusal.quota} quota of {refusal.limit:g};"
+                f" it frees in {after} s",
+                "rate_limit_exceeded",
+                "quota_exceeded",
+                retry_after=after,
+            ),
+            req.flow,
+        )
 
     def _no_room(self, fail_fast: bool, why: str) -> web.Response:
         after = self.source.retry_after_s()
@@ -270,15 +319,15 @@ class GatewayApp:
             )
         return error_response(503, why, "unavailable", "no_capacity", retry_after=after)
 
-    def _refused(self, request: web.Request, refusal: Refusal) -> web.Response:
+    def _refused(self, request: web.Request, refusal: Refusal, client: int = 0) -> web.Response:
         """The answer to a client's own fault, noted for the gateway's log (one line, or a summary)."""
         if self.bad is not None:
             self.bad.note(request.remote, refusal.status, refusal.why)
         status, message, type_, code, _why = refusal
-        return self._answered(error_response(status, message, type_, code))
+        return self._answered(error_response(status, message, type_, code), client)
 
-    def _answered(self, resp: web.Response) -> web.Response:
-        self.source.answered(resp.status)
+    def _answered(self, resp: web.Response, client: int = 0) -> web.Response:
+        self.source.answered(resp.status, client)
         return resp
 
     # ------------------------------------------------------------ what the upstream said

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ratedeck.config import ConfigError, RunConfig
-from ratedeck.config.settings import GatewaySettings
+from ratedeck.config.settings import GatewayClient, GatewaySettings
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import EventKind
 from ratedeck.engine.commands import Command
+from ratedeck.engine.settings import FlowSpec
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.sources.live import LiveSource
 from ratedeck.host.protocol import RunFacts
@@ -70,7 +71,7 @@ def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
         host, port = parse_listen(settings.listen)
     except ValueError as exc:
         raise ConfigError("command line", "--listen", str(exc)) from None
-    if not settings.token and not is_loopback(host):
+    if not settings.token and not settings.clients and not is_loopback(host):
         raise ConfigError(
             "command line",
             "--listen",
@@ -95,6 +96,19 @@ def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
     return host, port
 
 
+#: The client `--gateway-token` names beside `[[gateway.clients]]`.
+DEFAULT_CLIENT = "default"
+
+
+def gateway_clients(settings: GatewaySettings) -> tuple[GatewayClient, ...]:
+    """The gateway's clients, their tokens resolved: `[[gateway.clients]]`, then the one
+    `--gateway-token` names ("default", standard priority); () with no token (loopback)."""
+    clients = list(settings.clients)
+    if settings.token:
+        clients.append(GatewayClient(DEFAULT_CLIENT, settings.token, FlowSpec(DEFAULT_CLIENT)))
+    return tuple(clients)
+
+
 class GatewayService:
     """Start with `await start()` (the URL it serves), end with `await stop()` (the run's snapshot)."""
 
@@ -103,10 +117,14 @@ class GatewayService:
     ):
         """`events`: bad requests are lines of the engine's event log (the console's), not of
         the `ratedeck.gateway` logger (stderr, headless)."""
-        self.cfg = cfg
         self.events = events
         self.settings = settings or cfg.gateway
         self.host, self.port = check_gateway(cfg, self.settings)
+        # Each client a flow of the engine's queue: its priority, weight and quotas (engine/flows.py).
+        self.clients = gateway_clients(self.settings)
+        if self.settings.clients and not cfg.engine_settings.flows:
+            cfg = cfg.replace(flows=tuple(c.flow for c in self.clients))
+        self.cfg = cfg
         self.source = LiveSource()
         self.session = Session(cfg, transport=transport, source=self.source)
         self.app: GatewayApp | None = None
@@ -133,15 +151,16 @@ class GatewayService:
             self.app = GatewayApp(
                 self.source,
                 s,
-                GatewayToken(s.token, key_header),
+                GatewayToken([c.token for c in self.clients], key_header),
                 target_base(self.cfg.engine_settings.target.url),
                 engine.parts.redact,
                 usage_streams=self.cfg.engine_settings.target.stream_usage,
                 bad=self.bad,
+                clients=tuple(c.name for c in self.clients) if s.clients else (),
             )
             # Every key and the gateway token masked in what the access log shows.
             redact = Redactor(
-                [*(k.secret for k in self.cfg.engine_settings.keys), *([s.token] if s.token else [])]
+                [*(k.secret for k in self.cfg.engine_settings.keys), *(c.token for c in self.clients)]
             )
             if s.access_log != "off" and not ACCESS_LOGGER.isEnabledFor(logging.INFO):
                 ACCESS_LOGGER.setLevel(logging.INFO)  # asked for: shown wherever the log goes

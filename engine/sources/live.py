@@ -16,9 +16,10 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from ratedeck.engine.request import DoneCallback, Request, Shape
-from ratedeck.engine.snapshot import ClientView
+from ratedeck.engine.snapshot import ClientRow, ClientView, QuotaRow
 
 if TYPE_CHECKING:
+    from ratedeck.engine.flows import FlowQueue, QuotaRefusal
     from ratedeck.engine.ports import SourceSink
     from ratedeck.engine.snapshot import MessageStats
 
@@ -48,6 +49,10 @@ class LiveSource:
         self.wait_sum_s = 0.0
         self.wait_count = 0
         self.wait_buckets = [0] * len(WAIT_BUCKETS_S)  # waits per bucket (not cumulative)
+        # Per client, with flows (gateway clients): their latest waits, answers and quota refusals.
+        self.flow_waits_ms: dict[int, list[float]] = {}
+        self.flow_answered: Counter[int] = Counter()
+        self.flow_refused: Counter[int] = Counter()
 
     # ------------------------------------------------------------ the Source protocol
     @property
@@ -128,10 +133,14 @@ class LiveSource:
         ttl_s: float | None,
         on_done: DoneCallback,
         idempotency_key: str | None = None,
+        flow: int = 0,
     ) -> Request:
-        """A request for one client call; it may wait queued up to `ttl_s` (None: forever)."""
+        """A request for one client call; it may wait queued up to `ttl_s` (None: forever).
+        `flow`: the client's flow (its index in `EngineSettings.flows`)."""
         req = self.sink.new_request(None, ttl_s=ttl_s)
         req.shape = shape
+        if flow:
+            req.flow = flow
         if idempotency_key:
             req.idempotency_key = idempotency_key  # the client's own, kept across retries (and pins them)
         req.on_done = self._ended(on_done)
@@ -181,6 +190,11 @@ class LiveSource:
             waits.append(wait_s * 1000.0)
             if len(waits) > _WAITS_KEPT:
                 del waits[: len(waits) - _WAITS_KEPT]
+            if self.flows is not None:
+                mine = self.flow_waits_ms.setdefault(req.flow, [])
+                mine.append(wait_s * 1000.0)
+                if len(mine) > _WAITS_KEPT:
+                    del mine[: len(mine) - _WAITS_KEPT]
 
     def withdraw(self, req: Request) -> bool:
         """The client gave up: a queued `req` leaves the queue now and ends as shed; one in
@@ -199,9 +213,27 @@ class LiveSource:
             if (retries or req.first_sent_at is None) and req.ending is None and self.withdraw(req)
         )
 
-    def answered(self, status: int) -> None:
-        """The client was answered `status` (counted for the clients' view)."""
+    def answered(self, status: int, flow: int = 0) -> None:
+        """The client (of `flow`) was answered `status` (counted for the clients' view)."""
         self.statuses[status] += 1
+        self.flow_answered[flow] += 1
+
+    # ------------------------------------------------------------ clients' flows
+    @property
+    def flows(self) -> FlowQueue | None:
+        """The flows' queue when the gateway knows several clients (engine/flows.py)."""
+        return self.sink.queues.flows if self._sink is not None else None
+
+    def quota_refusal(self, req: Request) -> QuotaRefusal | None:
+        """Whether `req`'s client refuses it past a quota (`quota = "refuse"`): which quota and
+        when it frees; counted as refused. None: it may queue."""
+        flows = self.flows
+        if flows is None:
+            return None
+        refusal = flows.refusal(req, self.sink.clock())
+        if refusal is not None:
+            self.flow_refused[req.flow] += 1
+        return refusal
 
     def retry_after_s(self) -> float:
         """When capacity should free for a new request, in seconds: the next closed gate's
@@ -229,7 +261,34 @@ class LiveSource:
             wait_count=self.wait_count,
             wait_buckets=tuple(zip(WAIT_BUCKETS_S, itertools.accumulate(self.wait_buckets), strict=True)),
             statuses=tuple(sorted(self.statuses.items())),
+            rows=self._rows(),
+            unit=self.flows.unit if self.flows is not None else "requests",
         )
+
+    def _rows(self) -> tuple[ClientRow, ...]:
+        flows = self.flows
+        if flows is None:
+            return ()
+        rows = []
+        for i, f in enumerate(flows.rows(self.sink.clock())):
+            waits = sorted(self.flow_waits_ms.get(i, ()))
+            rows.append(
+                ClientRow(
+                    name=f.name,
+                    priority=f.priority,
+                    weight=f.weight,
+                    waiting=f.waiting,
+                    answered=self.flow_answered[i],
+                    wait_p50_ms=_quantile(waits, 0.5),
+                    wait_p99_ms=_quantile(waits, 0.99),
+                    share=f.share,
+                    served=f.served,
+                    sent=f.taken,
+                    refused=self.flow_refused[i],
+                    quotas=tuple(QuotaRow(name, limit, left) for name, limit, left in f.quotas),
+                )
+            )
+        return tuple(rows)
 
 
 def _quantile(ordered: list[float], q: float) -> float:

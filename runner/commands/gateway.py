@@ -23,7 +23,7 @@ from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.flags import flag_rows
 from ratedeck.config.parsers import resolve_secrets
 from ratedeck.config.rows import GATEWAY, RUN
-from ratedeck.config.settings import GatewaySettings
+from ratedeck.config.settings import GatewayClient, GatewaySettings
 from ratedeck.core.exits import ExitCode
 from ratedeck.core.loops import loop_factory
 
@@ -81,7 +81,40 @@ def gateway_settings(args: argparse.Namespace, cfg: RunConfig) -> GatewaySetting
         if len(found) != 1:
             raise ConfigError("command line", where, f"must hold one token, found {len(found)}")
         settings = dataclasses.replace(settings, token=found[0])
+    if settings.clients:
+        settings = dataclasses.replace(settings, clients=_resolved(settings))
     return settings
+
+
+def _resolved(settings: GatewaySettings) -> tuple[GatewayClient, ...]:
+    """`[[gateway.clients]]` with each token resolved: one token each, no two alike (nor like
+    `--gateway-token`'s), none named like the token's own client ("default")."""
+    from ratedeck.gateway.service import DEFAULT_CLIENT
+
+    clients = []
+    seen: dict[str, str] = {settings.token: DEFAULT_CLIENT} if settings.token else {}
+    for i, client in enumerate(settings.clients):
+        where = f"gateway.clients[{i}].token"
+        found = resolve_secrets(client.token, "config", where)
+        if len(found) != 1:
+            raise ConfigError("config", where, f"must hold one token, found {len(found)}")
+        if found[0] in seen:
+            other = seen[found[0]]
+            raise ConfigError(
+                "config",
+                where,
+                f"is the same token as {'--gateway-token' if other == DEFAULT_CLIENT else repr(other)}'s:"
+                " each client needs its own",
+            )
+        if settings.token and client.name == DEFAULT_CLIENT:
+            raise ConfigError(
+                "config",
+                f"gateway.clients[{i}].name",
+                f"{DEFAULT_CLIENT!r} is the name of --gateway-token's client; choose another",
+            )
+        seen[found[0]] = client.name
+        clients.append(dataclasses.replace(client, token=found[0]))
+    return tuple(clients)
 
 
 def main(argv: list[str]) -> int:
@@ -211,7 +244,13 @@ async def run_gateway(
 
 
 def _start_line(url: str, target: str, cfg: RunConfig, settings: GatewaySettings) -> str:
-    token = "present the gateway token" if settings.token else "need no token (loopback only)"
+    if settings.clients:
+        names = [f"{c.name} ({c.flow.priority})" for c in settings.clients]
+        if settings.token:
+            names.append("default (standard, --gateway-token)")
+        token = f"are {', '.join(names)}, each with its own token"
+    else:
+        token = "present the gateway token" if settings.token else "need no token (loopback only)"
     return (
         f"ratedeck: gateway at {url} for {target}, {_keys(len(cfg.engine_settings.keys))}, {_capacity(cfg.engine_settings.capacity_tps)};"
         f" clients {token}; Ctrl-C or SIGTERM drains"
