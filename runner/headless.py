@@ -36,6 +36,7 @@ from ratedeck.core.vocab import Phase
 from ratedeck.engine.settings import GRAVEYARD_AUTO
 from ratedeck.engine.snapshot import (
     BudgetRow,
+    ClientRow,
     ClientView,
     ClusterView,
     EndpointRow,
@@ -123,6 +124,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
         lines.append(f"spend        {snap.spend.line()}")
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
+        lines += client_row_lines(snap.clients)
     lines += endpoint_lines(snap.endpoints)
     return lines
 
@@ -206,6 +208,43 @@ def clients_line(c: ClientView) -> str:
         f"clients      waiting {c.waiting}  queue wait p50 {c.wait_p50_ms:.0f} ms p99 {c.wait_p99_ms:.0f} ms"
         f"  answers {answers}"
     )
+
+
+def client_row_lines(c: ClientView) -> list[str]:
+    """One line per named gateway client (`[[gateway.clients]]`; none with one token), under the
+    clients' line: "             nightly  batch  waiting 37  wait p50 2400 ms p99 31.0 s  share 34% of
+    tokens  tokens_per_minute 8% left (8,000 of 100,000)  refused 4"."""
+    if not c.rows:
+        return []
+    name_w = max(len(r.name) for r in c.rows)
+    prio_w = max(len(_priority(r)) for r in c.rows)
+    lines = []
+    for r in c.rows:
+        wait = f"wait p50 {_wait(r.wait_p50_ms)} p99 {_wait(r.wait_p99_ms)}" if r.sent else "wait none yet"
+        parts = [
+            f"{'':13}{r.name:<{name_w}}  {_priority(r):<{prio_w}}  waiting {r.waiting}  {wait}",
+            f"share {r.share * 100:.0f}% of {c.unit}",
+            *(_quota(q.name, q.limit, q.left) for q in r.quotas),
+        ]
+        if r.refused:
+            parts.append(f"refused {r.refused}")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def _priority(r: ClientRow) -> str:
+    return r.priority if r.weight == 1 else f"{r.priority} x{r.weight:g}"
+
+
+def _wait(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def _quota(name: str, limit: float, left: float) -> str:
+    """ "tokens_per_minute 8% left (8,000 of 100,000)"; USD with cents."""
+    pct = 100 * left / limit if limit > 0 else 0.0
+    amount = (lambda x: f"${x:,.2f}") if name.startswith("usd") else (lambda x: f"{x:,.0f}")
+    return f"{name} {pct:.0f}% left ({amount(left)} of {amount(limit)})"
 
 
 TOKEN_UNITS = ("tokens", "input_tokens", "output_tokens")

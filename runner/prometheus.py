@@ -537,7 +537,63 @@ def client_families(c: ClientView) -> list[Metric]:
     waiting = GaugeMetricFamily(
         "ratedeck_gateway_clients_waiting", "Gateway requests queued for the limits now.", value=c.waiting
     )
-    return [answers, wait, waiting]
+    return [answers, wait, waiting, *client_row_families(c)]
+
+
+def client_row_families(c: ClientView) -> list[Metric]:
+    """Each named gateway client (`[[gateway.clients]]`), labelled `client`: its requests waiting,
+    its queue-wait quantiles, its share of the binding unit and what it was served of it, each
+    quota's limit and what is left, and the requests its quota refused. None with one token."""
+    if not c.rows:
+        return []
+    waiting = GaugeMetricFamily(
+        "ratedeck_gateway_client_waiting",
+        "The client's requests queued for the limits now.",
+        labels=["client"],
+    )
+    wait = GaugeMetricFamily(
+        "ratedeck_gateway_client_queue_wait_quantile_seconds",
+        "The client's queue waits (arrival -> first send) over its latest requests, by quantile.",
+        labels=["client", "quantile"],
+    )
+    share = GaugeMetricFamily(
+        "ratedeck_gateway_client_share",
+        "The client's share (0 to 1) of the binding unit served to all clients over the last 60 s.",
+        labels=["client", "unit"],
+    )
+    served = _counter(
+        "ratedeck_gateway_client_served",
+        "Binding units (tokens, weight or requests: `unit`) served to the client since the start.",
+        None,
+        ("client", "unit"),
+    )
+    refused = _counter(
+        "ratedeck_gateway_client_refused",
+        'The client\'s requests refused past a quota (quota = "refuse": 429 and Retry-After).',
+        None,
+        ("client",),
+    )
+    left = GaugeMetricFamily(
+        "ratedeck_gateway_client_quota_left",
+        "What is left of the client's quota over its window (60 s; usd_per_day: 24 h).",
+        labels=["client", "quota"],
+    )
+    limit = GaugeMetricFamily(
+        "ratedeck_gateway_client_quota_limit",
+        "The client's quota over its window (60 s; usd_per_day: 24 h).",
+        labels=["client", "quota"],
+    )
+    for r in c.rows:
+        waiting.add_metric([r.name], r.waiting)
+        wait.add_metric([r.name, "0.5"], _seconds(r.wait_p50_ms))
+        wait.add_metric([r.name, "0.99"], _seconds(r.wait_p99_ms))
+        share.add_metric([r.name, c.unit], r.share)
+        served.add_metric([r.name, c.unit], r.served)
+        refused.add_metric([r.name], r.refused)
+        for q in r.quotas:
+            left.add_metric([r.name, q.name], q.left)
+            limit.add_metric([r.name, q.name], q.limit)
+    return [waiting, wait, share, served, refused, left, limit]
 
 
 # ---------------------------------------------------------------- serving

@@ -15,6 +15,7 @@ from typing import Any
 from ratedeck.core.files import private_write_text
 from ratedeck.engine.snapshot import (
     BudgetRow,
+    ClientRow,
     ClusterView,
     EndpointRow,
     ErrorRow,
@@ -124,7 +125,29 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["spend"] = spend_report(snap.spend)
     if snap.endpoints:
         report["endpoints"] = [endpoint_report(e) for e in snap.endpoints]
+    if snap.clients is not None and snap.clients.rows:
+        report["clients"] = [gateway_client_report(r, snap.clients.unit) for r in snap.clients.rows]
     return report
+
+
+def gateway_client_report(r: ClientRow, unit: str) -> dict:
+    """One gateway client (`[[gateway.clients]]`): its priority and weight, its requests waiting,
+    answered, sent and refused by its quota, its queue waits, its share of the binding `unit` over
+    the last 60 s and what it was served of it since the start, and what is left of each quota."""
+    return {
+        "name": r.name,
+        "priority": r.priority,
+        "weight": r.weight,
+        "waiting": r.waiting,
+        "answered": r.answered,
+        "sent": r.sent,
+        "refused": r.refused,
+        "queue_wait_ms": {"p50": _r(r.wait_p50_ms), "p99": _r(r.wait_p99_ms)},
+        "share": _r(r.share, 4),
+        "served": _r(r.served, 3),
+        "unit": unit,
+        "quotas": [{"name": q.name, "limit": q.limit, "left": _r(q.left, 4)} for q in r.quotas],
+    }
 
 
 def endpoint_report(e: EndpointRow) -> dict:

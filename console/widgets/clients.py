@@ -1,19 +1,28 @@
 """The gateway's clients: how many wait for the limits, how long they waited, what they got.
 
 Shown only for a gateway (`Snapshot.clients` set): one line under the keys, beside
-which the gates panel sits when a gate has closed.
+which the gates panel sits when a gate has closed. A gateway with `[[gateway.clients]]`
+adds a table under that line, one row per client: its priority (and weight), its requests
+waiting, its queue waits, its share of the binding unit over the last 60 s, what is left of
+its quotas, and the requests its quota refused. The table is left out at small sizes
+(App.-compact), where the one line stays.
 """
 
 from __future__ import annotations
 
+from textual.markup import escape
 from textual.widgets import Static
 
-from ratedeck.engine.snapshot import ClientView, Snapshot
+from ratedeck.engine.snapshot import ClientRow, ClientView, QuotaRow, Snapshot
 
 from .panel import SnapshotPanel
 
 #: Status the gateway counts for a client that left before its answer (never sent).
 CLIENT_GONE = 499
+#: Clients shown in the table at most; the rest are counted on one more line.
+MOST_ROWS = 8
+_GAP = "  "
+_PRIORITY_STYLE = {"interactive": "b $text-accent", "standard": "", "batch": "$text-muted"}
 
 
 def clients_line(c: ClientView) -> str:
@@ -30,13 +39,111 @@ def clients_line(c: ClientView) -> str:
     )
 
 
+def priority_text(r: ClientRow) -> str:
+    """Its priority, with its weight when that is not 1: "standard ×3"."""
+    return r.priority if r.weight == 1 else f"{r.priority} ×{r.weight:g}"
+
+
+def wait_text(ms: float) -> str:
+    """A queue wait: whole milliseconds below a second, else seconds ("840 ms", "2.4 s", "31 s")."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    return f"{ms / 1000:.1f} s" if ms < 10_000 else f"{ms / 1000:.0f} s"
+
+
+def _amount(value: float, quota: str) -> str:
+    return f"${value:,.2f}" if quota.startswith("usd") else f"{value:,.0f}"
+
+
+def quota_text(q: QuotaRow) -> str:
+    """One quota and what is left of it: "tokens_per_minute 12,000 of 100,000 left"."""
+    return f"{q.name} {_amount(q.left, q.name)} of {_amount(q.limit, q.name)} left"
+
+
+def _quota_markup(q: QuotaRow) -> str:
+    # the colour says how near the limit it is: none left, under a tenth left, or plenty
+    style = "b $text-error" if q.left <= 0 else "$text-warning" if q.left < 0.1 * q.limit else ""
+    text = escape(quota_text(q))
+    return f"[{style}]{text}[/]" if style else text
+
+
+def _share_bar(share: float, width: int) -> str:
+    filled = round(min(1.0, max(0.0, share)) * width)
+    return f"[$accent]{'━' * filled}[/][$foreground 15%]{'━' * (width - filled)}[/]"
+
+
+def client_rows(c: ClientView, most: int = MOST_ROWS) -> list[str]:
+    """Markup for the clients' table: a header, then one line per client (at most `most`,
+    then one line counting the others). [] with one token (no `rows`).
+
+    Columns: name, priority (×weight), waiting, queue wait p50 / p99, share of the binding unit
+    over the last 60 s (a bar and a percentage), requests refused (only when a quota refused
+    some), and what is left of each quota, last so that a narrow terminal cuts only that."""
+    if not c.rows:
+        return []
+    shown = c.rows[:most]
+    name_w = max(6, *(len(r.name) for r in shown))
+    prio_w = max(8, *(len(priority_text(r)) for r in shown))
+    waits = [f"{wait_text(r.wait_p50_ms)} / {wait_text(r.wait_p99_ms)}" if r.sent else "—" for r in shown]
+    wait_head = "wait p50 / p99"
+    wait_w = max(len(wait_head), *(len(w) for w in waits))
+    share_head = f"share of {c.unit}"
+    bar_w = max(6, len(share_head) - 5)
+    refusing = any(r.refused for r in c.rows)
+    heads = [
+        "client".ljust(name_w),
+        "priority".ljust(prio_w),
+        "waiting",
+        wait_head.rjust(wait_w),
+        share_head.ljust(bar_w + 5),
+        *(["refused"] if refusing else []),
+        "quota left",
+    ]
+    lines = [f"[$text-muted]{_GAP.join(heads)}[/]"]
+    for r, wait in zip(shown, waits, strict=True):
+        prio = priority_text(r)
+        style = _PRIORITY_STYLE.get(r.priority, "")
+        prio_cell = f"[{style}]{escape(prio)}[/]" if style else escape(prio)
+        waiting = f"{r.waiting:>7}"
+        pct = f"{r.share * 100:.0f}%".rjust(4)
+        cells = [
+            f"[b]{escape(r.name)}[/]" + " " * (name_w - len(r.name)),
+            prio_cell + " " * (prio_w - len(prio)),
+            f"[b $text-accent]{waiting}[/]" if r.waiting else f"[$text-muted]{waiting}[/]",
+            wait.rjust(wait_w),
+            f"{_share_bar(r.share, bar_w)} {pct}",
+        ]
+        if refusing:
+            cells.append(f"[$text-warning]{r.refused:>7}[/]" if r.refused else " " * 7)
+        cells.append(" · ".join(_quota_markup(q) for q in r.quotas) or "[$text-muted]none[/]")
+        lines.append(_GAP.join(cells))
+    if len(c.rows) > most:
+        others = len(c.rows) - most
+        lines.append(
+            f"[$text-muted]… and {others} more client{'s' if others > 1 else ''}"
+            " (the report and /metrics hold every one)[/]"
+        )
+    return lines
+
+
 class ClientsPanel(SnapshotPanel, Static):
-    """The gateway's clients in one line (see the module doc)."""
+    """The gateway's clients in one line, and a table of its named clients (see the module doc)."""
 
     BORDER_TITLE = "Gateway clients"
 
     def watch_snapshot(self, snap: Snapshot | None) -> None:
         if snap is None or snap.clients is None:
             return
-        self.show_text(clients_line(snap.clients))
-        self.show_subtitle(f"{snap.clients.answered} answered")
+        c = snap.clients
+        table = [] if self.app.has_class("-compact") else client_rows(c)
+        lines = [clients_line(c), *table]
+        # Its height follows its lines (the stylesheet's is one line): relayout only when their
+        # number changes.
+        height = len(lines) + 2  # the border
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height
+        self.show_text("\n".join(lines))
+        subtitle = f"{c.answered} answered"
+        if c.rows:
+            subtitle = f"{len(c.rows)} clients · shares over the last 60 s · {subtitle}"
+        self.show_subtitle(subtitle)

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from ratedeck.console.widgets.clients import ClientsPanel, clients_line
-from ratedeck.engine.snapshot import ClientView
-from tests.support.console_fixtures import async_test, main_snapshot, make_app, screen_text
+from ratedeck.console.widgets.clients import (
+    ClientsPanel,
+    client_rows,
+    clients_line,
+    priority_text,
+    quota_text,
+)
+from ratedeck.engine.snapshot import ClientRow, ClientView, QuotaRow
+from tests.support.console_fixtures import (
+    async_test,
+    gateway_clients_snapshot,
+    main_snapshot,
+    make_app,
+    screen_text,
+)
 
 SIZE = (120, 40)
 CLIENTS = ClientView(
@@ -32,3 +44,83 @@ async def test_the_clients_panel_shows_for_a_gateway_only():
             await pilot.pause()
             assert app.query_one(ClientsPanel).display is shown
             assert ("3 waiting" in screen_text(app)) is shown
+
+
+# ---------------------------------------------------------------- named clients ([[gateway.clients]])
+
+
+def plain(markup: str) -> str:
+    from textual.content import Content
+
+    return Content.from_markup(markup).plain
+
+
+def test_each_named_client_has_a_row_with_its_waits_share_refusals_and_quota_left():
+    lines = [plain(line) for line in client_rows(gateway_clients_snapshot().clients)]
+    head, chat, nightly, tools = lines
+    assert head.split() == "client priority waiting wait p50 / p99 share of tokens refused quota left".split()
+    assert chat.split() == ["chat", "interactive", "0", "12", "ms", "/", "840", "ms", "━" * 10, "18%", "none"]
+    assert nightly.split()[:8] == ["nightly", "batch", "37", "2.4", "s", "/", "31", "s"]
+    assert nightly.endswith("34%        4  tokens_per_minute 8,000 of 100,000 left"), nightly
+    assert tools.startswith("tools    standard ×3        5   45 ms / 1.2 s")
+    assert tools.endswith("48%           usd_per_day $31.50 of $50.00 left"), tools
+    # the columns line up under their header
+    for column, lines_under in (("waiting", (nightly, tools)), ("refused", (nightly,))):
+        end = head.index(column) + len(column)
+        assert all(line[end - 1] != " " and line[end] == " " for line in lines_under), column
+    assert {line.index("%") for line in lines[1:]} == {head.index("refused") - 3}
+
+
+def test_several_quotas_are_joined_and_no_refusals_no_column():
+    row = ClientRow(
+        "ci", "standard", 1.0, sent=0,
+        quotas=(QuotaRow("requests_per_minute", 600.0, 420.0), QuotaRow("usd_per_day", 50.0, 0.0)),
+    )  # fmt: skip
+    head, line = (plain(x) for x in client_rows(ClientView(rows=(row,), unit="requests")))
+    assert "refused" not in head and "share of requests" in head
+    assert "—" in line  # nothing sent yet: no waits to show
+    assert line.endswith("requests_per_minute 420 of 600 left · usd_per_day $0.00 of $50.00 left")
+    assert "[b $text-error]usd_per_day" in client_rows(ClientView(rows=(row,)))[1]  # none left
+
+
+def test_the_table_is_left_out_with_one_token_and_counts_the_clients_it_cannot_show():
+    assert client_rows(CLIENTS) == []
+    lines = client_rows(gateway_clients_snapshot().clients, most=2)
+    assert len(lines) == 4 and "… and 1 more client (" in plain(lines[-1])
+    assert priority_text(ClientRow("x", "batch", 1.5)) == "batch ×1.5"
+    assert priority_text(ClientRow("x", "batch", 1.0)) == "batch"
+    assert quota_text(QuotaRow("tokens_per_minute", 100_000.0, 12_000.0)) == (
+        "tokens_per_minute 12,000 of 100,000 left"
+    )
+
+
+@async_test
+async def test_the_panel_grows_to_hold_its_clients_and_keeps_one_line_without_them():
+    app = make_app(gateway_clients_snapshot())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        panel = app.query_one(ClientsPanel)
+        assert panel.region.height == 7  # the line, the header, three clients, the border
+        assert "3 clients · shares over the last 60 s · 2898 answered" in str(panel.border_subtitle)
+        text = screen_text(app)
+        for part in ("42 waiting", "standard ×3", "tokens_per_minute 8,000 of 100,000 left", "refused"):
+            assert part in text, part
+        app.show_snapshot(dataclasses.replace(main_snapshot(), clients=CLIENTS))
+        await pilot.pause()
+        assert panel.region.height == 3 and "standard ×3" not in screen_text(app)
+
+
+@async_test
+async def test_at_80x24_the_clients_panel_keeps_its_one_line():
+    app = make_app(gateway_clients_snapshot())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.query_one(ClientsPanel).region.height == 3
+
+
+def test_gateway_clients_panel(snap_compare):
+    async def settle(pilot) -> None:
+        await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(make_app(gateway_clients_snapshot()), terminal_size=SIZE, run_before=settle)

@@ -26,6 +26,8 @@ from ratedeck.engine.commands import (
 )
 from ratedeck.engine.snapshot import (
     BudgetRow,
+    ClientRow,
+    ClientView,
     ClusterView,
     ErrorRow,
     Event,
@@ -36,6 +38,7 @@ from ratedeck.engine.snapshot import (
     MemberRow,
     MessageStats,
     Progress,
+    QuotaRow,
     Snapshot,
 )
 from ratedeck.host.protocol import RunFacts
@@ -865,3 +868,34 @@ def async_test(test):
         return asyncio.run(test(*args, **kwargs))
 
     return run
+
+
+def gateway_clients_snapshot() -> Snapshot:
+    """main_snapshot's run as a gateway with three named clients in an LLM pool (shares in
+    tokens): chat (interactive), nightly (batch, a tokens_per_minute quota nearly spent, some
+    requests refused past it) and tools (standard, weight 3)."""
+    rows = (
+        ClientRow(
+            "chat", "interactive", 1.0, waiting=0, answered=412, wait_p50_ms=12.0, wait_p99_ms=840.0,
+            share=0.18, served=61_200.0, sent=412,
+        ),
+        ClientRow(
+            "nightly", "batch", 1.0, waiting=37, answered=1_580, wait_p50_ms=2_400.0, wait_p99_ms=31_000.0,
+            share=0.34, served=1_904_000.0, sent=1_590, refused=4,
+            quotas=(QuotaRow("tokens_per_minute", 100_000.0, 8_000.0),),
+        ),
+        ClientRow(
+            "tools", "standard", 3.0, waiting=5, answered=906, wait_p50_ms=45.0, wait_p99_ms=1_200.0,
+            share=0.48, served=310_000.0, sent=910, quotas=(QuotaRow("usd_per_day", 50.0, 31.5),),
+        ),
+    )  # fmt: skip
+    clients = ClientView(
+        waiting=42,
+        answered=2_898,
+        wait_p50_ms=38.0,
+        wait_p99_ms=24_000.0,
+        statuses=((200, 2_880), (429, 4), (499, 14)),
+        rows=rows,
+        unit="tokens",
+    )
+    return dataclasses.replace(main_snapshot(), clients=clients)
