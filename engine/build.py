@@ -133,6 +133,8 @@ def build_parts(
         cluster = _cluster(cfg, member, shared_state)
     spend = _spend(cfg, log, ends)
     queues.flows = _flows(cfg, limits.budgets, spend)
+    if queues.flows is not None:
+        queues.urgent = keys.poke_all
     path = RequestPath(
         transport=transport,
         queues=queues,

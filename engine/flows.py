@@ -38,9 +38,14 @@ from .settings import FlowSpec
 #: A quota's window: any 60 s; `usd_per_day`'s any 24 h.
 MINUTE_S = 60.0
 DAY_S = 86_400.0
+#: How long after its window a quota's charge leaves it: the way from the send to the server's
+#: arrival stamp varies (a connection opened, a busy loop), and a quota holds at the server.
+QUOTA_MARGIN_S = 1.0
 #: The window the shares shown are taken over.
 SHARE_WINDOW_S = 60.0
 _EPS = 1e-9
+#: Charges of requests taken and not sent kept at most (a request taken then expired never sends).
+_UNSENT_KEPT = 4096
 
 #: What a quota counts: requests, tokens (as admission charges them) or USD (the price of
 #: the tokens admission charges: the prompt's estimate and the whole `max_tokens`).
@@ -56,15 +61,20 @@ class Window:
 
     __slots__ = ("limit", "window_s", "charges", "used")
 
-    def __init__(self, limit: float, window_s: float) -> None:
+    def __init__(self, limit: float, window_s: float, margin_s: float = 0.0) -> None:
         self.limit = limit
-        self.window_s = window_s
-        self.charges: deque[tuple[float, float]] = deque()
+        # A charge leaves `margin_s` after its window: the server stamps the arrival, a little
+        # after the send, and how much later varies (a connection opened, a loop turn).
+        self.window_s = window_s + margin_s
+        # [time, amount] each, in the order charged; a time may move later once (`FlowQueue.sent`)
+        self.charges: deque[list[float]] = deque()
         self.used = 0.0
 
     def expire(self, now: float) -> None:
-        charges, edge = self.charges, now - self.window_s
-        while charges and charges[0][0] <= edge:
+        # `t + window_s <= now`, the very sum `free_at` returns: a timer armed for that time
+        # finds the charge gone (now - window_s may round below t and hold it forever)
+        charges, window_s = self.charges, self.window_s
+        while charges and charges[0][0] + window_s <= now:
             self.used -= charges.popleft()[1]
         if not charges:
             self.used = 0.0  # no float residue once empty
@@ -73,10 +83,13 @@ class Window:
         self.expire(now)
         return self.used + amount <= self.limit + _EPS
 
-    def charge(self, now: float, amount: float) -> None:
+    def charge(self, now: float, amount: float) -> list[float]:
+        """Charge `amount` at `now`; the entry (its time may be moved to the send's, later)."""
+        entry = [now, amount]
         if amount:
-            self.charges.append((now, amount))
+            self.charges.append(entry)
             self.used += amount
+        return entry
 
     def left(self, now: float) -> float:
         self.expire(now)
@@ -90,11 +103,12 @@ class Window:
             return now
         if amount > self.limit + _EPS:
             return math.inf
-        freed = 0.0
+        freed, latest = 0.0, -math.inf
         for t, charged in self.charges:
             freed += charged
+            latest = max(latest, t)  # a time moved to its send's may be later than the next's
             if freed >= over - _EPS:
-                return t + self.window_s
+                return latest + self.window_s
         return math.inf
 
 
@@ -112,7 +126,19 @@ class Quota(NamedTuple):
 class Flow:
     """One flow's waiting requests (FIFO), its virtual start tag, its quotas and what it was served."""
 
-    __slots__ = ("spec", "index", "rank", "weight", "queue", "start", "quotas", "recent", "served", "taken")
+    __slots__ = (
+        "spec",
+        "index",
+        "rank",
+        "weight",
+        "queue",
+        "start",
+        "quotas",
+        "recent",
+        "served",
+        "taken",
+        "unsent",
+    )
 
     def __init__(self, spec: FlowSpec, index: int) -> None:
         self.spec = spec
@@ -123,15 +149,18 @@ class Flow:
         self.start = 0.0  # the virtual start tag of its head (or of its next request, idle)
         quotas = []
         if spec.requests_per_minute is not None:
-            quotas.append(Quota(REQUESTS, Window(spec.requests_per_minute, MINUTE_S)))
+            quotas.append(Quota(REQUESTS, Window(spec.requests_per_minute, MINUTE_S, QUOTA_MARGIN_S)))
         if spec.tokens_per_minute is not None:
-            quotas.append(Quota(TOKENS, Window(spec.tokens_per_minute, MINUTE_S)))
+            quotas.append(Quota(TOKENS, Window(spec.tokens_per_minute, MINUTE_S, QUOTA_MARGIN_S)))
         if spec.usd_per_day is not None:
-            quotas.append(Quota(USD, Window(spec.usd_per_day, DAY_S)))
+            quotas.append(Quota(USD, Window(spec.usd_per_day, DAY_S, QUOTA_MARGIN_S)))
         self.quotas = tuple(quotas)
         self.recent = Window(math.inf, SHARE_WINDOW_S)  # binding units served, for its share
         self.served = 0.0  # binding units served since the start
         self.taken = 0  # requests taken to be sent
+        # The quota charges of requests taken and not yet sent, by request id: each moves to its
+        # send's time (`FlowQueue.sent`), which a key's pacing may put a little after the take.
+        self.unsent: dict[int, list[list[float]]] = {}
 
 
 class QuotaRefusal(NamedTuple):
@@ -220,12 +249,19 @@ class FlowQueue:
         i = req.flow
         return self.flows[i] if 0 <= i < len(self.flows) else self.flows[0]
 
-    def append(self, req: Request) -> None:
+    def append(self, req: Request) -> bool:
+        """Queue `req` in its flow; True when it goes ahead of work of a lower priority that was
+        already waiting (a key holding for that work should look again: `WorkQueues.urgent`)."""
         flow = self._flow(req)
         if not flow.queue:  # it was idle: it starts now, with no credit banked
             flow.start = max(self.vtime, flow.start)
+        ahead = False
+        if self._n and len(self._ranks) > 1:
+            rank = flow.rank
+            ahead = not any(f.queue for f in self.flows if f.rank <= rank)
         flow.queue.append(req)
         self._n += 1
+        return ahead
 
     def remove(self, req: Request) -> None:
         """Take out a request never sent (its client left): no tag moves, nothing is charged."""
@@ -284,8 +320,19 @@ class FlowQueue:
         flow.served += cost
         flow.taken += 1
         flow.recent.charge(now, cost)
-        for q in flow.quotas:
-            q.window.charge(now, self.amount(req, q.unit))
+        if flow.quotas:
+            if len(flow.unsent) > _UNSENT_KEPT:  # taken and never sent (expired, withdrawn): forgotten
+                flow.unsent.clear()
+            flow.unsent[req.id] = [q.window.charge(now, self.amount(req, q.unit)) for q in flow.quotas]
+
+    def sent(self, req: Request, at: float) -> None:
+        """`req` (taken) was sent at `at`: its quota charges count from then, as the server counts
+        them from its arrival; a charge at the take would leave the window before the send's."""
+        flow = self._flow(req)
+        if flow.unsent:
+            for entry in flow.unsent.pop(req.id, ()):
+                if at > entry[0]:
+                    entry[0] = at
 
     def popleft(self, now: float) -> Request | None:
         req = self.first(now)

@@ -55,6 +55,7 @@ class WorkQueues:
         "_pinned_n",
         "_pinned_fresh",
         "flows",
+        "urgent",
     )
 
     def __init__(self, flows: FlowQueue | None = None) -> None:
@@ -62,6 +63,9 @@ class WorkQueues:
         # serves them by priority, fair share and quota (engine/flows.py).
         # With flows, every fresh unpinned request waits there and `main` stays empty.
         self.flows = flows
+        # Wakes every key (the composition root sets it): a request of a higher priority came
+        # while keys wait for the time the lower one they hold for may go.
+        self.urgent: Callable[[], None] | None = None
         self.main: deque[Request] = deque()
         self.dlq: list[Request] = []
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -114,7 +118,8 @@ class WorkQueues:
             self._wake_all()  # only its key's worker can take it: wake whoever waits
             return
         if self.flows is not None:
-            self.flows.append(req)
+            if self.flows.append(req) and self.urgent is not None:
+                self.urgent()  # keys holding for lower-priority work look again: this goes first
         else:
             self.main.append(req)
         self._wake()

@@ -49,6 +49,11 @@ class KeyRing:
         self.workers.append(worker)
         self.by_label[worker.label] = worker
 
+    def poke_all(self) -> None:
+        """Wake every key to look at the queue again (urgent work came: `WorkQueues.urgent`)."""
+        for worker in self.workers:
+            worker.poke()
+
     def __iter__(self) -> Iterator[KeyWorker]:
         return iter(self.workers)
 

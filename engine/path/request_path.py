@@ -149,6 +149,9 @@ class RequestPath:
         sent_at = stamps[0].t if stamps else self.clock()
         if req.mark_sent(sent_at, key.label):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
+            flows = self.queues.flows
+            if flows is not None:
+                flows.sent(req, sent_at)  # its client's quota counts from the send (engine/flows.py)
         if self.pool_ok is not None and req.pool is not None:
             self.pool_in_use[req.pool] = self.pool_in_use.get(req.pool, 0) + 1
         create_task = self._create_task
