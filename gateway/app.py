@@ -35,6 +35,8 @@ from .stream import ClientStream, with_usage
 MIB = 1024 * 1024
 #: How long a fail-fast request may take to be admitted: one turn of the key workers, not a wait.
 FAIL_FAST_S = 0.05
+#: The client of a request no token named (a 401): counted under none of the clients.
+NO_CLIENT = -1
 #: Status logged for a client that left before its answer (nginx's convention; never sent).
 CLIENT_GONE = 499
 _JSON_TYPES = ("application/json", "+json")
@@ -125,6 +127,7 @@ class GatewayApp:
                     "invalid_api_key",
                     "no valid gateway token",
                 ),
+                NO_CLIENT,
             )
         try:
             path = upstream_path(request.rel_url.raw_path, request.rel_url.raw_query_string, self.base_path)
