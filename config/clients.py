@@ -99,7 +99,9 @@ def parse_clients(raw: Any, source: str, *, counts_tokens: bool, priced: bool) -
             )
         weight = _number(table, "weight", at, source, integer=False, default=1.0)
         if weight is None or weight > MAX_WEIGHT:
-            raise ConfigError(source, f"{at}.weight", f"must be a number from above 0 to {MAX_WEIGHT:,}")
+            raise ConfigError(
+                source, f"{at}.weight", f"must be a number from above 0 to {MAX_WEIGHT:,}, got {show(weight)}"
+            )
         rpm = _number(table, "requests_per_minute", at, source, integer=True)
         tpm = _number(table, "tokens_per_minute", at, source, integer=True)
         usd = _number(table, "usd_per_day", at, source, integer=False)

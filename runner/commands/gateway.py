@@ -82,11 +82,13 @@ def gateway_settings(args: argparse.Namespace, cfg: RunConfig) -> GatewaySetting
             raise ConfigError("command line", where, f"must hold one token, found {len(found)}")
         settings = dataclasses.replace(settings, token=found[0])
     if settings.clients:
-        settings = dataclasses.replace(settings, clients=_resolved(settings))
+        token_where = "--gateway-token" if getattr(args, "gateway_token", None) else "gateway.token"
+        source = str(getattr(args, "config", None) or "config")
+        settings = dataclasses.replace(settings, clients=_resolved(settings, source, token_where))
     return settings
 
 
-def _resolved(settings: GatewaySettings) -> tuple[GatewayClient, ...]:
+def _resolved(settings: GatewaySettings, source: str, token_where: str) -> tuple[GatewayClient, ...]:
     """`[[gateway.clients]]` with each token resolved: one token each, no two alike (nor like
     `--gateway-token`'s), none named like the token's own client ("default")."""
     from ratedeck.gateway.service import DEFAULT_CLIENT
@@ -95,22 +97,22 @@ def _resolved(settings: GatewaySettings) -> tuple[GatewayClient, ...]:
     seen: dict[str, str] = {settings.token: DEFAULT_CLIENT} if settings.token else {}
     for i, client in enumerate(settings.clients):
         where = f"gateway.clients[{i}].token"
-        found = resolve_secrets(client.token, "config", where)
+        found = resolve_secrets(client.token, source, where)
         if len(found) != 1:
-            raise ConfigError("config", where, f"must hold one token, found {len(found)}")
+            raise ConfigError(source, where, f"must hold one token, found {len(found)}")
         if found[0] in seen:
             other = seen[found[0]]
             raise ConfigError(
-                "config",
+                source,
                 where,
-                f"is the same token as {'--gateway-token' if other == DEFAULT_CLIENT else repr(other)}'s:"
+                f"is the same token as {token_where if other == DEFAULT_CLIENT else repr(other)}'s:"
                 " each client needs its own",
             )
         if settings.token and client.name == DEFAULT_CLIENT:
             raise ConfigError(
-                "config",
+                source,
                 f"gateway.clients[{i}].name",
-                f"{DEFAULT_CLIENT!r} is the name of --gateway-token's client; choose another",
+                f"{DEFAULT_CLIENT!r} is the name of {token_where}'s client; choose another",
             )
         seen[found[0]] = client.name
         clients.append(dataclasses.replace(client, token=found[0]))
