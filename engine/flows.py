@@ -178,7 +178,7 @@ class FlowQueue:
     tokens), `usd(req)` its price at admission (None: no price table); `weighted`: requests
     cost their weight in the pool's own limits (the binding unit without tokens)."""
 
-    __slots__ = ("flows", "_ranks", "vtime", "_n", "_tokens", "_usd", "_weighted")
+    __slots__ = ("flows", "_ranks", "vtime", "_n", "_tokens", "_usd", "_weighted", "arrival_checks")
 
     def __init__(
         self,
@@ -195,6 +195,9 @@ class FlowQueue:
         self._ranks = [[f for f in self.flows if f.rank == r] for r in ranks]
         self.vtime = 0.0
         self._n = 0
+        # Whether a new request may be refused on arrival (`refusal`, `unpriced`): a flow that
+        # refuses past its quota, or counts USD. Without one, the gateway asks nothing.
+        self.arrival_checks = any(f.spec.refuse or f.spec.usd_per_day is not None for f in self.flows)
         self._tokens = tokens
         self._usd = usd
         self._weighted = weighted

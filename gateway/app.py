@@ -290,7 +290,7 @@ class GatewayApp:
         """The answer to a request its client's quota refuses (429 + Retry-After when it frees),
         or to one a USD quota cannot count (its model has no price); None: it may queue."""
         flows = self.source.flows
-        if flows is None:
+        if flows is None or not flows.arrival_checks:
             return None
         name = self.clients[req.flow] if req.flow < len(self.clients) else "?"
         if flows.unpriced(req):
