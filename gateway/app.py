@@ -14,7 +14,7 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -27,6 +27,7 @@ from ratedeck.engine.request import UNSERVED, Request, Shape
 from ratedeck.engine.sources.live import LiveSource
 
 from .auth import GatewayToken
+from .batches.api import BatchApi
 from .headers import forwarded_headers
 from .paths import PathRefused, upstream_path
 from .server_log import BadRequests, why_of
@@ -59,6 +60,9 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
+RespT = TypeVar("RespT", bound=web.StreamResponse)
+
+
 class Refusal(NamedTuple):
     """A client's request refused for its own fault: the answer's status, message, type and
     code, and `why` for the gateway's log (one short line, none of the client's text)."""
@@ -84,6 +88,7 @@ class GatewayApp:
         usage_streams: bool = False,
         bad: BadRequests | None = None,
         clients: tuple[str, ...] = (),
+        batches: BatchApi | None = None,
     ):
         """`usage_streams`: the target's streamed answers carry usage only when asked
         (`target.stream_usage`, OpenAI's: `stream.with_usage`); `bad` hears of every request refused for the client's fault."""
@@ -98,6 +103,7 @@ class GatewayApp:
         self.max_body = int(settings.max_body_mb * MIB)
         # The clients' names by flow, with [[gateway.clients]] (the token says which): () for one.
         self.clients = clients
+        self.batches = batches  # the Batch APIs (batches/api.py): files and batches kept here
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body + 1)
@@ -129,6 +135,10 @@ class GatewayApp:
                 ),
                 NO_CLIENT,
             )
+        if self.batches is not None and (found := self.batches.route(request.method, request.rel_url.path)):
+            handler, parts = found
+            name = self.clients[client] if 0 <= client < len(self.clients) else ""
+            return self._answered(await handler(request, name, **parts), client)
         try:
             path = upstream_path(request.rel_url.raw_path, request.rel_url.raw_query_string, self.base_path)
         except PathRefused as exc:
@@ -329,7 +339,7 @@ class GatewayApp:
         status, message, type_, code, _why = refusal
         return self._answered(error_response(status, message, type_, code), client)
 
-    def _answered(self, resp: web.Response, client: int = 0) -> web.Response:
+    def _answered(self, resp: RespT, client: int = 0) -> RespT:
         self.source.answered(resp.status, client)
         return resp
 

@@ -13,6 +13,7 @@ import dataclasses
 import ipaddress
 import logging
 import socket
+import sqlite3
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -20,16 +21,21 @@ from aiohttp import web
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.settings import GatewayClient, GatewaySettings
 from ratedeck.core.secrets import Redactor
-from ratedeck.core.vocab import EventKind
+from ratedeck.core.vocab import EventKind, Priority
 from ratedeck.engine.commands import Command
 from ratedeck.engine.settings import FlowSpec
 from ratedeck.engine.snapshot import Snapshot
 from ratedeck.engine.sources.live import LiveSource
 from ratedeck.host.protocol import RunFacts
 from ratedeck.host.session import Session
+from ratedeck.store.base import StoreError
+from ratedeck.store.sqlite import SqliteStore
 
 from .app import GatewayApp
 from .auth import GatewayToken
+from .batches.api import BatchApi
+from .batches.runner import BatchRunner
+from .batches.store import BatchStore, MemoryBatchStore, SqliteBatchStore
 from .paths import target_base
 from .server_log import ACCESS_LOGGER, LOGGER, AccessLog, BadRequests, ServerLog
 
@@ -98,6 +104,8 @@ def check_gateway(cfg: RunConfig, settings: GatewaySettings) -> tuple[str, int]:
 
 #: The client `--gateway-token` names beside `[[gateway.clients]]`.
 DEFAULT_CLIENT = "default"
+#: The flow of Batch API lines whose client has no `[[gateway.clients]]` entry (priority batch).
+BATCH_FLOW = "batches"
 
 
 def gateway_clients(settings: GatewaySettings) -> tuple[GatewayClient, ...]:
@@ -120,11 +128,20 @@ class GatewayService:
         self.events = events
         self.settings = settings or cfg.gateway
         self.host, self.port = check_gateway(cfg, self.settings)
-        # Each client a flow of the engine's queue: its priority, weight and quotas (engine/flows.py).
+        # Each client a flow of the engine's queue: its priority, weight and quotas (engine/flows.py);
+        # with one token (or none) one standard flow; and one `batch` flow for the Batch APIs'
+        # lines of a client with no flow of its own.
         self.clients = gateway_clients(self.settings)
-        if self.settings.clients and not cfg.engine_settings.flows:
-            cfg = cfg.replace(flows=tuple(c.flow for c in self.clients))
+        if not cfg.engine_settings.flows:
+            own = [c.flow for c in self.clients] if self.settings.clients else [FlowSpec(DEFAULT_CLIENT)]
+            cfg = cfg.replace(flows=(*own, FlowSpec(BATCH_FLOW, Priority.BATCH)))
+        self.batch_store_url = cfg.runner.store
+        if self.batch_store_url.startswith("sqlite:"):
+            # SQLite keeps the gateway's batches; the engine shares nothing through it (its work
+            # comes from the clients), so the session runs on memory.
+            cfg = cfg.replace(store="memory")
         self.cfg = cfg
+        self.batches: BatchRunner | None = None
         self.source = LiveSource()
         self.session = Session(cfg, transport=transport, source=self.source)
         self.app: GatewayApp | None = None
@@ -145,6 +162,7 @@ class GatewayService:
         try:
             await self.source.ready()
             s = self.settings
+            self.batches = self._batch_runner(engine.parts.redact)
             key_header = self.cfg.engine_settings.target.key_header
             assert self.cfg.engine_settings.target.url is not None  # check_gateway
             self.bad = BadRequests(self._say)
@@ -157,6 +175,7 @@ class GatewayService:
                 usage_streams=self.cfg.engine_settings.target.stream_usage,
                 bad=self.bad,
                 clients=tuple(c.name for c in self.clients) if s.clients else (),
+                batches=BatchApi(self.batches),
             )
             # Every key and the gateway token masked in what the access log shows.
             redact = Redactor(
@@ -188,7 +207,28 @@ class GatewayService:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
         engine.event(EventKind.INFO, f"gateway at {self.url}: clients' requests are paced here")
+        resumed = self.batches.resume()
+        if resumed:
+            engine.event(EventKind.INFO, f"{resumed} unfinished batch(es) taken up again from the store")
         return self.url
+
+    def _batch_runner(self, redact) -> BatchRunner:
+        """The Batch APIs' runner over the store `--store` names (SQLite), else memory."""
+        url = self.batch_store_url
+        store: BatchStore
+        if url.startswith("sqlite:"):
+            path = url.removeprefix("sqlite:")
+            try:
+                SqliteStore.open(path).close_now()  # made (0600) and checked as a ratedeck store
+                store = SqliteBatchStore(path)
+            except (StoreError, sqlite3.Error) as exc:
+                raise ConfigError("command line", "--store", f"{url}: {exc}") from None
+        else:
+            store = MemoryBatchStore()
+        flows = {c.name: i for i, c in enumerate(self.clients)} if self.settings.clients else {}
+        return BatchRunner(
+            store, self.source, redact, flows, batch_flow=len(self.cfg.engine_settings.flows) - 1
+        )
 
     def _say(self, line: str) -> None:
         """A bad request's line (server_log.BadRequests): the event log's in the console, else a warning."""
@@ -240,9 +280,13 @@ class GatewayService:
         if self._site is not None:
             await self._site.stop()  # no new connections
             self._site = None
+        if self.batches is not None:
+            await self.batches.stop()  # batches stay unfinished in the store; their lines in flight end
         self.source.close()
         self.source.withdraw_all()
         await self.session.stop(drain_timeout_s)
+        if self.batches is not None:
+            await self.batches.close()
         self.source.withdraw_all(retries=True)  # retries left queued when the sending stopped
         await self._close_server()
         if self.bad is not None:

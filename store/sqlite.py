@@ -254,6 +254,11 @@ class SqliteStore(WorkStore):
         await self._run(self._db.close)
         self._thread.shutdown(wait=True)
 
+    def close_now(self) -> None:
+        """Close at once (a store opened only to make or check it: the gateway's batches)."""
+        self._db.close()
+        self._thread.shutdown(wait=True)
+
     async def _run(self, fn: Callable[[], T]) -> T:
         """`fn` on the store's own thread; a SQLite failure is a `StoreError` naming the file."""
         try:
