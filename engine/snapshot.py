@@ -383,6 +383,26 @@ class ClientRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One batch of the gateway's Batch APIs (gateway/batches): its id, API ("openai" or
+    "anthropic"), client, status (OpenAI's names), lines in all, ended, failed, and the time
+    its lines left should take at the rate they have been ending (None: no rate yet)."""
+
+    id: str
+    api: str
+    client: str
+    status: str
+    total: int
+    done: int
+    failed: int
+    eta_s: float | None = None
+
+    @property
+    def left(self) -> int:
+        return max(0, self.total - self.done)
+
+
+@dataclass(frozen=True, slots=True)
 class ClientView:
     """Live clients' part of a snapshot (engine/sources/live.py, the gateway): how many wait,
     how long they waited, what they were answered."""
@@ -399,6 +419,8 @@ class ClientView:
     # "tokens" (an LLM pool), "weight" or "requests".
     rows: tuple[ClientRow, ...] = ()
     unit: str = "requests"
+    # The Batch APIs' batches (gateway/batches): those not ended, and the latest that did.
+    batches: tuple[BatchRow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

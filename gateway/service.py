@@ -269,9 +269,12 @@ class GatewayService:
     def snapshot(self) -> Snapshot:
         """The engine's snapshot with the clients' view (the engine knows no clients)."""
         snap = self.session.snapshot()
-        return (
-            dataclasses.replace(snap, clients=self.source.view()) if self.session.engine is not None else snap
-        )
+        if self.session.engine is None:
+            return snap
+        view = self.source.view()
+        if self.batches is not None:
+            view = dataclasses.replace(view, batches=self.batches.view())
+        return dataclasses.replace(snap, clients=view)
 
     async def stop(self, drain_timeout_s: float | None = None) -> Snapshot:
         """Drain: no new clients, queued requests answered 503 now, in-flight ones finished."""

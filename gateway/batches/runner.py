@@ -18,6 +18,7 @@ import contextlib
 import functools
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from ratedeck.core.vocab import Ending
 from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.llm.batch import BatchFormat, BatchLineError, failed, format_of, output_record, translate
 from ratedeck.engine.request import Request, Shape
+from ratedeck.engine.snapshot import BatchRow
 from ratedeck.engine.sources.live import LiveSource
 
 from .records import (
@@ -33,6 +35,7 @@ from .records import (
     CANCELLING,
     COMPLETED,
     FAILED,
+    FINAL,
     FINALIZING,
     IN_PROGRESS,
     UNFINISHED,
@@ -43,6 +46,8 @@ from .records import (
 )
 from .store import BatchStore
 
+#: The latest line ends the ETA's rate is taken over.
+_RATE_LINES = 200
 #: Lines of one batch waiting in the queue at once (the rest wait their turn here).
 WINDOW = 256
 #: The request-id headers an answer is named by (OpenAI's, Anthropic's).
@@ -155,6 +160,8 @@ class BatchRunner:
         self.queued: dict[str, set[Request]] = {}  # each running batch's lines waiting, not sent
         self.cancelled: set[str] = set()
         self.recording: set[asyncio.Task[None]] = set()  # answers being written to the store
+        self.ends: dict[str, deque[float]] = {}  # each running batch's latest line ends (monotonic)
+        self.final_view: tuple[BatchRow, ...] | None = None  # set when the store is closed
 
     # ------------------------------------------------------------ what the API handlers call
     def start(self, batch: Batch) -> None:
@@ -202,6 +209,7 @@ class BatchRunner:
         """After the engine stopped: every answer recorded, then the store closed."""
         if self.recording:
             await asyncio.wait(list(self.recording))
+        self.final_view = self.view()  # what the last snapshot shows
         self.store.close()
 
     def _spawn(self, batch_id: str) -> None:
@@ -312,6 +320,43 @@ class BatchRunner:
         if ending is Ending.EXPIRED:
             kind = "expired"
         await asyncio.to_thread(self.store.record_line, batch_id, line.index, record, kind)
+        ends = self.ends.setdefault(batch_id, deque(maxlen=_RATE_LINES))
+        ends.append(time.monotonic())
+
+    def view(self, kept: int = 10) -> tuple[BatchRow, ...]:
+        """The batches not final, then the latest `kept` that are, newest first (for the snapshot)."""
+        if self.final_view is not None:
+            return self.final_view
+        batches = [b for api in ("openai", "anthropic") for b in self.store.list_batches(api)]
+        batches.sort(key=lambda b: (b.status in FINAL, -b.created_at))
+        live = [b for b in batches if b.status not in FINAL]
+        shown = live + [b for b in batches if b.status in FINAL][:kept]
+        rows = []
+        for b in shown:
+            counts = self.store.counts(b.id)
+            rows.append(
+                BatchRow(
+                    id=b.id,
+                    api=b.api,
+                    client=b.client,
+                    status=b.status,
+                    total=b.total,
+                    done=counts.done,
+                    failed=counts.failed + counts.cancelled + counts.expired,
+                    eta_s=self._eta(b.id, b.total - counts.done) if b.status not in FINAL else None,
+                )
+            )
+        return tuple(rows)
+
+    def _eta(self, batch_id: str, left: int) -> float | None:
+        """`left` lines at the rate the latest ones ended (None: fewer than two ended yet)."""
+        ends = self.ends.get(batch_id)
+        if left <= 0:
+            return 0.0
+        if not ends or len(ends) < 2 or ends[-1] <= ends[0]:
+            return None
+        rate = (len(ends) - 1) / (ends[-1] - ends[0])
+        return left / rate
 
     def _fail(self, batch: Batch, errors: list[dict[str, Any]]) -> None:
         batch.status = FAILED
