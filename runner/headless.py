@@ -35,6 +35,7 @@ from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Phase
 from ratedeck.engine.settings import GRAVEYARD_AUTO
 from ratedeck.engine.snapshot import (
+    BatchRow,
     BudgetRow,
     ClientRow,
     ClientView,
@@ -47,6 +48,7 @@ from ratedeck.engine.snapshot import (
     Progress,
     Snapshot,
 )
+from ratedeck.gateway.batches.records import FINAL, UNFINISHED
 from ratedeck.host.session import RunFacts, Session
 from ratedeck.runner.client_cost import client_lines
 from ratedeck.runner.money import cap_line, spend_lines
@@ -125,6 +127,7 @@ def metrics_block(snap: Snapshot) -> list[str]:
     if snap.clients is not None:
         lines.append(clients_line(snap.clients))
         lines += client_row_lines(snap.clients)
+        lines += batch_lines(snap.clients.batches)
     lines += endpoint_lines(snap.endpoints)
     return lines
 
@@ -228,6 +231,41 @@ def client_row_lines(c: ClientView) -> list[str]:
         ]
         if r.refused:
             parts.append(f"refused {r.refused}")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def batch_lines(batches: tuple[BatchRow, ...]) -> list[str]:
+    """The gateway's batches (the Batch APIs; [] with none): "batches      2 in progress,
+    1 completed; 340 lines left, eta 1m20s" (lines left and the ETA, the latest of those known,
+    count the batches not final), then one line per batch not final: "             batch_6a1f...
+    openai  nightly  in_progress  260 of 600  failed 2  eta 1m20s"."""
+    if not batches:
+        return []
+    counts: dict[str, int] = {}
+    for b in batches:
+        counts[b.status] = counts.get(b.status, 0) + 1
+    order = [s for s in (*UNFINISHED, *FINAL) if s in counts] + sorted(set(counts) - {*UNFINISHED, *FINAL})
+    line = "batches      " + ", ".join(f"{counts[s]} {s.replace('_', ' ')}" for s in order)
+    live = [b for b in batches if b.status not in FINAL]
+    if not live:
+        return [line]
+    left = sum(b.left for b in live)
+    known = [b.eta_s for b in live if b.eta_s is not None]
+    lines = [
+        f"{line}; {left:,} line{'' if left == 1 else 's'} left, eta {eta_text(max(known) if known else None)}"
+    ]
+    id_w = max(len(b.id) for b in live)
+    api_w = max(len(b.api) for b in live)
+    client_w = max(len(b.client) for b in live)
+    status_w = max(len(b.status) for b in live)
+    for b in live:
+        parts = [
+            f"{'':13}{b.id:<{id_w}}  {b.api:<{api_w}}  {b.client:<{client_w}}  {b.status:<{status_w}}",
+            f"{b.done:,} of {b.total:,}",
+            *([f"failed {b.failed:,}"] if b.failed else []),
+            f"eta {eta_text(b.eta_s)}",
+        ]
         lines.append("  ".join(parts))
     return lines
 

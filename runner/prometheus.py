@@ -32,6 +32,7 @@ from prometheus_client.core import (
 
 from ratedeck.core.vocab import Phase
 from ratedeck.engine.snapshot import ClientView, LatencySummary, Snapshot
+from ratedeck.gateway.batches.records import FINAL, UNFINISHED
 
 #: Latency histogram bucket edges, in milliseconds (exported in seconds).
 QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"), ("0.999", "p999"), ("1", "max"))
@@ -537,7 +538,7 @@ def client_families(c: ClientView) -> list[Metric]:
     waiting = GaugeMetricFamily(
         "ratedeck_gateway_clients_waiting", "Gateway requests queued for the limits now.", value=c.waiting
     )
-    return [answers, wait, waiting, *client_row_families(c)]
+    return [answers, wait, waiting, *client_row_families(c), *batch_families(c)]
 
 
 def client_row_families(c: ClientView) -> list[Metric]:
@@ -594,6 +595,45 @@ def client_row_families(c: ClientView) -> list[Metric]:
             left.add_metric([r.name, q.name], q.left)
             limit.add_metric([r.name, q.name], q.limit)
     return [waiting, wait, share, served, refused, left, limit]
+
+
+#: Every status a batch of the Batch APIs can have (OpenAI's names), each a series of
+#: ratedeck_gateway_batches even at 0.
+BATCH_STATUSES = (*UNFINISHED, *FINAL)
+
+
+def batch_families(c: ClientView) -> list[Metric]:
+    """The gateway's batches (the Batch APIs): how many by status (every status, 0 when none
+    has it), lines left in the batches not final, and each such batch's ETA, labelled `batch`
+    (its id; one with no rate yet has no sample: unknown, not 0). None until a batch is made."""
+    if not c.batches:
+        return []
+    by_status = dict.fromkeys(BATCH_STATUSES, 0)
+    for b in c.batches:
+        by_status[b.status] = by_status.get(b.status, 0) + 1
+    live = [b for b in c.batches if b.status not in FINAL]
+    batches = _labelled(
+        GaugeMetricFamily(
+            "ratedeck_gateway_batches",
+            "Gateway batches (Batch APIs) by status: those not final and the latest 10 final.",
+            labels=["status"],
+        ),
+        by_status.items(),
+    )
+    left = _gauge(
+        "ratedeck_gateway_batch_lines_left",
+        "Lines not yet ended in the gateway's batches that are not final.",
+        sum(b.left for b in live),
+    )
+    eta = _labelled(
+        GaugeMetricFamily(
+            "ratedeck_gateway_batch_eta_seconds",
+            "Seconds until a batch not final ends its lines, at the rate its latest lines ended.",
+            labels=["batch"],
+        ),
+        ((b.id, b.eta_s) for b in live if b.eta_s is not None),
+    )
+    return [batches, left, eta]
 
 
 # ---------------------------------------------------------------- serving

@@ -14,6 +14,7 @@ from typing import Any
 
 from ratedeck.core.files import private_write_text
 from ratedeck.engine.snapshot import (
+    BatchRow,
     BudgetRow,
     ClientRow,
     ClusterView,
@@ -127,7 +128,26 @@ def build_report(snap: Snapshot, server_stats: dict | None = None, store: StoreR
         report["endpoints"] = [endpoint_report(e) for e in snap.endpoints]
     if snap.clients is not None and snap.clients.rows:
         report["clients"] = [gateway_client_report(r, snap.clients.unit) for r in snap.clients.rows]
+    if snap.clients is not None and snap.clients.batches:
+        report["batches"] = [batch_report(b) for b in snap.clients.batches]
     return report
+
+
+def batch_report(b: BatchRow) -> dict:
+    """One batch of the gateway's Batch APIs: its id, API, client and status (OpenAI's names),
+    its lines in all, ended (in any way), failed and left, and the seconds its lines left should
+    take at the rate they have been ending (None: no rate yet, or final)."""
+    return {
+        "id": b.id,
+        "api": b.api,
+        "client": b.client,
+        "status": b.status,
+        "total": b.total,
+        "done": b.done,
+        "failed": b.failed,
+        "left": b.left,
+        "eta_s": _maybe(b.eta_s),
+    }
 
 
 def gateway_client_report(r: ClientRow, unit: str) -> dict:

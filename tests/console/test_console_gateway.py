@@ -6,14 +6,19 @@ import dataclasses
 
 from ratedeck.console.widgets.clients import (
     ClientsPanel,
+    batch_rows,
+    batches_eta,
+    batches_summary,
     client_rows,
     clients_line,
     priority_text,
     quota_text,
 )
-from ratedeck.engine.snapshot import ClientRow, ClientView, QuotaRow
+from ratedeck.engine.snapshot import BatchRow, ClientRow, ClientView, QuotaRow
 from tests.support.console_fixtures import (
     async_test,
+    gateway_batches,
+    gateway_batches_snapshot,
     gateway_clients_snapshot,
     main_snapshot,
     make_app,
@@ -124,3 +129,123 @@ def test_gateway_clients_panel(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_app(gateway_clients_snapshot()), terminal_size=SIZE, run_before=settle)
+
+
+# ---------------------------------------------------------------- batches (the Batch APIs)
+
+
+def test_the_batches_summary_counts_them_by_status_with_the_lines_left_and_the_last_eta():
+    assert plain(batches_summary(gateway_batches())) == (
+        "batches: 1 in progress · 1 cancelling · 1 completed · 420 lines left · eta 1m20s"
+    )
+    two = (
+        BatchRow("batch_a", "openai", "x", "in_progress", 10, 9, 0, eta_s=5.0),
+        BatchRow("batch_b", "openai", "x", "in_progress", 3, 1, 0, eta_s=130.0),
+        BatchRow("batch_c", "openai", "x", "failed", 4, 4, 4),
+    )
+    assert plain(batches_summary(two)) == "batches: 2 in progress · 1 failed · 3 lines left · eta 2m10s"
+    assert batches_eta(two) == 130.0
+    # every batch final: no lines left, no ETA; no batch has a rate yet: "—"
+    assert plain(batches_summary(two[2:])) == "batches: 1 failed"
+    fresh = BatchRow("batch_d", "anthropic", "x", "validating", 1, 0, 0)
+    assert plain(batches_summary((fresh,))) == "batches: 1 validating · 1 line left · eta —"
+    assert batches_summary(()) == "" and batch_rows(()) == []
+
+
+def test_each_batch_has_a_line_with_its_id_end_api_client_status_lines_failed_and_eta():
+    lines = [plain(line) for line in batch_rows(gateway_batches())]
+    running, cancelling, completed = lines
+    assert running.split() == [
+        "9d4b7a35",
+        "openai",
+        "nightly",
+        "in_progress",
+        "━" * 10,
+        "260/600",
+        "eta",
+        "1m20s",
+    ]
+    assert cancelling.split() == [
+        "X2c4e8f1",
+        "anthropic",
+        "tools",
+        "cancelling",
+        "━" * 10,
+        "120/200",
+        "eta",
+        "—",
+    ]
+    assert completed.split() == [
+        "c5a2f480",
+        "openai",
+        "chat",
+        "completed",
+        "━" * 10,
+        "120/120",
+        "failed",
+        "3",
+    ]
+    # the columns line up: statuses, counts, ETAs
+    assert {line.index(status) for line, status in zip(lines, ("in_p", "canc", "comp"), strict=True)} == {
+        running.index("in_progress")
+    }
+    assert {line.index("/") for line in lines} == {running.index("/")}
+    assert running.index("eta") == cancelling.index("eta") > completed.index("failed")
+    # the bar: 260 of 600 is 4 of 10 filled
+    assert "[$accent]━━━━[/][$foreground 15%]━━━━━━[/]" in batch_rows(gateway_batches())[0]
+    # no batch failed a line: no failed column
+    assert all("failed" not in plain(line) for line in batch_rows(gateway_batches()[:2]))
+
+
+def test_at_most_five_batch_lines_then_the_others_counted():
+    many = tuple(
+        BatchRow(f"batch_{i:016d}", "openai", "nightly", "in_progress", 100, i, 0, eta_s=float(i))
+        for i in range(8)
+    )
+    lines = [plain(line) for line in batch_rows(many)]
+    assert len(lines) == 6 and lines[-1] == "  +3 more (the report lists them)"
+    assert [line.split()[0] for line in lines[:5]] == [f"{i:08d}" for i in range(5)]
+    assert len(batch_rows(many[:5])) == 5
+
+
+@async_test
+async def test_the_panel_grows_for_its_batches_and_keeps_their_summary_at_80x24():
+    app = make_app(gateway_batches_snapshot())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        panel = app.query_one(ClientsPanel)
+        # the line, the clients' header and three rows, the summary, three batches, the border
+        assert panel.region.height == 11
+        text = screen_text(app)
+        for part in ("batches: 1 in progress · 1 cancelling", "9d4b7a35", "eta 1m20s", "failed 3", "120/200"):
+            assert part in text, part
+        # the batches gone (none kept): the panel is as before
+        app.show_snapshot(gateway_clients_snapshot())
+        await pilot.pause()
+        assert panel.region.height == 7 and "batches" not in screen_text(app)
+    app = make_app(gateway_batches_snapshot())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        panel = app.query_one(ClientsPanel)
+        assert panel.region.height == 4  # the clients' line and the batches' summary
+        text = screen_text(app)
+        assert "batches: 1 in progress" in text and "9d4b7a35" not in text
+
+
+@async_test
+async def test_no_batches_change_nothing():
+    snap = gateway_clients_snapshot()
+    assert snap.clients is not None and snap.clients.batches == ()
+    app = make_app(snap)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.query_one(ClientsPanel).region.height == 7
+        assert "batches" not in screen_text(app)
+
+
+def test_gateway_batches_panel(snap_compare):
+    async def settle(pilot) -> None:
+        await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(make_app(gateway_batches_snapshot()), terminal_size=SIZE, run_before=settle)

@@ -25,6 +25,7 @@ from ratedeck.engine.commands import (
     SetThrottle,
 )
 from ratedeck.engine.snapshot import (
+    BatchRow,
     BudgetRow,
     ClientRow,
     ClientView,
@@ -899,3 +900,22 @@ def gateway_clients_snapshot() -> Snapshot:
         unit="tokens",
     )
     return dataclasses.replace(main_snapshot(), clients=clients)
+
+
+def gateway_batches() -> tuple[BatchRow, ...]:
+    """Three batches of the Batch APIs, in the snapshot's order (not final first): nightly's
+    OpenAI batch in progress (260 of 600 lines ended, 1m20s left), a tools' Anthropic batch
+    cancelling, and a chat batch completed with 3 of its 120 lines failed."""
+    return (
+        BatchRow("batch_6a1f0c2e9d4b7a35", "openai", "nightly", "in_progress", 600, 260, 0, eta_s=80.0),
+        BatchRow("msgbatch_01HQ7Z3KX2c4e8f1", "anthropic", "tools", "cancelling", 200, 120, 0, eta_s=None),
+        BatchRow("batch_0b9e77d1c5a2f480", "openai", "chat", "completed", 120, 120, 3),
+    )
+
+
+def gateway_batches_snapshot() -> Snapshot:
+    """gateway_clients_snapshot's gateway (three named clients) serving three batches
+    (`gateway_batches`)."""
+    snap = gateway_clients_snapshot()
+    assert snap.clients is not None
+    return dataclasses.replace(snap, clients=dataclasses.replace(snap.clients, batches=gateway_batches()))
