@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ratedeck.config import ConfigError, RunConfig
 from ratedeck.config.settings import GatewayClient, GatewaySettings
-from ratedeck.core.secrets import Redactor
+from ratedeck.core.secrets import Redactor, safe_url
 from ratedeck.core.vocab import EventKind, Priority
 from ratedeck.engine.commands import Command
 from ratedeck.engine.settings import FlowSpec
@@ -35,7 +35,7 @@ from .app import GatewayApp
 from .auth import GatewayToken
 from .batches.api import BatchApi
 from .batches.runner import BatchRunner
-from .batches.store import BatchStore, MemoryBatchStore, SqliteBatchStore
+from .batches.store import BatchStore, MemoryBatchStore, RedisBatchStore, SqliteBatchStore
 from .paths import target_base
 from .server_log import ACCESS_LOGGER, LOGGER, AccessLog, BadRequests, ServerLog
 
@@ -213,7 +213,8 @@ class GatewayService:
         return self.url
 
     def _batch_runner(self, redact) -> BatchRunner:
-        """The Batch APIs' runner over the store `--store` names (SQLite), else memory."""
+        """The Batch APIs' runner over the store `--store` names (SQLite; Redis, where every
+        gateway on it serves the same batches), else memory."""
         url = self.batch_store_url
         store: BatchStore
         if url.startswith("sqlite:"):
@@ -223,6 +224,11 @@ class GatewayService:
                 store = SqliteBatchStore(path)
             except (StoreError, sqlite3.Error) as exc:
                 raise ConfigError("command line", "--store", f"{url}: {exc}") from None
+        elif url.strip().lower().startswith(("redis", "unix://")):  # redis://, rediss://, redis+cluster://
+            try:
+                store = RedisBatchStore(url.strip())
+            except StoreError as exc:
+                raise ConfigError("command line", "--store", f"{safe_url(url) or 'redis'}: {exc}") from None
         else:
             store = MemoryBatchStore()
         flows = {c.name: i for i, c in enumerate(self.clients)} if self.settings.clients else {}

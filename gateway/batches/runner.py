@@ -9,6 +9,15 @@ at once so the gateway's live clients keep theirs. Each answer is recorded once 
 API's output format and the batch is `completed`. Cancelling withdraws the lines not sent (they
 end `batch_cancelled` / `canceled`); those in flight finish. A gateway started on the same
 store takes up every batch that was not final, sending only the lines with no record.
+
+Several gateways on one Redis serve the same batches (`store.shared`): a line is sent only by
+the gateway that claimed it (`store.claim`), whose claims of lines in flight are renewed every
+`claim_ttl_s / 3`; a line whose gateway died (its claim expired, no record) is taken by another.
+Each gateway goes over a batch until every line has a record, looking again every `POLL_S` at
+lines a live other gateway holds; one gateway (`store.finalize`) writes the output files and
+the final status. Every `SCAN_S` a gateway joins the batches it does not run, and sees a
+batch cancelled on another gateway (it stops sending its lines). In memory and SQLite every
+claim is granted at no cost, and none of this runs.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +63,13 @@ _RATE_LINES = 200
 WINDOW = 256
 #: The request-id headers an answer is named by (OpenAI's, Anthropic's).
 _REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+#: Shared store: how long a line's claim lives unless renewed (renewed every third of it).
+CLAIM_TTL_S = 30.0
+#: Shared store: how often a gateway looks for batches it does not run, and at lines another holds.
+SCAN_S = 2.0
+POLL_S = 1.0
+
+LOGGER = logging.getLogger("ratedeck.gateway")
 
 
 @dataclass(frozen=True)
@@ -148,9 +166,10 @@ class BatchRunner:
         redact: Callable[[str], str],
         flows: dict[str, int] | None = None,
         batch_flow: int = 0,
+        claim_ttl_s: float | None = None,
     ) -> None:
         """`flows`: each client's flow by name (a batch goes in its client's); `batch_flow` the flow
-        of a batch whose client has none."""
+        of a batch whose client has none; `claim_ttl_s`: see `CLAIM_TTL_S`."""
         self.store = store
         self.source = source
         self.redact = redact
@@ -162,6 +181,12 @@ class BatchRunner:
         self.recording: set[asyncio.Task[None]] = set()  # answers being written to the store
         self.ends: dict[str, deque[float]] = {}  # each running batch's latest line ends (monotonic)
         self.final_view: tuple[BatchRow, ...] | None = None  # set when the store is closed
+        self.owner = uuid.uuid4().hex[:16]  # this gateway, as its claims name it
+        self.claim_ttl_s = CLAIM_TTL_S if claim_ttl_s is None else claim_ttl_s
+        self.claimed: dict[str, set[int]] = {}  # each batch's lines this gateway claimed, not recorded
+        self.sent: dict[str, int] = {}  # lines this gateway sent (ended not withdrawn), by batch
+        self._keeper: asyncio.Task[None] | None = None  # shared store: renews, watches, joins
+        self._stopping = False
 
     # ------------------------------------------------------------ what the API handlers call
     def start(self, batch: Batch) -> None:
@@ -171,13 +196,16 @@ class BatchRunner:
     def resume(self) -> int:
         """Take up every batch a stopped gateway left unfinished; how many."""
         n = 0
-        for api in ("openai", "anthropic"):
-            for batch in self.store.list_batches(api):
-                if batch.status in UNFINISHED and batch.id not in self.tasks:
-                    if batch.status == CANCELLING:
-                        self.cancelled.add(batch.id)
-                    self._spawn(batch.id)
-                    n += 1
+        for batch_id in self.store.open_batches():
+            if batch_id in self.tasks:
+                continue
+            batch = self.store.get_batch(batch_id)
+            if batch is not None and batch.status in UNFINISHED:
+                if batch.status == CANCELLING:
+                    self.cancelled.add(batch.id)
+                self._spawn(batch.id)
+                n += 1
+        self._keep()
         return n
 
     def cancel(self, batch_id: str) -> Batch | None:
@@ -188,9 +216,7 @@ class BatchRunner:
         batch.status = CANCELLING
         batch.times.setdefault(CANCELLING, now_s())
         self.store.put_batch(batch)
-        self.cancelled.add(batch_id)
-        for req in list(self.queued.get(batch_id, ())):
-            self.source.withdraw(req)
+        self._withdraw(batch_id)
         if batch_id not in self.tasks:
             self._spawn(batch_id)
         return batch
@@ -198,6 +224,7 @@ class BatchRunner:
     async def stop(self) -> None:
         """The gateway stops: the batches' tasks end where they are (a started gateway takes them
         up); lines in flight are still recorded as their answers come (`close` waits for them)."""
+        self._stopping = True
         tasks = list(self.tasks.values())
         for task in tasks:
             task.cancel()
@@ -207,8 +234,14 @@ class BatchRunner:
 
     async def close(self) -> None:
         """After the engine stopped: every answer recorded, then the store closed."""
+        self._stopping = True
         if self.recording:
             await asyncio.wait(list(self.recording))
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:  # the claims of lines in flight were renewed until they were recorded
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
         self.final_view = self.view()  # what the last snapshot shows
         self.store.close()
 
@@ -216,6 +249,44 @@ class BatchRunner:
         task = asyncio.ensure_future(self._run(batch_id))
         self.tasks[batch_id] = task
         task.add_done_callback(functools.partial(self._ended, batch_id))
+        self._keep()
+
+    def _keep(self) -> None:
+        """A shared store: the keeper runs (one per gateway)."""
+        if self.store.shared and self._keeper is None and not self._stopping:
+            self._keeper = asyncio.ensure_future(self._keep_loop())
+
+    async def _keep_loop(self) -> None:
+        """Renew this gateway's claims of lines in flight; see batches cancelled elsewhere; join
+        the batches it does not run (every `SCAN_S`). A store that fails a round is tried next round."""
+        last_scan = time.monotonic()
+        while True:
+            await asyncio.sleep(min(POLL_S, self.claim_ttl_s / 3))
+            try:
+                for batch_id, indices in list(self.claimed.items()):
+                    if indices:
+                        await asyncio.to_thread(
+                            self.store.renew, batch_id, sorted(indices), self.owner, self.claim_ttl_s
+                        )
+                if self._stopping:
+                    continue
+                for batch_id in list(self.tasks):
+                    if batch_id in self.cancelled:
+                        continue
+                    batch = await asyncio.to_thread(self.store.get_batch, batch_id)
+                    if batch is not None and batch.status == CANCELLING:
+                        self._withdraw(batch_id)
+                if time.monotonic() - last_scan >= SCAN_S:
+                    last_scan = time.monotonic()
+                    self.resume()
+            except Exception as exc:  # a store that did not answer: next round
+                LOGGER.warning("ratedeck: the batch store did not answer (%s)", type(exc).__name__)
+
+    def _withdraw(self, batch_id: str) -> None:
+        """Cancelled: the lines of `batch_id` waiting in the queue are not sent."""
+        self.cancelled.add(batch_id)
+        for req in list(self.queued.get(batch_id, ())):
+            self.source.withdraw(req)
 
     def _ended(self, batch_id: str, _task: asyncio.Task[None]) -> None:
         self.tasks.pop(batch_id, None)
@@ -223,7 +294,7 @@ class BatchRunner:
     # ------------------------------------------------------------ one batch
     async def _run(self, batch_id: str) -> None:
         batch = self.store.get_batch(batch_id)
-        if batch is None:
+        if batch is None or batch.status in FINAL:
             return
         source = self.store.get_file(batch.input_file_id)
         if source is None:
@@ -234,61 +305,90 @@ class BatchRunner:
         lines, errors = parse_lines(source.content, batch.api, endpoint)
         if errors:
             return self._fail(batch, errors)
-        if batch.status == VALIDATING:
-            batch.status = IN_PROGRESS
+        if batch.status == VALIDATING or batch.total != len(lines):
+            batch = self.store.get_batch(batch_id) or batch  # as it is now (another gateway may move it)
+            if batch.status == VALIDATING:
+                batch.status = IN_PROGRESS
+                batch.times[IN_PROGRESS] = now_s()
             batch.total = len(lines)
-            batch.times[IN_PROGRESS] = now_s()
             self.store.put_batch(batch)
         fmt = BatchFormat.OPENAI if batch.api == "openai" else BatchFormat.ANTHROPIC
         if batch.status in (IN_PROGRESS, CANCELLING):
             await self._send_lines(batch, lines, fmt)
-        if batch_id in self.cancelled:
-            done = self.store.done_lines(batch_id)
-            for line in lines:
-                if line.index not in done:
-                    record = output_record(fmt, line.custom_id, "queued", None, None, None, None)
-                    self.store.record_line(batch_id, line.index, record, "cancelled")
-        self._finish(batch_id, fmt)
+        if self.store.finalize(batch_id, self.owner, self.claim_ttl_s):
+            self._finish(batch_id, fmt)
 
     async def _send_lines(self, batch: Batch, lines: list[Line], fmt: BatchFormat) -> None:
-        done = await asyncio.to_thread(self.store.done_lines, batch.id)
+        """Until every line has a record: send the lines this gateway claims (a cancelled batch's:
+        record them cancelled); with a shared store, look again at lines another gateway holds."""
         room = asyncio.Semaphore(WINDOW)
-        outstanding: set[asyncio.Future[None]] = set()
         queued = self.queued.setdefault(batch.id, set())
+        mine = self.claimed.setdefault(batch.id, set())
         flow = self.flows.get(batch.client, self.batch_flow)
         loop = asyncio.get_running_loop()
+        shared = self.store.shared
         try:
-            for line in lines:
-                if batch.id in self.cancelled:
-                    break
-                if line.index in done:
-                    continue
-                await room.acquire()
-                if batch.id in self.cancelled:
-                    room.release()
-                    break
-                ended: asyncio.Future[None] = loop.create_future()
-                outstanding.add(ended)
+            while True:
+                done = await asyncio.to_thread(self.store.done_lines, batch.id)
+                left = [line for line in lines if line.index not in done]
+                if not left:
+                    return
+                outstanding: set[asyncio.Future[None]] = set()
+                taken = 0
+                for line in left:
+                    if batch.id not in self.cancelled:
+                        await room.acquire()
+                        if batch.id in self.cancelled:
+                            room.release()
+                    if batch.id in self.cancelled:
+                        if line.index not in mine:  # not one of ours in flight (it ends as it ends)
+                            taken += self._cancel_line(batch.id, line, fmt)
+                        continue
+                    if not self.store.claim(batch.id, line.index, self.owner, self.claim_ttl_s):
+                        room.release()  # another gateway's (alive), or recorded since
+                        continue
+                    taken += 1
+                    mine.add(line.index)
+                    ended: asyncio.Future[None] = loop.create_future()
+                    outstanding.add(ended)
 
-                def on_done(req: Request, ending: Ending, line: Line = line, ended=ended) -> None:
-                    queued.discard(req)
-                    room.release()
-                    if req.cancelled and req.first_sent_at is None:
-                        ended.set_result(None)  # withdrawn by a cancel: recorded as cancelled after
-                        return
-                    task = asyncio.ensure_future(self._record(batch.id, line, req, ending, fmt))
-                    self.recording.add(task)
-                    task.add_done_callback(self.recording.discard)
-                    task.add_done_callback(_settle(ended))
+                    def on_done(req: Request, ending: Ending, line: Line = line, ended=ended) -> None:
+                        queued.discard(req)
+                        room.release()
+                        if req.cancelled and req.first_sent_at is None:
+                            # withdrawn (a cancel, or the gateway stopping): not sent, given back
+                            mine.discard(line.index)
+                            with contextlib.suppress(Exception):
+                                self.store.release(batch.id, line.index, self.owner)
+                            ended.set_result(None)
+                            return
+                        self.sent[batch.id] = self.sent.get(batch.id, 0) + 1
+                        task = asyncio.ensure_future(self._record(batch.id, line, req, ending, fmt))
+                        self.recording.add(task)
+                        task.add_done_callback(self.recording.discard)
+                        task.add_done_callback(_settle(ended))
 
-                req = self.source.make(line.shape, ttl_s=None, on_done=on_done, flow=flow)
-                req.line_id = line.custom_id
-                queued.add(req)
-                await self.source.submit(req)
-            if outstanding:
-                await asyncio.wait(outstanding)
+                    req = self.source.make(line.shape, ttl_s=None, on_done=on_done, flow=flow)
+                    req.line_id = line.custom_id
+                    queued.add(req)
+                    await self.source.submit(req)
+                if outstanding:
+                    await asyncio.wait(outstanding)
+                if not shared and batch.id not in self.cancelled:
+                    return  # one gateway: every line sent has its record
+                if not taken:
+                    await asyncio.sleep(POLL_S)  # lines a live other gateway holds
         finally:
             self.queued.pop(batch.id, None)
+
+    def _cancel_line(self, batch_id: str, line: Line, fmt: BatchFormat) -> int:
+        """A cancelled batch's line not sent: recorded cancelled by the gateway that claims it."""
+        if not self.store.claim(batch_id, line.index, self.owner, self.claim_ttl_s):
+            return 0
+        record = output_record(fmt, line.custom_id, "queued", None, None, None, None)
+        self.store.record_line(batch_id, line.index, record, "cancelled")
+        self.claimed.get(batch_id, set()).discard(line.index)
+        return 1
 
     async def _record(
         self, batch_id: str, line: Line, req: Request, ending: Ending, fmt: BatchFormat
@@ -319,7 +419,10 @@ class BatchRunner:
         kind = "failed" if failed(record) else "ok"
         if ending is Ending.EXPIRED:
             kind = "expired"
-        await asyncio.to_thread(self.store.record_line, batch_id, line.index, record, kind)
+        try:
+            await asyncio.to_thread(self.store.record_line, batch_id, line.index, record, kind)
+        finally:
+            self.claimed.get(batch_id, set()).discard(line.index)
         ends = self.ends.setdefault(batch_id, deque(maxlen=_RATE_LINES))
         ends.append(time.monotonic())
 
@@ -366,9 +469,10 @@ class BatchRunner:
 
     def _finish(self, batch_id: str, fmt: BatchFormat) -> None:
         batch = self.store.get_batch(batch_id)
-        if batch is None:
+        if batch is None or batch.status in FINAL:
             return
-        cancelled = batch_id in self.cancelled
+        # cancelled here or on another gateway (a finalizer that died left it FINALIZING)
+        cancelled = batch_id in self.cancelled or CANCELLING in batch.times
         batch.status = FINALIZING
         batch.times.setdefault(FINALIZING, now_s())
         self.store.put_batch(batch)
@@ -386,6 +490,7 @@ class BatchRunner:
         batch.times[batch.status] = now_s()
         self.store.put_batch(batch)
         self.cancelled.discard(batch_id)
+        self.claimed.pop(batch_id, None)
 
     def _write(self, batch: Batch, records: list[dict[str, Any]], what: str) -> str:
         content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
