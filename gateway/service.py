@@ -142,6 +142,7 @@ class GatewayService:
             cfg = cfg.replace(store="memory")
         self.cfg = cfg
         self.batches: BatchRunner | None = None
+        self.resumed = 0  # batches a started gateway took up again from its store
         self.source = LiveSource()
         self.session = Session(cfg, transport=transport, source=self.source)
         self.app: GatewayApp | None = None
@@ -207,7 +208,7 @@ class GatewayService:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
         engine.event(EventKind.INFO, f"gateway at {self.url}: clients' requests are paced here")
-        resumed = self.batches.resume()
+        self.resumed = resumed = self.batches.resume()
         if resumed:
             engine.event(EventKind.INFO, f"{resumed} unfinished batch(es) taken up again from the store")
         return self.url

@@ -213,6 +213,8 @@ async def run_gateway(
         finished = service.engine.finished
         assert finished is not None
         _say(_start_line(url, service.session.shown_target, cfg, settings), out)
+        if service.resumed:
+            _say(f"ratedeck: {service.resumed} unfinished batch(es) taken up again from the store", out)
         if exporter is not None:
             _say(f"ratedeck: metrics at {exporter.url}", out)
         await _watch(

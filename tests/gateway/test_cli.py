@@ -62,7 +62,7 @@ async def test_user_mistakes_are_one_line_and_exit_2(tmp_path):
         (["--max-body-mb", "0"], "--max-body-mb"),
         (["--gateway-token", "env:GW_UNSET_VAR"], "--gateway-token: environment variable GW_UNSET_VAR"),
         (["--workload", "x.jsonl"], "--workload: the gateway's work comes from its clients"),
-        (["--store", f"sqlite:{tmp_path / 'jobs.db'}"], "--store: this run's work comes from its clients"),
+        (["--store", f"sqlite:{tmp_path / 'no-such-dir' / 'gw.db'}"], "no such directory"),
     ]
     for extra, said in cases:
         proc = await asyncio.create_subprocess_exec(

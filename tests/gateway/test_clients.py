@@ -56,7 +56,8 @@ async def test_each_token_names_its_client_and_a_token_no_client_has_is_401():
             rows = {r.name: r for r in gw.snapshot().clients.rows}
     assert chat[0] == 200 and [n[0] for n in nightly] == [200, 200]
     assert wrong[0] == 401 and wrong[2]["error"]["code"] == "invalid_api_key"
-    assert list(rows) == ["chat", "nightly", "capped"]
+    assert list(rows) == ["chat", "nightly", "capped", "batches"]  # and the Batch APIs' own flow
+    assert rows["batches"].priority == "batch" and rows["batches"].sent == 0
     assert (rows["chat"].priority, rows["chat"].answered, rows["chat"].sent) == ("interactive", 1, 1)
     assert (rows["nightly"].answered, rows["nightly"].sent) == (2, 2)
     assert rows["capped"].sent == 0 and rows["capped"].quotas[0].left == 100
@@ -93,7 +94,7 @@ async def test_a_usd_quota_refuses_a_model_with_no_price_in_one_line():
             async with aiohttp.ClientSession() as s:
                 priced = await post(s, gw.url, CHAT)
                 unpriced = await post(s, gw.url, CHAT, body(model="no-such-priced-model"))
-            (row,) = gw.snapshot().clients.rows
+            row = gw.snapshot().clients.rows[0]
     assert priced[0] == 200
     assert unpriced[0] == 400 and unpriced[2]["error"]["code"] == "model_not_priced"
     assert "usd_per_day" in unpriced[2]["error"]["message"]
