@@ -59,6 +59,8 @@ from .store import BatchStore
 
 #: The latest line ends the ETA's rate is taken over.
 _RATE_LINES = 200
+#: The ETA's rate is the lines that ended over this long (the batch's first burst left out).
+ETA_WINDOW_S = 15.0
 #: Lines of one batch waiting in the queue at once (the rest wait their turn here).
 WINDOW = 256
 #: The request-id headers an answer is named by (OpenAI's, Anthropic's).
@@ -180,6 +182,7 @@ class BatchRunner:
         self.cancelled: set[str] = set()
         self.recording: set[asyncio.Task[None]] = set()  # answers being written to the store
         self.ends: dict[str, deque[float]] = {}  # each running batch's latest line ends (monotonic)
+        self.first_end: dict[str, float] = {}  # when each batch's first line ended here (monotonic)
         self.final_view: tuple[BatchRow, ...] | None = None  # set when the store is closed
         self.owner = uuid.uuid4().hex[:16]  # this gateway, as its claims name it
         self.claim_ttl_s = CLAIM_TTL_S if claim_ttl_s is None else claim_ttl_s
@@ -425,6 +428,7 @@ class BatchRunner:
             self.claimed.get(batch_id, set()).discard(line.index)
         ends = self.ends.setdefault(batch_id, deque(maxlen=_RATE_LINES))
         ends.append(time.monotonic())
+        self.first_end.setdefault(batch_id, ends[-1])
 
     def view(self, kept: int = 10) -> tuple[BatchRow, ...]:
         """The batches not final, then the latest `kept` that are, newest first (for the snapshot)."""
@@ -451,14 +455,27 @@ class BatchRunner:
             )
         return tuple(rows)
 
-    def _eta(self, batch_id: str, left: int) -> float | None:
-        """`left` lines at the rate the latest ones ended (None: fewer than two ended yet)."""
-        ends = self.ends.get(batch_id)
+    def _eta(self, batch_id: str, left: int, now: float | None = None) -> float | None:
+        """`left` lines at the rate lines ended over the last `ETA_WINDOW_S` (None: the batch's
+        lines have been ending for less than that, or none ended in it).
+
+        Not the rate since the start: the keys' full buckets answer a batch's first lines at
+        once, and the rate that follows is the refill's (a 300-line batch on 2 keys read
+        "eta 9 s" from its first burst when 83 s were left)."""
         if left <= 0:
             return 0.0
-        if not ends or len(ends) < 2 or ends[-1] <= ends[0]:
+        ends = self.ends.get(batch_id)
+        first = self.first_end.get(batch_id)
+        now = time.monotonic() if now is None else now
+        if not ends or first is None or now - first < ETA_WINDOW_S:
             return None
-        rate = (len(ends) - 1) / (ends[-1] - ends[0])
+        recent = [t for t in ends if t >= now - ETA_WINDOW_S]
+        if len(recent) < 2:
+            return None
+        if len(recent) == len(ends) == ends.maxlen:  # more ended in the window than are kept
+            rate = (len(recent) - 1) / max(1e-6, recent[-1] - recent[0])
+        else:
+            rate = len(recent) / ETA_WINDOW_S
         return left / rate
 
     def _fail(self, batch: Batch, errors: list[dict[str, Any]]) -> None:

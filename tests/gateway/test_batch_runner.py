@@ -198,3 +198,20 @@ def test_the_sqlite_file_is_the_users_alone(tmp_path):
         s.close()
     for f in tmp_path.iterdir():
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f.name
+
+
+def test_the_eta_is_the_refill_rate_not_the_first_bursts():
+    from collections import deque
+
+    from ratedeck.gateway.batches.runner import ETA_WINDOW_S
+
+    runner = BatchRunner(MemoryBatchStore(), FakeSource(), str)  # type: ignore[arg-type]
+    # 120 lines answered at once by the full buckets at t=0, then 2 a second
+    ends = [0.0] * 120 + [1.0 + 0.5 * i for i in range(60)]
+    runner.ends["b"] = deque(ends, maxlen=200)
+    runner.first_end["b"] = 0.0
+    assert runner._eta("b", 100, now=5.0) is None  # too early to tell the burst from the rate
+    eta = runner._eta("b", 100, now=30.5)
+    assert eta == pytest.approx(100 / 2.0, rel=0.05)  # 50 s; the burst would have said ~14 s
+    assert runner._eta("b", 0, now=30.5) == 0.0
+    assert runner._eta("b", 10, now=30.5 + ETA_WINDOW_S + 1) is None  # nothing ended lately: unknown
