@@ -287,8 +287,17 @@ def run_scenarios(args: argparse.Namespace) -> list:
                     seed=args.seed,
                 )
                 client = run_child(spec)
-                server = sim.stats()
-            result.rows.append(make_row(strategy, client, server, args.duration, scenario.capacity_tps))
+                server = sim.stats(arrivals=True)
+            result.rows.append(
+                make_row(
+                    strategy,
+                    client,
+                    server,
+                    args.duration,
+                    scenario.capacity_tps,
+                    policy=(scenario.limit, scenario.window_s),
+                )
+            )
         results.append(result)
     return results
 

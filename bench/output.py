@@ -36,12 +36,22 @@ class ScenarioResult:
 
 
 def make_row(
-    strategy: str, client: dict[str, Any], server: dict[str, Any], duration_s: float, capacity_tps: float
+    strategy: str,
+    client: dict[str, Any],
+    server: dict[str, Any],
+    duration_s: float,
+    capacity_tps: float,
+    *,
+    policy: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     """A result row: successes from the client, 429s and nonce rejections as the server counted them.
 
     Every HTTP 429 counts, including the study's server's "blocked" answers.
-    Extra fields after the stable ones help explain a row.
+    Extra fields after the stable ones help explain a row. With `policy` (the
+    scenario's per-key limit and window, as the server enforces them) and the
+    server's accept stamps (`arrivals_ms`), `sustained` is the run's sustained
+    efficiency (`bench/sustained.py`: the mean over keys of W / the mean gap
+    between accepted arrivals i and i+N), `sustained_by_key` each key's.
     """
     totals = server.get("totals", {})
     host = server.get("host", {})
@@ -87,6 +97,17 @@ def make_row(
         left = capacity_tps * duration_s - theirs
         row["other_accepted"] = theirs
         row["share_of_left"] = round(client["succeeded"] / left, 4) if left > 0 else None
+    arrivals = server.get("arrivals_ms")
+    if policy is not None and arrivals is not None:
+        from .sustained import run_sustained
+
+        limit, window_s = policy
+        run = run_sustained(([t / 1000.0 for t in stamps] for stamps in arrivals), limit, window_s)
+        row["sustained"] = None if run.mean is None else round(run.mean, 4)
+        row["sustained_by_key"] = [None if v is None else round(v, 4) for v in run.by_key]
+        row["sustained_keys"] = run.scored
+        if server.get("arrivals_dropped"):
+            row["sustained_stamps_dropped"] = int(server["arrivals_dropped"])
     # what a ratedeck strategy's headroom was made of
     for name in (
         "headroom_ms",
@@ -125,8 +146,12 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
         return gateway_table(result)
     if any("prompts_ok" in r or "skipped" in r for r in result.rows):
         return llm_table(result)
+    # `sustained` only where the rows have it (reports saved before it render as they did)
+    sustained = any("sustained" in r for r in result.rows)
     head = (
-        f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}{'429s':>7}{'nonce':>7}{'expired':>8}"
+        f"{'strategy':<17}{'ok/s':>8}{'%cap':>7}{'share':>7}"
+        + (f"{'sustained':>10}" if sustained else "")
+        + f"{'429s':>7}{'nonce':>7}{'expired':>8}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'CPU s':>7}{'µs/ok':>7}{'RSS MB':>8}"
     )
     lines = [
@@ -138,9 +163,12 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
     for r in result.rows:
         share = r.get("share")
         per_ok = r.get("cpu_us_per_ok")
+        held = r.get("sustained")
         lines.append(
             f"{r['strategy']:<17}{r['ok_per_s']:>8.1f}{r['pct_capacity']:>6.1f}%"
-            f"{'-' if share is None else f'{share:.3f}':>7}{r['rejected_429']:>7}"
+            f"{'-' if share is None else f'{share:.3f}':>7}"
+            + (f"{'-' if held is None else f'{held:.3f}':>10}" if sustained else "")
+            + f"{r['rejected_429']:>7}"
             f"{r['rejected_nonce']:>7}{r['expired']:>8}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}"
             f"{r['cpu_s']:>7.2f}{'-' if per_ok is None else f'{per_ok:.0f}':>7}"
             f"{r['peak_rss_mb']:>8.1f}"

@@ -144,7 +144,7 @@ class Simulator(_Child):
     """`ratedeck serve` on 127.0.0.1 with a free port, in its own process.
 
     Use as a context manager; `url` is the `/api/request` address and
-    `stats()` reads the server's own counters.
+    `stats()` reads the server's own counters (with `arrivals`, each key's accept stamps too).
     """
 
     banner, what = "ratedeck serve:", "simulator"
@@ -168,8 +168,9 @@ class Simulator(_Child):
     def url(self) -> str:
         return f"{self.base}/api/request"
 
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.base}/stats", timeout=10) as resp:
+    def stats(self, arrivals: bool = False) -> dict[str, Any]:
+        query = "?arrivals=1" if arrivals else ""
+        with urllib.request.urlopen(f"{self.base}/stats{query}", timeout=30) as resp:
             return json.load(resp)
 
 

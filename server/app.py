@@ -1,7 +1,7 @@
 """The simulated API over HTTP (aiohttp.web): a thin shell around `RateRules`.
 
 Routes: `GET|POST /api/request` (api_key, nonce, req_id from the query string or
-a form body), `GET /stats` (counters and audit), `POST /reset` (clear state),
+a form body), `GET /stats` (counters and audit; `?arrivals=1` adds the accept stamps), `POST /reset` (clear state),
 and with `health` on, `GET /health` (no key, no limit: a probe's target).
 
 A request's time on the server, in order: the way in (`latency_in_ms`), the
@@ -145,8 +145,9 @@ class ApiHandlers:
         return web.json_response({"status": "OK"})
 
     async def stats(self, request: web.Request) -> web.Response:
-        """`GET /stats`: the rules' counters and audit."""
-        return web.json_response(self.rules.stats())
+        """`GET /stats`: the rules' counters and audit; `?arrivals=1` adds each key's accept
+        stamps (`RateRules.arrivals_ms`, for the bench's sustained efficiency)."""
+        return web.json_response(self.rules.stats(arrivals=request.query.get("arrivals") == "1"))
 
     async def reset(self, request: web.Request) -> web.Response:
         """`POST /reset`: forget all state, for benchmarks that reuse one server.

@@ -29,6 +29,11 @@ MSG_UNAVAILABLE = "service unavailable"
 #: out of the sustained share; `share_all` counts them too.
 SHARE_WARMUP_S = 5.0
 
+#: At most this many accept stamps are kept, over all keys (about 32 bytes each: 32 MB);
+#: past it, the rest are counted in `arrivals_dropped`, not kept. (A list, not an
+#: `array("d")`: its append is a third of the cost, on the path of every accepted request.)
+ARRIVALS_CAP = 1_000_000
+
 
 #: Outcomes of requests that spent a slot: the service processed them.
 SPENT = frozenset({"ok", "invalid_nonce", "fault"})
@@ -87,6 +92,7 @@ class SimulatedKey:
         "all_gap_ms",
         "other_next_ms",
         "other_accepted",
+        "arrivals",
     )
 
     def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
@@ -117,6 +123,9 @@ class SimulatedKey:
         self.all_gap_ms = 0.0
         self.other_next_ms = -math.inf  # the other user's next request (settings.other_load)
         self.other_accepted = 0  # its requests that found room
+        # The server's stamp (ms) of every request that spent a slot, in arrival order
+        # (the other user's are not in it); bounded by ARRIVALS_CAP over all keys.
+        self.arrivals: list[float] = []
 
 
 class HostState:
@@ -157,6 +166,8 @@ class RateRules:
         self._states = {key: SimulatedKey(i, key, policies) for i, key in enumerate(self.settings.keys)}
         self._host = HostState(self.settings.host_policies)
         self._origin_ms: float | None = None  # the first request's time: the other load counts from it
+        self._arrivals_room = ARRIVALS_CAP
+        self.arrivals_dropped = 0  # accept stamps not kept once ARRIVALS_CAP was reached
 
     def is_known(self, api_key: str | None) -> bool:
         """True if `api_key` is one of the valid keys."""
@@ -272,6 +283,11 @@ class RateRules:
             ring.take(now_ms)
         for audit in host.audits:
             audit.record(now_ms)
+        if self._arrivals_room:
+            self._arrivals_room -= 1
+            state.arrivals.append(now_ms)
+        else:
+            self.arrivals_dropped += 1
         state.accepted += 1
         host.accepted += 1
 
@@ -334,8 +350,19 @@ class RateRules:
             "warmup_s": SHARE_WARMUP_S,
         }
 
-    def stats(self) -> dict[str, Any]:
-        """Counters and the audit, JSON-ready. Keys appear masked, with their index."""
+    def arrivals_ms(self) -> list[list[float]]:
+        """Each key's accept stamps in ms on the server's clock, in key order (the order of
+        `stats()["keys"]`): every request that spent a slot, as the server stamped it at
+        arrival; the other user's (`other_load`) are not in them. Complete unless
+        `arrivals_dropped` is above 0. The lists are the server's own: read, do not change."""
+        return [state.arrivals for state in self._states.values()]
+
+    def stats(self, arrivals: bool = False) -> dict[str, Any]:
+        """Counters and the audit, JSON-ready. Keys appear masked, with their index.
+
+        With `arrivals`, also `arrivals_ms` (`arrivals_ms()`, to the microsecond) and
+        `arrivals_dropped`: large (about 14 bytes a stamp in JSON), so only when asked for.
+        """
         block_after = self.settings.block_after
         keys = [_key_stats(state, block_after) for state in self._states.values()]
         host = self._host
@@ -356,7 +383,7 @@ class RateRules:
         audit_ok = all(a.ok for a in host.audits) and all(
             a.ok for state in self._states.values() for a in state.audits
         )
-        return {
+        out: dict[str, Any] = {
             "mode": self.settings.mode,
             "share": self.share(),
             "policies": [format_policy(p) for p in self.settings.policies],
@@ -371,6 +398,10 @@ class RateRules:
             },
             "keys": keys,
         }
+        if arrivals:
+            out["arrivals_ms"] = [[round(t, 3) for t in stamps] for stamps in self.arrivals_ms()]
+            out["arrivals_dropped"] = self.arrivals_dropped
+        return out
 
 
 def _error(message: str) -> dict[str, str]:

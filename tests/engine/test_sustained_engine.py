@@ -1,0 +1,68 @@
+"""The engine scored as an independent server scores it (issue 44), on virtual time.
+
+The issue's jitter row: 5 keys x 20/1s moving window counted at arrival, 5..45 ms each way,
+20..80 ms of server time, 60 s, offered the whole capacity. The figure is the sustained
+efficiency from the simulator's own accept stamps (`RateRules.arrivals_ms`): per key, W / the
+mean gap between accepted arrivals i and i+N, then the mean over the keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ratedeck.bench.sustained import run_sustained, sustained_efficiency
+from ratedeck.config import load_config
+from ratedeck.engine.engine import Engine
+from ratedeck.server.settings import standard_settings
+from ratedeck.server.simulated import SimulatedTransport, run_virtual
+
+LIMIT, WINDOW_S, SECONDS = 20, 1.0, 60.0
+
+
+def _run(server_timing: bool, seed: int = 1):
+    settings = replace(
+        standard_settings(),
+        latency_in_ms=(5, 45),
+        latency_out_ms=(5, 45),
+        processing_ms=(20, 80),
+        ratelimit_headers=False,
+        retry_after=False,
+        server_timing=server_timing,
+    )
+    cfg = load_config(
+        preset="study",
+        overrides={
+            "target": {"nonce_param": ""},
+            "keys": {"secrets": list(settings.keys)},
+            "engine": {"graveyard_path": ""},
+            "workload": {"rate": 100.0},  # offered at capacity: the figure measures the client
+            "run": {"seed": seed},
+        },
+    )
+    transport = SimulatedTransport(settings, seed=seed)
+    snap = run_virtual(Engine(cfg, transport).run(SECONDS))
+    return snap, transport.rules
+
+
+# Measured at the time of writing, seeds 1..3: with Server-Timing 0.956-0.958 (the issue's
+# target for its live row is >= 0.955), no hints 0.928-0.930; the bounds sit just under.
+@pytest.mark.parametrize(("server_timing", "least"), [(True, 0.95), (False, 0.92)])
+def test_sustained_efficiency_from_the_simulators_stamps(server_timing, least):
+    snap, rules = _run(server_timing)
+    stamps = [[t / 1000.0 for t in key] for key in rules.arrivals_ms()]
+    assert rules.arrivals_dropped == 0
+    assert sum(map(len, stamps)) == rules.stats()["totals"]["accepted"]
+    run = run_sustained(stamps, LIMIT, WINDOW_S)
+    assert run.scored == len(stamps) == 5
+    assert run.mean is not None and least <= run.mean <= 1.0, run.by_key
+    assert snap.rejected_429 == 0
+    # The engine paces from the first request and takes no free burst, so accepted / capacity
+    # reads the same here (0.958 against 0.9575 with Server-Timing); a client that bursts
+    # is where the two part (tests/bench/test_sustained.py).
+    assert abs(snap.succeeded / (5 * LIMIT * SECONDS / WINDOW_S) - run.mean) < 0.01
+    # The server's own pooled figure over every pair (`share()["all"]`) is the same measure.
+    assert run.mean == pytest.approx(rules.share()["all"], abs=0.002)
+    # Each key's figure is the pure function's on its own stamps.
+    assert run.by_key[0] == sustained_efficiency(stamps[0], LIMIT, WINDOW_S)
