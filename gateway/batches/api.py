@@ -31,6 +31,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from ratedeck.gateway.server_log import why_of
 
 from .records import (
     CANCELLED,
@@ -179,8 +182,10 @@ class BatchApi:
             )
         try:
             form = await request.post()
-        except ValueError as exc:
-            return _error(400, f"the upload cannot be read ({exc})", "invalid_file")
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, "the upload is over the gateway's --max-body-mb", "file_too_large")
+        except (ValueError, HttpProcessingError, web.RequestPayloadError) as exc:  # a broken multipart body
+            return _error(400, f"the upload cannot be read ({why_of(exc)})", "invalid_file")
         purpose = form.get("purpose")
         upload = form.get("file")
         if purpose != "batch":

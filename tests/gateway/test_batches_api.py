@@ -405,3 +405,24 @@ async def test_each_client_sees_only_its_own_files_and_batches():
     assert {f.id for f in a_files.data} == {file_id, done.output_file_id}
     assert [x.id for x in a_batches.data] == [made.id]
     assert len(stub.ledger.records) == 1
+
+
+@run_async
+async def test_a_broken_or_too_big_upload_is_answered_not_a_500():
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    broken = b'--zzz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--zzz\r\nbroken'
+    async with await start_openai(keys=KEYS, rpm=1000, tpm=1_000_000) as stub:
+        async with running_gateway(gateway_config("openai", stub.url, KEYS), max_body_mb=1) as gw:
+            async with aiohttp.ClientSession() as s:
+                headers = {**auth, "Content-Type": "multipart/form-data; boundary=zzz"}
+                async with s.post(gw.url + "/v1/files", data=broken, headers=headers) as r:
+                    cut = (r.status, await r.json())
+                form = aiohttp.FormData()
+                form.add_field("purpose", "batch")
+                form.add_field("file", b"x" * (2 * 1024 * 1024), filename="big.jsonl")
+                async with s.post(gw.url + "/v1/files", data=form, headers=auth) as r:
+                    big = (r.status, await r.json())
+            kept = stored(gw)
+    assert cut[0] == 400 and cut[1]["error"]["code"] == "invalid_file"
+    assert big[0] == 413 and big[1]["error"]["code"] == "file_too_large"
+    assert kept == (0, 0) and not stub.ledger.records
