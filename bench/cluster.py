@@ -17,7 +17,9 @@ counted on the server(s) (`INFO commandstats` before and after the members).
 
 It prints, and writes as JSON with `--json FILE`: the simulator's audit (the
 most accepted in any window, 429s), the combined sustained share of capacity
-(the simulator's `share`), and each process's CPU per request against the
+(the simulator's `share`), `sustained` (issue 44: per key W / the mean gap between
+accepted arrivals i and i+20 from the simulator's accept stamps, the mean over keys,
+as `bench/sustained.py` and the scenario bench compute it), and each process's CPU per request against the
 memory store's: CPU from /proc between 5 s in and 1 s before the end, over
 the requests that process's report counted in those seconds.
 """
@@ -296,11 +298,11 @@ def _phases(
         out["shared"] = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
         out["calls_s"] = time.monotonic() - t0
         out["after"] = command_counts(url)
-        out["stats"] = sim.stats()
+        out["stats"] = sim.stats(arrivals=True)
     out["published"] = member_summaries(url)
     with Simulator(serve) as sim:
         out["alone"] = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
-        out["alone_stats"] = sim.stats()
+        out["alone_stats"] = sim.stats(arrivals=True)
     # CPU per request falls with the rate (a process's fixed costs spread over more
     # requests): the fair baseline also runs at one member's share of the keys.
     if same_rate:
@@ -328,6 +330,25 @@ def _redis_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int
     # the counting's own INFO calls are not the members'
     delta.pop("info", None)
     return delta
+
+
+def sustained(stats: dict[str, Any], limit: int = 20, window_s: float = 1.0) -> dict[str, Any]:
+    """The run's sustained efficiency from the simulator's accept stamps (`bench/sustained.py`:
+    per key W / the mean gap between accepted arrivals i and i+N, the mean over keys), as the
+    scenario bench reports it; every member's arrivals on a key count together."""
+    from .sustained import run_sustained
+
+    arrivals = stats.get("arrivals_ms")
+    if arrivals is None:
+        return {"sustained": None, "sustained_by_key": []}
+    run = run_sustained(([t / 1000.0 for t in stamps] for stamps in arrivals), limit, window_s)
+    out: dict[str, Any] = {
+        "sustained": None if run.mean is None else round(run.mean, 4),
+        "sustained_by_key": [None if v is None else round(v, 4) for v in run.by_key],
+    }
+    if stats.get("arrivals_dropped"):
+        out["sustained_stamps_dropped"] = int(stats["arrivals_dropped"])
+    return out
 
 
 def _published_rows(published: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -382,6 +403,8 @@ def run(
         "accepted": stats["totals"]["accepted"],
         "sustained_share": stats["share"]["sustained"],
         "share_all": stats["share"]["all"],
+        # issue 44's measure, from the accept stamps of every member together
+        **sustained(stats),
         "per_member": shared,
         "redis_calls": delta,
         # every command Redis ran (those inside the grant scripts included), per member per second
@@ -392,6 +415,7 @@ def run(
         "memory_alone": {
             **alone,
             "sustained_share": alone_stats["share"]["sustained"],
+            "sustained": sustained(alone_stats)["sustained"],
             "rejected_429_server": alone_stats["totals"]["rejected_429"],
         },
         "memory_at_member_rate": got["at_share"],
@@ -435,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "
         f"({result['server']}): max in any window {result['audit_max_in_window']}/20, "
-        f"429s {result['rejected_429']}, sustained {result['sustained_share']} of capacity"
+        f"429s {result['rejected_429']}, share {result['sustained_share']} of capacity, "
+        f"sustained {result['sustained']} (by key {result['sustained_by_key']})"
     )
     calls = ", ".join(f"{k} {v}" for k, v in list(result["redis_calls"].items())[:12])
     print(
@@ -456,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     alone = result["memory_alone"]
     print(
         f"  memory store alone: {alone['succeeded']} ok, {alone['cpu_us_per_request']} us CPU/request, "
-        f"sustained {alone['sustained_share']}, 429s {alone['rejected_429_server']}"
+        f"share {alone['sustained_share']}, sustained {alone['sustained']}, 429s {alone['rejected_429_server']}"
     )
     same = result["memory_at_member_rate"]
     if same:

@@ -279,6 +279,47 @@ LIVE_TABLE: tuple[Row, ...] = (
         "--health",
         strategies=("aiolimiter", "ratedeck", "ratedeck+probe", "ratedeck+budget"),
     ),
+    # Issue 44's estimate rows, live: the limit told wrong, and a key shared with another user.
+    # Targets (60 s): told-wrong >= 0.90 sustained, <= 60 429s, <= 40 sends into a cooldown
+    # (`server_in_cooldown`); told-wrong+remaining >= 0.92, <= 5 429s; shared-keys >= 0.85 of
+    # what the other user left (`share_of_left`), <= 150 429s.
+    Row(
+        "live-told-wrong",
+        "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, a cooldown on each "
+        "429 that doubles on every send into it (escalation); jitter proxy (5..45 ms each way), "
+        "20..80 ms processing, no RateLimit headers",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=("--no-ratelimit-headers", "--retry-after", "--escalation"),
+        told_limit=25,
+        jitter_ms="5:45",
+    ),
+    Row(
+        "live-told-wrong+remaining",
+        "clients told 30/1s per key, the server allows 20/1s and says RateLimit / X-RateLimit-* "
+        "on every answer; 429 + Retry-After, escalating cooldowns; jitter proxy (5..45 ms each way), "
+        "20..80 ms processing",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=("--ratelimit-headers", "--retry-after", "--escalation"),
+        told_limit=30,
+        jitter_ms="5:45",
+    ),
+    Row(
+        "live-shared-keys",
+        "5 keys x 20/1s, another user takes 8/s of each key from 10 s to 30 s after the first request; "
+        "jitter proxy (5..45 ms each way), 20..80 ms processing, no hints. Judge by share_of_left "
+        "(accepted / (capacity - the other user's accepted)); sustained is over the clients' own "
+        "accept stamps only (the other user's are not stamped), so the slots the other user took "
+        "count as gaps there and it reads below share_of_left",
+        ("aiolimiter", "ratedeck"),
+        latency="0",
+        processing="20:80",
+        flags=(*_QUIET, "--other-load", "8/1s@10s-30s"),
+        jitter_ms="5:45",
+    ),
 )
 
 SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in (*TABLE, *LIVE_TABLE)}
