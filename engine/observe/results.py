@@ -9,7 +9,7 @@ file is written 0600 through `JsonLines` (core/files.py's `private_open`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +185,7 @@ class ResultsFile:
         if custom_id in self.done:
             return
         self.done.add(custom_id)
-        result = req.result
-        response = result.response if isinstance(result, Outcome) else None
-        request_id = req.request_id or _request_id(response, self.request_id_headers)
-        error = self.redact(req.last_error, 500) if req.last_error else None
-        body = self._body(result, whole=True) if response is not None else None
-        record = output_record(fmt, custom_id, ending, req.last_status, body, request_id, error)
+        record = batch_record(req, fmt, custom_id, ending, self.redact, self.request_id_headers)
         self._put(record, failed(record))
 
     def _put(self, record: dict[str, Any], bad: bool) -> None:
@@ -207,24 +202,8 @@ class ResultsFile:
             value = req.params.get(self.link) if req.params else None
         return Graveyard.scrub(value, self.redact)
 
-    def _body(self, result: Any, whole: bool = False) -> Any:
-        """The answer's body: parsed when it is JSON (up to `RESULTS_BODY_CHARS`, or any size when
-        `whole`: a batch output line carries the whole answer), else text cut to that size."""
-        response = result.response if isinstance(result, Outcome) else None
-        raw: Any = response.body if isinstance(response, Response) else None
-        if isinstance(raw, bytes | bytearray):
-            raw = bytes(raw).decode("utf-8", "replace")
-        if not isinstance(raw, str):
-            return None
-        assert isinstance(response, Response)
-        if (whole or len(raw) <= RESULTS_BODY_CHARS) and _is_json(response.headers):
-            try:
-                parsed = json.loads(raw)
-            except ValueError:
-                pass
-            else:  # the whole answer, every string in it masked
-                return Graveyard.scrub(parsed, self.redact)
-        return self.redact(raw, RESULTS_BODY_CHARS)
+    def _body(self, result: Any) -> Any:
+        return answer_body(result, self.redact)
 
     def close(self) -> None:
         for f in (self.out, self.errors):
@@ -232,8 +211,51 @@ class ResultsFile:
                 f.close()
 
 
+#: Masks every key in a text, cut to a limit (`core.secrets.Redactor`: `redact(text, limit=None)`).
+Redact = Callable[..., str]
+
 #: The headers a server names its answer by (OpenAI's, Anthropic's and Stripe's), after the target's own.
 REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+
+
+def answer_body(result: Any, redact: Redact, whole: bool = False) -> Any:
+    """The answer's body: parsed when it is JSON (up to `RESULTS_BODY_CHARS`, or any size when
+    `whole`: a batch output line carries the whole answer), else text cut to that size; every
+    key masked (`redact`)."""
+    response = result.response if isinstance(result, Outcome) else None
+    raw: Any = response.body if isinstance(response, Response) else None
+    if isinstance(raw, bytes | bytearray):
+        raw = bytes(raw).decode("utf-8", "replace")
+    if not isinstance(raw, str):
+        return None
+    assert isinstance(response, Response)
+    if (whole or len(raw) <= RESULTS_BODY_CHARS) and _is_json(response.headers):
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            pass
+        else:  # the whole answer, every string in it masked
+            return Graveyard.scrub(parsed, redact)
+    return redact(raw, RESULTS_BODY_CHARS)
+
+
+def batch_record(
+    req: Request,
+    fmt: BatchFormat,
+    custom_id: Any,
+    ending: str,
+    redact: Redact,
+    request_id_headers: tuple[str, ...] = REQUEST_ID_HEADERS,
+) -> dict[str, Any]:
+    """`req`'s line of `fmt`'s output file (`output_record`): its last answer, whole and masked,
+    the server's id of it, and the error the engine last noted. A `--results` file of a batch
+    file writes these, and so does the gateway's Batch APIs (gateway/batches/runner.py)."""
+    result = req.result
+    response = result.response if isinstance(result, Outcome) else None
+    request_id = req.request_id or _request_id(response, request_id_headers)
+    error = redact(req.last_error, 500) if req.last_error else None
+    body = answer_body(result, redact, whole=True) if response is not None else None
+    return output_record(fmt, custom_id, ending, req.last_status, body, request_id, error)
 
 
 def _request_id(response: Any, names: tuple[str, ...]) -> str | None:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratedeck.core.vocab import Ending
-from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.llm.batch import BatchFormat, BatchLineError, failed, format_of, output_record, translate
+from ratedeck.engine.observe.results import batch_record
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.snapshot import BatchRow
 from ratedeck.engine.sources.live import LiveSource
@@ -63,8 +63,6 @@ _RATE_LINES = 200
 ETA_WINDOW_S = 15.0
 #: Lines of one batch waiting in the queue at once (the rest wait their turn here).
 WINDOW = 256
-#: The request-id headers an answer is named by (OpenAI's, Anthropic's).
-_REQUEST_ID_HEADERS = ("x-request-id", "request-id")
 #: Shared store: how long a line's claim lives unless renewed (renewed every third of it).
 CLAIM_TTL_S = 30.0
 #: Shared store: how often a gateway looks for batches it does not run, and at lines another holds.
@@ -396,29 +394,7 @@ class BatchRunner:
     async def _record(
         self, batch_id: str, line: Line, req: Request, ending: Ending, fmt: BatchFormat
     ) -> None:
-        outcome = req.result if isinstance(req.result, Outcome) else None
-        status = req.last_status
-        body: Any = None
-        request_id = req.request_id
-        if outcome is not None:
-            response = outcome.response
-            raw = outcome.body if outcome.body is not None else getattr(response, "body", None)
-            if isinstance(raw, str):
-                raw = raw.encode()
-            if isinstance(raw, bytes | bytearray):
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = self.redact(bytes(raw).decode("utf-8", "replace"))
-            request_id = request_id or outcome.request_id
-            headers = outcome.headers
-            if headers is None and response is not None and hasattr(response, "headers"):
-                headers = tuple(response.headers.items())
-            for name, value in headers or ():
-                if request_id is None and name.lower() in _REQUEST_ID_HEADERS:
-                    request_id = value
-        error = self.redact(req.last_error) if req.last_error else None
-        record = output_record(fmt, line.custom_id, str(ending), status, body, request_id, error)
+        record = batch_record(req, fmt, line.custom_id, str(ending), self.redact)
         kind = "failed" if failed(record) else "ok"
         if ending is Ending.EXPIRED:
             kind = "expired"
