@@ -22,13 +22,13 @@ gateway command (`runner/commands/gateway.py`); the engine sees each client as a
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from ratedeck.core.numbers import show
 from ratedeck.core.vocab import Priority
 from ratedeck.engine.settings import ConfigError, FlowSpec
 
+from . import parsers
 from .settings import GatewayClient
 
 #: What a `[[gateway.clients]]` table may hold.
@@ -42,8 +42,6 @@ FIELDS = (
     "usd_per_day",
     "quota",
 )
-#: A client's name: shown in the console, the report, the log and Prometheus' `client` label.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 #: What a client over its quota meets.
 QUOTA_MODES = ("wait", "refuse")
 #: The most a weight may be: shares of 1 to a million are as fine as anyone sets them.
@@ -67,13 +65,7 @@ def parse_clients(raw: Any, source: str, *, counts_tokens: bool, priced: bool) -
         for field in table:
             if field not in FIELDS:
                 raise ConfigError(source, f"{at}.{field}", f"unknown field; known: {', '.join(FIELDS)}")
-        name = table.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ConfigError(
-                source,
-                f"{at}.name",
-                f"must be a short name (letters, digits, '_', '.', '-'; up to 32), got {show(name)}",
-            )
+        name = parsers.label_name(table.get("name"), source, f"{at}.name")
         if name in names:
             raise ConfigError(
                 source, f"{at}.name", f"{name!r} is already the name of gateway.clients[{names[name]}]"

@@ -22,7 +22,6 @@ budgets must be the same.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,8 +36,6 @@ from .pricing import parse_prices
 
 #: What an `[[endpoints]]` table may hold.
 FIELDS = ("name", "preset", "url", "keys", "models", "api_version", "target", "prices")
-#: An endpoint's name: shown in the console, the report and Prometheus labels.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 #: Azure OpenAI's chat models: 6 requests per minute for every 1,000 tokens per minute.
 AZURE_RPM_PER_1000_TPM = 6
 #: Azure enforces requests per minute over 10-second windows (RPM/6 in any 10 s).
@@ -85,14 +82,7 @@ def build_endpoints(
         for field in table:
             if field not in FIELDS:
                 raise ConfigError(source, f"{where}.{field}", f"unknown setting; known: {', '.join(FIELDS)}")
-        given = table.get("name")
-        if not isinstance(given, str) or not _NAME.fullmatch(given):
-            raise ConfigError(
-                source,
-                f"{where}.name",
-                f"must be a short name of letters, digits, '.', '_' or '-' (up to 32), got {show(given)}",
-            )
-        name = given
+        name = parsers.label_name(table.get("name"), source, f"{where}.name")
         if name in seen_names:
             raise ConfigError(source, f"{where}.name", f"{name!r} names endpoints[{seen_names[name]}] too")
         seen_names[name] = i

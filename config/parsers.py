@@ -40,6 +40,21 @@ MAX_PROBE_RATE = 100.0
 MAX_COUNT = 1_000_000_000
 
 
+#: A name shown in the console, the report, the log and Prometheus labels (an endpoint, a client).
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def label_name(value: Any, source: str, where: str) -> str:
+    """`value` as a short name for labels; `ConfigError` at `where` when it is not one."""
+    if not isinstance(value, str) or not _LABEL.fullmatch(value):
+        raise ConfigError(
+            source,
+            where,
+            f"must be a short name of letters, digits, '.', '_' or '-' (up to 32), got {show(value)}",
+        )
+    return value
+
+
 def text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a string, got {show(value)}")
