@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from prometheus_client import generate_latest
-from prometheus_client.core import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
-
 from ratedeck.engine.snapshot import BatchRow, ClientRow, ClientView, Snapshot
 from ratedeck.runner.headless import batch_lines, metrics_block
-from ratedeck.runner.prometheus import BATCH_STATUSES, families
+from ratedeck.runner.prometheus import BATCH_STATUSES
 from ratedeck.runner.report import build_report
 from tests.runner.test_report_schema import validate
+from tests.support.metrics import by_labels, scrape
 
 RUNNING = BatchRow("batch_6a1f0c2e9d4b7a35", "openai", "nightly", "in_progress", 600, 260, 2, eta_s=80.04)
 STARTING = BatchRow("batch_77aa01", "openai", "nightly", "in_progress", 100, 20, 0, eta_s=None)
@@ -89,21 +85,6 @@ def test_the_schema_rejects_a_batch_entry_that_breaks_it():
 
 
 # ---------------------------------------------------------------- Prometheus
-
-
-def scrape(snap: Snapshot) -> dict:
-    class Fixed(Collector):
-        def collect(self):
-            return iter(families(snap))
-
-    registry = CollectorRegistry()
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def by_labels(family, *names: str) -> dict:
-    return {tuple(s.labels[n] for n in names): s.value for s in family.samples}
 
 
 def test_batches_by_status_every_status_present():

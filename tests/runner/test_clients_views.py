@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from prometheus_client import generate_latest
-from prometheus_client.core import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
-
 from ratedeck.engine.snapshot import ClientRow, ClientView, QuotaRow, Snapshot
 from ratedeck.runner.headless import client_row_lines, metrics_block
-from ratedeck.runner.prometheus import families
 from ratedeck.runner.report import build_report
 from tests.runner.test_report_schema import validate
+from tests.support.metrics import by_labels, scrape
 
 CHAT = ClientRow(
     "chat", "interactive", 1.0, waiting=0, answered=412, wait_p50_ms=12.0, wait_p99_ms=840.0,
@@ -87,21 +82,6 @@ def test_the_schema_rejects_a_client_entry_that_breaks_it():
 
 
 # ---------------------------------------------------------------- Prometheus
-
-
-def scrape(snap: Snapshot) -> dict:
-    class Fixed(Collector):
-        def collect(self):
-            return iter(families(snap))
-
-    registry = CollectorRegistry()
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def by_labels(family, *names: str) -> dict:
-    return {tuple(s.labels[n] for n in names): s.value for s in family.samples}
 
 
 def test_each_client_has_its_own_series_labelled_client():

@@ -7,19 +7,15 @@ from __future__ import annotations
 import asyncio
 import io
 
-from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector, CollectorRegistry
-
 from ratedeck.core.vocab import EventKind, OutcomeKind
 from ratedeck.engine.http.outcome import Outcome
 from ratedeck.engine.observe.events import EventLog
 from ratedeck.engine.path.health import DOWN_AFTER, EndpointHealth
 from ratedeck.engine.snapshot import EndpointRow, Event, KeyRow, ModelLimits, Snapshot
 from ratedeck.runner.headless import EndpointEvents, endpoint_lines, metrics_block, summary_lines
-from ratedeck.runner.prometheus import families
 from ratedeck.runner.report import build_report
 from tests.runner.test_report_schema import validate
+from tests.support.metrics import scrape
 
 MINI = "gpt-4o-mini"
 
@@ -194,17 +190,6 @@ def test_the_watch_loop_prints_endpoint_events(monkeypatch):
 
 
 # ---------------------------------------------------------------- Prometheus
-
-
-def scrape(snap: Snapshot) -> dict:
-    class Fixed(Collector):
-        def collect(self):
-            return iter(families(snap))
-
-    registry = CollectorRegistry()
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 def test_key_series_carry_their_endpoint_in_a_pool():
