@@ -172,39 +172,52 @@ def check_url(url: str) -> str:
     return text
 
 
-def connect(url: str) -> Any:
-    """A redis-py asyncio client for `url` with short timeouts and no retries (the caller retries).
+def connect(url: str, *, sync: bool = False) -> Any:
+    """A redis-py client for `url` with short timeouts: asyncio, with no retries (the caller
+    retries); with `sync`, redis-py's blocking client (the gateway's batch store: quick calls).
 
-    A cluster URL gives a `RedisCluster` that learns every node from any one
-    that answers; it accepts slots no master holds (a master down), so the
-    keys on the other masters go on.
+    A cluster URL gives a `RedisCluster` that learns every node from any one that answers;
+    the asyncio one accepts slots no master holds (a master down), so the keys on the other
+    masters go on.
     """
-    import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
     text = check_url(url)
+    timeouts: dict[str, Any] = {
+        "socket_timeout": COMMAND_TIMEOUT_S,
+        "socket_connect_timeout": COMMAND_TIMEOUT_S,
+    }
     try:
         if is_cluster(text):
-            from redis.asyncio.cluster import ClusterNode, RedisCluster
-
             nodes, user, password = cluster_nodes(text)
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h, p) for h, p in nodes],
-                username=user,
-                password=password,
-                ssl=text.lower().startswith("rediss+"),
+            login: dict[str, Any] = {
+                "username": user,
+                "password": password,
+                "ssl": text.lower().startswith("rediss+"),
+            }
+            if sync:
+                from redis.cluster import ClusterNode, RedisCluster
+
+                return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **login, **timeouts)
+            from redis.asyncio.cluster import ClusterNode as AsyncNode
+            from redis.asyncio.cluster import RedisCluster as AsyncCluster
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+
+            return AsyncCluster(
+                startup_nodes=[AsyncNode(h, p) for h, p in nodes],
+                **login,
                 require_full_coverage=False,
                 retry=Retry(NoBackoff(), 1),  # once more: a MOVED after a change of slots
-                socket_timeout=COMMAND_TIMEOUT_S,
-                socket_connect_timeout=COMMAND_TIMEOUT_S,
+                **timeouts,
             )
-        return aioredis.Redis.from_url(
-            text,
-            socket_timeout=COMMAND_TIMEOUT_S,
-            socket_connect_timeout=COMMAND_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),
-        )
+        if sync:
+            import redis
+
+            return redis.Redis.from_url(text, **timeouts)
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        return aioredis.Redis.from_url(text, retry=Retry(NoBackoff(), 0), **timeouts)
     except ValueError as exc:
         raise StoreError(f"not a Redis URL ({exc})") from None
 

@@ -332,32 +332,6 @@ class _SyncScript:
             return self.client.eval(self.text, len(keys), *keys, *args)
 
 
-def _sync_client(url: str) -> Any:
-    """A redis-py client for `url` (a server or a Cluster) with the work store's short timeouts."""
-    import redis
-    from redis.cluster import ClusterNode, RedisCluster
-
-    from ratedeck.store.redis_shared import COMMAND_TIMEOUT_S, check_url, cluster_nodes, is_cluster
-
-    text = check_url(url)
-    try:
-        if is_cluster(text):
-            nodes, user, password = cluster_nodes(text)
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h, p) for h, p in nodes],
-                username=user,
-                password=password,
-                ssl=text.lower().startswith("rediss+"),
-                socket_timeout=COMMAND_TIMEOUT_S,
-                socket_connect_timeout=COMMAND_TIMEOUT_S,
-            )
-        return redis.Redis.from_url(
-            text, socket_timeout=COMMAND_TIMEOUT_S, socket_connect_timeout=COMMAND_TIMEOUT_S
-        )
-    except ValueError as exc:
-        raise StoreError(f"not a Redis URL ({exc})") from None
-
-
 class RedisBatchStore:
     """The batches in Redis, shared by every gateway on the same server and namespace.
 
@@ -373,7 +347,13 @@ class RedisBatchStore:
     shared = True
 
     def __init__(self, url: str, *, namespace: str = "ratedeck") -> None:
-        from ratedeck.store.redis_shared import cluster_nodes, is_cluster, is_store_failure, unavailable
+        from ratedeck.store.redis_shared import (
+            cluster_nodes,
+            connect,
+            is_cluster,
+            is_store_failure,
+            unavailable,
+        )
 
         self.url = safe_url(url) or "redis"
         self.p = f"{namespace}:gateway:"
@@ -381,7 +361,7 @@ class RedisBatchStore:
         if self._cluster:
             cluster_nodes(url)  # a bad URL: StoreError before any connection
         try:
-            self.r = _sync_client(url)
+            self.r = connect(url, sync=True)
             self.r.ping()
         except Exception as exc:
             if isinstance(exc, StoreError) or not is_store_failure(exc):
