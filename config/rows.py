@@ -616,6 +616,17 @@ ROWS: tuple[Row, ...] = (
         optional=True,
     ),
     Row(
+        "engine.record_path",
+        "path",
+        p.path,
+        "JSONL file: each answer's send and answer times, status and rate-limit headers (no key, no"
+        " body), for replaying the limit estimate and the headroom in a test",
+        "engine",
+        _flag("--record", "FILE", commands=(RUN,)),
+        optional=True,
+        save="never",
+    ),
+    Row(
         "engine.learn_policy",
         "boolean",
         p.boolean,

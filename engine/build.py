@@ -15,9 +15,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ratedeck.core.paths import run_graveyard_path
-from ratedeck.core.policy import Policy
+from ratedeck.core.policy import Policy, format_policy
 from ratedeck.core.secrets import Redactor
 from ratedeck.core.vocab import Pacing
 from ratedeck.engine.cluster.member import ClusterMember, MemberParts, budget_name, gate_names
@@ -33,6 +34,7 @@ from ratedeck.engine.observe.loop_watch import LoopWatch
 from ratedeck.engine.observe.makespan import MakespanMeter
 from ratedeck.engine.observe.metrics import Metrics
 from ratedeck.engine.observe.progress import ProgressMeter
+from ratedeck.engine.observe.recording import Recorder
 from ratedeck.engine.observe.snapshot_builder import SnapshotBuilder, SnapshotParts
 from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.path.ending import RunEnd
@@ -150,6 +152,7 @@ def build_parts(
         redact=redact,
         pools=cfg.pools,
         spend=spend,
+        recorder=_recorder(cfg, redact),
     )
     intake = _intake(cfg, run, queues, metrics, keys, path, ends, source, log)
     learning = Learning(
@@ -327,15 +330,39 @@ def _settle_rules(cfg: EngineSettings, retry_errors: bool) -> SettleRules:
 
 
 def _headroom(cfg: EngineSettings) -> HeadroomController:
+    return HeadroomController(**headroom_args(cfg))
+
+
+def headroom_args(cfg: EngineSettings) -> dict[str, Any]:
+    """The run's `HeadroomController` arguments (a recording's header keeps them, for replay)."""
     e = cfg.engine
-    return HeadroomController(
-        initial_ms=e.headroom_initial_ms,
-        min_ms=e.headroom_min_ms,
-        max_ms=e.headroom_max_ms,
-        fixed_ms=None if e.headroom == "adaptive" else float(e.headroom),
-        rejection_budget=e.rejection_budget,
-        policy_window_s=min((p.window_s for k in cfg.keys for p in k.policies), default=1.0),
-    )
+    return {
+        "initial_ms": e.headroom_initial_ms,
+        "min_ms": e.headroom_min_ms,
+        "max_ms": e.headroom_max_ms,
+        "fixed_ms": None if e.headroom == "adaptive" else float(e.headroom),
+        "rejection_budget": e.rejection_budget,
+        "policy_window_s": min((p.window_s for k in cfg.keys for p in k.policies), default=1.0),
+    }
+
+
+def _climb(cfg: EngineSettings) -> str:
+    """How a key's estimate climbs back: in bigger steps when the run spends a rejection budget."""
+    return PROBING if cfg.engine.rejection_budget > 0 else ADDITIVE
+
+
+def _recorder(cfg: EngineSettings, redact: Redactor) -> Recorder | None:
+    """The recording `--record` asks for (observe/recording.py): its header says what a replay
+    builds (each key's told limits, the headroom's and the estimate's settings)."""
+    e = cfg.engine
+    if not e.record_path:
+        return None
+    header = {
+        "keys": {k.label: [format_policy(p) for p in k.policies] for k in cfg.keys},
+        "headroom": headroom_args(cfg),
+        "estimate": {"climb": _climb(cfg), "slow_start": e.slow_start, "learn_policy": e.learn_policy},
+    }
+    return Recorder(e.record_path, header, redact)
 
 
 def _probe(cfg: EngineSettings, transport: Transport) -> Probe | None:
@@ -455,7 +482,7 @@ def _key(
         shared=(limits.host_limiter,) if limits.host_limiter else (),
         key_budgets=key_budgets,
         key_weighted=cfg.key_weighted,
-        climb=PROBING if e.rejection_budget > 0 else ADDITIVE,
+        climb=_climb(cfg),
         slow_start=e.slow_start,
         learn_first=e.learn_first,
         leases=leases,

@@ -207,6 +207,9 @@ class Engine:
         run.phase = Phase.STOPPED
         p.source.close_second()  # flush what the source still holds (shed lines)
         self._flush_graveyard()
+        recorder = p.path.recorder
+        if recorder is not None and (problem := recorder.close()):
+            p.ends.problem(problem)
         p.log.event(EventKind.INFO, "stopped")
         return self.snapshot()
 

@@ -224,6 +224,8 @@ class EngineConfig:
     ttl_s: float | None = None  # None: a request never expires
     drain_timeout_s: float | None = None  # None: EngineSettings.drain_s
     graveyard_path: str | None = GRAVEYARD_AUTO  # None writes none
+    # JSONL file of every answer's timing and rate-limit headers, for replay (engine/observe/recording.py)
+    record_path: str | None = None
     learn_policy: bool = True
     slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (study: off)
     # One request per key until its first answer, whose rate-limit headers then set the key's

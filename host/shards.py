@@ -166,6 +166,7 @@ def shard_configs(cfg: RunConfig, n: int, url: str | None = None) -> list[RunCon
             queue_max=max(1, eng.queue_max // n) if eng.queue_max is not None else None,
             rejection_budget=eng.rejection_budget // n,
             graveyard_path=_numbered(eng.graveyard_path, i),
+            record_path=_numbered(eng.record_path, i),
         )
         shard = cfg.replace(
             keys=keys,

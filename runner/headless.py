@@ -565,6 +565,7 @@ def check_outputs(cfg: RunConfig) -> list[str]:
     wanted = [
         (report, "report"),
         (cfg.engine_settings.engine.graveyard_path, "graveyard"),
+        (cfg.engine_settings.engine.record_path, "recording"),
         (cfg.runner.results, "results"),
         (cfg.runner.errors, "errors"),
     ]

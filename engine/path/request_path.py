@@ -31,6 +31,7 @@ from ratedeck.engine.http import outcome as oc
 from ratedeck.engine.http.transport import Transport
 from ratedeck.engine.limits.headroom import HeadroomController
 from ratedeck.engine.observe.metrics import Metrics
+from ratedeck.engine.observe.recording import Recorder
 from ratedeck.engine.observe.spend import SpendMeter
 from ratedeck.engine.ports import Cooldown, Endings, EventSink, GateWatcher, KeySide, SendStamp
 from ratedeck.engine.queues import Graveyard, WorkQueues
@@ -63,6 +64,26 @@ class SharedGates:
                 )
 
 
+def time_answer(
+    headroom: HeadroomController, result: oc.Outcome, stamps: tuple[SendStamp, ...], now: float
+) -> None:
+    """The headroom learns from an answer's timing (a replay of a recording does the same,
+    path/replay.py): its round trip, server time and remaining count, and the bound it puts
+    on when the server stamped the request."""
+    if result.status is not None and stamps:
+        # Timed from the slot's stamp, not from the socket write: the task
+        # may start late on a busy loop, and the server sees that delay too.
+        held = now - stamps[0].t
+        # The server's own time (a hint, judged there) and remaining count.
+        server_s = result.server_time_s
+        # A 429 counts against the rejection budget here, whatever _apply makes of it.
+        rejected = result.kind is oc.RATE_LIMITED
+        headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
+        # The answer bounds how late the server stamped this request: its
+        # slot frees by that, not by the worst case (see headroom.py).
+        headroom.assign(stamps, held, now, server_s)
+
+
 class RequestPath:
     """Attempts in flight and the verdicts on their answers, for one engine.
 
@@ -87,8 +108,10 @@ class RequestPath:
         redact: Redactor,
         pools: dict[str, int] | None = None,
         spend: SpendMeter | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.transport = transport
+        self.recorder = recorder  # every answer's timing and limit headers, when asked (`--record`)
         self.spend = spend  # what the answers cost (None: no prices, no cap)
         self.queues = queues
         self.metrics = metrics
@@ -125,6 +148,8 @@ class RequestPath:
         self._create_task = loop.create_task
         self._send = self.transport.send
         self.clock, self.started_at, self.wall_offset = clock, started_at, wall_offset
+        if self.recorder is not None:
+            self.recorder.start(started_at, started_at + wall_offset)
 
     @property
     def retry_errors(self) -> bool:
@@ -177,19 +202,10 @@ class RequestPath:
             self.pool_in_use[req.pool] -= 1
             self.queues.pass_on()  # a request waiting for this pool may go now
         now = self.clock()
+        if self.recorder is not None:  # once per answer, here where it is known (observe/recording.py)
+            self.recorder.record(key.label, stamps[0].t if stamps else req.last_sent_at, now, result)
         try:
-            if result.status is not None and stamps:
-                # Timed from the slot's stamp, not from the socket write: the task
-                # may start late on a busy loop, and the server sees that delay too.
-                held = now - stamps[0].t
-                # The server's own time (a hint, judged there) and remaining count.
-                server_s = result.server_time_s
-                # A 429 counts against the rejection budget here, whatever _apply makes of it.
-                rejected = result.kind is oc.RATE_LIMITED
-                self.headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
-                # The answer bounds how late the server stamped this request: its
-                # slot frees by that, not by the worst case (see headroom.py).
-                self.headroom.assign(stamps, held, now, server_s)
+            time_answer(self.headroom, result, stamps, now)
             sent = req.sent_state()
             sent.last_status = result.status
             sent.result = result
