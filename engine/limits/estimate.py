@@ -19,6 +19,16 @@ moves the estimate:
 - a probe that draws a 429 puts the estimate back where it held and holds
   it there, twice as long each time (`hold_s`, doubling, up to
   `HOLD_CAP_S`), so a server that escalates its cooldowns sees few probes.
+- a level that had held for a few windows, now failing, is most likely
+  someone else on the key: the estimate remembers it (`recover_to`) and,
+  every `RECOVER_WINDOWS` windows (one more every third failed round), goes
+  straight back to it, the part above what holds now sent one probe at a
+  time. A round that draws a 429 goes back to where it started; one that
+  goes through is back where it held within a window or two of the other
+  user leaving (issue 44: 0.89-0.90 of what they left on virtual time, where
+  climbing one step a window after a 20 s hold gave 0.86). After
+  `RECOVER_PROBES` failed rounds (about a minute) the probes space out as
+  any probe's do.
 
 The server's counts (used/remaining) against our own sends show usage that
 is not ours: the key is *shared*. That lowers what is left of the current
@@ -38,6 +48,11 @@ SUSTAINED_WINDOWS = 5
 HOLD_NEVER_HELD_S = 120.0
 #: The longest a level that drew a 429 is held before it is probed again.
 HOLD_CAP_S = 300.0
+#: After a level that held was lowered (someone else on the key, most likely): windows
+#: between probes back toward it, one more every third probe that draws a 429, for the
+#: first `RECOVER_PROBES` of them (about a minute of someone else's use), then as any probe.
+RECOVER_WINDOWS = 2
+RECOVER_PROBES = 15
 
 ADDITIVE = "additive"
 PROBING = "probing"
@@ -76,6 +91,9 @@ class KeyEstimate:
         "_last_429",
         "_step_at",
         "_level_since",
+        "recover_to",
+        "_recover_fails",
+        "_recover_from",
     )
 
     def __init__(
@@ -110,6 +128,11 @@ class KeyEstimate:
         self._last_429 = -math.inf
         self._step_at = -math.inf  # the last climb step (or lowering): one step per window
         self._level_since: float | None = None  # when the current value took effect (first seen)
+        # The level that held before a 429 lowered it, while the estimate is below it: the
+        # estimate probes back to it every few windows, and goes there at once when it may.
+        self.recover_to: int | None = None
+        self._recover_fails = 0  # probes toward `recover_to` that drew a 429
+        self._recover_from: int | None = None  # the level the last probing round started from
 
     # -- reading
     @property
@@ -151,6 +174,8 @@ class KeyEstimate:
         """The server accepted a send that made `level` of ours in a window: that level holds."""
         if level > self.confirmed:
             self.confirmed = min(level, self.value)
+            if self.recover_to is not None and self.confirmed >= self.recover_to:
+                self.recover_to = None  # back where it held
 
     def rejected(self, sent_at: float, accepted: int, now: float) -> tuple[bool, bool]:
         """A 429 for a request sent at `sent_at`, after `accepted` of ours were accepted in the
@@ -164,13 +189,22 @@ class KeyEstimate:
         if self.value > self.confirmed:
             # A probe drew the 429: back to the level that held, held there longer each time.
             # (The told level itself, never seen to hold, was simply wrong: held long.)
-            self.hold_s = min(HOLD_CAP_S, self.hold_s * 2)
-            hold = HOLD_NEVER_HELD_S if level >= self.ceiling else self.hold_s
+            recovering = self.recover_to is not None and self._recover_fails < RECOVER_PROBES
+            if recovering:
+                hold = (RECOVER_WINDOWS + self._recover_fails // 3) * self.window_s
+                self._recover_fails += 1
+            else:
+                self.hold_s = min(HOLD_CAP_S, self.hold_s * 2)
+                hold = HOLD_NEVER_HELD_S if level >= self.ceiling and self.recover_to is None else self.hold_s
             self.quiet_until = max(self.quiet_until, now + hold)
             self._last_429 = self._step_at = now
             # Back to the level that held, or to what the server accepted of ours if that is less.
             if 1 <= accepted < self.confirmed:
                 self.confirmed = max(accepted, math.ceil(level / 2))
+            if recovering and self._recover_from is not None:
+                # Probes that went through while the other user's slots happened to be free
+                # prove little: back to where the round started, not to what those confirmed.
+                self.confirmed = min(self.confirmed, self._recover_from)
             return self._move(self.confirmed, f"lowered by a 429 at {level}", now), True
         if accepted < 1 or accepted >= level:
             return False, False  # not sending at our estimate, or it held: timing, not the limit
@@ -182,7 +216,14 @@ class KeyEstimate:
         since = self._level_since if self._level_since is not None else now
         held = self.confirmed >= level and now - since >= SUSTAINED_WINDOWS * self.window_s
         wrong = level >= self.ceiling and not held
-        self.quiet_until = max(self.quiet_until, now + (HOLD_NEVER_HELD_S if wrong else self.base_hold_s))
+        if held or self.recover_to is not None:
+            # A level that held now failing: someone else on the key, most likely. Probe back
+            # toward it every few windows, so the key is back soon after they leave.
+            self.recover_to, self._recover_fails = max(level, self.recover_to or 0), 0
+            hold = RECOVER_WINDOWS * self.window_s
+        else:
+            hold = HOLD_NEVER_HELD_S if wrong else self.base_hold_s
+        self.quiet_until = max(self.quiet_until, now + hold)
         self.confirmed = new
         self._last_429 = self._step_at = now
         return self._move(new, f"lowered by a 429 at {level}", now), True
@@ -215,6 +256,14 @@ class KeyEstimate:
         step = 1 if self.climb == ADDITIVE else max(1, round((self.told or ceiling) / 10))
         self._step_at = now
         value = min(ceiling, self.value + step)
+        back = self.recover_to
+        if back is not None:
+            if back > value:
+                # Straight back to the level that held: what goes beyond the confirmed level
+                # is sent one at a time, so a probe that finds them still there goes alone.
+                self._recover_from = self.value
+                return self._move(min(ceiling, back), "climbing back", now)
+            self.recover_to = None
         return self._move(value, "climbing" if value < ceiling else "climbed back", now)
 
 

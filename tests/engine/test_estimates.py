@@ -8,8 +8,16 @@ from dataclasses import replace
 
 import pytest
 
+from ratedeck.bench.sustained import run_sustained
 from ratedeck.core.policy import Policy
-from ratedeck.engine.limits.estimate import HOLD_NEVER_HELD_S, HOLD_S, PROBING, KeyEstimate
+from ratedeck.engine.limits.estimate import (
+    HOLD_NEVER_HELD_S,
+    HOLD_S,
+    PROBING,
+    RECOVER_PROBES,
+    RECOVER_WINDOWS,
+    KeyEstimate,
+)
 from ratedeck.server.rules import RateRules
 from ratedeck.server.settings import ServerSettings, parse_other_load, standard_settings
 from ratedeck.server.simulated import run_virtual
@@ -55,34 +63,86 @@ def test_echoes_of_a_lowering_move_nothing():
     assert est.value == 12
 
 
-def test_it_climbs_back_after_a_quiet_spell_one_step_per_window():
+def test_a_level_that_held_and_failed_is_probed_back_within_a_few_windows():
     est = KeyEstimate(20, 1.0)
     est.tick(0.0)
     est.confirm(20)
-    est.rejected(10.0, 12, 10.1)  # a level that held for 10 s: someone else, most likely
-    assert not est.tick(10.1 + HOLD_S - 0.5)  # still quiet
-    t = 10.1 + HOLD_S
+    est.rejected(10.0, 12, 10.1)  # 20 held for 10 s: someone else on the key, most likely
+    assert (est.value, est.recover_to) == (12, 20)
+    assert not est.tick(10.1 + RECOVER_WINDOWS - 0.1)  # still quiet
+    t = 10.1 + RECOVER_WINDOWS
+    # Straight back to the level that held; beyond the 12 that hold now, one at a time.
+    assert est.tick(t) and (est.value, est.confirmed, est.reason) == (20, 12, "climbing back")
+    for level in range(13, 21):
+        est.confirm(level)  # they left: every probe goes through
+    assert est.confirmed == 20
+    assert not est.tick(t + 1.0) and est.recover_to is None  # back: nothing left to recover
+
+
+def test_a_probing_round_that_finds_them_still_there_goes_back_to_where_it_started():
+    est = KeyEstimate(20, 1.0)
+    est.tick(0.0)
+    est.confirm(20)
+    est.rejected(10.0, 12, 10.1)
+    t = 10.1 + RECOVER_WINDOWS
+    est.tick(t)
+    est.confirm(15)  # a few probes went through in slots the other user had not taken yet
+    moved, explained = est.rejected(t + 0.5, 15, t + 0.6)  # the next drew a 429
+    assert moved and explained and (est.value, est.confirmed) == (12, 12)
+    # Probed again every few windows, a window longer every third 429.
+    holds = []
+    for _ in range(6):
+        now = est.quiet_until
+        assert not est.tick(now - 0.01) and est.tick(now) and est.value == 20
+        est.rejected(now + 0.1, 12, now + 0.2)
+        holds.append(round(est.quiet_until - (now + 0.2), 6))
+    assert holds == [2.0, 2.0, 3.0, 3.0, 3.0, 4.0]
+
+
+def test_after_a_minute_of_failed_probes_they_are_held_longer_each_time():
+    est = KeyEstimate(20, 1.0)
+    est.tick(0.0)
+    est.confirm(20)
+    est.rejected(10.0, 12, 10.1)
+    for _ in range(RECOVER_PROBES):
+        now = est.quiet_until
+        est.tick(now)
+        est.rejected(now + 0.1, 12, now + 0.2)
+    holds = []
+    for _ in range(3):
+        now = est.quiet_until
+        assert est.tick(now) and est.value == 20
+        est.rejected(now + 0.1, 12, now + 0.2)
+        holds.append(round(est.quiet_until - (now + 0.2), 6))
+    assert holds == [2 * HOLD_S, 4 * HOLD_S, 8 * HOLD_S]
+
+
+def test_a_told_limit_that_was_wrong_climbs_one_step_per_window_after_a_long_hold():
+    est = KeyEstimate(25, 1.0)
+    est.tick(0.0)
+    est.rejected(0.9, 20, 1.0)  # the 21st of ours in the first window drew it
+    assert est.value == 20 and est.recover_to is None
+    t = 1.0 + HOLD_NEVER_HELD_S
     values = []
-    for step in range(10):
+    for step in range(8):
         est.tick(t + step)
-        est.confirm(est.value)  # the server accepts every level
+        est.confirm(est.value)  # say the server now accepts every level
         values.append(est.value)
-    assert values == [13, 14, 15, 16, 17, 18, 19, 20, 20, 20]
-    assert est.reason == "climbed back" and est.moved_at == t + 7
+    assert values == [21, 22, 23, 24, 25, 25, 25, 25]
+    assert est.reason == "climbed back" and est.moved_at == t + 4
 
 
 def test_a_probe_that_draws_a_429_goes_back_and_is_held_longer_each_time():
-    est = KeyEstimate(20, 1.0)
+    est = KeyEstimate(25, 1.0)
     est.tick(0.0)
-    est.confirm(20)
-    est.rejected(10.0, 15, 10.1)
-    t = 10.1 + HOLD_S
-    assert est.tick(t) and est.value == 16 and est.confirmed == 15
-    moved, _ = est.rejected(t + 0.5, 16, t + 0.6)  # the probe at 16 drew a 429
-    assert moved and est.value == 15 and est.reason == "lowered by a 429 at 16"
+    est.rejected(0.9, 20, 1.0)
+    t = 1.0 + HOLD_NEVER_HELD_S
+    assert est.tick(t) and est.value == 21 and est.confirmed == 20
+    moved, _ = est.rejected(t + 0.5, 20, t + 0.6)  # the probe at 21 drew a 429
+    assert moved and est.value == 20 and est.reason == "lowered by a 429 at 21"
     assert not est.tick(t + 0.6 + 2 * HOLD_S - 0.1)  # held twice as long
     assert est.tick(t + 0.6 + 2 * HOLD_S)
-    est.rejected(t + 41, 16, t + 41.1)
+    est.rejected(t + 41, 20, t + 41.1)
     assert est.quiet_until == pytest.approx(t + 41.1 + 4 * HOLD_S)
 
 
@@ -106,9 +166,8 @@ def test_the_advertised_limit_caps_it_and_climbing_stops_at_the_lower_one():
 def test_probing_climbs_in_bigger_steps_and_says_so():
     est = KeyEstimate(40, 1.0, climb=PROBING)
     est.tick(0.0)
-    est.confirm(40)
-    est.rejected(10.0, 20, 10.1)
-    est.tick(10.1 + HOLD_S)
+    est.rejected(0.9, 20, 1.0)  # told 40, never held
+    est.tick(1.0 + HOLD_NEVER_HELD_S)
     assert est.value == 24 and est.climb == "probing"
 
 
@@ -162,20 +221,28 @@ def _run(told: str, seed: int, slow_start: bool = False, **server_kw):
         run={"seed": seed},
     )
     snap = run_virtual(eng.run(60))
-    return snap, transport.rules.stats()
+    return snap, transport.rules
+
+
+def _sustained(rules: RateRules) -> float:
+    """The run as an independent server scores it (issue 44): per key, W / the mean gap
+    between accepted arrivals i and i+N, from the simulator's own stamps; the mean over keys."""
+    run = run_sustained([[t / 1000.0 for t in key] for key in rules.arrivals_ms()], 20, 1.0)
+    assert run.mean is not None and run.scored == 5
+    return run.mean
 
 
 @pytest.mark.parametrize(
-    ("seed", "slow_start", "least"), [(1, True, 0.90), (2, True, 0.90), (2, False, 0.89)]
+    ("seed", "slow_start", "least"), [(1, True, 0.89), (2, True, 0.89), (2, False, 0.89)]
 )
 def test_told_25_where_the_server_allows_20_and_escalates(seed, slow_start, least):
     # The first 429 costs the server's 1 s cooldown; with a slow start (a named target's
-    # default) the sends above half the told limit go one at a time and the 429 comes alone
-    # (0.901..0.907 over seeds 1..3); without, the sends in flight with it walk into that
-    # cooldown and escalate it (0.895..0.904).
-    snap, stats = _run("25/1s", seed, slow_start, ratelimit_headers=False, escalation=True)
-    share = snap.succeeded / (5 * 20 * 60)
-    assert share >= least, share
+    # default) the sends above half the told limit go one at a time and the 429 comes alone;
+    # without, the sends in flight with it walk into that cooldown and escalate it. Sustained
+    # efficiency at the time of writing: 0.898-0.905 (seeds 1, 2, both ways).
+    snap, rules = _run("25/1s", seed, slow_start, ratelimit_headers=False, escalation=True)
+    stats = rules.stats()
+    assert _sustained(rules) >= least
     assert snap.rejected_429 <= 60, snap.rejected_429
     assert stats["totals"]["requests_during_cooldown"] <= 40, stats["totals"]
     assert {k.limit_estimate for k in snap.keys} <= {"19/1s", "20/1s"}
@@ -183,27 +250,32 @@ def test_told_25_where_the_server_allows_20_and_escalates(seed, slow_start, leas
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_someone_else_takes_8_of_20_for_20_seconds_and_the_keys_recover(seed):
-    snap, stats = _run("20/1s", seed, ratelimit_headers=False, retry_after=False, other_load="8/1s@10s-30s")
+    snap, rules = _run("20/1s", seed, ratelimit_headers=False, retry_after=False, other_load="8/1s@10s-30s")
+    stats = rules.stats()
     theirs = sum(k["other_accepted"] for k in stats["keys"])
-    assert theirs >= 5 * 8 * 20 * 0.9, (
-        theirs
-    )  # they got most of what they asked for; "left" counts what they got
+    # They got most of what they asked for ("left" counts what they got): the probes back
+    # every few windows take a few of their slots (0.88..0.91 of what they asked for).
+    assert theirs >= 5 * 8 * 20 * 0.85, theirs
     left = 5 * 20 * 60 - theirs
     share = snap.succeeded / left
-    assert share >= 0.85, share
+    # 0.889..0.900 at the time of writing (0.861..0.868 when the keys climbed one a window
+    # after 20 s); sustained over our own stamps 0.778..0.790 (the slots they took are gaps).
+    assert share >= 0.87, share
+    assert _sustained(rules) >= 0.76
     assert snap.rejected_429 <= 150, snap.rejected_429
-    # Lowered while they were there, climbed back once they had gone.
+    # Lowered while they were there, back at once after they had gone: in the last 25 s every
+    # key is at 20 again and has as many accepted as a key alone gets (18..19 a window).
     assert any("lowered by a 429 at 20" in e.text for e in snap.events)
-    assert all(k.limit_estimate == "20/1s" and k.estimate_reason == "climbed back" for k in snap.keys), [
-        (k.limit_estimate, k.estimate_reason) for k in snap.keys
-    ]
+    assert all(k.limit_estimate == "20/1s" for k in snap.keys), [k.limit_estimate for k in snap.keys]
+    for key in rules.arrivals_ms():
+        late = [t for t in key if t >= key[0] + 33_000]
+        assert len(late) >= 18 * 25, len(late)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_told_30_where_the_server_allows_20_and_says_so(seed):
-    snap, _ = _run("30/1s", seed, ratelimit_headers=True)
-    share = snap.succeeded / (5 * 20 * 60)
-    assert share >= 0.92, share
+    snap, rules = _run("30/1s", seed, ratelimit_headers=True)
+    assert _sustained(rules) >= 0.92
     assert snap.rejected_429 <= 5, snap.rejected_429
     assert all(k.limit_estimate == "20/1s" and k.estimate_reason == "advertised" for k in snap.keys)
 
