@@ -91,6 +91,7 @@ class SimulatedKey:
         "all_pairs",
         "all_gap_ms",
         "other_next_ms",
+        "other_due_ms",
         "other_accepted",
         "arrivals",
     )
@@ -121,8 +122,9 @@ class SimulatedKey:
         self.share_gap_ms = 0.0
         self.all_pairs = 0
         self.all_gap_ms = 0.0
-        self.other_next_ms = -math.inf  # the other user's next request (settings.other_load)
-        self.other_accepted = 0  # its requests that found room
+        self.other_next_ms = -math.inf  # when the other user's next request tries (settings.other_load)
+        self.other_due_ms = -math.inf  # when that request was due (later ones queue behind it)
+        self.other_accepted = 0  # its requests that took a slot
         # The server's stamp (ms) of every request that spent a slot, in arrival order
         # (the other user's are not in it); bounded by ARRIVALS_CAP over all keys.
         self.arrivals: list[float] = []
@@ -247,18 +249,28 @@ class RateRules:
         return Decision(200, {"status": "OK", "req_id": req_id}, self._headers(state, now_ms, None))
 
     def _other_user(self, state: SimulatedKey, now_ms: float) -> None:
-        """Play the other user's requests on this key up to `now_ms`: each takes a slot of the
-        key's windows if there is room (no cooldown, no stats)."""
+        """Play the other user's requests on this key up to `now_ms`, in time order before
+        ours: each takes a slot of the key's windows, and one that finds them full waits for
+        the next slot that frees, the ones after it queued behind it (a client that keeps to
+        the limit and loses nothing: they get the rate they asked for, and what is left is
+        what the windows leave). No cooldown, no stats."""
         other, origin = self._other, self._origin_ms
         assert other is not None and origin is not None
         start, end = origin + other.start_s * 1000.0, origin + other.end_s * 1000.0
-        at = max(state.other_next_ms, start)
-        while at <= now_ms and at < end:
-            if all(ring.has_room(at) for ring in state.rings):
-                for ring in state.rings:
+        if state.other_due_ms == -math.inf:
+            state.other_due_ms = state.other_next_ms = start
+        rings = state.rings
+        at = state.other_next_ms
+        while at <= now_ms and state.other_due_ms < end:
+            wait = _wait_for_room(rings, at)
+            if wait is None:
+                for ring in rings:
                     ring.take(at)
                 state.other_accepted += 1
-            at += other.gap_ms
+                state.other_due_ms += other.gap_ms  # the next one's time; never before this one
+                at = max(at, state.other_due_ms)
+            else:
+                at += max(wait, 0.001)
         state.other_next_ms = at
 
     def _spend(self, state: SimulatedKey, now_ms: float) -> None:

@@ -61,8 +61,10 @@ class ServerSettings:
             study's server does (it stamps with int(time * 1000)).
         other_load: another user of every key, "8/1s@10s-30s": 8 requests per second, evenly
             spaced, from 10 s to 30 s after the server's first request. They take the key's
-            slots (its windows and RateLimit counts see them) when there is room, never
-            cool a key down, and are not in the stats; "" for none.
+            slots (its windows and RateLimit counts see them); one that finds the windows
+            full waits for the next slot to free (the rest queue behind it), so they get
+            the rate they ask for. They never cool a key down and are not in the stats
+            (`other_accepted` apart); "" for none.
     """
 
     mode: str = "standard"
