@@ -106,6 +106,13 @@ def make_row(
         row["sustained"] = None if run.mean is None else round(run.mean, 4)
         row["sustained_by_key"] = [None if v is None else round(v, 4) for v in run.by_key]
         row["sustained_keys"] = run.scored
+        left_share = row.get("share_of_left")
+        if theirs and left_share is not None and run.mean is not None:
+            # Sustained over our own stamps counts the slots the other user took as gaps, so it
+            # can reach only the share of the capacity they left: scaled by that share, it is
+            # "of what they left" in the server's measure (1.0 when every slot they left is ours).
+            left = 1.0 - theirs / (capacity_tps * duration_s)
+            row["sustained_of_left"] = round(run.mean / left, 4) if left > 0 else None
         if server.get("arrivals_dropped"):
             row["sustained_stamps_dropped"] = int(server["arrivals_dropped"])
     # what a ratedeck strategy's headroom was made of
@@ -181,9 +188,15 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
             lines.append("  " + _headroom_note(r))
     for r in result.rows:
         if r.get("share_of_left") is not None:
+            sustained = (
+                f"; sustained over its own stamps {r['sustained']:.3f}, {r['sustained_of_left']:.3f} of"
+                " the share they left"
+                if r.get("sustained_of_left") is not None
+                else ""
+            )
             lines.append(
                 f"  {r['strategy']} got {r['share_of_left']:.3f} of what the other user left"
-                f" (they were accepted {r['other_accepted']:,} times)"
+                f" (they were accepted {r['other_accepted']:,} times){sustained}"
             )
     for r in result.rows:
         if r["rejected_429"] and r.get("rejected_429_by_key"):

@@ -129,3 +129,16 @@ def test_a_shared_key_row_gives_the_share_of_what_the_other_user_left():
     assert "ratedeck got 0.875 of what the other user left (they were accepted 800 times)" in text
     alone = make_row("ratedeck", {"succeeded": 4550}, {"keys": [{}]}, duration_s=60.0, capacity_tps=100.0)
     assert "share_of_left" not in alone
+
+
+def test_a_shared_key_rows_sustained_is_scaled_by_the_share_the_other_user_left():
+    # One key at 20/1s for 10 s: ours 16/s (pairs i, i+20 1.25 s apart: 0.8 sustained), theirs
+    # 20 of the 200, so they left 0.9 of it: 0.8 / 0.9 of what they left.
+    stamps = [i * 1.25 / 20 * 1000.0 for i in range(160)]
+    server = {"totals": {"ok": 160}, "keys": [{"other_accepted": 20}], "arrivals_ms": [stamps]}
+    row = make_row(
+        "ratedeck", {"succeeded": 160}, server, duration_s=10.0, capacity_tps=20.0, policy=(20, 1.0)
+    )
+    assert row["sustained"] == 0.8 and row["sustained_of_left"] == 0.8889
+    text = scenario_table(ScenarioResult("shared-keys", "s", 20.0, [row]), 10.0)
+    assert "sustained over its own stamps 0.800, 0.889 of the share they left" in text
