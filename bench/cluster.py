@@ -1,7 +1,7 @@
 """Many processes, one set of keys: members sharing budgets through Redis, against the simulator.
 
     python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL | --cluster]
-        [--latency 5:45 --processing 20:80] [--server-timing] [--no-same-rate]
+        [--latency 5:45 --processing 20:80] [--jitter-ms 5:45] [--server-timing] [--no-same-rate]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
 (unless `--redis` names one), the simulator (`ratedeck serve`, study mode: 5
@@ -10,7 +10,12 @@ with `ratedeck enqueue`, and runs `--members` copies of
 `ratedeck --no-ui --store redis://...` at once, each offered more than its
 share. Then one `--store memory` process alone on the same keys, for CPU.
 `--latency`/`--processing` put the simulator behind that jitter each way and
-that server time (the noisy server: `--latency 5:45 --processing 20:80`), and
+that server time (the noisy server: `--latency 5:45 --processing 20:80`);
+`--jitter-ms 5:45` puts instead a jitter proxy (`bench/jitter.py`, in its own
+process) in front of the simulator, each chunk delayed each way, as the live
+scenario rows do (`jitter_ms=`): the simulator then adds no latency of its own
+(unless `--latency` says), and every member and the memory-store runs go
+through the proxy (issue 44 measures the cluster this way); and
 `--server-timing` has it say that time on every answer (`Server-Timing`); `--cluster`
 starts a 3-master Redis Cluster instead of one server. The Redis calls are
 counted on the server(s) (`INFO commandstats` before and after the members).
@@ -27,6 +32,7 @@ the requests that process's report counted in those seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,10 +42,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .procs import Simulator
+from .procs import JitterProxyProcess, Simulator
 
 WARMUP_S = 5.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -280,6 +287,16 @@ def _enqueue_jobs(url: str, workdir: Path, total: int) -> None:
     subprocess.run(_ratedeck("enqueue", "--store", url, str(jobs)), check=True, capture_output=True)
 
 
+@contextlib.contextmanager
+def _target(sim: Simulator, jitter_ms: str | None, duration_s: float) -> Iterator[str]:
+    """The `/api/request` address the members use: the simulator's, or a jitter proxy's in front of it."""
+    if jitter_ms is None:
+        yield sim.url
+        return
+    with JitterProxyProcess(sim.base, jitter_ms, seed=1, max_s=duration_s + 90.0) as proxy:
+        yield f"{proxy.base}/api/request"
+
+
 def _phases(
     serve: list[str],
     url: str,
@@ -288,27 +305,29 @@ def _phases(
     capacity: float,
     workdir: Path,
     same_rate: bool,
+    jitter_ms: str | None = None,
 ) -> dict[str, Any]:
     """The members through the store, then one memory-store process alone (and, with
-    `same_rate`, one at a member's share of the rate), each against a fresh simulator."""
+    `same_rate`, one at a member's share of the rate), each against a fresh simulator
+    (behind a fresh jitter proxy with `jitter_ms`)."""
     out: dict[str, Any] = {"at_share": {}}
-    with Simulator(serve) as sim:
+    with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
         out["before"] = command_counts(url)
         t0 = time.monotonic()
-        out["shared"] = run_members(sim.url, url, members, duration_s, capacity / members * 1.5, workdir)
+        out["shared"] = run_members(target, url, members, duration_s, capacity / members * 1.5, workdir)
         out["calls_s"] = time.monotonic() - t0
         out["after"] = command_counts(url)
         out["stats"] = sim.stats(arrivals=True)
     out["published"] = member_summaries(url)
-    with Simulator(serve) as sim:
-        out["alone"] = run_members(sim.url, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
+    with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
+        out["alone"] = run_members(target, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
         out["alone_stats"] = sim.stats(arrivals=True)
     # CPU per request falls with the rate (a process's fixed costs spread over more
     # requests): the fair baseline also runs at one member's share of the keys.
     if same_rate:
-        with Simulator(serve) as sim:
+        with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
             share_rate = (out["stats"]["totals"]["accepted"] / duration_s) / members
-            out["at_share"] = run_members(sim.url, "memory", 1, duration_s, share_rate, workdir)[0]
+            out["at_share"] = run_members(target, "memory", 1, duration_s, share_rate, workdir)[0]
     return out
 
 
@@ -368,6 +387,7 @@ def run(
     cluster: bool = False,
     same_rate: bool = True,
     server_timing: bool = False,
+    jitter_ms: str | None = None,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
     redis: RedisProcess | RedisClusterProcesses | None = None
@@ -375,10 +395,11 @@ def run(
         redis = RedisClusterProcesses() if cluster else RedisProcess()
     url = redis_url or (redis.url if redis else "")
     capacity = 100.0  # the study's server: 5 keys x 20/s
-    serve = _serve_args(latency, processing, server_timing)
+    # behind a jitter proxy the simulator adds no latency of its own unless told (the live rows')
+    serve = _serve_args(latency or ("0" if jitter_ms else None), processing, server_timing)
     try:
         _enqueue_jobs(url, workdir, int(capacity * duration_s * 1.5))
-        got = _phases(serve, url, members, duration_s, capacity, workdir, same_rate)
+        got = _phases(serve, url, members, duration_s, capacity, workdir, same_rate, jitter_ms)
     finally:
         if redis is not None:
             redis.close()
@@ -395,7 +416,8 @@ def run(
         "members": members,
         "duration_s": duration_s,
         "store": "cluster" if cluster else "redis",
-        "server": " ".join(serve),
+        "server": " ".join(serve)
+        + (f" behind a jitter proxy ({jitter_ms} ms each way)" if jitter_ms else ""),
         "capacity_tps": capacity,
         "audit_max_in_window": max(p["max_in_window"] for k in stats["keys"] for p in k["max_in_window"]),
         "audit_ok": stats.get("audit_ok"),
@@ -435,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", help="the simulator's ms each way, LOW:HIGH (default: the study's own)")
     parser.add_argument("--processing", help="the simulator's server time in ms, LOW:HIGH (default none)")
     parser.add_argument(
+        "--jitter-ms",
+        help="a jitter proxy in front of the simulator, LOW:HIGH ms each way (bench/jitter.py; the live rows')",
+    )
+    parser.add_argument(
         "--server-timing", action="store_true", help="the simulator says its server time (Server-Timing)"
     )
     parser.add_argument(
@@ -455,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster=args.cluster,
         same_rate=not args.no_same_rate,
         server_timing=args.server_timing,
+        jitter_ms=args.jitter_ms,
     )
     print(
         f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "
