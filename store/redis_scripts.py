@@ -359,3 +359,7 @@ end
 
 #: Redis's clock, from the node that holds KEYS[1] (a cluster's masters each have their own).
 TIME = "return redis.call('TIME')"
+
+#: Every key of KEYS (one slot: a hash tag's epoch and gates), as `MGET` gives them (a pipeline
+#: on a cluster takes a script where it takes no `MGET`).
+READ = "return redis.call('MGET', unpack(KEYS))"

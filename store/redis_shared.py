@@ -44,26 +44,53 @@ before it answers; none further ahead than `horizon_s`):
   buckets keep what they were granted.
 
 Redis's state may be lost (a restart without persistence). Every grant
-sets the store's epoch key if it is missing; members read it with each gate
-poll (0.1 s) and each grant, as `<tag>=<epoch>` per host (a pool's endpoints
-are several hosts, each its own epoch; a poll joins them with `|`), and use leases only while their epoch was
-confirmed within `confirm_s` (0.3 s), dropping them all when it changed. The
-first grant of a budget with no record waits (`hold_s`) the longest window,
-the headroom, the slack and `confirm_s` when the asking member sent on it
-lately, so sends from before and after the loss never share a window. Redis's
-clock is the one clock: if it is stepped (NTP), grants near the step may overlap.
+sets the store's epoch key (one per hash tag, below) if it is missing; members
+read them with each gate poll (0.1 s) and each grant, as `<tag>=<epoch>` (a
+poll joins its tags' with `|`, `<tag>=` for one with no epoch yet), and use a
+key's leases only while the epoch of its tag was confirmed within `confirm_s`
+(0.3 s), dropping them all when one changed or went missing. The first grant
+of a budget with no record waits (`hold_s`) the longest window, the headroom,
+the slack and `confirm_s` when the asking member sent on it lately, so sends
+from before and after the loss never share a window. Redis's clock is the one
+clock: if it is stepped (NTP), grants near the step may overlap.
 
 Names in Redis carry a fingerprint of the key (`budget_name`), never the key.
 
 **A Redis Cluster** (`redis+cluster://host:port,...`, `connect`): a script
-must touch one slot, so every key carries a hash tag. The engine names a
-budget or gate `<host>/<name>` (fingerprints); every key of one target host
-(its keys' budgets, its own budgets, its gates, its epoch) is under
-`{h:<host>}` (`budget_key`, `gate_key`, `epoch_key`), so a grant that spends
-several budgets at once passes them all in KEYS and stays one atomic call on
-one master. The work and the member snapshots are under `{q:<namespace>}`
-(`work_key`). Each master has its own epoch, and its own clock: `TIME` is read
-from the master of the host's tag. On one server the tags change nothing.
+must touch one slot, so every key carries a hash tag, `{h:<group>}` for a name
+`<group>/<leaf>` (`tag`). The engine names a budget or gate `<host>/<name>`
+(fingerprints), and a member moves a key's names to `<host>.s<n>/<name>` when
+none of that key's grants touches a host-wide budget (`ClusterMember.spread`):
+a key's own limits, its key-scope budgets, its models' and its gate then live
+in one of a host's `KEY_GROUPS` (8) groups of keys, the key's by its
+fingerprint (`engine.cluster.member.key_group`), each group its own slot, so
+a host's keys spread over the masters (with one target host, one master
+would otherwise hold every budget and the others none). Groups, not a slot
+per key: a poll reads every group's epoch and gates, so a host of 50 keys
+costs a member 8 more commands a poll, not 50. A host-wide budget
+(`keys.host_limits`, a host-scope `[[budgets]]`) and the host's gate stay
+under `{h:<host>}`, and so do the keys of a host that has one: a grant that
+spends a key's and the host's budgets passes them all in KEYS and stays one
+atomic call on one master, so the sum of grants in any window stays within
+every limit as on one server. (Spreading such keys too would need a grant
+over two masters, which no script can make atomic; reserving on one then the
+other would hold slots neither may use while the second call runs.) Members
+sharing a host must agree on whether it has host-wide budgets, as they must
+for those budgets to hold at all. The learned state of a key (`learned_key`)
+stays under its host's tag (no script touches it; a reader finds a host's
+keys by the host alone). The work and the member snapshots are under
+`{q:<namespace>}` (`work_key`).
+
+Each tag lives on one master, and each master has its own epoch (a master
+restarted empty is a new epoch for the tags it holds, not for the others) and
+its own clock: the offset bounds `lo`, `hi` and `u` above are kept per tag
+(`offset_of`), from the round trips to the master of that tag (`TIME` read
+there), and a grant, a `sent` report, a gate or a sync uses its own tag's. A
+poll reads every tag's epoch and gates, and the `sent` reports trim every
+tag's windows, each in one pipeline (one round trip per master, all at once).
+On one server the tags change nothing: its epochs, clocks and polls are per
+host, as before keys had tags of their own (`group`), and a poll and a report
+are one call each.
 """
 
 from __future__ import annotations
@@ -134,14 +161,16 @@ def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | No
 
 
 def budget_prefix(namespace: str, budget: str) -> str:
-    """Every Redis key of a budget starts with this (its grants' counts, its learned state):
-    `<ns>:{h:<host>}:b:<key>` for a name `<host>/<key>`, one hash tag per target host (`tag`)."""
+    """Every Redis key of a budget's grants starts with this: `<ns>:{h:<group>}:b:<key>` for a
+    name `<group>/<key>`, one hash tag per group (`tag`: a target host, or a group of keys at it)."""
     return f"{namespace}:{{{tag(budget)}}}:b:{_leaf(budget)}"
 
 
 def learned_key(namespace: str, budget: str) -> str:
-    """A key's learned state: a hash, one field per member (its JSON), the newest read wins."""
-    return f"{budget_prefix(namespace, budget)}:learned"
+    """A key's learned state: a hash, one field per member (its JSON), the newest read wins. Under
+    the host's tag (`host_tag`), whatever the budget's: no script touches it, and a reader finds
+    every key of a host by its host alone."""
+    return f"{namespace}:{{{host_tag(budget)}}}:b:{_leaf(budget)}:learned"
 
 
 #: How long a member's learned state of a key outlives its last publish.
@@ -258,10 +287,18 @@ def cancel_lost(exc: BaseException) -> bool:
 
 
 def tag(name: str) -> str:
-    """The hash tag of a name the engine gives the store: `h:<host>` for `<host>/<rest>` (every
-    budget and gate of one target host: one slot), else the name itself."""
-    host, sep, _rest = name.partition("/")
-    return f"h:{host}" if sep else name
+    """The hash tag of a name the engine gives the store: `h:<group>` for `<group>/<rest>`, else
+    the name itself. The group is the target's host (`<host>`: the host's budgets and gates, and
+    its keys' when the host has host-wide budgets) or a group of keys at it (`<host>.s<n>`: their
+    budgets and gates), see the module's docstring."""
+    group, sep, _rest = name.partition("/")
+    return f"h:{group}" if sep else name
+
+
+def host_tag(name: str) -> str:
+    """The hash tag of the target host a name belongs to (`h:<host>`), whatever its group."""
+    group, sep, _rest = name.partition("/")
+    return f"h:{group.partition('.')[0]}" if sep else name
 
 
 def _leaf(name: str) -> str:
@@ -344,29 +381,50 @@ class RedisShared:
         self.shown = safe_url(self.url) or "redis"
         self.ns = namespace
         self.client = client if client is not None else connect(self.url)
+        self.cluster = is_cluster(self.url)
         self._grant = _Script(self.client, redis_scripts.GRANT)
         self._close_gate = _Script(self.client, redis_scripts.CLOSE_GATE)
         self._refund = _Script(self.client, redis_scripts.REFUND)
         self._trim = _Script(self.client, redis_scripts.TRIM)
         self._sync = _Script(self.client, redis_scripts.SYNC)
         self._time = _Script(self.client, redis_scripts.TIME)
-        self._name = ""  # the last budget or gate asked about: its host's slot answers `TIME` and pings
+        self._read = _Script(self.client, redis_scripts.READ)
+        self._name = ""  # the last budget or gate asked about: its slot answers pings
         self._clock: Callable[[], float] = time.monotonic
-        self._samples: deque[tuple[float, float, float]] = deque(maxlen=32)  # (at, lo, hi)
-        self.offset = _Offset()
+        # per hash tag (a tag is on one master, each master its own clock): (at, lo, hi) samples
+        self._samples: dict[str, deque[tuple[float, float, float]]] = {}
+        self.offsets: dict[str, _Offset] = {}
+        self._tags: dict[str, str] = {}  # a name of each hash tag whose clock was read
         self.calls = 0
         self.last_grant_us: tuple[int, ...] = ()  # the last grant on Redis's clock (for audits)
 
     def bind(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._samples.clear()
-        self.offset = _Offset()
+        self.offsets.clear()
 
-    # -- the clock
-    def _note(self, redis_us: int, t0: float, t1: float) -> None:
+    def group(self, name: str) -> str:
+        """What shares an epoch and a clock with `name`: its hash tag on a cluster (a tag is on one
+        master), its host's on one server (one epoch, one clock, one `MGET` a poll)."""
+        return tag(name) if self.cluster else host_tag(name)
+
+    # -- the clocks: one per group (on a cluster the clock of the master that holds it)
+    @property
+    def offset(self) -> _Offset:
+        """The offset's bounds for the last budget or gate asked about (its tag's master)."""
+        return self.offset_of(self._name)
+
+    def offset_of(self, name: str) -> _Offset:
+        """Bounds of (Redis time - loop time) on the master that holds `name` (none yet: infinite)."""
+        return self.offsets.get(self.group(name)) or _Offset()
+
+    def _note(self, name: str, redis_us: int, t0: float, t1: float) -> None:
         at = redis_us / 1_000_000
         sample = (t1, at - t1, at - t0)
-        samples = self._samples
+        key = self.group(name)
+        samples = self._samples.get(key)
+        if samples is None:
+            samples = self._samples[key] = deque(maxlen=32)
         samples.append(sample)
         lo = max(s[1] for s in samples)
         hi = min(s[2] for s in samples)
@@ -374,7 +432,7 @@ class RedisShared:
             samples.clear()
             samples.append(sample)
             lo, hi = sample[1], sample[2]
-        self.offset = _Offset(lo, hi)
+        self.offsets[key] = _Offset(lo, hi)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -387,32 +445,37 @@ class RedisShared:
                 raise unavailable(exc) from None
             raise
 
-    async def _ensure_offset(self) -> None:
-        """Bounds of the clocks' offset, before a first use: a second round trip when the first was
-        slow (it connects: to every master of a cluster), so the first grants' margin stays small."""
-        if self.offset.width == float("inf"):
-            await self._time_sample()
-            if self.offset.width > 0.02:
-                await self._time_sample()
+    async def _ensure_offset(self, name: str) -> _Offset:
+        """Bounds of the clocks' offset for `name`'s master, before a first use: a second round
+        trip when the first was slow (it connects: to every master of a cluster), so the first
+        grants' margin stays small."""
+        if self.offset_of(name).width == float("inf"):
+            await self._time_sample(name)
+            if self.offset_of(name).width > 0.02:
+                await self._time_sample(name)
+        return self.offset_of(name)
 
-    async def _time_sample(self) -> None:
-        """Redis's time, from the master that holds the host's budgets (the clock its grants use)."""
+    async def _time_sample(self, name: str) -> None:
+        """Redis's time, from the master that holds `name` (the clock its grants use; any node
+        before a name is known)."""
         t0 = self._clock()
-        if self._name:
-            sec, usec = await self._call(self._time, keys=[self.epoch_key(self._name)])
+        if name:
+            self._tags.setdefault(self.group(name), name)
+            sec, usec = await self._call(self._time, keys=[self.epoch_key(name)])
         else:
             sec, usec = await self._call(self.client.time)
-        self._note(int(sec) * 1_000_000 + int(usec), t0, self._clock())
+        self._note(name, int(sec) * 1_000_000 + int(usec), t0, self._clock())
 
-    # -- budgets: every Redis key name is made here, from `budget_key`; every key of one target
-    # host carries one hash tag (`tag`), so each script call touches one slot of a Redis Cluster
-    # (on one server the tags change nothing).
+    # -- budgets: every Redis key name is made here, from `budget_key`; every key of one group
+    # (a target host, or a group of keys at it) carries one hash tag (`tag`), so each script call touches
+    # one slot of a Redis Cluster (on one server the tags change nothing).
     def budget_key(self, budget: str) -> str:
-        """The prefix of a budget's keys: `<ns>:{h:<host>}:b:<key>` for a name `<host>/<key>`.
+        """The prefix of a budget's keys: `<ns>:{h:<group>}:b:<key>` for a name `<group>/<key>`.
 
         A script that spends several budgets at once (a key's and its host's)
-        passes each one's keys in KEYS: the names share the `<host>/` part, so
-        the keys share a slot."""
+        passes each one's keys in KEYS: the names share the `<group>/` part
+        (the member names them so, `ClusterMember.store_name`), so the keys
+        share a slot."""
         return budget_prefix(self.ns, budget)
 
     def meta_key(self, budget: str) -> str:
@@ -435,9 +498,8 @@ class RedisShared:
         horizon_s: float,
         hold_s: float,
     ) -> Grant:
-        self._name = asks[0].budget if asks else self._name
-        await self._ensure_offset()
-        u = self.offset.width
+        name = self._name = asks[0].budget if asks else self._name
+        u = (await self._ensure_offset(name)).width
         h_us = _us(headroom_s + slack_s + u)
         head_us = _us(headroom_s)
         args: list[Any] = [
@@ -449,7 +511,7 @@ class RedisShared:
             _us(hold_s),
             len(asks),
         ]
-        keys = [self.epoch_key(self._name)]
+        keys = [self.epoch_key(name)]
         for ask in asks:
             keys.append(self.meta_key(ask.budget))
             args += [max(0, int(ask.cost)), len(ask.policies)]
@@ -460,8 +522,8 @@ class RedisShared:
         out = await self._call(self._grant, keys=keys, args=args)
         t1 = self._clock()
         now_us, status, fresh, next_us = (int(x) for x in out[:4])
-        self._note(now_us, t0, t1)
-        lo = self.offset.lo
+        self._note(name, now_us, t0, t1)
+        lo = self.offset_of(name).lo
         if status == 0:
             which = asks[int(out[5]) - 1].budget if len(out) > 5 and 0 < int(out[5]) <= len(asks) else "?"
             # a config bug: loud (the budget named by its fingerprint)
@@ -486,7 +548,7 @@ class RedisShared:
             usable_s=slack_s,
             retry_at=retry_at,
             fresh=bool(fresh),
-            epoch=f"{tag(self._name)}={_text(out[4])}",
+            epoch=f"{self.group(name)}={_text(out[4])}",
             tickets=tickets,
         )
 
@@ -494,17 +556,18 @@ class RedisShared:
         """Each sliding window counts a granted send from its real time on: the end of its
         counting interval moves back from `at + W + h + slack + u` (the latest send its grant
         allowed) to `T + W + h`, `T` the send's loop time plus the offset's upper bound (on
-        Redis's clock the send was no later). One script call per host; fixed windows and
-        buckets keep what they were granted."""
-        hi = self.offset.hi
-        if hi == float("inf"):
-            return
-        by_tag: dict[str, tuple[dict[str, int], list[Any]]] = {}
+        Redis's clock the send was no later: the bounds of the master that granted it). One
+        script call (on a cluster one per hash tag, in one pipeline); fixed windows and buckets
+        keep what they were granted."""
+        by_tag: dict[str, list[tuple[str, str, int]]] = {}
         for ticket, at in sends:
             if not isinstance(ticket, _Ticket):
                 continue
-            upper = _us(at + hi)
             for budget, (seq, ask) in ticket.seqs.items():
+                hi = self.offset_of(budget).hi
+                if hi == float("inf"):
+                    continue
+                upper = _us(at + hi)
                 for p in ask.policies:
                     if p.kind is not PolicyKind.SLIDING:
                         continue
@@ -512,11 +575,29 @@ class RedisShared:
                     end = upper + window + ticket.head_us
                     if end >= ticket.at_us + window + ticket.h_us:
                         continue  # sent too late to count less than granted
-                    keys, args = by_tag.setdefault(tag(budget), ({}, []))
-                    index = keys.setdefault(self.policy_key(budget, p), len(keys) + 1)
-                    args += [index, f"{seq}:{max(0, int(ask.cost))}", end]
-        for keys, args in by_tag.values():
-            await self._call(self._trim, keys=list(keys), args=args)
+                    rows = by_tag.setdefault(self.group(budget), [])
+                    rows.append((self.policy_key(budget, p), f"{seq}:{max(0, int(ask.cost))}", end))
+
+        calls = []
+        for rows in by_tag.values():
+            keys: dict[str, int] = {}
+            args: list[Any] = []
+            for key, member, end in rows:
+                args += [keys.setdefault(key, len(keys) + 1), member, end]
+            calls.append((list(keys), args))
+        await self._scripts(self._trim, calls)
+
+    async def _scripts(self, script: _Script, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """`script` once per (KEYS, ARGV) of `calls` (one hash tag each: a slot), in one pipeline: a
+        round trip (on a cluster one per master, all at once). Sent whole (`EVAL`: a cluster's
+        client takes no `EVALSHA` in a pipeline; Redis compiles it once), so no master is asked
+        for a script it does not know; a short one (`TRIM`)."""
+        if len(calls) <= 1:
+            return [await self._call(script, keys=k, args=a) for k, a in calls]
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.eval(script.text, len(keys), *keys, *args)
+        return list(await self._call(pipe.execute))
 
     async def give_back(self, ticket: Any, budget: str, units: int) -> None:
         if not isinstance(ticket, _Ticket) or budget not in ticket.seqs or units <= 0:
@@ -530,8 +611,7 @@ class RedisShared:
 
     async def sync(self, budget: str, policy: Policy, counted: int, at: float, until: float | None) -> None:
         self._name = self._name or budget
-        await self._ensure_offset()
-        lo = self.offset.lo
+        lo = (await self._ensure_offset(budget)).lo
         until_us = _us(until + lo) if until is not None else 0  # the earlier end: never longer
         await self._call(
             self._sync,
@@ -541,8 +621,9 @@ class RedisShared:
 
     def epoch_key(self, name: str) -> str:
         """The epoch of the store that holds `name` (each master of a cluster has its own: a master
-        restarted empty is a new epoch for the hosts it holds, not for the others)."""
-        return f"{self.ns}:{{{tag(name)}}}:epoch"
+        restarted empty is a new epoch for the tags it holds, not for the others; one server has
+        one per host)."""
+        return f"{self.ns}:{{{self.group(name)}}}:epoch"
 
     # -- gates
     def gate_key(self, gate: str) -> str:
@@ -550,33 +631,41 @@ class RedisShared:
 
     async def close_gate(self, gate: str, until: float, reason: str) -> None:
         self._name = self._name or gate
-        await self._ensure_offset()
-        until_us = _us(until + self.offset.hi)  # the later end of what `until` may be on Redis's clock
+        hi = (await self._ensure_offset(gate)).hi
+        until_us = _us(until + hi)  # the later end of what `until` may be on Redis's clock
         await self._call(self._close_gate, keys=[self.gate_key(gate)], args=[until_us, reason[:120]])
 
     async def poll(self, gates: Sequence[str]) -> Poll:
-        """The gates and the epoch: one `MGET` per host (a member has one target host: one call)."""
+        """The gates and the epochs of every group (`group`: on a cluster the host's tag, and each
+        key's when the keys have their own), in one round trip (on a cluster one per master, all
+        at once), as `<group>=<epoch>` joined by `|`; a group whose epoch is missing (nothing
+        granted there yet, or its master lost its state) as `<group>=`."""
         by_tag: dict[str, list[str]] = {}
         for g in gates:
-            by_tag.setdefault(tag(g), []).append(g)
+            by_tag.setdefault(self.group(g), []).append(g)
         if not by_tag:
             return Poll({}, None)
         self._name = self._name or gates[0]
-        await self._ensure_offset()
+        for names in by_tag.values():
+            await self._ensure_offset(names[0])
+        # per group its epoch, then its gates: one MGET (several groups: a script each, all in one
+        # pipeline; a cluster's client takes no MGET in a pipeline)
+        keys_of = [[self.epoch_key(names[0]), *map(self.gate_key, names)] for names in by_tag.values()]
+        if len(keys_of) == 1:
+            answers = [await self._call(self.client.mget, keys_of[0])]
+        else:
+            answers = await self._scripts(self._read, [(keys, []) for keys in keys_of])
         found = {}
-        epochs: list[str | None] = []
-        for host, names in by_tag.items():
-            keys = [self.epoch_key(names[0]), *(self.gate_key(g) for g in names)]
-            values = await self._call(self.client.mget, keys)
-            epochs.append(f"{host}={_text(values[0])}" if values[0] is not None else None)
+        epochs = []
+        for (group, names), values in zip(by_tag.items(), answers, strict=True):
+            epochs.append(f"{group}={_text(values[0]) if values[0] is not None else ''}")
             for gate, raw in zip(names, values[1:], strict=True):
                 if raw is None:
                     continue
                 head, _, reason = _text(raw).partition(" ")
                 if head.isdigit():
-                    found[gate] = (int(head) / 1_000_000 - self.offset.lo, reason)
-        epoch = None if None in epochs else "|".join(e for e in epochs if e is not None)
-        return Poll(found, epoch)
+                    found[gate] = (int(head) / 1_000_000 - self.offset_of(gate).lo, reason)
+        return Poll(found, "|".join(epochs))
 
     # -- members
     def members_key(self) -> str:
@@ -598,16 +687,19 @@ class RedisShared:
         await self._call(pipe.execute)
 
     async def read_cluster(self) -> ClusterView:
-        # Only our own host's learned state: another host's budgets may live on a master that is
-        # down, and a call there would stall this client's own calls while it finds its way back.
-        tags = {tag(self._name)} if self._name else None  # None: before any call, every host's
+        # Only our own host's learned state: another host's may live on a master that is down,
+        # and a call there would stall this client's own calls while it finds its way back.
+        tags = {host_tag(self._name)} if self._name else None  # None: before any call, every host's
         return cluster_view(await self._call(read_cluster, self.client, self.ns, tags))
 
     async def ping(self) -> None:
-        """The master that holds our host's budgets answers (any node, before we know the host)."""
+        """Every master that holds a budget or gate asked about answers (any node, before any):
+        a member that comes back must reach all it polls, else its next poll fails again."""
         if not self._name:
             await self._call(self.client.ping)
-        await self._time_sample()
+        names = {self.group(self._name): self._name, **self._tags}
+        for name in names.values():
+            await self._time_sample(name)
 
     async def close(self) -> None:
         try:
@@ -645,7 +737,9 @@ async def read_cluster(
             str(k["budget"])
             for m in members
             for k in (m.get("keys") or ())
-            if isinstance(k, dict) and k.get("budget") and (tags is None or tag(str(k["budget"])) in tags)
+            if isinstance(k, dict)
+            and k.get("budget")
+            and (tags is None or host_tag(str(k["budget"])) in tags)
         }
     )
     learned: dict[str, dict[str, Any]] = {}

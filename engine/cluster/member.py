@@ -12,6 +12,10 @@ a key's budget is granted by the store, not by the member's own limiter:
   unused lease simply expires: it stays counted, which wastes a slot but never
   overruns one. How that stays exact is told where the grants are made
   (`ratedeck.store.redis_shared`).
+- **Names.** Budgets and gates are named by fingerprints (`budget_name`); a
+  key none of whose grants touches a host-wide budget has its names in one
+  of `KEY_GROUPS` groups of the host's keys, each its own slot (`spread`,
+  `store_name`), so a Redis Cluster spreads a host's keys over its masters.
 - **Gates.** A cooldown one member closes (a Retry-After) is written to the
   store; every member reads the gates at each poll (`poll_s`, 0.1 s) and closes
   its own: a gate reaches the others within a poll plus a round trip.
@@ -37,6 +41,7 @@ import math
 import os
 import secrets
 import socket
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +70,7 @@ from ratedeck.engine.ports import (
 from ratedeck.engine.snapshot import ClusterView
 
 __all__ = [
+    "KEY_GROUPS",
     "ClusterMember",
     "Grant",
     "MemberParts",
@@ -75,6 +81,7 @@ __all__ = [
     "budget_name",
     "gate_names",
     "host_fingerprint",
+    "key_group",
     "member_id",
 ]
 
@@ -93,27 +100,44 @@ def host_fingerprint(target_url: str | None) -> str:
     return hashlib.sha256(f"ratedeck-host\0{_target_host(target_url)}".encode()).hexdigest()[:16]
 
 
+def _fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def budget_name(target_url: str | None, secret: str | None, budget: str = "") -> str:
     """A budget as the store names it, `<host>/<budget>`: fingerprints of the target's host,
     and of the host, the key and the budget's name together, never the key. Every budget's
     store name is made here.
 
-    `secret` and no `budget`: a key's own limits; `secret` and `budget`: the key's share of a
-    key-scope `[[budgets]]`; no `secret`: a host-wide budget (`budget` is its name, or
-    `host_limits` for `keys.host_limits`). Members that use the same key at the same host
+    `secret` and no `budget`: a key's own limits, `<host>/<key>`; `secret` and `budget`: the
+    key's share of a key-scope `[[budgets]]` (or a model's, per key), `<host>/<key>.<budget>`;
+    no `secret`: a host-wide budget (`budget` is its name, or `host_limits` for
+    `keys.host_limits`), `<host>/<budget>`. Members that use the same key at the same host
     share one budget; 16 hex digits of SHA-256 say nothing usable about a key. The host's
     part comes first: a store on a Redis Cluster keeps every name of one host in one slot
-    (`store/redis_shared.py`), so one grant may touch a key's and the host's budgets together.
+    (`store/redis_shared.py`), so one grant may touch a key's and the host's budgets together;
+    the key's part comes next, so a member can move a key's names out of the host's slot
+    (`<host>.s<group>/...`, `ClusterMember.store_name`) when no grant of the key touches the host's.
     """
     host = _target_host(target_url)
     if secret is None:
-        text = f"ratedeck-host-budget\0{host}\0{budget}"
-    elif budget:
-        text = f"ratedeck-budget\0{host}\0{secret}\0{budget}"
-    else:
-        text = f"ratedeck-budget\0{host}\0{secret}"
-    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return f"{host_fingerprint(target_url)}/" + _fingerprint(f"ratedeck-host-budget\0{host}\0{budget}")
+    key = _fingerprint(f"ratedeck-budget\0{host}\0{secret}")
+    if budget:
+        key += "." + _fingerprint(f"ratedeck-budget\0{host}\0{secret}\0{budget}")
     return f"{host_fingerprint(target_url)}/{key}"
+
+
+#: How many groups a host's keys that leave its slot fall in (`ClusterMember.store_name`). A Redis
+#: Cluster spreads the groups over its masters; a member's poll reads each group's epoch and
+#: gates every 0.1 s (a command each), so a host of many keys costs at most this many more per
+#: poll, not one per key. Members that share a host must use the same number (it names budgets).
+KEY_GROUPS = 8
+
+
+def key_group(key: str) -> int:
+    """The group of a key's fingerprint (`<key>` of `<host>/<key>`), 0 to KEY_GROUPS - 1."""
+    return zlib.crc32(key.encode()) % KEY_GROUPS
 
 
 def gate_names(target_url: str | None, secrets_by_label: dict[str, str]) -> dict[str, str]:
@@ -161,7 +185,8 @@ class ClusterMember:
             only until the send is told (`_sends`, with each poll): the store
             then counts the send from when it was made.
         confirm_s: leases are used only while the store's epoch was confirmed
-            (by a poll or a grant) within this long. A Redis restarted empty
+            within this long (a key's by its own grant, every key's by a poll,
+            which reads every hash tag's). A Redis restarted empty
             has a new epoch: every member drops what it holds within
             `confirm_s`, and a budget's first grant after it waits that out
             too (`_hold_s`), so old leases and new grants never meet.
@@ -205,6 +230,37 @@ class ClusterMember:
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         self._closing = False
+        self.own_slot: set[str] = set()  # keys (`<host>/<key>`) whose names leave the host's slot
+
+    # -- names in the store
+    def spread(self) -> set[str]:
+        """The keys whose every budget is the key's own (its limits, its key-scope budgets, its
+        models'): none of its grants touches a host-wide budget, so its names may leave the
+        host's slot for a group of keys of their own (`store_name`). A key that spends a
+        host-wide budget (`keys.host_limits`, a host-scope `[[budgets]]`) keeps the host's slot,
+        where one grant spends both atomically.
+
+        Decided from this member's configuration, the same for every member of one config (members
+        sharing a host must agree on its host-wide budgets anyway: one that does not know one
+        spends none of it)."""
+        out = set()
+        for w in self.parts.keys.workers:
+            own = self.budget_ids.get(w.label)
+            names = _store_names(w.limits).values()
+            if own is not None and all(n == own or n.startswith(own + ".") for n in names):
+                out.add(own)
+        return out
+
+    def store_name(self, name: str) -> str:
+        """`name` as the store is asked it: a key's budget or gate `<host>/<key>[.<budget>]` moves
+        to `<host>.s<n>/<key>[.<budget>]` (the store's hash tag is the part before `/`) when the
+        key may leave the host's slot (`spread`), `n` the key's group (`key_group`); every other
+        name is unchanged."""
+        host, sep, leaf = name.partition("/")
+        key = leaf.partition(".")[0]
+        if sep and self.own_slot and f"{host}/{key}" in self.own_slot:
+            return f"{host}.s{key_group(key)}/{leaf}"
+        return name
 
     # -- the workers' side
     def want(self, worker: KeyWorker, now: float, leases: LeasedSlots | None = None) -> None:
@@ -233,7 +289,7 @@ class ClusterMember:
         for lim, cost in plan:
             name = names.get(lim)
             if name is not None:
-                out.append(Ask(name, lim.current_policies(), cost))
+                out.append(Ask(self.store_name(name), lim.current_policies(), cost))
         return out
 
     async def _fetch(self, worker: KeyWorker, leases: LeasedSlots) -> None:
@@ -267,7 +323,7 @@ class ClusterMember:
             if worker.limits.leases is not None:
                 worker.limits.leases.fetching -= 1
             worker.poke()  # whatever happened, the worker looks again (it waits for this)
-        if self._epoch(grant.epoch, parts.run.clock()):
+        if self._epoch(grant.epoch, parts.run.clock(), worker):
             leases.add(grant)
         if grant.retry_at is not None:
             leases.retry_at = grant.retry_at
@@ -307,7 +363,7 @@ class ClusterMember:
         name = _store_names(key).get(limiter)
         if ticket is None or name is None or units <= 0 or self.down_since is not None:
             return
-        self._spawn(self._call_quietly(self.shared.give_back(ticket, name, units)))
+        self._spawn(self._call_quietly(self.shared.give_back(ticket, self.store_name(name), units)))
 
     def synced(
         self,
@@ -322,7 +378,7 @@ class ClusterMember:
         name = _store_names(key).get(limiter)
         if name is None or counted <= 0 or self.down_since is not None:
             return
-        self._spawn(self._call_quietly(self.shared.sync(name, policy, counted, at, until)))
+        self._spawn(self._call_quietly(self.shared.sync(self.store_name(name), policy, counted, at, until)))
 
     async def _call_quietly(self, call: Any) -> None:
         try:
@@ -336,7 +392,7 @@ class ClusterMember:
         store_name = self.gate_ids.get(gate.name)
         if store_name is None or self.down_since is not None:
             return
-        self._spawn(self._share_gate(store_name, gate.open_at, reason))
+        self._spawn(self._share_gate(self.store_name(store_name), gate.open_at, reason))
 
     async def _share_gate(self, store_name: str, until: float, reason: str) -> None:
         try:
@@ -349,13 +405,19 @@ class ClusterMember:
         """The store's epochs as last read, for people (None: none read)."""
         return "|".join(f"{h}={e}" for h, e in sorted(self.epochs.items())) if self.epochs else None
 
-    def _epoch(self, epoch: str | None, now: float) -> bool:
-        """Note the store's epoch as just read (a grant's: its host's; a poll's: every host's, as
-        `host=epoch|...`): leases stay usable `confirm_s` more if each host's is the one we knew;
-        a new one (Redis lost its state) drops every lease held. False when none was read."""
+    def _epoch(self, epoch: str | None, now: float, worker: KeyWorker | None = None) -> bool:
+        """Note the store's epochs as just read (a grant's: its hash tag's, for `worker`; a poll's:
+        every tag's, as `tag=epoch|...`, `tag=` for one with none yet): leases stay usable
+        `confirm_s` more (a grant's: `worker`'s only, the tag it confirmed) if each tag's is the
+        one we knew; a new or missing one where we knew one (Redis, or one master, lost its
+        state) drops every lease held. False when none was read."""
         found = _epochs(epoch)
         known = self.epochs
-        changed = any(known.get(host, e) != e for host, e in found.items()) if found else bool(known)
+        changed = (
+            any(known.get(host, e) != e for host, e in found.items() if host in known)
+            if found
+            else bool(known)
+        )
         if changed:
             for w in self.parts.keys.workers:
                 for slots in w.all_leases():
@@ -366,15 +428,19 @@ class ClusterMember:
         if found is None:
             self.epochs = {}
         else:
-            known.update(found)
+            for host, e in found.items():
+                if e:
+                    known[host] = e
+                else:
+                    known.pop(host, None)
         until = now + self.confirm_s if found is not None else -math.inf
-        for w in self.parts.keys.workers:
+        for w in self.parts.keys.workers if worker is None else (worker,):
             for slots in w.all_leases():
                 slots.valid_until = until
         return found is not None
 
     def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
-        by_store = {v: k for k, v in self.gate_ids.items()}
+        by_store = {self.store_name(v): k for k, v in self.gate_ids.items()}
         for store_name, (until, reason) in found.items():
             gate = self.parts.gates.get(by_store.get(store_name, ""))
             # Our own closing comes back a hair later (clock conversion): only a real extension counts.
@@ -419,6 +485,7 @@ class ClusterMember:
 
     # -- running
     def start(self) -> None:
+        self.own_slot = self.spread()
         self.shared.bind(self.parts.run.clock)
         self._runner = asyncio.get_running_loop().create_task(self._run(), name="cluster")
         self._runner.add_done_callback(self._runner_ended)
@@ -442,7 +509,7 @@ class ClusterMember:
     async def _run(self) -> None:
         parts = self.parts
         next_publish = next_read = 0.0
-        gates = list(self.gate_ids.values())
+        gates = [self.store_name(g) for g in self.gate_ids.values()]
         # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
         # into a timeout (redis-py's can), and this loop would then outlive the stop.
         while not self._closing:

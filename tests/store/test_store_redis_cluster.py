@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ratedeck.config import load_config
-from ratedeck.engine.cluster.member import host_fingerprint
+from ratedeck.engine.cluster.member import budget_name, host_fingerprint, key_group
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import study_settings
 from ratedeck.server.simulated import SimulatedTransport
@@ -46,23 +46,31 @@ def _member(url: str, target: str, ns: str) -> tuple[Engine, SimulatedTransport]
     return Engine(cfg, transport, shared_state=RedisShared(url, namespace=ns)), transport
 
 
+def _masters_of(cluster: RedisCluster, url: str) -> set[int]:
+    """The masters a member of the study preset at `url` keeps its names on: its host's (the
+    host's gate) and its keys' groups (the study's keys have no host-wide budget)."""
+    secrets = [k.secret for k in load_config(preset="study").engine_settings.keys]
+    host = host_fingerprint(url)
+    groups = [host, *(f"{host}.s{key_group(budget_name(url, s).split('/')[1])}" for s in secrets)]
+    return {cluster.owner(f"{{h:{g}}}") for g in groups}
+
+
 def _hosts_on_two_masters(cluster: RedisCluster) -> tuple[str, str, str, int]:
-    """Two target URLs whose budgets live on different masters, a namespace whose queue and
-    snapshots are not on the first one's master, and that master (the one the test kills)."""
-    owners: dict[int, str] = {}
-    for i in range(200):
-        url = f"http://api{i}.test:8080/v1"
-        owners.setdefault(cluster.owner(f"{{h:{host_fingerprint(url)}}}"), url)
-        if len(owners) >= 2:
-            break
-    (victim, a), (_other, b) = list(owners.items())[:2]
+    """Two target URLs, the first one's host on a master (the one the test kills) that holds
+    nothing of the second one's (its host and its keys on the other masters), and a namespace
+    whose queue and snapshots are not on that master."""
+    urls = [f"http://api{i}.test:8080/v1" for i in range(400)]
+    a = urls[0]
+    victim = cluster.owner(f"{{h:{host_fingerprint(a)}}}")
+    b = next(u for u in urls[1:] if victim not in _masters_of(cluster, u))
     ns = next(f"c{i}" for i in range(200) if cluster.owner(f"{{q:c{i}}}") != victim)
     return a, b, ns, victim
 
 
 def test_a_master_that_dies_takes_only_its_hosts_budgets_and_all_resume(shared_cluster):
-    """Kill the master that holds host A's budgets (no replicas): A sends nothing without a grant,
-    B (its budgets on another master) goes on; A resumes when the master is back (empty)."""
+    """Kill the master that holds host A's gate (no replicas): A sends nothing (its polls fail:
+    a member stops while any master it polls is away, and its keys' leases with it), B (nothing
+    of it on that master) goes on; A resumes when the master is back (empty)."""
     cluster = shared_cluster
     _reset(cluster)
     a_url, b_url, ns, victim = _hosts_on_two_masters(cluster)
@@ -103,7 +111,7 @@ def test_a_master_that_dies_takes_only_its_hosts_budgets_and_all_resume(shared_c
 
     resumed_s = asyncio.run(main())
     assert resumed_s < 5.0
-    # every key ratedeck wrote carries a hash tag: a host's or a queue's
+    # every key ratedeck wrote carries a hash tag: a host's, a key's at it or a queue's
     keys = [k for n in cluster.nodes for k in _ask(n.port, "--scan").split()]
     assert keys and all(k.startswith(f"{ns}:{{h:") or k.startswith(f"{ns}:{{q:{ns}}}:") for k in keys), keys
 

@@ -110,12 +110,31 @@ class FakeShared:
         self.epoch = "e2"
 
 
+def record_asks(shared: FakeShared) -> set[str]:
+    """The budget names `shared` is asked to grant (filled as the grants are asked)."""
+    asked: set[str] = set()
+    lease = shared.lease
+
+    async def recording(asks, *args):
+        asked.update(a.budget for a in asks)
+        return await lease(asks, *args)
+
+    shared.lease = recording  # type: ignore[method-assign]
+    return asked
+
+
 def _engine(shared: FakeShared) -> Engine:
     cfg = load_config(
         preset="study",
         overrides={"engine": {"graveyard_path": ""}, "workload": {"rate": 200.0}, "run": {"seed": 3}},
     )
     return Engine(cfg, SimulatedTransport(study_settings()), shared_state=shared)
+
+
+def _in_store(engine: Engine, label: str) -> str:
+    """Key `label`'s budget (and gate) as the store is asked it (`ClusterMember.store_name`)."""
+    cluster = engine.parts.cluster
+    return cluster.store_name(cluster.budget_ids[label])
 
 
 def _sends_by_key(engine: Engine) -> dict[str, int]:
@@ -132,7 +151,7 @@ def test_a_member_sends_only_at_granted_times_and_stops_without_the_store():
         sent = _sends_by_key(engine)
         # each key sent about what was granted, never more (3 s / 0.06 s = 50 per key)
         for w in engine.parts.keys.workers:
-            granted = shared.granted[engine.parts.cluster.budget_ids[w.label]]
+            granted = shared.granted[_in_store(engine, w.label)]
             assert w.sent <= len(granted) and w.sent >= 40, (w.label, w.sent, len(granted))
         # every send is told to the store within a poll (0.1 s: at most about 20 not yet)
         assert sum(sent.values()) - 20 <= shared.sends <= sum(sent.values())
@@ -182,7 +201,7 @@ def test_a_lost_state_drops_old_leases_and_the_first_grant_holds():
             and min(later) >= 1.0 + engine.parts.cluster.slack_s + engine.parts.cluster.confirm_s
         )
         for w in engine.parts.keys.workers:
-            budget = engine.parts.cluster.budget_ids[w.label]
+            budget = _in_store(engine, w.label)
             after = shared.granted[budget][before[budget] :]  # granted after the loss
             assert after and after[0] >= lost_at + min(later) - 1e-6
 
@@ -197,7 +216,7 @@ def test_a_shared_gate_closes_ours_and_ours_is_shared():
         engine.start()
         await asyncio.sleep(1.0)
         now = engine.parts.run.clock()
-        name = engine.parts.cluster.gate_ids["k2"]
+        name = _in_store(engine, "k2")  # the key's gate: named as its budget
         shared.gates[name] = (now + 2.0, "Retry-After 2s")  # another member's
         await asyncio.sleep(0.15)
         assert engine.parts.limits.gates["k2"].open_at >= now + 2.0 - 1e-6
@@ -209,7 +228,7 @@ def test_a_shared_gate_closes_ours_and_ours_is_shared():
         gate.close(engine.parts.run.clock() + 1.0, "Retry-After 1s", engine.parts.run.clock())
         engine.parts.cluster.gate_closed(gate, "Retry-After 1s")
         await asyncio.sleep(0.05)
-        assert engine.parts.cluster.gate_ids["k3"] in shared.gates
+        assert _in_store(engine, "k3") in shared.gates
         await engine.stop()
 
     run_virtual(main())
@@ -354,14 +373,7 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
         },
     )
     shared = FakeShared(gap=0.01)
-    asked: set[str] = set()
-    lease = shared.lease
-
-    async def recording(asks, *args):
-        asked.update(a.budget for a in asks)
-        return await lease(asks, *args)
-
-    shared.lease = recording
+    asked = record_asks(shared)
 
     async def main():
         engine = Engine(
@@ -385,7 +397,8 @@ def test_each_model_of_a_key_is_its_own_budget_in_the_store(tmp_path):
     for secret in secrets:
         for model in ("gpt-a", "gpt-b"):
             for unit in ("requests", "tokens"):
-                assert budget_name(url, secret, f"{unit}\0model\0{model}") in asked, (unit, model)
+                name = engine.parts.cluster.store_name(budget_name(url, secret, f"{unit}\0model\0{model}"))
+                assert name in asked, (unit, model)
 
 
 class TwoHosts(FakeShared):
@@ -415,8 +428,7 @@ def test_leases_of_one_host_outlive_polls_that_read_every_hosts_epoch():
         await asyncio.sleep(4.0)
         sent = _sends_by_key(engine)
         granted = {
-            w.label: len(shared.granted[engine.parts.cluster.budget_ids[w.label]])
-            for w in engine.parts.keys.workers
+            w.label: len(shared.granted[_in_store(engine, w.label)]) for w in engine.parts.keys.workers
         }
         dropped = sum(s.dropped for w in engine.parts.keys.workers for s in w.all_leases())
         await engine.stop()
