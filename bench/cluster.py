@@ -151,23 +151,34 @@ class RedisClusterProcesses:
             n.close()
 
 
-def command_counts(url: str) -> dict[str, int]:
-    """Calls per command so far (`INFO commandstats`), summed over every master of a cluster."""
+def node_command_counts(url: str) -> list[dict[str, int]]:
+    """Calls per command so far (`INFO commandstats`) of each master of a cluster (one server: one)."""
     import redis
 
     from ratedeck.store.redis_shared import cluster_nodes, is_cluster
 
     addrs = cluster_nodes(url)[0] if is_cluster(url) else [None]
-    total: dict[str, int] = {}
+    out = []
     for addr in addrs:
         client = redis.Redis(host=addr[0], port=addr[1]) if addr else redis.Redis.from_url(url)
         try:
-            for name, row in client.info("commandstats").items():
-                cmd = name.removeprefix("cmdstat_")
-                total[cmd] = total.get(cmd, 0) + int(row["calls"])
+            counts = {
+                name.removeprefix("cmdstat_"): int(row["calls"])
+                for name, row in client.info("commandstats").items()
+            }
         finally:
             client.close()
-    return total
+        out.append(counts)
+    return out
+
+
+def scripts_by_master(before: list[dict[str, int]], after: list[dict[str, int]]) -> list[int]:
+    """Script calls (grants, trims, polls: `evalsha` and `eval`) each master ran between two counts:
+    how the members' budgets spread over a cluster's masters."""
+    return [
+        sum(a.get(c, 0) - b.get(c, 0) for c in ("evalsha", "eval"))
+        for b, a in zip(before, after, strict=True)
+    ]
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -312,11 +323,11 @@ def _phases(
     (behind a fresh jitter proxy with `jitter_ms`)."""
     out: dict[str, Any] = {"at_share": {}}
     with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
-        out["before"] = command_counts(url)
+        out["before"] = node_command_counts(url)
         t0 = time.monotonic()
         out["shared"] = run_members(target, url, members, duration_s, capacity / members * 1.5, workdir)
         out["calls_s"] = time.monotonic() - t0
-        out["after"] = command_counts(url)
+        out["after"] = node_command_counts(url)
         out["stats"] = sim.stats(arrivals=True)
     out["published"] = member_summaries(url)
     with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
@@ -342,9 +353,12 @@ def _compare_cpu(shared: list[dict[str, Any]], alone: dict[str, Any], at_share: 
             m[name] = round(per / base, 2) if per and base else None
 
 
-def _redis_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """The commands Redis ran between two counts, most first."""
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+def _redis_calls(before: list[dict[str, int]], after: list[dict[str, int]]) -> dict[str, int]:
+    """The commands Redis (every master) ran between two counts, most first."""
+    delta: dict[str, int] = {}
+    for b, a in zip(before, after, strict=True):
+        for k in a:
+            delta[k] = delta.get(k, 0) + a.get(k, 0) - b.get(k, 0)
     delta = {k: v for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
     # the counting's own INFO calls are not the members'
     delta.pop("info", None)
@@ -429,6 +443,8 @@ def run(
         **sustained(stats),
         "per_member": shared,
         "redis_calls": delta,
+        # how the scripts spread over a cluster's masters (one server: one)
+        "scripts_by_master": scripts_by_master(got["before"], got["after"]),
         # every command Redis ran (those inside the grant scripts included), per member per second
         "redis_commands_per_member_s": round(sum(delta.values()) / members / got["calls_s"], 1),
         # the budgets' and gates' round trips (grants, polls, summaries, clock samples): the
@@ -493,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  Redis round trips per member per second for budgets and gates: "
         f"{result['budget_calls_per_member_s']}; commands Redis ran per member per second "
-        f"(scripts' own included, work queue too): {result['redis_commands_per_member_s']} ({calls}, ...)"
+        f"(scripts' own included, work queue too): {result['redis_commands_per_member_s']} ({calls}, ...); "
+        f"script calls by master: {result['scripts_by_master']}"
     )
     for i, m in enumerate(result["per_member"]):
         print(
