@@ -188,7 +188,7 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
             lines.append("  " + _headroom_note(r))
     for r in result.rows:
         if r.get("share_of_left") is not None:
-            sustained = (
+            scaled = (
                 f"; sustained over its own stamps {r['sustained']:.3f}, {r['sustained_of_left']:.3f} of"
                 " the share they left"
                 if r.get("sustained_of_left") is not None
@@ -196,7 +196,7 @@ def scenario_table(result: ScenarioResult, duration_s: float) -> str:
             )
             lines.append(
                 f"  {r['strategy']} got {r['share_of_left']:.3f} of what the other user left"
-                f" (they were accepted {r['other_accepted']:,} times){sustained}"
+                f" (they were accepted {r['other_accepted']:,} times){scaled}"
             )
     for r in result.rows:
         if r["rejected_429"] and r.get("rejected_429_by_key"):
