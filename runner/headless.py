@@ -428,6 +428,13 @@ def summary_lines(snap: Snapshot, facts: RunFacts | None = None) -> list[str]:
         lines.append(
             f"  {k.label:>4} {k.masked}  {'out' if out else k.state:<8} sent {k.sent:>7}  ok {k.succeeded:>7}  429 {k.rejected_429}"
             + (f"  told {k.told_limit}, learned {k.learned_limit}" if k.learned_limit else "")
+            + (
+                f"  limit estimate {k.limit_estimate} ({k.estimate_reason})"
+                if not k.learned_limit
+                and k.limit_estimate
+                and k.estimate_reason not in ("", "told", "advertised")
+                else ""
+            )
             + (f"  {'' if out else 'refused: '}{refusal(k)}" if k.state == "blocked" else "")
             + (f"  shared: someone else used {k.shared_share:.0%} of a window" if k.shared_share else "")
         )

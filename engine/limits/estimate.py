@@ -175,7 +175,9 @@ class KeyEstimate:
         if level > self.confirmed:
             self.confirmed = min(level, self.value)
             if self.recover_to is not None and self.confirmed >= self.recover_to:
-                self.recover_to = None  # back where it held
+                self.recover_to = None  # back where it held, and seen to hold there again
+                if self.reason == "climbing back":
+                    self.reason = "climbed back"
 
     def rejected(self, sent_at: float, accepted: int, now: float) -> tuple[bool, bool]:
         """A 429 for a request sent at `sent_at`, after `accepted` of ours were accepted in the

@@ -75,7 +75,7 @@ def test_a_level_that_held_and_failed_is_probed_back_within_a_few_windows():
     assert est.tick(t) and (est.value, est.confirmed, est.reason) == (20, 12, "climbing back")
     for level in range(13, 21):
         est.confirm(level)  # they left: every probe goes through
-    assert est.confirmed == 20
+    assert est.confirmed == 20 and est.reason == "climbed back"
     assert not est.tick(t + 1.0) and est.recover_to is None  # back: nothing left to recover
 
 

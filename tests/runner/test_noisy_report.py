@@ -58,3 +58,22 @@ def test_a_throughput_above_capacity_says_it_is_the_start_s_burst():
     assert "834.6% of 3.99/s capacity: the burst the limits allow at the start" in over, over
     under = metrics_block(_snap(throughput_tps=3.8, capacity_tps=3.99))[1]
     assert under.endswith("(95.2% of 3.99/s capacity)"), under
+
+
+def test_the_summary_says_where_an_estimate_that_moved_and_came_back_stands():
+    keys = (
+        KeyRow("k1", "…AAAA", told_limit="20/1s", limit_estimate="20/1s", estimate_reason="climbed back"),
+        KeyRow("k2", "…BBBB", told_limit="20/1s", limit_estimate="20/1s", estimate_reason="told"),
+        KeyRow(
+            "k3",
+            "…CCCC",
+            told_limit="25/1s",
+            learned_limit="20/1s",
+            limit_estimate="20/1s",
+            estimate_reason="lowered by a 429 at 25",
+        ),
+    )
+    lines = {line.split()[0]: line for line in summary_lines(Snapshot(keys=keys)) if line.startswith("  ")}
+    assert lines["k1"].endswith("limit estimate 20/1s (climbed back)")
+    assert "estimate" not in lines["k2"]  # as told: nothing to say
+    assert lines["k3"].endswith("told 25/1s, learned 20/1s")  # said once, as learned
