@@ -155,7 +155,7 @@ class SendLog:
     """A key's recent send times, and the one send beyond the estimate's confirmed level
     that the others wait for (a probe)."""
 
-    __slots__ = ("times", "failed", "probe_out", "probe_at", "probe_level")
+    __slots__ = ("times", "failed", "probe_out", "probe_at", "probe_level", "probe_plain")
 
     def __init__(self) -> None:
         self.times: deque[float] = deque(maxlen=_SENDS_KEPT)
@@ -163,6 +163,7 @@ class SendLog:
         self.probe_out = False  # a send beyond the confirmed level is in flight: wait for it
         self.probe_at = -1.0  # its send time
         self.probe_level = 0  # and our count in the window with it
+        self.probe_plain = 0  # the same over the window alone, as the server counts it
 
 
 class KeyLimits:
@@ -321,15 +322,18 @@ class KeyLimits:
             times, beyond = sends.times, est.confirmed + 1
             if len(times) >= beyond and times[-beyond] > self._window_start(now):
                 sends.probe_out, sends.probe_at, sends.probe_level = True, now, self._count_in_window(now)
+                sends.probe_plain = self._count_in_window(now, 0.0)
 
     def _window_start(self, now: float) -> float:
         assert self.estimate is not None
         return now - self.estimate.window_s - self.limiter.headroom_s()
 
-    def _count_in_window(self, now: float) -> int:
+    def _count_in_window(self, now: float, widen: float | None = None) -> int:
         """Our sends in the estimate's window up to `now`, widened by the headroom as the
-        limiter's meter counts them (the server sees at most these in its window)."""
-        start = self._window_start(now)
+        limiter's meter counts them (the server sees at most these in its window); with
+        `widen`, by that many seconds instead (0.0: the window as the server counts it)."""
+        assert self.estimate is not None
+        start = now - self.estimate.window_s - (self.limiter.headroom_s() if widen is None else widen)
         count = 0
         for t in reversed(self.sends.times):
             if t <= start:
@@ -369,7 +373,7 @@ class KeyLimits:
         if sent_at is not None and sent_at == sends.probe_at:
             sends.probe_out, sends.probe_at = False, -1.0  # the send beyond the confirmed level is answered
             if succeeded and self.estimate is not None:
-                self.estimate.confirm(sends.probe_level)
+                self.estimate.confirm(sends.probe_level, sends.probe_plain)
         if not succeeded and sent_at is not None:
             sends.failed.append(sent_at)
         learning = self.learning

@@ -146,6 +146,21 @@ def test_a_probe_that_draws_a_429_goes_back_and_is_held_longer_each_time():
     assert est.quiet_until == pytest.approx(t + 41.1 + 4 * HOLD_S)
 
 
+def test_a_failed_probe_never_goes_below_what_a_probe_found_room_beside():
+    est = KeyEstimate(25, 1.0, slow_start=True)
+    est.tick(0.0)
+    for level in range(14, 22):  # the limiter's count (with the headroom) runs ahead of the window's
+        est.confirm(level, plain=level - 1)
+    assert (est.confirmed, est.top_plain) == (21, 20)
+    est.rejected(1.9, 19, 2.0)  # the count before the failed probe came out one short
+    assert est.value == 20 and est.reason == "lowered by a 429 at 25"
+    other = KeyEstimate(25, 1.0, slow_start=True)
+    other.tick(0.0)
+    other.confirm(21, plain=18)  # what a probe found room beside says less than the count here
+    other.rejected(1.9, 19, 2.0)
+    assert other.value == 19
+
+
 def test_a_told_limit_that_never_held_is_not_probed_again_for_long():
     est = KeyEstimate(25, 1.0, slow_start=True)
     est.tick(0.0)
