@@ -285,6 +285,7 @@ def run_scenarios(args: argparse.Namespace) -> list:
                     in_flight=scenario.in_flight,
                     loop=args.loop,
                     seed=args.seed,
+                    extra={"told_wrong": True} if scenario.told_limit is not None else {},
                 )
                 client = run_child(spec)
                 server = sim.stats(arrivals=True)

@@ -3,6 +3,8 @@ the told-wrong limit, and the sustained share and headroom parts in each row."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ratedeck.bench import parse_args
 from ratedeck.bench.engine_run import BUDGET, snapshot_summary, variant_overrides
 from ratedeck.bench.output import ScenarioResult, make_row, scenario_table
@@ -88,6 +90,15 @@ def test_ratedeck_variants_add_a_probe_or_a_budget_and_load():
     assert "probe_url" not in plain["target"] and "rejection_budget" not in plain["engine"]
     for overrides in (probe, budget, plain):
         load_config(preset="study", overrides=overrides)  # valid configs
+
+
+def test_a_client_told_a_limit_not_the_servers_runs_with_the_engines_slow_start():
+    told = variant_overrides(replace(spec("ratedeck"), extra={"told_wrong": True}))
+    assert told["engine"]["slow_start"] is True
+    assert load_config(preset="study", overrides=told).engine_settings.engine.slow_start
+    plain = variant_overrides(spec("ratedeck"))
+    assert "slow_start" not in plain["engine"]
+    assert not load_config(preset="study", overrides=plain).engine_settings.engine.slow_start  # the study's
 
 
 def test_a_row_carries_the_share_and_what_the_headroom_was_made_of():
