@@ -2,13 +2,16 @@
 
     python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL | --cluster]
         [--latency 5:45 --processing 20:80] [--jitter-ms 5:45] [--server-timing] [--no-same-rate]
+        [--offer 1.0]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
 (unless `--redis` names one), the simulator (`ratedeck serve`, study mode: 5
 keys x 20/s, counting every key's windows itself), fills the store's queue
 with `ratedeck enqueue`, and runs `--members` copies of
-`ratedeck --no-ui --store redis://...` at once, each offered more than its
-share. Then one `--store memory` process alone on the same keys, for CPU.
+`ratedeck --no-ui --store redis://...` at once, each offered its share of
+the capacity (`--offer 1.5`: half as much again, as before issue 44: a member
+that always has work hides the slots a member short of work leaves). Then
+one `--store memory` process alone on the same keys, offered as much, for CPU.
 `--latency`/`--processing` put the simulator behind that jitter each way and
 that server time (the noisy server: `--latency 5:45 --processing 20:80`);
 `--jitter-ms 5:45` puts instead a jitter proxy (`bench/jitter.py`, in its own
@@ -317,21 +320,23 @@ def _phases(
     workdir: Path,
     same_rate: bool,
     jitter_ms: str | None = None,
+    offer: float = 1.0,
 ) -> dict[str, Any]:
-    """The members through the store, then one memory-store process alone (and, with
+    """The members through the store, each offered `offer` times its share of the capacity,
+    then one memory-store process alone offered `offer` times the capacity (and, with
     `same_rate`, one at a member's share of the rate), each against a fresh simulator
     (behind a fresh jitter proxy with `jitter_ms`)."""
     out: dict[str, Any] = {"at_share": {}}
     with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
         out["before"] = node_command_counts(url)
         t0 = time.monotonic()
-        out["shared"] = run_members(target, url, members, duration_s, capacity / members * 1.5, workdir)
+        out["shared"] = run_members(target, url, members, duration_s, capacity / members * offer, workdir)
         out["calls_s"] = time.monotonic() - t0
         out["after"] = node_command_counts(url)
         out["stats"] = sim.stats(arrivals=True)
     out["published"] = member_summaries(url)
     with Simulator(serve) as sim, _target(sim, jitter_ms, duration_s) as target:
-        out["alone"] = run_members(target, "memory", 1, duration_s, capacity * 1.5, workdir)[0]
+        out["alone"] = run_members(target, "memory", 1, duration_s, capacity * offer, workdir)[0]
         out["alone_stats"] = sim.stats(arrivals=True)
     # CPU per request falls with the rate (a process's fixed costs spread over more
     # requests): the fair baseline also runs at one member's share of the keys.
@@ -402,6 +407,7 @@ def run(
     same_rate: bool = True,
     server_timing: bool = False,
     jitter_ms: str | None = None,
+    offer: float = 1.0,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
     redis: RedisProcess | RedisClusterProcesses | None = None
@@ -413,7 +419,7 @@ def run(
     serve = _serve_args(latency or ("0" if jitter_ms else None), processing, server_timing)
     try:
         _enqueue_jobs(url, workdir, int(capacity * duration_s * 1.5))
-        got = _phases(serve, url, members, duration_s, capacity, workdir, same_rate, jitter_ms)
+        got = _phases(serve, url, members, duration_s, capacity, workdir, same_rate, jitter_ms, offer)
     finally:
         if redis is not None:
             redis.close()
@@ -482,10 +488,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-same-rate", action="store_true", help="skip the memory store at one member's rate (CPU only)"
     )
+    parser.add_argument(
+        "--offer",
+        type=float,
+        default=1.0,
+        help="each member is offered this many times its share of the capacity (default 1.0: the "
+        "capacity, split, as the scenario bench offers every client its scenario's capacity)",
+    )
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     if args.members < 1 or not 10 <= args.duration <= 600:
         parser.error("--members must be at least 1 and --duration 10 to 600 s")
+    if not 0.1 <= args.offer <= 1.5:
+        parser.error(f"--offer must be 0.1 to 1.5 (the store's queue holds 1.5x), got {args.offer:g}")
     if args.cluster and args.redis:
         parser.error("--cluster starts its own cluster: not with --redis")
     result = run(
@@ -498,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         same_rate=not args.no_same_rate,
         server_timing=args.server_timing,
         jitter_ms=args.jitter_ms,
+        offer=args.offer,
     )
     print(
         f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "

@@ -459,3 +459,25 @@ def test_a_new_epoch_on_one_host_drops_the_leases():
     before, after, events = run_virtual(main())
     assert after > before
     assert any("started afresh" in text for text in events)
+
+
+def test_a_member_leases_no_more_than_the_work_it_holds():
+    # Offered less than its keys allow (as a member offered its share of the capacity is, now
+    # and then), a key that leased a quarter second of its rate for one waiting request left the
+    # rest unused: the store counts an unused lease until it expires, so nobody had those slots
+    # (3 members each offered their share: 0.90 of the capacity, against 0.92 for one process).
+    cfg = load_config(
+        preset="study",
+        overrides={"engine": {"graveyard_path": ""}, "workload": {"rate": 40.0}, "run": {"seed": 3}},
+    )
+    shared = FakeShared(gap=0.05)
+
+    async def main():
+        engine = Engine(cfg, SimulatedTransport(study_settings()), shared_state=shared)
+        await engine.run(10.0)
+        return engine
+
+    engine = run_virtual(main())
+    granted, used, dropped = engine.parts.cluster.lease_totals()
+    assert engine.snapshot().succeeded >= 390  # 40/s for 10 s, all sent
+    assert dropped <= 0.02 * used and granted - used <= 0.05 * used, (granted, used, dropped)
