@@ -179,11 +179,13 @@ class ClusterMember:
     Attributes:
         lease_ahead_s: how far ahead a fetch leases at a key's rate (0.25 s of
             20/s: 5 slots), so the store is asked a few times a second per key;
-            never more than the work waiting, and none while the leases the
-            member's keys hold cover it (`want`): the store counts an unused
-            lease until it expires, so a lease nobody sends on is a slot lost to
-            every member (3 members each offered their share: 0.90 of capacity,
-            against 0.92 for one process, until this).
+            never more than the work waiting less what the key holds: the store
+            counts an unused lease until it expires, so a lease nobody sends on
+            is a slot lost to every member (3 members each offered their share:
+            0.90 of capacity, against 0.92 for one process, until this). Keys
+            may still lease for the same waiting request; holding a key back
+            while another key's leases cover the work made members erratic
+            (0.87-0.93), since those leases may be later than its own.
         horizon_s: the store grants no slot further ahead than this.
         slack_s: how late a lease may still be used (timers fire late), beyond
             the clock uncertainty, which the store adds itself. It costs
@@ -277,20 +279,9 @@ class ClusterMember:
             return
         if leases.fetching or self.down_since is not None or now < leases.retry_at:
             return
-        if leases is held.default and len(worker.queues) <= self._held():
-            # The work waiting has leases already (another key's): one more would go unused, and
-            # the store counts an unused lease until it expires. Look again in a while.
-            leases.retry_at = now + self.lease_ahead_s / 2
-            return
         leases.fetching = True
         held.fetching += 1
         self._spawn(self._fetch(worker, leases))
-
-    def _held(self) -> int:
-        """Leases this member's keys hold for their every-request plan, not used yet."""
-        return sum(
-            len(held.default) for w in self.parts.keys.workers if (held := w.limits.leases) is not None
-        )
 
     def plan_of(self, worker: KeyWorker, leases: LeasedSlots) -> list[tuple[WindowLimiter, int]]:
         """The limiters a lease of `leases` spends from, and the cost in each."""
