@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _end_startup_guard()
         return _main(sys.argv[1:] if argv is None else argv)
-    except KeyboardInterrupt:  # Ctrl-C outside any run's own handling (while starting, say)
+    except (KeyboardInterrupt, RuntimeError) as exc:  # Ctrl-C outside a run's handling (starting)
+        # A Ctrl-C while a module defines a dataclass reaches us as the RuntimeError Python
+        # wraps an exception from `__set_name__` in: the same Ctrl-C.
+        if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
         try:
             print("ratedeck: interrupted", file=sys.stderr, flush=True)
         except (OSError, ValueError):
