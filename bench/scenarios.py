@@ -231,6 +231,29 @@ TABLE: tuple[Row, ...] = (
 )
 
 
+def _live(
+    name: str,
+    summary: str,
+    flags: tuple[str, ...],
+    *,
+    jitter_ms: str = "5:45",
+    strategies: tuple[str, ...] = ("aiolimiter", "ratedeck"),
+    told_limit: int | None = None,
+) -> Row:
+    """A live row of the study's 5 keys x 20/1s: the simulator adds no delay of its own, 20..80 ms
+    of server time, behind a proxy that delays each way by `jitter_ms`."""
+    return Row(
+        name,
+        summary,
+        strategies,
+        latency="0",
+        processing="20:80",
+        flags=flags,
+        told_limit=told_limit,
+        jitter_ms=jitter_ms,
+    )
+
+
 def _live5(
     name: str,
     jitter_ms: str,
@@ -238,19 +261,13 @@ def _live5(
     *flags: str,
     strategies: tuple[str, ...] = ("aiolimiter", "ratedeck"),
 ) -> Row:
-    """A live row of the study's 5 keys x 20/1s, 20..80 ms of server time, behind a proxy that
-    delays each way by `jitter_ms` ("100:104" is a steady network)."""
+    """A live row (`_live`) named for its proxy's delay ("100:104" is a steady network) and hint."""
     low, high = jitter_ms.split(":")
     kind = "steady" if float(high) - float(low) < 10 else "jitter"
-    return Row(
-        name,
-        f"5 keys x 20/1s through a {kind} proxy ({low}..{high} ms each way), 20..80 ms processing, {hint}",
-        strategies,
-        latency="0",
-        processing="20:80",
-        flags=(*_QUIET, *flags),
-        jitter_ms=jitter_ms,
+    summary = (
+        f"5 keys x 20/1s through a {kind} proxy ({low}..{high} ms each way), 20..80 ms processing, {hint}"
     )
+    return _live(name, summary, (*_QUIET, *flags), jitter_ms=jitter_ms, strategies=strategies)
 
 
 #: Real time on real sockets: the simulator adds no delay of its own, a jitter proxy in its own
@@ -283,42 +300,30 @@ LIVE_TABLE: tuple[Row, ...] = (
     # Targets (60 s): told-wrong >= 0.90 sustained, <= 60 429s, <= 40 sends into a cooldown
     # (`server_in_cooldown`); told-wrong+remaining >= 0.92, <= 5 429s; shared-keys >= 0.85 of
     # what the other user left (`share_of_left`), <= 150 429s.
-    Row(
+    _live(
         "live-told-wrong",
         "clients told 25/1s per key, the server allows 20/1s: 429 + Retry-After, a cooldown on each "
         "429 that doubles on every send into it (escalation); jitter proxy (5..45 ms each way), "
         "20..80 ms processing, no RateLimit headers",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=("--no-ratelimit-headers", "--retry-after", "--escalation"),
+        ("--no-ratelimit-headers", "--retry-after", "--escalation"),
         told_limit=25,
-        jitter_ms="5:45",
     ),
-    Row(
+    _live(
         "live-told-wrong+remaining",
         "clients told 30/1s per key, the server allows 20/1s and says RateLimit / X-RateLimit-* "
         "on every answer; 429 + Retry-After, escalating cooldowns; jitter proxy (5..45 ms each way), "
         "20..80 ms processing",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=("--ratelimit-headers", "--retry-after", "--escalation"),
+        ("--ratelimit-headers", "--retry-after", "--escalation"),
         told_limit=30,
-        jitter_ms="5:45",
     ),
-    Row(
+    _live(
         "live-shared-keys",
         "5 keys x 20/1s, another user takes 8/s of each key from 10 s to 30 s after the first request; "
         "jitter proxy (5..45 ms each way), 20..80 ms processing, no hints. Judge by share_of_left "
         "(accepted / (capacity - the other user's accepted)); sustained is over the clients' own "
         "accept stamps only (the other user's are not stamped), so the slots the other user took "
         "count as gaps there and it reads below share_of_left",
-        ("aiolimiter", "ratedeck"),
-        latency="0",
-        processing="20:80",
-        flags=(*_QUIET, "--other-load", "8/1s@10s-30s"),
-        jitter_ms="5:45",
+        (*_QUIET, "--other-load", "8/1s@10s-30s"),
     ),
 )
 
