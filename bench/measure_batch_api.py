@@ -36,6 +36,8 @@ from typing import Any
 from ratedeck.server.stubs.anthropic import start_anthropic
 from ratedeck.server.stubs.openai import start_openai
 
+from .procs import stop_child
+
 TOKEN = "measure-batch-api-token"
 OPENAI_KEYS = [
     "sk-proj-bapi-alpha000000000001",
@@ -178,12 +180,7 @@ async def openai_run(n: int = 600, kill: bool = False) -> dict[str, Any]:
                     result["killed"] = killed
             finally:
                 for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                        try:
-                            p.wait(30)
-                        except subprocess.TimeoutExpired:
-                            p.kill()
+                    stop_child(p, wait_s=30.0)  # a gateway drains its batches' lines in flight
             result["stub_429s"] = sum(1 for r in stub.ledger.records if r.status == 429)
             result["answered_twice_upstream"] = stub.state.book.duplicates()  # in flight at the kill
     least = least_time_s(n, tokens_each, len(OPENAI_KEYS), RPM, TPM)
@@ -231,11 +228,7 @@ async def anthropic_run(n: int = 200) -> dict[str, Any]:
                 result["results"] = dict(kinds)
                 result["each_once"] = len(ids) == n and max(ids.values(), default=0) == 1
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop_child(proc, wait_s=30.0)
             result["stub_429s"] = sum(1 for r in stub.ledger.records if r.status == 429)
     return result
 

@@ -110,7 +110,7 @@ def _release_stop_signals() -> None:
 
 class _Child:
     """A server of the bench's in a process of its own: started by `with`, ready once it printed
-    its banner (`banner` then the address it serves), stopped (`_stop`) on the way out."""
+    its banner (`banner` then the address it serves), stopped (`stop_child`) on the way out."""
 
     banner = ""  # how its first line begins
     what = ""  # what it is, for the error when it does not start
@@ -134,7 +134,7 @@ class _Child:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        _stop(proc)
+        stop_child(proc)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -229,13 +229,13 @@ def run_child(spec: RunSpec, timeout_s: float | None = None) -> dict[str, Any]:
     raise BenchError(f"{spec.strategy}: the run failed (exit {proc.returncode}): {tail[:300]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End a child the bench started: SIGTERM, then SIGKILL after 10 s; close its pipes."""
+def stop_child(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """End a child the bench started: SIGTERM, then SIGKILL after `wait_s`; close its pipes."""
     try:
         if proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
