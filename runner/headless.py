@@ -538,6 +538,11 @@ def store_lines(store: StoreReport) -> list[str]:
         lines.append(
             "             kept across a restart: nothing (appendonly no, save ''): a restart loses the work"
         )
+    if store.left_claimed:
+        lines.append(
+            f"             {store.left_claimed} jobs were held by a run that did not end (killed?) and were"
+            " left to it: --resume takes them back"
+        )
     if store.lost_claims:
         lines.append(
             f"             lost {store.lost_claims} claimed jobs: the store lost its state while this run held them"

@@ -404,6 +404,7 @@ def store_report(s: StoreReport, snap: Snapshot) -> dict:
         # what a restart of the store keeps ("none": a restart loses the work), and jobs a loss took
         "persistence": s.persistence or "file",
         "lost_claims": s.lost_claims,
+        "left_claimed": s.left_claimed,
     }
 
 

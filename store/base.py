@@ -183,3 +183,4 @@ class StoreReport:
     problem: str | None = None  # the store failed at the end (counts are then empty)
     persistence: str | None = None  # what a restart of the store keeps (`WorkStore.persistence`)
     lost_claims: int = 0  # jobs this run had claimed when the store lost its state
+    left_claimed: int = 0  # jobs another run held when this one started, not taken back (no --resume)

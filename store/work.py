@@ -497,4 +497,5 @@ class StoreRun:
             problem=problem or (journal.problem if journal is not None else None),
             persistence=self.persistence,
             lost_claims=self.store.lost_claims,
+            left_claimed=self.left_claimed,
         )

@@ -234,6 +234,25 @@ def test_kill_9_then_resume_without_idempotency_sends_nothing_twice_and_reports_
     assert store["succeeded"] + store["graveyard"] + store["uncertain"] == JOBS
 
 
+def test_a_run_after_a_kill_9_without_resume_says_what_it_left_and_how_to_take_it_back(tmp_path):
+    db, report = tmp_path / "work.db", tmp_path / "report.json"
+    with JobTarget() as target:
+        cfg = _config(tmp_path, target, idempotent=False)
+        _enqueue(tmp_path, db)
+        _kill_mid_run(cfg, db, target)
+        held = sum(1 for state, _ in _states(db).values() if state in ("claimed", "sending"))
+        assert held > 0
+        proc = _run(cfg, db, report)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # The summary (stdout with --no-ui) says it, not only the console's event log.
+    assert f"{held} jobs were held by a run that did not end (killed?)" in proc.stdout
+    assert "--resume takes them back" in proc.stdout
+    data = json.loads(report.read_text())
+    assert validate(data) == [] and data["store"]["left_claimed"] == held
+    assert data["store"]["in_flight"] == held and data["store"]["resumed"] == 0
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_with_idempotency_key_finishes_every_job_under_one_key(tmp_path):
     db, report = tmp_path / "work.db", tmp_path / "report.json"
