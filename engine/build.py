@@ -26,7 +26,7 @@ from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.http.probe import Probe
 from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
-from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.headroom import PROBE_READY, HeadroomController
 from ratedeck.engine.limits.in_flight import InFlightSizing
 from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.observe.events import EventLog
@@ -370,7 +370,11 @@ def _probe(cfg: EngineSettings, transport: Transport) -> Probe | None:
     if not cfg.target.probe_url:
         return None
     return Probe(
-        cfg.target.probe_url, cfg.target.probe_rate, get=transport.prober(), timeout_s=cfg.target.timeout_s
+        cfg.target.probe_url,
+        cfg.target.probe_rate,
+        get=transport.prober(),
+        timeout_s=cfg.target.timeout_s,
+        warm=PROBE_READY,
     )
 
 

@@ -15,8 +15,11 @@ import math
 from collections import deque
 from typing import Any
 
-#: Probe samples needed before a probe's spread is believed.
+#: Probe samples needed before a probe's spread is believed (the probe takes them back to back).
 PROBE_READY = 50
+#: Windows of probe samples the probe's range is taken over: a range over few samples comes
+#: out short now and then, and the probe's cap holds every slot.
+PROBE_WINDOWS = 6
 #: Share of answers that must carry a usable hint for their spread to count as the network's.
 HINTED = 0.9
 
@@ -367,7 +370,7 @@ class SpreadEvidence:
         # Whole round trips: the same tracker as `net` until an answer's server time is first
         # used (until then both see the same samples), so an answer costs one `add`, not two.
         self.raw = self.net
-        self.probe = RangeTracker(3 * window_s)  # the probe's round trips: fewer, kept longer
+        self.probe = RangeTracker(PROBE_WINDOWS * window_s)  # the probe's round trips: fewer, kept longer
         self.server_mean: float | None = None  # moving mean of usable server time (s)
         self.hint_share = 0.0  # moving share of answers with a usable hint
         self.hints_used = self.hints_ignored = 0
@@ -633,12 +636,19 @@ class HeadroomController:
         ev = self.evidence
         tracker = ev.net
         lo = tracker.lo_long
-        if tracker.n < 100 or ev.first_t is None or now - ev.first_t < self.bound_settle_s:
-            return max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms) / 1000.0
         spread_ms = tracker.spread * 1000.0
-        extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         cap = self._cap_ms(spread_ms)
-        if cap is not None and extra_ms > cap and (net <= tracker.body_hi or self._capped_whole()):
+        capped = net <= tracker.body_hi or self._capped_whole()
+        if tracker.n < 100 or ev.first_t is None or now - ev.first_t < self.bound_settle_s:
+            early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
+            trusted = tracker.n >= 100 or ev.target_source == SOURCE_PROBE
+            if cap is not None and early_ms > cap and capped and trusted:
+                # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once
+                # it stands on 100 answers or a ready probe.
+                early_ms = cap
+            return early_ms / 1000.0
+        extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
+        if cap is not None and extra_ms > cap and capped:
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker).
             extra_ms = cap

@@ -122,6 +122,35 @@ def test_unsettled_extras_keep_the_fallback_and_a_fixed_headroom_has_none():
     assert h.extra_for(0.01, t) is None and h.effective_ms == 20
 
 
+def test_an_unsettled_slot_takes_a_ready_probe_s_cap_not_the_whole_round_trip():
+    # Round trips carry 20..80 ms of server time; the probe sees the network alone (10..90 ms).
+    rng = random.Random(3)
+    h = HeadroomController(initial_ms=100)
+    t = 0.0
+    for _ in range(60):
+        h.observe_network(rng.uniform(0.005, 0.045) + rng.uniform(0.005, 0.045), t)
+        t += 0.02
+    for _ in range(150):
+        h.observe_rtt(rng.uniform(0.005, 0.045) + rng.uniform(0.02, 0.08) + rng.uniform(0.005, 0.045), t)
+        t += 0.02
+    first = h.evidence.first_t
+    assert first is not None and t - first < h.bound_settle_s  # rtt_min is not trusted yet
+    assert h.source == "probe"
+    cap = h.value_ms + h.margin_ms
+    assert 35 <= h.value_ms <= 50
+    assert h.extra_for(0.160, t) * 1000 == pytest.approx(cap)  # its own bound would be ~130 ms
+    assert h.extra_for(0.035, t) * 1000 >= h.value_ms  # and never under the fallback
+
+
+def test_an_unsettled_slot_keeps_its_own_bound_on_few_answers():
+    # 40 answers are too few for the symmetric estimate to hold a slot: its own bound stands.
+    rng = random.Random(4)
+    h = HeadroomController(initial_ms=100)
+    t = feed(h, 40, 0.0, lambda: rng.uniform(0.001, 0.005) + rng.uniform(0.001, 0.005), spacing=0.1)
+    assert h.value_ms < 10
+    assert h.extra_for(0.060, t) * 1000 >= 50
+
+
 def test_whole_round_trips_part_from_the_network_s_once_hints_arrive():
     # Without hints the two are the same samples (one tracker is fed); the first usable hint
     # splits them, and each keeps what it had seen before.

@@ -137,7 +137,9 @@ def test_half_nonsense_hints_only_widen_what_the_good_half_allows():
     mixed, _, _, _ = run(noisy(), seconds=20, timing_hint=sometimes)
     plain, _, _, _ = run(noisy(), seconds=20)
     assert mixed.rejected_429 == 0
-    assert good.headroom_ms <= mixed.headroom_ms <= plain.headroom_ms + 1e-9
+    # The mean extra in force at the end: the usable half lowers the minimum the other half's
+    # bounds are taken from, so the two runs without usable hints differ by a few ms either way.
+    assert good.headroom_ms * 1.5 <= mixed.headroom_ms <= plain.headroom_ms * 1.1
 
 
 def test_a_nonsense_hint_gives_exactly_the_round_trip_extra():
@@ -159,11 +161,13 @@ def test_a_probe_measures_the_network_and_shows_its_cost():
     snap, share, sources, _ = run(noisy(health=True), seconds=60, probe=True)
     assert snap.rejected_429 == 0
     assert sources[-1] == "probe"
-    assert 580 <= snap.probe_sent <= 610  # 10 a second for 60 s
+    # 10 a second for 60 s, and the first 50 back to back (one in flight): +25 or so
+    assert 610 <= snap.probe_sent <= 640
     assert 60 <= snap.network_spread_ms <= 90
-    # 0.954..0.955 over seeds 1..3 at the time of writing (the target: 0.955); the
-    # first 5 s, before 50 probes are in, pay for the round trip's wider estimate.
-    assert share >= 0.952
+    # 0.9548..0.958 over seeds 1..8 at the time of writing, mean 0.956 (the target:
+    # 0.955); 0.953..0.955 while the probe took 5 s to be believed and answered slots were
+    # not capped before 5 s.
+    assert share >= 0.955
 
 
 def test_a_probe_that_finds_no_health_gives_up_and_changes_nothing():
@@ -191,6 +195,27 @@ def test_a_probe_answered_429_stops_at_once():
     run_virtual(main())
     assert probe.sent == 1 and not seen
     assert problems and "rate limited" in problems[0]
+
+
+def test_a_probe_takes_its_first_samples_back_to_back_then_keeps_its_rate():
+    starts: list[float] = []
+
+    async def get() -> int:
+        starts.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(0.02)
+        return 200
+
+    probe = Probe("http://x/health", 10.0, get=get, warm=5)
+
+    async def main():
+        task = asyncio.create_task(probe.run(asyncio.get_running_loop().time, lambda r, n: None, print))
+        await asyncio.sleep(1.0)
+        task.cancel()
+
+    run_virtual(main())
+    gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+    assert gaps[:5] == [0.02] * 5  # one in flight: the next as soon as one is answered
+    assert gaps[5] <= 0.1 and set(gaps[6:]) == {0.1}  # then 10 a second
 
 
 @pytest.mark.parametrize("budget", [3, 4, 10])
