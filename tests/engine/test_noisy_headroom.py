@@ -10,6 +10,7 @@ the network; the rejection budget is never exceeded, and 0 never probes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from dataclasses import replace
 
@@ -213,7 +214,7 @@ def test_a_probe_takes_its_first_samples_back_to_back_then_keeps_its_rate():
         task.cancel()
 
     run_virtual(main())
-    gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(starts)]
     assert gaps[:5] == [0.02] * 5  # one in flight: the next as soon as one is answered
     assert gaps[5] <= 0.1 and set(gaps[6:]) == {0.1}  # then 10 a second
 
