@@ -453,11 +453,39 @@ def server_timing_s(header: str | None) -> float | None:
     if not header or not isinstance(header, str) or len(header) > 4000:
         return None
     best: float | None = None
-    for _name, _value, params in _members(header):
-        dur = _span_s(params.get("dur"), 0.001)
+    for member in _split(header, ","):
+        dur = _span_s(_number(_timing_dur(member)), 0.001)
         if dur is not None and (best is None or dur > best):
             best = dur
     return best
+
+
+def _timing_dur(member: str) -> str | None:
+    """The `dur` of one Server-Timing metric as written: its first `dur` (a repeated one is
+    ignored, as browsers do), unquoted when it is a quoted-string (`dur="53.2"`, which the
+    W3C grammar allows: a parameter's value is a token or a quoted-string)."""
+    for piece in _split(member, ";")[1:]:
+        key, eq, raw = piece.partition("=")
+        if key.strip().lower() != "dur":
+            continue
+        value = raw.strip() if eq else ""
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        return value
+    return None
+
+
+def _field_lines(headers: Mapping[str, str], name: str) -> str | None:
+    """Every line of a list-valued field, joined as one (RFC 9110 5.3): a server may send
+    `Server-Timing` once per metric, and the first line alone may be the smallest."""
+    getall = getattr(headers, "getall", None)  # aiohttp's and pyreqwest's header maps
+    if getall is None:
+        return headers.get(name)
+    try:
+        lines = getall(name)
+    except KeyError:  # multidict's, for a name it does not hold
+        return None
+    return ", ".join(lines) if lines else None
 
 
 def server_time_s(headers: Mapping[str, str]) -> float | None:
@@ -473,7 +501,7 @@ def server_time_s(headers: Mapping[str, str]) -> float | None:
     """
     try:
         found = [
-            server_timing_s(headers.get("Server-Timing")),
+            server_timing_s(_field_lines(headers, "Server-Timing")),
             _ms_text(headers.get("X-Response-Time")),
             _span_s(_number(headers.get("X-Runtime")), 1.0),
             _span_s(_number(headers.get("X-Envoy-Upstream-Service-Time")), 0.001),

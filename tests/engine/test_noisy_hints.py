@@ -29,6 +29,14 @@ from ratedeck.engine.limits.headroom import hint_fits, network_rtt
         ("", None),
         (None, None),
         ("app;dur=4000000", None),  # over an hour: not believed
+        # W3C: a parameter's value is a token or a quoted-string; browsers read both
+        ('app;dur="53.2"', 0.0532),
+        ('app; dur = "53.2"', 0.0532),
+        ('app;desc="x;dur=99";dur="40"', 0.040),
+        ("app;dur=1;dur=90", 0.001),  # a repeated parameter is ignored: the first counts
+        ('app;dur=""', None),
+        ('app;dur="53', None),
+        ("app;dur", None),
     ],
 )
 def test_server_timing_takes_the_largest_usable_dur(header, seconds):

@@ -100,6 +100,11 @@ class App:
             return web.Response(body=b"x" * 300_000)
         if what == "big500":
             return web.Response(status=500, body=b"e" * 300_000)
+        if what == "timed":  # one Server-Timing line per metric, the largest quoted
+            resp = web.Response(text="ok")
+            resp.headers.add("Server-Timing", "db;dur=10")
+            resp.headers.add("Server-Timing", 'app;desc="whole";dur="53.2"')
+            return resp
         if what == "hold":  # counts concurrent requests, answers when released
             self.open_now += 1
             self.most_open = max(self.most_open, self.open_now)
@@ -653,6 +658,17 @@ async def test_keep_alive_bodies_and_the_error_body_limit():
     assert len(outcomes["big200"].response.body) == 300_000
     assert outcomes["big500"].status == 500 and outcomes["big500"].response.body == b"e" * ERROR_BODY_BYTES
     assert len({peer for peer, *_ in app.seen[-4:]}) == 1  # four requests, one connection
+
+
+@run_async
+async def test_every_server_timing_line_is_read_and_a_quoted_dur_counts():
+    async with app_server() as (_app, base):
+        t = transport(f"{base}/timed")
+        try:
+            out = await send(t)
+        finally:
+            await t.close()
+    assert out.status == 200 and out.server_time_s == pytest.approx(0.0532)
 
 
 @run_async
