@@ -15,7 +15,12 @@ moves the estimate:
   budget). A level above the last one that held is *unconfirmed* until a
   whole window passes at it: the worker sends what goes beyond the
   confirmed level one at a time (`confirmed`), so a probe that draws a
-  429 never has company in flight to walk into the server's cooldown.
+  429 never has company in flight to walk into the server's cooldown. A
+  slow start (a told limit not trusted until seen to hold) counts that
+  level over the window alone, as the server counts; paced with a
+  headroom, a window holds one less than the limit as the server counts
+  it, so a slow start one short of its told limit for `SUSTAINED_WINDOWS`
+  windows without a 429 is done.
 - a probe that draws a 429 puts the estimate back where it held and holds
   it there, twice as long each time (`hold_s`, doubling, up to
   `HOLD_CAP_S`), so a server that escalates its cooldowns sees few probes.
@@ -174,9 +179,16 @@ class KeyEstimate:
 
     def confirm(self, level: int, plain: int = 0) -> None:
         """The server accepted a send that made `level` of ours in a window: that level holds.
-        `plain`: the same count over the window alone (no headroom), as the server counts."""
+        `plain`: the same count over the window alone (no headroom), as the server counts.
+
+        A slow start (the told limit not yet seen to hold) confirms `plain`: the count with
+        the headroom runs a level or two above the server's, and a level confirmed there let
+        the send that drew the first 429 go with another behind it, into the server's
+        cooldown (issue 44: 1-2 sends into a cooldown per run on virtual time, none or one now)."""
         if plain > self.top_plain:
             self.top_plain = plain
+        if self.reason == "told":
+            level = plain
         if level > self.confirmed:
             self.confirmed = min(level, self.value)
             if self.recover_to is not None and self.confirmed >= self.recover_to:
@@ -257,6 +269,12 @@ class KeyEstimate:
         level that held a whole window. True when the estimate moved."""
         if self._level_since is None:
             self._level_since = now
+        if (  # a slow start one short of its told limit for a few windows: that limit holds
+            self.reason == "told"
+            and self.value - 1 <= self.confirmed < self.value
+            and now - max(self._level_since, self._last_429) >= SUSTAINED_WINDOWS * self.window_s
+        ):
+            self.confirmed = self.value
         if now < self._step_at + self.window_s or now < self.quiet_until:
             return False
         ceiling = self.ceiling

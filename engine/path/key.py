@@ -320,7 +320,9 @@ class KeyLimits:
             # Beyond the confirmed level when the send `confirmed` before this one is still
             # in the window: one look, not a count of the window (this runs for every send).
             times, beyond = sends.times, est.confirmed + 1
-            if len(times) >= beyond and times[-beyond] > self._window_start(now):
+            # A slow start counts as the server does, over the window alone (`confirm`).
+            start = now - est.window_s if est.reason == "told" else self._window_start(now)
+            if len(times) >= beyond and times[-beyond] > start:
                 sends.probe_out, sends.probe_at, sends.probe_level = True, now, self._count_in_window(now)
                 sends.probe_plain = self._count_in_window(now, 0.0)
 

@@ -32,10 +32,30 @@ def test_it_starts_at_the_told_limit_and_with_a_slow_start_probes_above_half_of_
     est = KeyEstimate(20, 1.0, slow_start=True)
     assert (est.value, est.reason, est.moved_at) == (20, "told", None)
     assert est.confirmed == 10 < est.value  # a slow start: beyond 10 in a window, one at a time
-    est.confirm(14)
+    est.confirm(15, plain=14)  # a slow start counts as the server does: the window alone
     assert est.confirmed == 14 < est.value
-    est.confirm(25)  # never above the estimate
+    est.confirm(26, plain=25)  # never above the estimate
     assert est.confirmed == est.value == 20
+    told = KeyEstimate(20, 1.0)
+    told.value, told.reason = 25, "climbing"  # a climb counts with the headroom, as the limiter
+    told.confirm(22, plain=21)
+    assert told.confirmed == 22
+
+
+def test_a_slow_start_one_short_of_its_told_limit_for_five_windows_is_done():
+    est = KeyEstimate(20, 1.0, slow_start=True)
+    est.tick(0.0)
+    est.confirm(20, plain=19)  # paced with a headroom, a window as the server counts it holds 19
+    assert est.confirmed == 19
+    est.tick(4.9)
+    assert est.confirmed == 19
+    est.tick(5.0)
+    assert est.confirmed == est.value == 20
+    wrong = KeyEstimate(25, 1.0, slow_start=True)
+    wrong.tick(0.0)
+    wrong.confirm(21, plain=20)
+    wrong.tick(30.0)
+    assert wrong.confirmed == 20  # 5 short of what it was told: not done, ever
 
 
 def test_a_single_429_never_takes_it_below_half_the_told_limit():
@@ -151,11 +171,18 @@ def test_a_failed_probe_never_goes_below_what_a_probe_found_room_beside():
     est.tick(0.0)
     for level in range(14, 22):  # the limiter's count (with the headroom) runs ahead of the window's
         est.confirm(level, plain=level - 1)
-    assert (est.confirmed, est.top_plain) == (21, 20)
+    assert (est.confirmed, est.top_plain) == (20, 20)
     est.rejected(1.9, 19, 2.0)  # the count before the failed probe came out one short
     assert est.value == 20 and est.reason == "lowered by a 429 at 25"
-    other = KeyEstimate(25, 1.0, slow_start=True)
-    other.tick(0.0)
+    climbing = KeyEstimate(25, 1.0)
+    climbing.value, climbing.reason, climbing.confirmed = 25, "climbing", 14
+    for level in range(14, 22):
+        climbing.confirm(level, plain=level - 1)
+    assert (climbing.confirmed, climbing.top_plain) == (21, 20)
+    climbing.rejected(1.9, 19, 2.0)
+    assert climbing.value == 20  # the most a probe found room beside, not the count before it
+    other = KeyEstimate(25, 1.0)
+    other.value, other.reason, other.confirmed = 25, "climbing", 14
     other.confirm(21, plain=18)  # what a probe found room beside says less than the count here
     other.rejected(1.9, 19, 2.0)
     assert other.value == 19
@@ -164,7 +191,7 @@ def test_a_failed_probe_never_goes_below_what_a_probe_found_room_beside():
 def test_a_told_limit_that_never_held_is_not_probed_again_for_long():
     est = KeyEstimate(25, 1.0, slow_start=True)
     est.tick(0.0)
-    est.confirm(20)
+    est.confirm(21, plain=20)
     est.rejected(0.9, 20, 1.0)  # the 21st of ours in the first window drew it
     assert est.value == 20 and est.quiet_until == pytest.approx(1.0 + HOLD_NEVER_HELD_S)
     assert not est.tick(60.0)
@@ -267,19 +294,20 @@ def _sustained(rules: RateRules) -> float:
 
 
 @pytest.mark.parametrize(
-    ("seed", "slow_start", "least"), [(1, True, 0.895), (2, True, 0.895), (2, False, 0.89)]
+    ("seed", "slow_start", "least"), [(1, True, 0.905), (2, True, 0.905), (2, False, 0.89)]
 )
 def test_told_25_where_the_server_allows_20_and_escalates(seed, slow_start, least):
     # The first 429 costs the server's 1 s cooldown; with a slow start (a named target's
     # default) the sends above half the told limit go one at a time and the 429 comes alone;
     # without, the sends in flight with it walk into that cooldown and escalate it. Sustained
-    # efficiency at the time of writing, seeds 1-8: 0.899-0.910 with a slow start, 0.890-0.905
+    # efficiency at the time of writing, seeds 1-4: 0.909-0.913 with a slow start (0.900-0.910,
+    # 1-2 sends into a cooldown, while it counted a window with the headroom), 0.890-0.905
     # without.
     snap, rules = _run("25/1s", seed, slow_start, ratelimit_headers=False, escalation=True)
     stats = rules.stats()
     assert _sustained(rules) >= least
     assert snap.rejected_429 <= 60, snap.rejected_429
-    assert stats["totals"]["requests_during_cooldown"] <= 40, stats["totals"]
+    assert stats["totals"]["requests_during_cooldown"] <= (1 if slow_start else 40), stats["totals"]
     assert {k.limit_estimate for k in snap.keys} <= {"19/1s", "20/1s"}
 
 
