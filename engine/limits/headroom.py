@@ -625,7 +625,9 @@ class HeadroomController:
         baseline would make extras too small: until `bound_settle_s` seconds
         and 100 answers have passed, an answered slot keeps at least the
         fallback in force then (so a later, narrower fallback cannot shrink
-        it); after that the minimum is the one over six windows. Extras carry
+        it), and at most the symmetric cap once that stands on 100 answers or
+        a ready probe (the cap needs no minimum); after that the minimum is
+        the one over six windows. Extras carry
         a margin of 1 ms plus 5% of the round-trip spread, or the doubt about
         the minimum if more (`RangeTracker.lo_doubt`), on top of any
         rejection-driven margin.
