@@ -446,8 +446,9 @@ class ClusterMember:
                 slots.valid_until = until
         return found is not None
 
-    def _apply_gates(self, found: dict[str, tuple[float, str]], now: float) -> None:
-        by_store = {self.store_name(v): k for k, v in self.gate_ids.items()}
+    def _apply_gates(self, found: dict[str, tuple[float, str]], now: float, by_store: dict[str, str]) -> None:
+        """Close our gates the store says are closed longer; `by_store`: gate names by their
+        names in the store."""
         for store_name, (until, reason) in found.items():
             gate = self.parts.gates.get(by_store.get(store_name, ""))
             # Our own closing comes back a hair later (clock conversion): only a real extension counts.
@@ -516,7 +517,8 @@ class ClusterMember:
     async def _run(self) -> None:
         parts = self.parts
         next_publish = next_read = 0.0
-        gates = [self.store_name(g) for g in self.gate_ids.values()]
+        by_store = {self.store_name(v): k for k, v in self.gate_ids.items()}  # fixed from `start`
+        gates = list(by_store)
         # Not `while True`: a client's timeout that races a cancel can turn the CancelledError
         # into a timeout (redis-py's can), and this loop would then outlive the stop.
         while not self._closing:
@@ -537,7 +539,7 @@ class ClusterMember:
                 polled = await self.shared.poll(gates)
                 now = parts.run.clock()
                 self._epoch(polled.epoch, now)
-                self._apply_gates(polled.gates, now)
+                self._apply_gates(polled.gates, now, by_store)
             except StoreUnavailable as exc:
                 self._went_down(str(exc))
                 continue
