@@ -8,6 +8,7 @@ range, and for the config, saved and loaded back to the same settings.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import math
 import string
@@ -158,10 +159,12 @@ def config_data(assignments) -> dict:
 
 
 def comparable(cfg):
+    """The settings a saved config carries (`engine.record_path` is never saved: a recording
+    is asked for per run, config/rows.py)."""
     return (
         cfg.engine_settings.target,
         cfg.engine_settings.keys,
-        cfg.engine_settings.engine,
+        dataclasses.replace(cfg.engine_settings.engine, record_path=None),
         cfg.engine_settings.workload,
         cfg.engine_settings.messages,
         cfg.runner.duration_s,
