@@ -637,7 +637,7 @@ ROWS: tuple[Row, ...] = (
         "engine.slow_start",
         "boolean",
         p.boolean,
-        "trust a told limit only as far as the server accepts it: sends beyond half of it go one "
+        "trust a told limit only as far as the server accepts it: sends beyond three quarters of it go one "
         "at a time until answered (a wrong limit's first 429 then has no company in a cooldown)",
         "engine",
     ),

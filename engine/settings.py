@@ -227,7 +227,7 @@ class EngineConfig:
     # JSONL file of every answer's timing and rate-limit headers, for replay (engine/observe/recording.py)
     record_path: str | None = None
     learn_policy: bool = True
-    slow_start: bool = True  # sends beyond half a told limit go one at a time until it holds (study: off)
+    slow_start: bool = True  # sends beyond 3/4 of a told limit go one at a time until it holds (study: off)
     # One request per key until its first answer, whose rate-limit headers then set the key's
     # limits and token budgets, lower or higher than the ones given (LLM APIs' tiers).
     learn_first: bool = False

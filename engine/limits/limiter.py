@@ -437,6 +437,11 @@ class WindowLimiter:
         gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
         return self._last + gap
 
+    def release_pace(self) -> None:
+        """The next send is not held by the even pace (the windows still hold it): for sends a
+        wait held back that may catch up at once (`KeyLimits._catch_up`)."""
+        self._last = -math.inf
+
     def record(self, at: float, cost: int = 1, stamp: Stamp | None = None) -> Stamp:
         """Note a send at `at` (call only when `next_free(at, cost) <= at`); returns its stamp.
 

@@ -155,7 +155,7 @@ class SendLog:
     """A key's recent send times, and the one send beyond the estimate's confirmed level
     that the others wait for (a probe)."""
 
-    __slots__ = ("times", "failed", "probe_out", "probe_at", "probe_level", "probe_plain")
+    __slots__ = ("times", "failed", "probe_out", "probe_at", "probe_level", "probe_plain", "catch_up")
 
     def __init__(self) -> None:
         self.times: deque[float] = deque(maxlen=_SENDS_KEPT)
@@ -164,6 +164,7 @@ class SendLog:
         self.probe_at = -1.0  # its send time
         self.probe_level = 0  # and our count in the window with it
         self.probe_plain = 0  # the same over the window alone, as the server counts it
+        self.catch_up = 0  # sends the even pace held back while a probe was out, that may go at once
 
 
 class KeyLimits:
@@ -316,6 +317,8 @@ class KeyLimits:
         sends = self.sends
         sends.times.append(now)
         est = self.estimate
+        if sends.catch_up:
+            self._catch_up(now)
         if est is not None and est.value > est.confirmed:
             # Beyond the confirmed level when the send `confirmed` before this one is still
             # in the window: one look, not a count of the window (this runs for every send).
@@ -325,6 +328,19 @@ class KeyLimits:
             if len(times) >= beyond and times[-beyond] > start:
                 sends.probe_out, sends.probe_at, sends.probe_level = True, now, self._count_in_window(now)
                 sends.probe_plain = self._count_in_window(now, 0.0)
+
+    def _catch_up(self, now: float) -> None:
+        """After a probe's success, the sends its wait held back go at once, not at the even
+        pace, while our count in the window, widened by the headroom, stays under the
+        confirmed level (the server sees no more than that). Paced, the window only refilled
+        where the window before had a gap: a slow start climbed about one level a window, not
+        one a round trip (issue 44)."""
+        sends, est = self.sends, self.estimate
+        if est is not None and self._count_in_window(now) < est.confirmed:
+            sends.catch_up -= 1
+            self.limiter.release_pace()
+        else:
+            sends.catch_up = 0
 
     def _window_start(self, now: float) -> float:
         assert self.estimate is not None
@@ -374,8 +390,13 @@ class KeyLimits:
         succeeded = tally is Tally.SUCCEEDED
         if sent_at is not None and sent_at == sends.probe_at:
             sends.probe_out, sends.probe_at = False, -1.0  # the send beyond the confirmed level is answered
-            if succeeded and self.estimate is not None:
-                self.estimate.confirm(sends.probe_level, sends.probe_plain)
+            est = self.estimate
+            if succeeded and est is not None:
+                est.confirm(sends.probe_level, sends.probe_plain)
+                # What the even pace would have sent while the others waited may go now.
+                sends.catch_up = round((now - sent_at) * est.value / est.window_s)
+                if sends.catch_up:
+                    self.limiter.release_pace()
         if not succeeded and sent_at is not None:
             sends.failed.append(sent_at)
         learning = self.learning

@@ -10,6 +10,7 @@ import pytest
 
 from ratedeck.bench.sustained import run_sustained
 from ratedeck.core.policy import Policy
+from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.estimate import (
     HOLD_NEVER_HELD_S,
     HOLD_S,
@@ -18,6 +19,11 @@ from ratedeck.engine.limits.estimate import (
     RECOVER_WINDOWS,
     KeyEstimate,
 )
+from ratedeck.engine.limits.headroom import HeadroomController
+from ratedeck.engine.limits.limiter import WindowLimiter
+from ratedeck.engine.path.key import KeyLimits, Learning
+from ratedeck.engine.path.settle import Tally
+from ratedeck.engine.settings import EngineSettings, KeySpec
 from ratedeck.server.rules import RateRules
 from ratedeck.server.settings import ServerSettings, parse_other_load, standard_settings
 from ratedeck.server.simulated import run_virtual
@@ -27,13 +33,14 @@ KEYS = tuple(f"key-00{i}" for i in range(5))
 
 
 # -- the estimate alone (fake clock: every call is told the time)
-def test_it_starts_at_the_told_limit_and_with_a_slow_start_probes_above_half_of_it():
+def test_it_starts_at_the_told_limit_and_with_a_slow_start_probes_above_three_quarters_of_it():
     assert KeyEstimate(20, 1.0).confirmed == 20  # told: nothing to probe above
     est = KeyEstimate(20, 1.0, slow_start=True)
     assert (est.value, est.reason, est.moved_at) == (20, "told", None)
-    assert est.confirmed == 10 < est.value  # a slow start: beyond 10 in a window, one at a time
-    est.confirm(15, plain=14)  # a slow start counts as the server does: the window alone
-    assert est.confirmed == 14 < est.value
+    assert est.confirmed == 15 < est.value  # a slow start: beyond 15 in a window, one at a time
+    assert KeyEstimate(25, 1.0, slow_start=True).confirmed == 19  # rounded up
+    est.confirm(17, plain=16)  # a slow start counts as the server does: the window alone
+    assert est.confirmed == 16 < est.value
     est.confirm(26, plain=25)  # never above the estimate
     assert est.confirmed == est.value == 20
     told = KeyEstimate(20, 1.0)
@@ -56,6 +63,70 @@ def test_a_slow_start_one_short_of_its_told_limit_for_five_windows_is_done():
     wrong.confirm(21, plain=20)
     wrong.tick(30.0)
     assert wrong.confirmed == 20  # 5 short of what it was told: not done, ever
+
+
+class _Events:
+    def event(self, kind, text) -> None:
+        pass
+
+
+def _slow_start_key() -> KeyLimits:
+    """One key told 20/1s with a slow start, its limiter paced evenly, a fixed 5 ms headroom."""
+    headroom = HeadroomController(fixed_ms=5.0)
+
+    def make(policies):
+        return WindowLimiter(policies, headroom.seconds)
+
+    policies = (Policy(20, 1.0),)
+    learning = Learning(budgets=Budgets(EngineSettings(), make), headroom=headroom, events=_Events())
+    return KeyLimits(
+        KeySpec("k1", "secret-k1", policies), make(policies), learning, max_in_flight=8, slow_start=True
+    )
+
+
+def _send(limits: KeyLimits, now: float) -> float:
+    """Send at the first time the key's limits allow from `now` (as the worker does); its time."""
+    at = max(now, limits.next_free(now))
+    limits.limiter.record(at)
+    limits.note_send(at)
+    return at
+
+
+def test_after_a_probe_the_sends_its_wait_held_back_go_at_once_within_the_confirmed_level():
+    limits = _slow_start_key()
+    est, sends = limits.estimate, limits.sends
+    assert est is not None and est.confirmed == 15
+    t = 0.0
+    for _ in range(15):  # up to the confirmed level at the even pace (about 50 ms apart)
+        t = _send(limits, t)
+        assert not sends.probe_out
+    probe_at = t = _send(limits, t)  # the 16th in the window goes alone
+    assert sends.probe_out and round(t, 2) == 0.75
+    t += 0.2  # its answer comes back a round trip later; nothing went meanwhile
+    limits.judged(Tally.SUCCEEDED, probe_at, t)
+    assert not sends.probe_out and est.confirmed == 16
+    # The pace held back 4 sends (0.2 s at 20/s): they may go at once, not 50 ms apart, while
+    # our count in the window (with the headroom) stays under the confirmed level. Here the
+    # window still holds all 16, so the next send is the next probe, and it goes at once.
+    assert sends.catch_up == 4 and limits.next_free(t) == t
+    probe_at = _send(limits, t)
+    assert probe_at == t and sends.probe_out
+    t += 0.2
+    limits.judged(Tally.SUCCEEDED, probe_at, t)
+    assert est.confirmed == 17 and sends.catch_up == 4
+    # Three of the first second's sends have left the widened window (14 in it, the two
+    # probes among them): three go at once, up to the confirmed 17; the next waits for the
+    # even pace again.
+    burst = [_send(limits, t) for _ in range(3)]
+    assert burst == [t] * 3 and limits._count_in_window(t) == 17 and not sends.probe_out
+    assert sends.catch_up == 0 and limits.next_free(t) == pytest.approx(t + 1.005 / 20)
+
+
+def test_without_a_probe_the_even_pace_holds():
+    limits = _slow_start_key()
+    t0 = _send(limits, 0.0)
+    assert limits.next_free(t0) > t0  # the second send waits its gap
+    assert limits.sends.catch_up == 0
 
 
 def test_a_single_429_never_takes_it_below_half_the_told_limit():
