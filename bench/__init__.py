@@ -35,6 +35,7 @@ from .scenarios import (
     NEEDS_HEALTH,
     SCENARIOS,
     STRATEGIES,
+    engine_extra,
 )
 
 DEFAULT_DURATION_S = 20.0
@@ -285,7 +286,7 @@ def run_scenarios(args: argparse.Namespace) -> list:
                     in_flight=scenario.in_flight,
                     loop=args.loop,
                     seed=args.seed,
-                    extra={"told_wrong": True} if scenario.told_limit is not None else {},
+                    extra=engine_extra(scenario),
                 )
                 client = run_child(spec)
                 server = sim.stats(arrivals=True)

@@ -32,13 +32,12 @@ def engine_overrides(spec: RunSpec, **engine: Any) -> dict[str, Any]:
 def variant_overrides(spec: RunSpec) -> dict[str, Any]:
     """What a ratedeck strategy adds to the study preset: "ratedeck+probe" probes the
     simulator's `/health`, "ratedeck+budget" may spend 10 rejections probing (limit
-    learning stays on: a 429 while the headroom narrows teaches no limit); a scenario that
-    tells the clients a limit other than the server's (`extra["told_wrong"]`) runs with the
-    engine's default slow start."""
+    learning stays on: a 429 while the headroom narrows teaches no limit); a live row or a
+    limit told wrong (`extra["slow_start"]`) runs with the engine's default slow start, as a
+    run on a named target does (the study preset turns it off, its limit being the
+    simulator's own)."""
     overrides = engine_overrides(spec)
-    if spec.extra.get("told_wrong"):
-        # Told a limit that is not the server's: the engine's default, a slow start (the study
-        # preset turns it off, its limit being the simulator's own).
+    if spec.extra.get("slow_start"):
         overrides["engine"]["slow_start"] = True
     if spec.strategy == "ratedeck+probe":
         base = spec.url.rsplit("/api/request", 1)[0]

@@ -327,6 +327,16 @@ LIVE_TABLE: tuple[Row, ...] = (
     ),
 )
 
+
+def engine_extra(scenario: Scenario) -> dict:
+    """What ratedeck's strategies add for `scenario` (`RunSpec.extra`): a live row's server, or
+    one that tells the clients a limit not its own, is a named target as a user's run meets
+    one, so the engine runs with its defaults, the slow start included (the study preset
+    turns it off, its limit being the simulator's own). An independent server runs ratedeck
+    that way: its steady + Server-Timing figure (0.969) was this engine's with a slow start."""
+    return {"slow_start": True} if scenario.jitter_ms or scenario.told_limit is not None else {}
+
+
 SCENARIOS: dict[str, Scenario] = {row.name: scenario(row) for row in (*TABLE, *LIVE_TABLE)}
 
 #: Names that stand for several scenarios in `--scenarios`.

@@ -8,7 +8,15 @@ from dataclasses import replace
 from ratedeck.bench import parse_args
 from ratedeck.bench.engine_run import BUDGET, snapshot_summary, variant_overrides
 from ratedeck.bench.output import ScenarioResult, make_row, scenario_table
-from ratedeck.bench.scenarios import DEFAULT_SCENARIOS, GROUPS, NEEDS_HEALTH, SCENARIOS, STRATEGIES
+from ratedeck.bench.scenarios import (
+    DEFAULT_SCENARIOS,
+    GROUPS,
+    LIVE_TABLE,
+    NEEDS_HEALTH,
+    SCENARIOS,
+    STRATEGIES,
+    engine_extra,
+)
 from ratedeck.bench.spec import RunSpec
 from ratedeck.config import load_config
 from ratedeck.engine.snapshot import Snapshot
@@ -92,8 +100,12 @@ def test_ratedeck_variants_add_a_probe_or_a_budget_and_load():
         load_config(preset="study", overrides=overrides)  # valid configs
 
 
-def test_a_client_told_a_limit_not_the_servers_runs_with_the_engines_slow_start():
-    told = variant_overrides(replace(spec("ratedeck"), extra={"told_wrong": True}))
+def test_a_live_row_or_a_limit_told_wrong_runs_with_the_engines_slow_start():
+    live = {row.name for row in LIVE_TABLE}
+    for name, scenario in SCENARIOS.items():
+        named = name in live or scenario.told_limit is not None
+        assert engine_extra(scenario) == ({"slow_start": True} if named else {}), name
+    told = variant_overrides(replace(spec("ratedeck"), extra=engine_extra(SCENARIOS["live-told-wrong"])))
     assert told["engine"]["slow_start"] is True
     assert load_config(preset="study", overrides=told).engine_settings.engine.slow_start
     plain = variant_overrides(spec("ratedeck"))
