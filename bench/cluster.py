@@ -2,7 +2,7 @@
 
     python -m ratedeck.bench.cluster [--members 3] [--duration 30] [--redis URL | --cluster]
         [--latency 5:45 --processing 20:80] [--jitter-ms 5:45] [--server-timing] [--no-same-rate]
-        [--offer 1.0]
+        [--offer 1.0] [--slow-start]
 
 Starts (each in its own process) a `redis-server` on a free loopback port
 (unless `--redis` names one), the simulator (`ratedeck serve`, study mode: 5
@@ -197,11 +197,18 @@ def _ratedeck(*args: str) -> list[str]:
     return [sys.executable, "-m", "ratedeck.runner.cli", *args]
 
 
+#: The members' extra settings, when the run has any (`--slow-start`).
+ENGINE_TOML = "engine.toml"
+
+
 def run_members(
     target: str, store: str, count: int, duration_s: float, rate: float, workdir: Path
 ) -> list[dict[str, Any]]:
-    """`count` members at once; each one's report, CPU samples and exit status."""
+    """`count` members at once; each one's report, CPU samples and exit status. A config
+    file `ENGINE_TOML` in `workdir` (`--slow-start`) goes to every member."""
     procs = []
+    config = workdir / ENGINE_TOML
+    more = ("--config", str(config)) if config.exists() else ()
     for i in range(count):
         report = workdir / f"member{i}-{store.split(':')[0]}.json"
         args = _ratedeck(
@@ -220,6 +227,7 @@ def run_members(
             "3600",
             "--report",
             str(report),
+            *more,
         )
         log = open(workdir / f"member{i}.log", "w")
         procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), report, log))
@@ -408,8 +416,11 @@ def run(
     server_timing: bool = False,
     jitter_ms: str | None = None,
     offer: float = 1.0,
+    slow_start: bool = False,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
+    if slow_start:
+        (workdir / ENGINE_TOML).write_text("[engine]\nslow_start = true\n")
     redis: RedisProcess | RedisClusterProcesses | None = None
     if not redis_url:
         redis = RedisClusterProcesses() if cluster else RedisProcess()
@@ -495,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         help="each member is offered this many times its share of the capacity (default 1.0: the "
         "capacity, split, as the scenario bench offers every client its scenario's capacity)",
     )
+    parser.add_argument(
+        "--slow-start",
+        action="store_true",
+        help="members (and the process alone) run with the engine's default slow start, as a run "
+        "on a named target does (the study preset turns it off)",
+    )
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     if args.members < 1 or not 10 <= args.duration <= 600:
@@ -514,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         server_timing=args.server_timing,
         jitter_ms=args.jitter_ms,
         offer=args.offer,
+        slow_start=args.slow_start,
     )
     print(
         f"{args.members} members x {args.duration:g} s on 5 keys x 20/s through {result['store']} "
