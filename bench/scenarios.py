@@ -68,7 +68,8 @@ STRATEGIES: dict[str, str] = {
     "improved-async": "the study's improved client on asyncio: ring + 30..50 ms buffer, 1 in flight/key",
     "improved-threads": "the study's improved client on threads (http.client)",
     "aiolimiter": "aiolimiter AsyncLimiter(limit, window) per key, 8 in flight/key",
-    "ratedeck": "ratedeck's engine (study preset, adaptive headroom, even pacing; reads timing hints)",
+    "ratedeck": "ratedeck's engine (study preset, adaptive headroom, even pacing; reads timing hints; "
+    "the engine's default slow start on live rows)",
     "ratedeck+probe": "ratedeck with target.probe_url = the simulator's /health (10 probes/s)",
     "ratedeck+budget": "ratedeck with engine.rejection_budget = 10 (probes the headroom on purpose; learn_policy off)",
     "ratedeck+procs2": "ratedeck with --procs 2: keys shared out among two engine processes",

@@ -365,15 +365,16 @@ def _sustained(rules: RateRules) -> float:
 
 
 @pytest.mark.parametrize(
-    ("seed", "slow_start", "least"), [(1, True, 0.905), (2, True, 0.905), (2, False, 0.89)]
+    ("seed", "slow_start", "least"), [(1, True, 0.908), (2, True, 0.908), (2, False, 0.89)]
 )
 def test_told_25_where_the_server_allows_20_and_escalates(seed, slow_start, least):
     # The first 429 costs the server's 1 s cooldown; with a slow start (a named target's
-    # default) the sends above half the told limit go one at a time and the 429 comes alone;
-    # without, the sends in flight with it walk into that cooldown and escalate it. Sustained
-    # efficiency at the time of writing, seeds 1-4: 0.909-0.913 with a slow start (0.900-0.910,
-    # 1-2 sends into a cooldown, while it counted a window with the headroom), 0.890-0.905
-    # without.
+    # default) the sends above three quarters of the told limit go one at a time and the 429
+    # comes alone; without, the sends in flight with it walk into that cooldown and escalate
+    # it. Sustained efficiency at the time of writing, seeds 1-8: 0.910-0.915 with a slow
+    # start, 5 429s and no send into a cooldown each (0.909-0.913 from half the told limit,
+    # refilled at the even pace; 0.900-0.910 while it counted a window with the headroom),
+    # 0.890-0.905 without.
     snap, rules = _run("25/1s", seed, slow_start, ratelimit_headers=False, escalation=True)
     stats = rules.stats()
     assert _sustained(rules) >= least
