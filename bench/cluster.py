@@ -201,34 +201,46 @@ def _ratedeck(*args: str) -> list[str]:
 ENGINE_TOML = "engine.toml"
 
 
+def member_settings(workdir: Path, *, slow_start: bool) -> None:
+    """Write the members' extra settings to `workdir` (`ENGINE_TOML`), if there are any."""
+    if slow_start:
+        (workdir / ENGINE_TOML).write_text("[engine]\nslow_start = true\n")
+
+
+def member_args(
+    target: str, store: str, duration_s: float, rate: float, report: Path, workdir: Path
+) -> list[str]:
+    """One member's command line: the study preset against `target` through `store`; a config
+    file `ENGINE_TOML` in `workdir` (`--slow-start`) is added when there is one."""
+    config = workdir / ENGINE_TOML
+    return _ratedeck(
+        "--no-ui",
+        "--preset",
+        "study",
+        "--target",
+        target,
+        "--store",
+        store,
+        "--duration",
+        f"{duration_s:g}",
+        "--rate",
+        f"{rate:g}",
+        "--interval",
+        "3600",
+        "--report",
+        str(report),
+        *(("--config", str(config)) if config.exists() else ()),
+    )
+
+
 def run_members(
     target: str, store: str, count: int, duration_s: float, rate: float, workdir: Path
 ) -> list[dict[str, Any]]:
-    """`count` members at once; each one's report, CPU samples and exit status. A config
-    file `ENGINE_TOML` in `workdir` (`--slow-start`) goes to every member."""
+    """`count` members at once (`member_args`); each one's report, CPU samples and exit status."""
     procs = []
-    config = workdir / ENGINE_TOML
-    more = ("--config", str(config)) if config.exists() else ()
     for i in range(count):
         report = workdir / f"member{i}-{store.split(':')[0]}.json"
-        args = _ratedeck(
-            "--no-ui",
-            "--preset",
-            "study",
-            "--target",
-            target,
-            "--store",
-            store,
-            "--duration",
-            f"{duration_s:g}",
-            "--rate",
-            f"{rate:g}",
-            "--interval",
-            "3600",
-            "--report",
-            str(report),
-            *more,
-        )
+        args = member_args(target, store, duration_s, rate, report, workdir)
         log = open(workdir / f"member{i}.log", "w")
         procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), report, log))
     started = time.monotonic()
@@ -419,8 +431,7 @@ def run(
     slow_start: bool = False,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ratedeck-bench-cluster-"))
-    if slow_start:
-        (workdir / ENGINE_TOML).write_text("[engine]\nslow_start = true\n")
+    member_settings(workdir, slow_start=slow_start)
     redis: RedisProcess | RedisClusterProcesses | None = None
     if not redis_url:
         redis = RedisClusterProcesses() if cluster else RedisProcess()

@@ -5,10 +5,12 @@ scores a run with `sustained` from the accept stamps. Pure checks: nothing runs 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import tomllib
 
 import pytest
 
-from ratedeck.bench.cluster import sustained
+from ratedeck.bench.cluster import member_args, member_settings, sustained
 from ratedeck.bench.scenarios import DEFAULT_SCENARIOS, GROUPS, SCENARIOS
 from ratedeck.core.policy import Policy
 from ratedeck.server.serve import add_serve_arguments, settings_from_args
@@ -72,3 +74,15 @@ def test_the_cluster_bench_scores_a_run_from_the_accept_stamps():
     assert got["sustained"] == 0.75
     assert sustained({})["sustained"] is None
     assert sustained({"arrivals_ms": [even], "arrivals_dropped": 3})["sustained_stamps_dropped"] == 3
+
+
+@pytest.mark.parametrize("slow_start", [True, False])
+def test_cluster_members_run_with_a_slow_start_when_asked(tmp_path, slow_start):
+    # The members' own command line, with --save-config: the real CLI says what it would run.
+    member_settings(tmp_path, slow_start=slow_start)
+    args = member_args("http://127.0.0.1:9/api/request", "memory", 10.0, 33.0, tmp_path / "r.json", tmp_path)
+    saved = tmp_path / "effective.toml"
+    done = subprocess.run([*args, "--save-config", str(saved)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    engine = tomllib.loads(saved.read_text())["engine"]
+    assert engine["slow_start"] is slow_start  # the study preset's own is off
