@@ -326,8 +326,8 @@ class KeyLimits:
             # A slow start counts as the server does, over the window alone (`confirm`).
             start = now - est.window_s if est.reason == "told" else self._window_start(now)
             if len(times) >= beyond and times[-beyond] > start:
-                sends.probe_out, sends.probe_at, sends.probe_level = True, now, self._count_in_window(now)
-                sends.probe_plain = self._count_in_window(now, 0.0)
+                sends.probe_out, sends.probe_at = True, now
+                sends.probe_level, sends.probe_plain = self._counts_in_window(now)
 
     def _catch_up(self, now: float) -> None:
         """After a probe's success, the sends its wait held back go at once, not at the even
@@ -336,7 +336,8 @@ class KeyLimits:
         where the window before had a gap: a slow start climbed about one level a window, not
         one a round trip (issue 44)."""
         sends, est = self.sends, self.estimate
-        if est is not None and self._count_in_window(now) < est.confirmed:
+        assert est is not None  # a catch-up is only set by a probe's answer, which an estimate has
+        if self._count_in_window(now) < est.confirmed:
             sends.catch_up -= 1
             self.limiter.release_pace()
         else:
@@ -346,18 +347,25 @@ class KeyLimits:
         assert self.estimate is not None
         return now - self.estimate.window_s - self.limiter.headroom_s()
 
-    def _count_in_window(self, now: float, widen: float | None = None) -> int:
-        """Our sends in the estimate's window up to `now`, widened by the headroom as the
-        limiter's meter counts them (the server sees at most these in its window); with
-        `widen`, by that many seconds instead (0.0: the window as the server counts it)."""
+    def _counts_in_window(self, now: float) -> tuple[int, int]:
+        """Our sends in the estimate's window up to `now`, in one pass: widened by the headroom
+        as the limiter's meter counts them (the server sees at most these in its window), and
+        over the window alone, as the server counts them."""
         assert self.estimate is not None
-        start = now - self.estimate.window_s - (self.limiter.headroom_s() if widen is None else widen)
-        count = 0
+        plain_start = now - self.estimate.window_s
+        start = plain_start - self.limiter.headroom_s()
+        widened = plain = 0
         for t in reversed(self.sends.times):
             if t <= start:
                 break
-            count += 1
-        return count
+            widened += 1
+            if t > plain_start:
+                plain += 1
+        return widened, plain
+
+    def _count_in_window(self, now: float) -> int:
+        """Our sends in the estimate's window up to `now`, widened by the headroom."""
+        return self._counts_in_window(now)[0]
 
     # ------------------------------------------------------------ learning from an answer
     def learn(self, result: Outcome, req: Request, stamps: tuple[SendStamp, ...], now: float) -> None:
