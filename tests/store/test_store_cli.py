@@ -202,13 +202,20 @@ def test_a_run_every_key_refused_fails_and_leaves_every_job_pending(tmp_path):
     assert {state for state, _ in _states(db).values()} == {"pending"}
 
 
+def _killed(tmp_path: Path, db: Path, target: JobTarget, *, idempotent: bool) -> Path:
+    """A config for `target`, the jobs enqueued into `db`, and a run on them killed with -9 a
+    third of the way through (`_kill_mid_run`); returns the config."""
+    cfg = _config(tmp_path, target, idempotent=idempotent)
+    _enqueue(tmp_path, db)
+    _kill_mid_run(cfg, db, target)
+    return cfg
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_without_idempotency_sends_nothing_twice_and_reports_uncertain(tmp_path):
     db, report = tmp_path / "work.db", tmp_path / "report.json"
     with JobTarget() as target:
-        cfg = _config(tmp_path, target, idempotent=False)
-        _enqueue(tmp_path, db)
-        _kill_mid_run(cfg, db, target)
+        cfg = _killed(tmp_path, db, target, idempotent=False)
         at_kill = _states(db)
         # marked sending: may have reached the server (claimed and never marked go back to pending)
         held = {job for job, (state, _) in at_kill.items() if state == "sending"}
@@ -237,9 +244,7 @@ def test_kill_9_then_resume_without_idempotency_sends_nothing_twice_and_reports_
 def test_a_run_after_a_kill_9_without_resume_says_what_it_left_and_how_to_take_it_back(tmp_path):
     db, report = tmp_path / "work.db", tmp_path / "report.json"
     with JobTarget() as target:
-        cfg = _config(tmp_path, target, idempotent=False)
-        _enqueue(tmp_path, db)
-        _kill_mid_run(cfg, db, target)
+        cfg = _killed(tmp_path, db, target, idempotent=False)
         held = sum(1 for state, _ in _states(db).values() if state in ("claimed", "sending"))
         assert held > 0
         proc = _run(cfg, db, report)
@@ -257,9 +262,7 @@ def test_a_run_after_a_kill_9_without_resume_says_what_it_left_and_how_to_take_i
 def test_kill_9_then_resume_with_idempotency_key_finishes_every_job_under_one_key(tmp_path):
     db, report = tmp_path / "work.db", tmp_path / "report.json"
     with JobTarget() as target:
-        cfg = _config(tmp_path, target, idempotent=True)
-        _enqueue(tmp_path, db)
-        _kill_mid_run(cfg, db, target)
+        cfg = _killed(tmp_path, db, target, idempotent=True)
         held = {job for job, (state, _) in _states(db).items() if state == "sending"}
         assert 0 < len(held) <= IN_FLIGHT + 2 * QUEUE_MAX + 10
         proc = _run(cfg, db, report, "--resume")
