@@ -403,12 +403,20 @@ def _limits(
     seconds, pace = headroom.seconds, headroom.pace_seconds
     pacing = _pacing(cfg, source)
     # Sends closer than the network jitter can reach a nonce-checking server out of order:
-    # keep whole gaps there.
-    spacing = 1.0 if cfg.target.nonce_param else 0.9
+    # keep whole gaps there, none early. Elsewhere a send may go half a gap early, so a slot
+    # that frees early is not held back by the pace (`WindowLimiter`, pace_slack).
+    nonces = bool(cfg.target.nonce_param)
+    spacing, slack = (1.0, 0.0) if nonces else (0.9, 0.5)
 
     def make(policies: tuple[Policy, ...]) -> WindowLimiter:
         return WindowLimiter(
-            policies, seconds, pacing, min_spacing=spacing, pace_s=pace, headroom=headroom.figures
+            policies,
+            seconds,
+            pacing,
+            min_spacing=spacing,
+            pace_slack=slack,
+            pace_s=pace,
+            headroom=headroom.figures,
         )
 
     # A host-wide limit is one more budget every key spends, with its own gate.

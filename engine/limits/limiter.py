@@ -307,6 +307,17 @@ class WindowLimiter:
             (a late millisecond is a tenth of the gap at 100/s per key); a gap a little shorter than even lets
             the meters, which are exact, set the beat instead. 1.0 keeps every
             gap whole, for nonce-ordered targets.
+        pace_slack: with even pacing, how much of its gap a send may go early
+            (GCRA's tolerance; 0 to 1, 0 by default). The pace then keeps an
+            anchor: when the last send was due at the whole gap, or when it
+            went if later; a send that goes early moves it on by a gap only,
+            so over a stretch sends still average one a gap. It matters once
+            each answered slot frees at its own time (`Stamp.extra`): the
+            slots then free unevenly, one just after another now and then,
+            and a strict pace holds the second back. That wait is never made
+            up: the slot is reused that much later in every window after
+            (about 7 ms a slot at 20/1s with 5-45 ms of jitter each way,
+            0.006 of the rate). 0 for nonce-ordered targets.
         wall_offset: Unix time minus loop time, so fixed windows turn at the
             clock's whole minutes and hours as servers' do.
         headroom: where the two headroom figures are read per decision without
@@ -327,6 +338,7 @@ class WindowLimiter:
         "_hr",
         "_last",
         "_last_cost",
+        "_early",
         "_recent",
         "spent",
         "returned",
@@ -339,6 +351,7 @@ class WindowLimiter:
         headroom_s: Callable[[], float],
         pacing: str = "even",
         min_spacing: float = 1.0,
+        pace_slack: float = 0.0,
         pace_s: Callable[[], float] | None = None,
         wall_offset: float = 0.0,
         now: float = 0.0,
@@ -351,6 +364,9 @@ class WindowLimiter:
         self.pace_s = pace_s or headroom_s  # the headroom the even gap assumes
         self._hr = headroom if headroom is not None else _Called(headroom_s, self.pace_s)
         self.min_spacing = min_spacing
+        if not 0.0 <= pace_slack < 1.0:
+            raise ValueError(f"pace_slack must be in [0, 1), got {pace_slack}")
+        self._early = 1.0 - pace_slack  # a send may go this share of its gap after the anchor
         self.wall_offset = wall_offset
         self.policies: tuple[Policy, ...] = ()
         self._meters: tuple[_Meter, ...] = ()
@@ -364,6 +380,11 @@ class WindowLimiter:
         self.spent = 0  # cost units reserved by every send so far
         self.sends = 0  # and how many sends
         self.returned = 0  # and given back when the server charged less (`refund`)
+
+    @property
+    def pace_slack(self) -> float:
+        """How much of its gap a send may go early (`pace_slack` above)."""
+        return 1.0 - self._early
 
     def _add(self, policy: Policy, now: float) -> None:
         meter: _Meter
@@ -408,23 +429,32 @@ class WindowLimiter:
                 free = meter.free_at(now, cost, h)
                 if free > t:
                     t = free
-        paced = self._even
-        if paced:
-            # Each send is due a gap after the last one, the gap its cost earned
-            # (GCRA's pace): a heavy request delays the next one, it never waits
-            # for light ones to stop coming. A fixed window with quota to spare
-            # spreads it over the time left instead of the nominal pace.
-            p = hr.pace_now_s
-            spent = self._last_cost
-            for meter in paced:
-                gap = (meter.window + p) * self.min_spacing * spent / meter.limit
-                if meter.fixed:
-                    assert isinstance(meter, _Fixed)
-                    gap = min(gap, meter.catch_up_gap(now, spent, h) * self.min_spacing)
-                due = self._last + gap
-                if due > t:
-                    t = due
+        if self._even:
+            due = self._last + self._gap(now, h) * self._early
+            if due > t:
+                t = due
         return t
+
+    def _gap(self, now: float, h: float) -> float:
+        """The even gap after the last send: the largest its cost earned in any paced meter.
+
+        Each send is due a gap after the last one, the gap its cost earned
+        (GCRA's pace): a heavy request delays the next one, it never waits for
+        light ones to stop coming. A fixed window with quota to spare spreads it
+        over the time left instead of the nominal pace.
+        """
+        p = self._hr.pace_now_s
+        spent = self._last_cost
+        spacing = self.min_spacing
+        gap = 0.0
+        for meter in self._even:
+            g = (meter.window + p) * spacing * spent / meter.limit
+            if meter.fixed:
+                assert isinstance(meter, _Fixed)
+                g = min(g, meter.catch_up_gap(now, spent, h) * spacing)
+            if g > gap:
+                gap = g
+        return gap
 
     def pace_due(self) -> float:
         """When the even pace lets the next send go: a bound `next_free` never beats, and
@@ -435,7 +465,7 @@ class WindowLimiter:
             return -math.inf
         meter = paced[0]
         gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
-        return self._last + gap
+        return self._last + gap * self._early
 
     def release_pace(self) -> None:
         """The next send is not held by the even pace (the windows still hold it): for sends a
@@ -453,7 +483,14 @@ class WindowLimiter:
         h = self._hr.headroom_now_s
         for meter in self._meters:
             meter.record(stamp, cost, h)
-        self._last = at
+        if self._early != 1.0 and self._even:
+            # The pace's anchor: when this send was due at the whole gap, or when it went if later.
+            # A send that went early (the slack) moves it only a gap on: over a stretch, sends
+            # still average one a gap.
+            due = self._last + self._gap(at, h)
+            self._last = due if due > at else at
+        else:
+            self._last = at
         self._last_cost = cost
         self._recent.append((at, cost))
         self.spent += cost

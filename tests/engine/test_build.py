@@ -48,3 +48,22 @@ def test_an_engine_built_with_no_host_masks_keys_in_its_graveyard(tmp_path):
     lines = [json.loads(line) for line in text.splitlines()]
     assert len(lines) == 3 and all(line["params"]["api_key"] != SECRET for line in lines)
     assert all(line["params"]["api_key"] for line in lines)  # masked, not dropped
+
+
+def test_a_nonce_target_keeps_whole_gaps_and_any_other_may_send_half_a_gap_early():
+    # Sends closer than the jitter can reach a nonce-checking server out of order; elsewhere
+    # the slack lets a slot that frees early be reused at once (WindowLimiter, pace_slack).
+    def paces(nonce_param: str) -> set[tuple[float, float]]:
+        cfg = load_config(
+            preset="study",
+            overrides={
+                "keys": {"secrets": [SECRET, SECRET + "2"], "limits": ["20/1s"]},
+                "target": {"nonce_param": nonce_param},
+                "engine": {"graveyard_path": "", "pacing": "even"},
+            },
+        )
+        engine = Engine(cfg, Refusing())
+        return {(w.limiter.min_spacing, w.limiter.pace_slack) for w in engine.parts.keys.workers}
+
+    assert paces("nonce") == {(1.0, 0.0)}
+    assert paces("") == {(0.9, 0.5)}

@@ -119,6 +119,50 @@ def test_even_gap_may_run_a_little_short_so_late_timers_do_not_accumulate():
     assert times[-1] - times[0] < 3.0 + 0.05  # about 100/s, not 100 per 1.05 s
 
 
+def test_with_slack_a_send_may_go_early_but_sends_still_average_one_a_gap():
+    # 20/1s with no headroom: the even gap is 50 ms. With half a gap of slack a send may go
+    # 25 ms after the last, but the pace's anchor moves on a whole gap each time, so a run
+    # of sends that all go as early as they may still averages one a gap.
+    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.0, "even", pace_slack=0.5)
+    lim.record(0.0)
+    assert lim.next_free(0.0) == pytest.approx(0.025)
+    t, times = 0.0, [0.0]
+    for _ in range(9):
+        t = lim.next_free(t)
+        lim.record(t)
+        times.append(t)
+    assert times[1] == pytest.approx(0.025)  # the first early send takes the slack
+    assert times[-1] == pytest.approx(9 * 0.050 - 0.025)  # then one a gap: the slack spent once
+    # A send that goes late moves the anchor to itself: no credit is kept for a pause.
+    lim.record(2.0)
+    assert lim.next_free(2.0) == pytest.approx(2.025)
+    # Without slack, the gap is whole (as nonce-ordered targets keep it).
+    strict = WindowLimiter((Policy(20, 1.0),), lambda: 0.0, "even")
+    strict.record(0.0)
+    assert strict.next_free(0.0) == pytest.approx(0.050)
+
+
+def test_slack_lets_a_slot_that_frees_soon_after_another_be_reused_at_once():
+    # 2 per 100 ms, no headroom: the even gap is 50 ms. Two answered slots whose bounds
+    # differ (as per-request extras do) free 140 ms and 180 ms in, 40 ms apart where they
+    # were sent 50 ms apart. A strict pace holds the second slot's reuse to a gap after the
+    # first one's (190 ms), and every later reuse of that slot with it; with slack it goes
+    # when its slot frees.
+    def reuse(slack: float) -> float:
+        lim = WindowLimiter((Policy(2, 0.1),), lambda: 0.0, "even", pace_slack=slack)
+        a, b = lim.record(0.0), lim.record(0.05)
+        a.extra, b.extra = 0.040, 0.030
+        first = lim.next_free(0.1)
+        assert first == pytest.approx(0.140)
+        lim.record(first)
+        return lim.next_free(first)
+
+    assert reuse(0.0) == pytest.approx(0.190)  # held by the pace
+    assert reuse(0.5) == pytest.approx(0.180)  # its slot's own time
+    with pytest.raises(ValueError, match="pace_slack"):
+        WindowLimiter((Policy(2, 1.0),), lambda: 0.0, "even", pace_slack=1.0)
+
+
 def test_next_free_says_when_a_slot_comes_so_a_caller_knows_a_deadline_is_missed():
     """What the key workers ask: a full window's next slot comes when its oldest send
     leaves; a request due before then (its TTL) is known to miss it before anything waits."""
@@ -148,13 +192,20 @@ def test_a_heavy_send_waits_for_its_whole_cost_and_is_recorded_at_it():
         min_size=1,
         max_size=60,
     ),
-    st.sampled_from([1.0, 0.9]),
+    st.sampled_from([(1.0, 0.0), (0.9, 0.0), (0.9, 0.5)]),
 )
-def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_binds(steps, spacing):
+def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_binds(steps, pace):
     """`pace_due` lets a worker skip the full look after an answer (`KeyWorker.wake_if_sooner`):
     it must never be later than `next_free`, and equal it whenever the pace is what binds."""
+    spacing, slack = pace
     figures = HeadroomNow(0.05)
-    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even", min_spacing=spacing, headroom=figures)
+
+    def limiter() -> WindowLimiter:
+        return WindowLimiter(
+            (Policy(20, 1.0),), lambda: 0.05, "even", min_spacing=spacing, pace_slack=slack, headroom=figures
+        )
+
+    lim = limiter()
     t = 0.0
     for wait, cost, headroom_s, late in steps:
         figures.headroom_now_s, figures.pace_now_s = headroom_s, headroom_s / 2
@@ -164,7 +215,7 @@ def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_b
         lim.record(free + late, cost)
         t = free + late
     # the pace binds while the window has room: then the two agree to the bit (the same sum)
-    lim = WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "even", min_spacing=spacing, headroom=figures)
+    lim = limiter()
     t = lim.next_free(0.0)
     for _ in range(10):
         lim.record(t)
