@@ -114,6 +114,7 @@ def open_client(
     limit: int,
     attempts: list[int] | None = None,
     headers: dict[str, str] | None = None,
+    trace_configs: list[aiohttp.TraceConfig] | None = None,
 ) -> Client:
     """One session for the requests of one engine process to `url`'s origin (see the module doc);
     `attempts[0]` counts its sends; `headers` go with every request unless it names them."""
@@ -148,6 +149,7 @@ def open_client(
         max_field_size=MAX_FIELD_BYTES,
         request_class=CountedRequest,
         headers=headers,
+        trace_configs=trace_configs,
     )
     return Client(session, proxy_for(target, url), sends)
 
@@ -276,24 +278,40 @@ def describe(exc: BaseException) -> str:
 ProbeFn = Callable[[], Awaitable[int]]
 
 
+#: What a probe GET answers when it opened its connection (`probe_get`): not a sample.
+OPENED = -1
+
+
 def probe_get(
     target: TargetConfig, url: str, timeout_s: float
 ) -> tuple[ProbeFn, Callable[[], Awaitable[None]]]:
     """A plain GET of `url` on a session of its own (one connection, apart from the traffic's
-    pool, set up as the traffic's: proxy, TLS), and its closer."""
+    pool, set up as the traffic's: proxy, TLS), and its closer.
+
+    A GET that had to open the connection (the first, and any after the server closed it)
+    answers `OPENED` instead of its status: its round trip carries the TCP and TLS
+    handshakes, one or two round trips more, and as a sample it would widen the probe's
+    range for as long as the range keeps it (a minute)."""
     parsed = URL(url)
     holder: list[Client] = []
+    opened = [False]
+
+    async def on_open(_session: Any, _ctx: Any, _params: Any) -> None:
+        opened[0] = True
 
     async def get() -> int:
         if not holder:
-            holder.append(open_client(target, parsed, 1))
+            trace = aiohttp.TraceConfig()
+            trace.on_connection_create_end.append(on_open)
+            holder.append(open_client(target, parsed, 1, trace_configs=[trace]))
         client = holder[0]
+        opened[0] = False
         resp = await asyncio.wait_for(client.session.get(parsed, proxy=client.proxy), timeout_s)
         try:
             await asyncio.wait_for(read_capped(resp, 4096, stop=True), timeout_s)
         finally:
             resp.release()
-        return resp.status
+        return OPENED if opened[0] and 200 <= resp.status < 300 else resp.status
 
     async def close() -> None:
         while holder:

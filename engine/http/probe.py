@@ -16,7 +16,9 @@ Rules:
   in flight), so the headroom has what it needs to believe the probe in a
   couple of seconds instead of five: the run's first seconds are paid at the
   round trips' wider spread until then;
-- only 2xx answers count as samples; a 429 means the endpoint is rate
+- only 2xx answers count as samples, and not one that opened its connection
+  (the first, and any after the server closed it): its round trip carries the
+  TCP and TLS handshakes, and the range would keep it for a minute; a 429 means the endpoint is rate
   limited after all, and the probe stops at once with the problem named;
   20 failures in a row (no answer, other statuses) stop it too;
 - its cost is shown: `sent` (the snapshot's `probe_sent`).
@@ -29,12 +31,12 @@ from collections.abc import Awaitable, Callable
 
 from ratedeck.engine.settings import TargetConfig
 
-from .client import probe_get
+from .client import OPENED, probe_get
 
 #: Failed probes in a row (no answer, or not 2xx) after which the probe gives up.
 MAX_FAILURES = 20
 
-GetFn = Callable[[], Awaitable[int]]  # one probe: its HTTP status (raises on no answer)
+GetFn = Callable[[], Awaitable[int]]  # one probe: its HTTP status, or OPENED (raises on no answer)
 
 
 class Probe:
@@ -72,7 +74,7 @@ class Probe:
         """Probe until cancelled or given up: `observe(rtt_s, now)` per sample, `problem(text)` on giving up."""
         interval = 1.0 / self.rate_hz
         next_t = clock()
-        failures = 0
+        failures = opened = 0
         while True:
             now = clock()
             if next_t > now:
@@ -87,12 +89,22 @@ class Probe:
             except Exception:
                 status = None
             end = clock()
+            if status == OPENED:  # it opened the connection: the handshake is in its round trip
+                opened += 1
+                if opened >= MAX_FAILURES:
+                    self.stopped = (
+                        f"the probe URL closed its connection after each of {opened} answers in a row "
+                        "(every round trip carried a handshake); probing stopped"
+                    )
+                    problem(self.stopped)
+                    return
+                continue
             if status == 429:
                 self.stopped = "the probe URL answered 429: it is rate limited; probing stopped"
                 problem(self.stopped)
                 return
             if status is not None and 200 <= status < 300:
-                failures = 0
+                failures = opened = 0
                 self.answered += 1
                 observe(end - start, end)
                 continue

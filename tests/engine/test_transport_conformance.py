@@ -769,6 +769,74 @@ async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
 
 
 @run_async
+async def test_a_probe_that_opened_its_connection_is_not_a_sample():
+    # The first GET, and any after the server closed the connection, carries the TCP and TLS
+    # handshakes in its round trip. The server here stands that cost in by answering the first
+    # request on each connection 150 ms late, and closes every connection after 3 answers.
+    from ratedeck.engine.http.probe import Probe
+
+    conns = [0]
+
+    async def serve(reader, writer):
+        conns[0] += 1
+        try:
+            for n in (1, 2, 3):
+                await reader.readuntil(b"\r\n\r\n")
+                if n == 1:
+                    await asyncio.sleep(0.15)
+                last = b"Connection: close\r\n" if n == 3 else b""
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + last + b"\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    samples: list[float] = []
+    enough = asyncio.Event()
+
+    def observe(rtt_s: float, now: float) -> None:
+        samples.append(rtt_s)
+        if len(samples) == 8:
+            enough.set()
+
+    probe = Probe(f"{base}/health", 1000.0, timeout_s=2.0)
+    try:
+        task = asyncio.ensure_future(probe.run(asyncio.get_running_loop().time, observe, print))
+        await asyncio.wait_for(enough.wait(), 10.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await probe.close()
+        server.close()
+    assert len(samples) >= 8 and max(samples) < 0.1, samples  # no first-on-a-connection answer
+    assert probe.sent - probe.answered - probe.failed == conns[0] >= 4  # each connection's first
+    assert probe.stopped is None
+
+
+@run_async
+async def test_a_probe_whose_every_answer_closes_the_connection_stops_and_says_why():
+    def answer(conn: int, req: int) -> tuple[bytes]:
+        return (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",)
+
+    from ratedeck.engine.http.probe import Probe
+
+    problems: list[str] = []
+    async with raw_server(answer) as (base, seen):
+        probe = Probe(f"{base}/health", 1000.0, timeout_s=2.0)
+        try:
+            await asyncio.wait_for(
+                probe.run(asyncio.get_running_loop().time, lambda r, n: None, problems.append), 10.0
+            )
+        finally:
+            await probe.close()
+    assert probe.answered == 0 and probe.sent == len(seen) == 20
+    assert problems == [probe.stopped] and "closed its connection after each of 20" in problems[0]
+
+
+@run_async
 async def test_the_read_timeout_names_its_phase():
     async def stalls(reader, writer):
         await reader.readuntil(b"\r\n\r\n")
