@@ -374,7 +374,7 @@ class WindowLimiter:
         self._even: tuple[_Sliding | _Fixed, ...] = ()  # the same, with even pacing only
         for policy in policies:
             self._add(policy, now)
-        self._last = -math.inf  # the last send
+        self._last = -math.inf  # the pace's anchor: the last send, or when it was due if later
         self._last_cost = 1  # and its cost: the next send is due that much later
         self._recent: deque[tuple[float, int]] = deque(maxlen=1024)  # (send time, cost), for spent_since
         self.spent = 0  # cost units reserved by every send so far
