@@ -729,33 +729,37 @@ async def test_a_refused_connection_is_named():
     assert outcome.kind is CONNECTION and outcome.error == "connection refused"
 
 
-@run_async
-async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
+async def _probe_until(url: str, rate_hz: float, count: int):
+    """A real `Probe` of `url` run until it has `count` samples: (the probe, its round trips)."""
     from ratedeck.engine.http.probe import Probe
 
+    samples: list[float] = []
+    enough = asyncio.Event()
+
+    def observe(rtt_s: float, now: float) -> None:
+        samples.append(rtt_s)
+        if len(samples) == count:
+            enough.set()
+
+    probe = Probe(url, rate_hz, timeout_s=2.0)
+    try:
+        task = asyncio.ensure_future(probe.run(asyncio.get_running_loop().time, observe, print))
+        await asyncio.wait_for(enough.wait(), 10.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await probe.close()
+    return probe, samples
+
+
+@run_async
+async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
     async def limited(request):
         return web.Response(status=429)
 
     async with app_server() as (app, base):
-        loop = asyncio.get_running_loop()
-        samples: list[float] = []
-        enough = asyncio.Event()
-        problems: list[str] = []
-
-        def observe(rtt_s: float, now: float) -> None:
-            samples.append(rtt_s)
-            if len(samples) == 3:
-                enough.set()
-
-        probe = Probe(f"{base}/ok", 200.0, timeout_s=2.0)
-        try:
-            task = asyncio.ensure_future(probe.run(loop.time, observe, problems.append))
-            await enough.wait()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        finally:
-            await probe.close()
+        probe, samples = await _probe_until(f"{base}/ok", 200.0, 3)
         t = transport(f"{base}/ok", probe_url=f"{base}/missing")  # the transport's own probe
         get = t.prober()
         assert get is not None
@@ -773,8 +777,6 @@ async def test_a_probe_that_opened_its_connection_is_not_a_sample():
     # The first GET, and any after the server closed the connection, carries the TCP and TLS
     # handshakes in its round trip. The server here stands that cost in by answering the first
     # request on each connection 150 ms late, and closes every connection after 3 answers.
-    from ratedeck.engine.http.probe import Probe
-
     conns = [0]
 
     async def serve(reader, writer):
@@ -793,23 +795,9 @@ async def test_a_probe_that_opened_its_connection_is_not_a_sample():
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    samples: list[float] = []
-    enough = asyncio.Event()
-
-    def observe(rtt_s: float, now: float) -> None:
-        samples.append(rtt_s)
-        if len(samples) == 8:
-            enough.set()
-
-    probe = Probe(f"{base}/health", 1000.0, timeout_s=2.0)
     try:
-        task = asyncio.ensure_future(probe.run(asyncio.get_running_loop().time, observe, print))
-        await asyncio.wait_for(enough.wait(), 10.0)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        probe, samples = await _probe_until(f"{base}/health", 1000.0, 8)
     finally:
-        await probe.close()
         server.close()
     assert len(samples) >= 8 and max(samples) < 0.1, samples  # no first-on-a-connection answer
     assert probe.sent - probe.answered - probe.failed == conns[0] >= 4  # each connection's first
