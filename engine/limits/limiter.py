@@ -481,16 +481,17 @@ class WindowLimiter:
         if stamp is None:
             stamp = Stamp(at)
         h = self._hr.headroom_now_s
-        for meter in self._meters:
-            meter.record(stamp, cost, h)
         if self._early != 1.0 and self._even:
-            # The pace's anchor: when this send was due at the whole gap, or when it went if later.
-            # A send that went early (the slack) moves it only a gap on: over a stretch, sends
-            # still average one a gap.
+            # The pace's anchor: when this send was due at the whole gap (the gap `next_free`
+            # saw, before this send is counted), or when it went if later. A send that went
+            # early (the slack) moves it only a gap on: over a stretch, sends still average one
+            # a gap.
             due = self._last + self._gap(at, h)
             self._last = due if due > at else at
         else:
             self._last = at
+        for meter in self._meters:
+            meter.record(stamp, cost, h)
         self._last_cost = cost
         self._recent.append((at, cost))
         self.spent += cost

@@ -224,3 +224,16 @@ def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_b
     # no even pace (bursts, or a fixed window): no bound
     assert WindowLimiter((Policy(20, 1.0),), lambda: 0.05, "burst").pace_due() == -math.inf
     assert WindowLimiter((parse_policy("20/1s fixed"),), lambda: 0.05, "even").pace_due() == -math.inf
+
+
+def test_with_slack_a_fixed_window_s_anchor_moves_by_the_gap_next_free_saw():
+    # A fixed window with quota to spare spreads it over the time left: its gap grows as quota
+    # is spent. The anchor moves by the gap seen before a send is counted (the one `next_free`
+    # used), not the one after it.
+    lim = WindowLimiter((parse_policy("10/1s fixed"),), lambda: 0.0, "even", pace_slack=0.5)
+    lim.record(0.5)  # mid-window: 9 left for the 0.5 s to its end, a gap of 0.5/9 s (not 0.1)
+    t = lim.next_free(0.5)
+    assert t == pytest.approx(0.5 + 0.5 * 0.5 / 9)  # half a gap early
+    lim.record(t)
+    anchor = 0.5 + (1.0 - t) / 9  # the whole gap at t, with 9 left
+    assert lim.next_free(t) == pytest.approx(anchor + 0.5 * (1.0 - t) / 8)
