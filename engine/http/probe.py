@@ -92,17 +92,16 @@ class Probe:
             if status == OPENED:  # it opened the connection: the handshake is in its round trip
                 opened += 1
                 if opened >= MAX_FAILURES:
-                    self.stopped = (
+                    return self._give_up(
+                        problem,
                         f"the probe URL closed its connection after each of {opened} answers in a row "
-                        "(every round trip carried a handshake); probing stopped"
+                        "(every round trip carried a handshake); probing stopped",
                     )
-                    problem(self.stopped)
-                    return
                 continue
             if status == 429:
-                self.stopped = "the probe URL answered 429: it is rate limited; probing stopped"
-                problem(self.stopped)
-                return
+                return self._give_up(
+                    problem, "the probe URL answered 429: it is rate limited; probing stopped"
+                )
             if status is not None and 200 <= status < 300:
                 failures = opened = 0
                 self.answered += 1
@@ -112,9 +111,14 @@ class Probe:
             failures += 1
             if failures >= MAX_FAILURES:
                 what = f"HTTP {status}" if status is not None else "no answer"
-                self.stopped = f"the probe URL failed {failures} times in a row ({what}); probing stopped"
-                problem(self.stopped)
-                return
+                return self._give_up(
+                    problem, f"the probe URL failed {failures} times in a row ({what}); probing stopped"
+                )
+
+    def _give_up(self, problem: Callable[[str], None], why: str) -> None:
+        """Stop probing for good, saying why (`stopped`, and `problem(why)`)."""
+        self.stopped = why
+        problem(why)
 
     async def close(self) -> None:
         if self._close is not None:
