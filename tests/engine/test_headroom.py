@@ -194,3 +194,62 @@ def test_whole_round_trips_are_tracked_alike_before_and_after_the_first_usable_h
             theirs.mean,
         )
     assert evidence.raw.hi != evidence.net.hi
+
+
+def _hinted(rng):
+    """A round trip of 5..45 ms each way around 20..80 ms of server time, and that time."""
+    server = rng.uniform(0.02, 0.08)
+    return rng.uniform(0.005, 0.045) + server + rng.uniform(0.005, 0.045), server
+
+
+def test_hints_on_every_answer_are_believed_from_the_first_answers():
+    # The share of answers with a usable hint is a plain one at first: a moving share from 0
+    # took 230 answers (2-3 s at 100/s) to reach HINTED, and the slots meanwhile paid for the
+    # whole round trips' spread at the safety for mixed evidence.
+    rng = random.Random(5)
+    h = HeadroomController(initial_ms=100)
+    for i in range(20):
+        rtt, server = _hinted(rng)
+        h.observe_rtt(rtt, i * 0.01, server_s=server)
+    assert h.evidence.hint_share == 1.0
+    assert h.evidence.target_source == "hints" and h.evidence.target_direct
+    rtt, _ = _hinted(rng)
+    h.observe_rtt(rtt, 0.2)  # an answer without a hint: the share falls by one in 21
+    assert h.evidence.hint_share == pytest.approx(20 / 21)
+
+
+def test_a_hundred_hinted_answers_settle_the_first_guess_before_settle_s():
+    rng = random.Random(6)
+    hinted, plain = HeadroomController(initial_ms=100), HeadroomController(initial_ms=100)
+    for i in range(120):  # 1.2 s at 100 answers/s
+        rtt, server = _hinted(rng)
+        hinted.observe_rtt(rtt, i * 0.01, server_s=server)
+        plain.observe_rtt(rtt, i * 0.01)
+    assert hinted.source == "hints" and hinted.value_ms < 60  # then narrows slowly to the target
+    # Whole round trips alone are no direct estimate: their first guess holds for settle_s.
+    assert plain.value_ms > 85 and plain.value_ms > plain.target_ms
+
+
+def test_slots_answered_under_the_first_guess_take_the_settled_bound():
+    from ratedeck.engine.limits.limiter import Stamp
+
+    rng = random.Random(7)
+    h = HeadroomController(initial_ms=100)
+    early = []
+    t = 0.0
+    for _ in range(99):  # one answer short of settling
+        rtt, server = _hinted(rng)
+        h.observe_rtt(rtt, t, server_s=server)
+        stamp = Stamp(t - rtt)
+        h.assign((stamp,), rtt, t, server_s=server)
+        early.append((stamp, rtt, server))
+        t += 0.01
+    assert all(s.extra * 1000 >= 90 for s, _, _ in early)  # the guess, narrowing 10 ms a second
+    rtt, server = _hinted(rng)
+    h.observe_rtt(rtt, t, server_s=server)  # the 100th: the evidence replaces the guess
+    assert h.value_ms < 60
+    # Each early slot now holds what an answer arriving now gets, its own bound capped.
+    for stamp, rtt, server in early:
+        assert stamp.extra == h.extra_for(rtt, t, server)
+    assert max(s.extra for s, _, _ in early) * 1000 <= h.value_ms + h.margin_ms + 1e-9
+    assert not h._early_slots  # held only until the guess is replaced

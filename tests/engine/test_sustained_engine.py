@@ -46,10 +46,12 @@ def _run(server_timing: bool, seed: int = 1, latency_ms=(5, 45), slow_start: boo
     return snap, transport.rules
 
 
-# Measured at the time of writing, seeds 1..3: with Server-Timing 0.960 (the target
-# for its live row is >= 0.955; 0.957 when the even pace held back a slot that freed soon
-# after another, WindowLimiter's pace_slack), no hints 0.930-0.932; the bounds sit just under.
-@pytest.mark.parametrize(("server_timing", "least"), [(True, 0.958), (False, 0.925)])
+# Measured at the time of writing, seeds 1..3: with Server-Timing 0.9606-0.9614 (the issue's
+# target for its live row is >= 0.955; 0.9596-0.9603 while the first guess held the slots
+# answered in the first 2 s, HeadroomController._rebound; 0.957 when the even pace held back a
+# slot that freed soon after another, WindowLimiter's pace_slack), no hints 0.930-0.932; the
+# bounds sit just under.
+@pytest.mark.parametrize(("server_timing", "least"), [(True, 0.9605), (False, 0.925)])
 def test_sustained_efficiency_from_the_simulators_stamps(server_timing, least):
     snap, rules = _run(server_timing)
     stamps = [[t / 1000.0 for t in key] for key in rules.arrivals_ms()]
