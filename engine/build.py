@@ -26,7 +26,7 @@ from ratedeck.engine.gate import CooldownGate
 from ratedeck.engine.http.probe import Probe
 from ratedeck.engine.limits.budgets import Budgets
 from ratedeck.engine.limits.estimate import ADDITIVE, PROBING
-from ratedeck.engine.limits.headroom import PROBE_READY, HeadroomController
+from ratedeck.engine.limits.headroom import PROBE_WARM, HeadroomController
 from ratedeck.engine.limits.in_flight import InFlightSizing
 from ratedeck.engine.limits.limiter import WindowLimiter
 from ratedeck.engine.observe.events import EventLog
@@ -374,7 +374,7 @@ def _probe(cfg: EngineSettings, transport: Transport) -> Probe | None:
         cfg.target.probe_rate,
         get=transport.prober(),
         timeout_s=cfg.target.timeout_s,
-        warm=PROBE_READY,
+        warm=PROBE_WARM,
     )
 
 

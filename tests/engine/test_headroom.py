@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ratedeck.engine.limits.headroom import HeadroomController, RangeTracker, SpreadEvidence
+from ratedeck.engine.limits.headroom import PROBE_FEW, HeadroomController, RangeTracker, SpreadEvidence
 
 
 def feed(h, n, start, rtt, spacing=0.01):
@@ -253,3 +253,22 @@ def test_slots_answered_under_the_first_guess_take_the_settled_bound():
         assert stamp.extra == h.extra_for(rtt, t, server)
     assert max(s.extra for s, _, _ in early) * 1000 <= h.value_ms + h.margin_ms + 1e-9
     assert not h._early_slots  # held only until the guess is replaced
+
+
+def test_a_probe_range_on_few_samples_is_widened_to_a_high_quantile_of_its_shortfall():
+    # Legs of 0..40 ms each way: one leg's whole spread, 40 ms, is what the probe's cap
+    # (half the range, x1.05, +1 ms) must cover, from the 50 samples that make it ready.
+    rng = random.Random(1)
+    covered = {0: 0, PROBE_FEW: 0}
+    for _ in range(500):
+        r = RangeTracker(60)
+        for i in range(50):
+            r.add(rng.uniform(0, 0.04) + rng.uniform(0, 0.04), i * 0.05)
+        for few in covered:
+            covered[few] += r.sampled(r.spread, few) * 1000 * 0.5 * 1.05 + 1 >= 40
+    assert covered[0] < 0.9 * 500  # the mean shortfall's correction alone: short in 1 run of 6
+    assert covered[PROBE_FEW] >= 0.95 * 500
+    # From `few` samples on, the mean's correction alone.
+    for i in range(PROBE_FEW - 50):
+        r.add(rng.uniform(0, 0.04) + rng.uniform(0, 0.04), 2.5 + i * 0.05)
+    assert r.in_window == PROBE_FEW and r.sampled(r.spread, PROBE_FEW) == r.sampled(r.spread)

@@ -162,12 +162,14 @@ def test_a_probe_measures_the_network_and_shows_its_cost():
     snap, share, sources, _ = run(noisy(health=True), seconds=60, probe=True)
     assert snap.rejected_429 == 0
     assert sources[-1] == "probe"
-    # 10 a second for 60 s, and the first 50 back to back (one in flight): +25 or so
-    assert 610 <= snap.probe_sent <= 640
+    # 10 a second for 60 s, and the first 150 back to back (one in flight, about 20 a
+    # second): +75 or so
+    assert 660 <= snap.probe_sent <= 690
     assert 60 <= snap.network_spread_ms <= 90
-    # 0.9548..0.958 over seeds 1..8 at the time of writing, mean 0.956 (the target:
-    # 0.955); 0.953..0.955 while the probe took 5 s to be believed and answered slots were
-    # not capped before 5 s.
+    # 0.9562..0.9582 over seeds 1..8 at the time of writing (the target: 0.955);
+    # 0.9548..0.958 with the first 50 back to back and the range on few samples corrected
+    # for its mean shortfall only; 0.953..0.955 while the probe took 5 s to be believed and
+    # answered slots were not capped before 5 s.
     assert share >= 0.955
 
 
