@@ -272,3 +272,26 @@ def test_a_probe_range_on_few_samples_is_widened_to_a_high_quantile_of_its_short
     for i in range(PROBE_FEW - 50):
         r.add(rng.uniform(0, 0.04) + rng.uniform(0, 0.04), 2.5 + i * 0.05)
     assert r.in_window == PROBE_FEW and r.sampled(r.spread, PROBE_FEW) == r.sampled(r.spread)
+
+
+def test_the_budget_prober_refines_from_the_last_clean_cap_a_stretch_a_step():
+    from ratedeck.engine.limits.headroom import BudgetProber
+
+    b = BudgetProber(10)
+    stretch = 3.0
+    b.step(0.0, stretch, 60.0)  # the evidence says 60 ms: the first trial is 48
+    assert (b.phase, b.cap_ms) == ("descend", 48.0)
+    b.step(3.0, stretch, 60.0)  # clean for a stretch: 48 holds, try 38.4
+    assert b.hi == 48.0 and b.cap_ms == pytest.approx(38.4)
+    b.spent += 1
+    b.rejected(4.0)  # 38.4 drew a rejection: back to 48 itself, not above it
+    assert (b.phase, b.cap_ms, b.hi, b.lo) == ("refine", 48.0, 48.0, pytest.approx(38.4))
+    b.step(6.9, stretch, 60.0)
+    assert b.cap_ms == 48.0  # a stretch is not over yet
+    b.step(7.0, stretch, 60.0)  # one stretch at the clean cap: bisect
+    assert b.cap_ms == pytest.approx((48.0 * 38.4) ** 0.5)  # 42.9
+    b.step(10.0, stretch, 60.0)  # clean: 42.9 / 38.4 is within 20%, hold 5% above it
+    assert b.phase == "hold" and b.cap_ms == pytest.approx(1.05 * (48.0 * 38.4) ** 0.5)
+    b.spent += 1
+    b.rejected(20.0)  # a rejection while holding steps up 10%
+    assert b.cap_ms == pytest.approx(1.1 * 1.05 * (48.0 * 38.4) ** 0.5)
