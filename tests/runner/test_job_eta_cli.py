@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +16,8 @@ import pytest
 
 from ratedeck.core.exits import ExitCode
 from ratedeck.server.stubs.openai import start_openai
+from tests.support.cli import spawn_ratedeck
 
-RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 KEYS = [f"sk-proj-eta-live{i:02d}000000000000000000" for i in range(5)]
 PROMPTS = 3000
 _JOBS = re.compile(r"^jobs\s+([\d,]+) of ([\d,]+) \((\d+)%\)\s+ETA (\S+)")
@@ -51,16 +49,10 @@ async def run_job(tmp_path: Path) -> tuple[int, list[tuple[float, str]], str]:
     models = {"gpt-4o-mini": {"rpm": 500, "tpm": 30_000}}
     async with await start_openai(keys=KEYS, models=models, minute_s=12.0, latency=0.05) as stub:
         start = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
+        proc = await spawn_ratedeck(
             *("--preset", "openai", "--target", stub.url, "--keys", ",".join(KEYS), "--no-ui"),
             *("--workload", str(prompts(tmp_path)), "--interval", "1"),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
             cwd=tmp_path,
-            env=dict(
-                os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), XDG_STATE_HOME=str(tmp_path / "state")
-            ),
         )
         assert proc.stdout is not None and proc.stderr is not None
         lines = [(time.monotonic() - start, raw.decode().rstrip()) async for raw in proc.stdout]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -16,8 +14,8 @@ import pytest
 
 from ratedeck.core.exits import ExitCode
 from ratedeck.server.stubs.openai import start_openai
+from tests.support.cli import spawn_ratedeck
 
-RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 KEY = "sk-proj-makespan00000000000000000000"
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 8}
 _MAKESPAN = re.compile(
@@ -46,16 +44,10 @@ async def run(tmp_path: Path, spend: int, jobs: int) -> tuple[int, str, str]:
 
             statuses = await asyncio.gather(*(one() for _ in range(spend)))
         assert statuses.count(200) == spend
-        proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
+        proc = await spawn_ratedeck(
             *("--preset", "openai", "--target", stub.url, "--keys", KEY, "--no-ui"),
             *("--workload", str(prompts(tmp_path, jobs))),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
             cwd=tmp_path,
-            env=dict(
-                os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), XDG_STATE_HOME=str(tmp_path / "state")
-            ),
         )
         out, err = await proc.communicate()
         assert proc.returncode is not None
