@@ -666,7 +666,7 @@ class HeadroomController:
         spread_ms = tracker.spread * 1000.0
         cap = self._cap_ms(spread_ms)
         capped = net <= tracker.body_hi or self._capped_whole()
-        if tracker.n < SETTLE_ANSWERS or ev.first_t is None or now - ev.first_t < self.bound_settle_s:
+        if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
             if cap is not None and early_ms > cap and capped and trusted:

@@ -195,7 +195,7 @@ class MakespanMeter:
         if ending is not Ending.SUCCEEDED:
             return
         host = self.host
-        self._note_turns(req.key)
+        self._note_turns(req.key, model)
         self.jobs += 1
         self.requests += 1
         self.last_at = self.run.clock()
@@ -271,11 +271,11 @@ class MakespanMeter:
             return self.budget_units.get(budget, 0) / self.jobs
         return None
 
-    def _note_turns(self, label: str | None) -> None:
+    def _note_turns(self, label: str | None, model: str | None = None) -> None:
         """Each fixed window's first turn and each bucket's level at the start (`_start_levels`),
-        read once the first answer could set them: a key's limiters (its models' too) at that
-        key's first success (its answer synced them to the server's reset and remaining count),
-        the shared ones at the first success of all."""
+        read once the first answer could set them: a key's limiters at that key's first success
+        (its answer synced them to the server's reset and remaining count), a model's own at
+        the first success of that model on that key, the shared ones at the first success of all."""
         host = self.host
         lims: list[WindowLimiter] = []
         if not self._turns:
@@ -285,9 +285,11 @@ class MakespanMeter:
         for w in host.workers:
             if w.label != label:
                 continue
-            lims += [w.limiter, *w.key_budgets.values()]
-            if w.limits.lanes is not None:  # each model's own buckets, made at its first request
-                lims += [lim for lane in w.limits.lanes for _, lim in lane.buckets()]
+            if id(w.limiter) not in self._turns:
+                lims += [w.limiter, *w.key_budgets.values()]
+            lane = w.limits.lanes.by_model.get(model) if model is not None and w.limits.lanes else None
+            if lane is not None:  # this model's own buckets on this key
+                lims += [lim for _, lim in lane.buckets() if id(lim) not in self._turns]
         for lim in lims:
             if id(lim) not in self._turns:
                 self._turns[id(lim)] = self._first_turns(lim)
