@@ -280,33 +280,40 @@ ProbeFn = Callable[[], Awaitable[int]]
 
 #: What a probe GET answers when it opened its connection (`probe_get`): not a sample.
 OPENED = -1
+#: Probe GETs that may be in flight at once, each on its own connection: the probe's warm-up
+#: (engine/http/probe.py) takes its first samples over this many; one after that.
+PROBE_LANES = 4
 
 
 def probe_get(
     target: TargetConfig, url: str, timeout_s: float
 ) -> tuple[ProbeFn, Callable[[], Awaitable[None]]]:
-    """A plain GET of `url` on a session of its own (one connection, apart from the traffic's
-    pool, set up as the traffic's: proxy, TLS), and its closer.
+    """A plain GET of `url` on a session of its own (up to `PROBE_LANES` connections, apart
+    from the traffic's pool, set up as the traffic's: proxy, TLS), and its closer. The GET
+    may be awaited by several tasks at once.
 
-    A GET that had to open the connection (the first, and any after the server closed it)
-    answers `OPENED` instead of its status: its round trip carries the TCP and TLS
-    handshakes, one or two round trips more, and as a sample it would widen the probe's
+    A GET that had to open its connection (the first on each, and any after the server
+    closed one) answers `OPENED` instead of its status: its round trip carries the TCP and
+    TLS handshakes, one or two round trips more, and as a sample it would widen the probe's
     range for as long as the range keeps it (a minute)."""
     parsed = URL(url)
     holder: list[Client] = []
-    opened = [False]
 
-    async def on_open(_session: Any, _ctx: Any, _params: Any) -> None:
-        opened[0] = True
+    async def on_open(_session: Any, ctx: Any, _params: Any) -> None:
+        opened = ctx.trace_request_ctx  # this GET's own flag (several may be in flight)
+        if opened is not None:
+            opened[0] = True
 
     async def get() -> int:
         if not holder:
             trace = aiohttp.TraceConfig()
             trace.on_connection_create_end.append(on_open)
-            holder.append(open_client(target, parsed, 1, trace_configs=[trace]))
+            holder.append(open_client(target, parsed, PROBE_LANES, trace_configs=[trace]))
         client = holder[0]
-        opened[0] = False
-        resp = await asyncio.wait_for(client.session.get(parsed, proxy=client.proxy), timeout_s)
+        opened = [False]
+        resp = await asyncio.wait_for(
+            client.session.get(parsed, proxy=client.proxy, trace_request_ctx=opened), timeout_s
+        )
         try:
             await asyncio.wait_for(read_capped(resp, 4096, stop=True), timeout_s)
         finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 #: Probe samples needed before a probe's spread is believed.
 PROBE_READY = 50
-#: Probe samples taken back to back at the start (still one in flight), three times what makes
+#: Probe samples taken back to back at the start (`client.PROBE_LANES` in flight), three times what makes
 #: it ready: the range it caps every slot by stands on few samples at first, and widens as they come.
 PROBE_WARM = 3 * PROBE_READY
 #: Below this many samples, the probe's range is widened to about the 90th percentile of its

@@ -729,7 +729,7 @@ async def test_a_refused_connection_is_named():
     assert outcome.kind is CONNECTION and outcome.error == "connection refused"
 
 
-async def _probe_until(url: str, rate_hz: float, count: int):
+async def _probe_until(url: str, rate_hz: float, count: int, warm: int = 0):
     """A real `Probe` of `url` run until it has `count` samples: (the probe, its round trips)."""
     from ratedeck.engine.http.probe import Probe
 
@@ -741,7 +741,7 @@ async def _probe_until(url: str, rate_hz: float, count: int):
         if len(samples) == count:
             enough.set()
 
-    probe = Probe(url, rate_hz, timeout_s=2.0)
+    probe = Probe(url, rate_hz, timeout_s=2.0, warm=warm)
     try:
         task = asyncio.ensure_future(probe.run(asyncio.get_running_loop().time, observe, print))
         await asyncio.wait_for(enough.wait(), 10.0)
@@ -802,6 +802,43 @@ async def test_a_probe_that_opened_its_connection_is_not_a_sample():
     assert len(samples) >= 8 and max(samples) < 0.1, samples  # no first-on-a-connection answer
     assert probe.sent - probe.answered - probe.failed == conns[0] >= 4  # each connection's first
     assert probe.stopped is None
+
+
+@run_async
+async def test_a_warming_probe_runs_four_connections_and_leaves_out_each_ones_first_get():
+    # The warm-up keeps PROBE_LANES GETs in flight, each on its own connection of the probe's
+    # session; the GET that opened a connection (answered 150 ms late here, as a handshake
+    # would cost) is left out on each, though the others were in flight beside it.
+    from ratedeck.engine.http.client import PROBE_LANES
+
+    conns, busy, most = [0], [0], [0]
+
+    async def serve(reader, writer):
+        conns[0] += 1
+        first = True
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                busy[0] += 1
+                most[0] = max(most[0], busy[0])
+                await asyncio.sleep(0.15 if first else 0.005)
+                first = False
+                busy[0] -= 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        probe, samples = await _probe_until(f"{base}/health", 1.0, 40, warm=40)
+    finally:
+        server.close()
+    assert most[0] == conns[0] == PROBE_LANES == 4  # four in flight, one connection each
+    assert len(samples) >= 40 and max(samples) < 0.1, max(samples)  # no connection's first
+    assert probe.opened == conns[0] and probe.failed == 0
 
 
 @run_async
