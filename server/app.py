@@ -66,12 +66,13 @@ def _loop_clock_ms() -> float:
     return time.monotonic() * 1000.0
 
 
-def _latency_draw(bounds: tuple[int, int], rng: random.Random) -> Callable[[], int]:
-    """A function drawing a whole number of ms in `bounds`, cheap when fixed."""
+def _latency_draw(bounds: tuple[int, int], rng: random.Random) -> Callable[[], float]:
+    """A function drawing ms uniformly in `bounds` (any fraction, as a network's delay is), cheap
+    when fixed."""
     low, high = bounds
     if low == high:
         return lambda: low
-    return lambda: rng.randint(low, high)
+    return lambda: rng.uniform(low, high)
 
 
 class ApiHandlers:

@@ -261,6 +261,7 @@ class RateRules:
             state.other_due_ms = state.other_next_ms = start
         rings = state.rings
         at = state.other_next_ms
+        end -= 1e-6  # a due time a rounding error short of `end` is at `end`: not one more
         while at <= now_ms and state.other_due_ms < end:
             wait = _wait_for_room(rings, at)
             if wait is None:

@@ -118,7 +118,8 @@ class SimulatedTransport(TransportBase):
         return 200 if self.settings.health else 404
 
     async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
-        ms: float = self.rng.randint(*bounds)
+        low, high = bounds
+        ms: float = low if low == high else self.rng.uniform(low, high)
         if extra[1]:
             ms += self.rng.uniform(*extra)
         if ms:
