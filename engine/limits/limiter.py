@@ -49,10 +49,15 @@ class Stamp:
         self.ticket: Any = None  # the store's grant it was sent on (a shared budget), if any
 
 
+#: Freed entries a sliding window keeps for `WindowLimiter.sync` (at most its limit): more than
+#: a key's sends in a round trip at thousands a second.
+FREED_KEPT = 1024
+
+
 class _Sliding:
     """At most `limit` cost units in any window of `window` seconds."""
 
-    __slots__ = ("policy", "limit", "window", "entries", "total")
+    __slots__ = ("policy", "limit", "window", "entries", "total", "freed")
 
     fixed = False  # read per send by even pacing (a class constant, not isinstance)
 
@@ -62,6 +67,10 @@ class _Sliding:
         self.window = policy.window_s
         self.entries: deque[tuple[Stamp, int]] = deque()  # in send order
         self.total = 0  # cost of the entries
+        # The last entries whose slots freed, (send time, cost), in send order: a server's count
+        # taken when a request arrived may still hold them when its answer comes back
+        # (`WindowLimiter.sync`).
+        self.freed: deque[tuple[float, int]] = deque(maxlen=min(max(1, policy.limit), FREED_KEPT))
 
     def free_at(self, now: float, cost: int, h: float) -> float:
         entries, window = self.entries, self.window
@@ -71,6 +80,7 @@ class _Sliding:
             if stamp.t + window + (h if stamp.extra is None else stamp.extra) > now:
                 break
             entries.popleft()
+            self.freed.append((stamp.t, spent))
             self.total -= spent
         excess = self.total + cost - self.limit
         if excess <= 0:
@@ -546,6 +556,13 @@ class WindowLimiter:
             # never with our window now. Only more than that is someone else's use.
             start = (sent_at if sent_at is not None else now) - meter.window - self._hr.headroom_now_s
             ours = sum(spent for stamp, spent in meter.entries if stamp.t > start)
+            # and those whose slots freed while its answer was on its way: gone from ours, still
+            # in the server's count (live, 26 sends in 40 s over 5 keys were taken for someone
+            # else's, and the key said "someone else used 5% of a window" with nobody there)
+            for t, spent in reversed(meter.freed):
+                if t <= start:
+                    break
+                ours += spent
             extra = used - ours
             if extra > 0:
                 until = reset_at if reset_at is not None and reset_at > now else now + meter.window

@@ -146,6 +146,22 @@ def test_sync_on_a_sliding_window_counts_what_someone_else_spent():
     assert granted == 2
 
 
+def test_sends_whose_slots_freed_while_an_answer_was_on_its_way_are_not_someone_else_s():
+    # 20/1s, a send every 50 ms from 0, each slot freeing 10 ms after its window (its answer's
+    # own bound). The 21st goes at 1.02 and its answer comes back at 1.12 saying the server
+    # counted 20 when it arrived: all ours. By then the slots of the sends at 0, 0.05 and 0.1
+    # had freed and left our count; they were in the server's, not someone else's.
+    lim = WindowLimiter((parse_policy("20/1s"),), lambda: 0.05, pacing="burst")
+    for i in range(20):
+        lim.record(i * 0.05).extra = 0.01
+    assert lim.next_free(1.02) <= 1.02
+    lim.record(1.02).extra = 0.01
+    assert lim.next_free(1.12) <= 1.12  # three slots freed (and left our count) by then
+    assert lim.sync(1.12, used=20, sent_at=1.02) == 0
+    # Someone else's sends still show: the server counting 23 is 2 beyond all 21 of ours.
+    assert lim.sync(1.12, used=23, sent_at=1.02) == 2
+
+
 def test_a_cost_larger_than_the_limit_never_fits():
     lim = WindowLimiter((parse_policy("10/1s"),), lambda: 0.0)
     assert lim.next_free(0.0, cost=11) == math.inf
