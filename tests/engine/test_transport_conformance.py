@@ -753,6 +753,17 @@ async def _probe_until(url: str, rate_hz: float, count: int, warm: int = 0):
     return probe, samples
 
 
+async def _probe_served(serve, rate_hz: float, count: int, warm: int = 0):
+    """`_probe_until` against a raw loopback server whose connections `serve` answers."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        return await _probe_until(
+            f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/health", rate_hz, count, warm
+        )
+    finally:
+        server.close()
+
+
 @run_async
 async def test_the_probe_times_real_round_trips_and_stops_at_a_429():
     async def limited(request):
@@ -793,12 +804,7 @@ async def test_a_probe_that_opened_its_connection_is_not_a_sample():
             pass
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
-        probe, samples = await _probe_until(f"{base}/health", 1000.0, 8)
-    finally:
-        server.close()
+    probe, samples = await _probe_served(serve, 1000.0, 8)
     assert len(samples) >= 8 and max(samples) < 0.1, samples  # no first-on-a-connection answer
     assert probe.sent - probe.answered - probe.failed == conns[0] >= 4  # each connection's first
     assert probe.stopped is None
@@ -830,12 +836,7 @@ async def test_a_warming_probe_runs_four_connections_and_leaves_out_each_ones_fi
             pass
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
-        probe, samples = await _probe_until(f"{base}/health", 1.0, 40, warm=40)
-    finally:
-        server.close()
+    probe, samples = await _probe_served(serve, 1.0, 40, warm=40)
     assert most[0] == conns[0] == PROBE_LANES == 4  # four in flight, one connection each
     assert len(samples) >= 40 and max(samples) < 0.1, max(samples)  # no connection's first
     assert probe.opened == conns[0] and probe.failed == 0
