@@ -179,8 +179,8 @@ class MakespanMeter:
         self.key_units = 0
         self.budget_units: dict[str, int] = {}
         self.last_at: float | None = None
-        self._turns: dict[int, tuple[float | None, ...]] = {}  # id(limiter) -> first turns
-        self._levels: dict[int, tuple[float | None, ...]] = {}  # id(limiter) -> buckets' levels at the start
+        # id(limiter) -> (its fixed windows' first turns, its buckets' levels at the start)
+        self._start: dict[int, tuple[tuple[float | None, ...], tuple[float | None, ...]]] = {}
         self.ended_by_model: dict[str, int] = {}  # every ending, by model lane (limits per model)
         self.jobs_by_model: dict[str, int] = {}  # successes, by model lane
         self.model_units: dict[tuple[str, str], int] = {}  # (budget, model) -> what its successes spent
@@ -278,22 +278,21 @@ class MakespanMeter:
         the first success of that model on that key, the shared ones at the first success of all."""
         host = self.host
         lims: list[WindowLimiter] = []
-        if not self._turns:
+        if not self._start:
             lims += list(host.budgets.host.values())
             if host.host_limiter is not None:
                 lims.append(host.host_limiter)
         for w in host.workers:
             if w.label != label:
                 continue
-            if id(w.limiter) not in self._turns:
+            if id(w.limiter) not in self._start:
                 lims += [w.limiter, *w.key_budgets.values()]
             lane = w.limits.lanes.by_model.get(model) if model is not None and w.limits.lanes else None
             if lane is not None:  # this model's own buckets on this key
-                lims += [lim for _, lim in lane.buckets() if id(lim) not in self._turns]
+                lims += [lim for _, lim in lane.buckets()]
         for lim in lims:
-            if id(lim) not in self._turns:
-                self._turns[id(lim)] = self._first_turns(lim)
-                self._levels[id(lim)] = self._start_levels(lim)
+            if id(lim) not in self._start:
+                self._start[id(lim)] = (self._first_turns(lim), self._start_levels(lim))
 
     def _first_turns(self, lim: WindowLimiter) -> tuple[float | None, ...]:
         start = self.run.started_at
@@ -327,11 +326,10 @@ class MakespanMeter:
     def first_turns(self, lim: WindowLimiter) -> tuple[float | None, ...]:
         """Each fixed window's first turn of `lim` in seconds after the start, as noted at the first
         success that could set it (() before: a whole window)."""
-        return self._turns.get(id(lim), ())
+        return self._start.get(id(lim), ((), ()))[0]
 
     def _limits(self, lim: WindowLimiter, skip: Policy | None = None) -> Limits:
-        turns = self.first_turns(lim)
-        levels = self._levels.get(id(lim), ())
+        turns, levels = self._start.get(id(lim), ((), ()))
         rows = [
             # a bucket as its server's headers set it (followed), from its level at the start;
             # the others as given (a retuned estimate is ours, not the server's)
