@@ -296,10 +296,11 @@ class KeySide(Protocol):
 
     def answered(
         self, outcome: Outcome, req: Request, stamps: tuple[SendStamp, ...], now: float
-    ) -> tuple[str, bool, bool]:
+    ) -> tuple[str, bool, bool, float]:
         """The key takes the answer's facts (counts it, learns what it says of its limits) and
         returns what it knows for the verdict (`settle.decide`): its label, whether it was
-        refused for good already, and whether its limit explains the answer's 429."""
+        refused for good already, whether its limit explains the answer's 429, and how long it
+        sits out for 429s in a row (seconds, 0: not at all)."""
 
     def carry_out(
         self, verdict: Verdict, req: Request, outcome: Outcome, error: ErrorRow | None

@@ -46,6 +46,8 @@ UNKNOWN_LIMIT = Policy(MAX_LIMIT, 1.0)
 
 #: How many send times a key keeps, for the estimate's count of a window.
 _SENDS_KEPT = 4096
+#: The longest a key sits out for 429s in a row (`KeyLimits.cool_off`).
+COOL_CAP_S = 300.0
 
 
 class Learning:
@@ -152,10 +154,21 @@ class ServerCounts:
 
 
 class SendLog:
-    """A key's recent send times, and the one send beyond the estimate's confirmed level
-    that the others wait for (a probe)."""
+    """A key's recent send times, the one send the others wait for (a probe: beyond the
+    estimate's confirmed level, or the first after a 429), and its 429s in a row."""
 
-    __slots__ = ("times", "failed", "probe_out", "probe_at", "probe_level", "probe_plain", "catch_up")
+    __slots__ = (
+        "times",
+        "failed",
+        "probe_out",
+        "probe_at",
+        "probe_level",
+        "probe_plain",
+        "catch_up",
+        "lone_next",
+        "last_429_at",
+        "cool_s",
+    )
 
     def __init__(self) -> None:
         self.times: deque[float] = deque(maxlen=_SENDS_KEPT)
@@ -165,6 +178,9 @@ class SendLog:
         self.probe_level = 0  # and our count in the window with it
         self.probe_plain = 0  # the same over the window alone, as the server counts it
         self.catch_up = 0  # sends the even pace held back while a probe was out, that may go at once
+        self.lone_next = False  # a 429 came back: the next send goes alone
+        self.last_429_at = -math.inf  # when the last 429 came back (-inf: none since a success)
+        self.cool_s = 0.0  # the last cool-off for 429s in a row (0: none since a success)
 
 
 class KeyLimits:
@@ -319,7 +335,13 @@ class KeyLimits:
         est = self.estimate
         if sends.catch_up:
             self._catch_up(now)
-        if est is not None and est.value > est.confirmed:
+        if sends.lone_next:
+            # The first send after a 429 goes alone: were the server holding the key in a
+            # penalty, company sent beside it would only lengthen it (`cool_off`).
+            sends.lone_next = False
+            sends.probe_out, sends.probe_at = True, now
+            sends.probe_level, sends.probe_plain = self._counts_in_window(now) if est is not None else (0, 0)
+        elif est is not None and est.value > est.confirmed:
             # Beyond the confirmed level when the send `confirmed` before this one is still
             # in the window: one look, not a count of the window (this runs for every send).
             times, beyond = sends.times, est.confirmed + 1
@@ -421,6 +443,35 @@ class KeyLimits:
                 self._estimate_moved()
             return explained
         return False
+
+    def cool_off(self, tally: Tally, sent_at: float | None, now: float, told_wait: bool) -> float:
+        """How long the key sits out after this answer, in seconds (0: not at all).
+
+        A 429 for a send that went after the key's last 429 had come back, with no success
+        between (the send went alone: `note_send`), is no count the window will free: the
+        server holds the key in a penalty, and some lengthen it for every request sent into
+        it (told 100/1s where the server allows 80 and escalates: 268 429s, 265 of them into
+        its cooldown, and 508 accepted of 2,400 in 12 s, before this). The key cools off two
+        of its windows, four times as long for each more in a row (up to `COOL_CAP_S`), so
+        its wait outgrows a penalty that doubles. `told_wait`: the answer said how long
+        (Retry-After), and that wait is the server's to set."""
+        sends = self.sends
+        if sent_at is None:
+            return 0.0
+        if tally is Tally.SUCCEEDED:
+            if sent_at > sends.last_429_at:  # sent after the last 429 came back, and through
+                sends.last_429_at, sends.cool_s = -math.inf, 0.0
+            return 0.0
+        if tally is not Tally.REJECTED_429:
+            return 0.0
+        again = sent_at > sends.last_429_at > -math.inf
+        # Where the server said how long to wait, its wait is the whole of it: no send alone after.
+        sends.last_429_at, sends.lone_next = now, not told_wait
+        if not again or told_wait:
+            return 0.0
+        base = 2.0 * min((p.window_s for p in self.limiter.policies), default=1.0)
+        sends.cool_s = min(COOL_CAP_S, sends.cool_s * 4.0 if sends.cool_s else base)
+        return sends.cool_s
 
     def answered_all(self) -> None:
         """Nothing of this key is in flight: no probe is waited for."""

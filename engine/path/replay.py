@@ -204,8 +204,10 @@ def _replay(lines: Iterable[str]) -> ReplayResult:
         # judges its limit by its tally, and the verdict may widen the headroom.
         time_answer(headroom, result, sent, t)
         limits.learn(result, req, sent, t)
-        explains = limits.judged(tally_of(result), req.last_sent_at, t)
-        if decide(result, req, _RULES, t, line["key"], False, explains).widen_headroom:
+        tally = tally_of(result)
+        explains = limits.judged(tally, req.last_sent_at, t)
+        cool = limits.cool_off(tally, req.last_sent_at, t, result.retry_after_s is not None)
+        if decide(result, req, _RULES, t, line["key"], False, explains, cool).widen_headroom:
             headroom.observe_rejection(t)
         path = paths[line["key"]]
         path.answers += 1

@@ -222,14 +222,14 @@ class RequestPath:
         key.wake_if_sooner(now)
 
     def _settle(
-        self, key: KeySide, req: Request, result: oc.Outcome, now: float, facts: tuple[str, bool, bool]
+        self, key: KeySide, req: Request, result: oc.Outcome, now: float, facts: tuple[str, bool, bool, float]
     ) -> None:
         """`settle.decide` (pure) returns the verdict on the answer from what the key knows
-        (`facts`: `KeySide.answered`'s label, refused, explains), and it is carried out."""
+        (`facts`: `KeySide.answered`'s label, refused, explains, cool-off), and it is carried out."""
         if self.spend is not None:
             self.spend.answered(req, result)
-        label, refused, explains = facts
-        verdict = decide(result, req, self.settle_rules, now, label, refused, explains)
+        label, refused, explains, cool = facts
+        verdict = decide(result, req, self.settle_rules, now, label, refused, explains, cool)
         self._apply(verdict, key, req, result, now, refused)
 
     def _apply(

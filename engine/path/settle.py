@@ -1,6 +1,6 @@
 """What happens to a request after one attempt: one pure decision.
 
-`decide(outcome, request, rules, now, key, refused, explains)` looks at nothing else and
+`decide(outcome, request, rules, now, key, refused, explains, cool_s)` looks at nothing else and
 changes nothing; the request path carries the `Verdict` out in one place
 (`RequestPath._apply`).
 Every branch of "what does this answer mean for this request" lives here,
@@ -10,8 +10,9 @@ account) or end it there when that key is refused (stranded), whether the
 headroom widens, and where the request goes.
 
 What the key side said of the answer comes in as facts, before the decision:
-the key's label, whether it was `refused` for good already, and whether its
-limit `explains` the answer's 429 (`KeyLimits.judged`, given `tally_of`).
+the key's label, whether it was `refused` for good already, whether its
+limit `explains` the answer's 429 (`KeyLimits.judged`, given `tally_of`), and
+how long it sits out for 429s in a row (`KeyLimits.cool_off`).
 """
 
 from __future__ import annotations
@@ -112,19 +113,25 @@ def decide(
     key: str | None = None,
     refused: bool = False,
     explains: bool = False,
+    cool_s: float = 0.0,
 ) -> Verdict:
     """What to count, whom to pause and where `req` goes after `outcome`.
 
     `req.attempts` already counts this attempt. `key` is the label of the key that sent
     it, `refused` whether that key was refused for good before this answer, `explains`
-    whether its limit explains the answer's 429 (then the headroom does not widen). With
-    no `key` the answer alone decides: nothing is pinned or stranded.
+    whether its limit explains the answer's 429 (then the headroom does not widen), `cool_s`
+    how long the key sits out for 429s in a row (`KeyLimits.cool_off`; a 429 that gave no
+    wait of its own closes the key's gate that long). With no `key` the answer alone
+    decides: nothing is pinned or stranded.
     """
     if outcome.kind is OutcomeKind.OK:
         return _SUCCESS
     v = _decide(outcome, req, rules, now)
     if explains and v.widen_headroom:
         v = replace(v, widen_headroom=False)  # a 429 the limit explains, not the timing
+    if cool_s > 0 and v.tally is Tally.REJECTED_429 and v.cooldown is None:
+        reason = f"429s in a row, the server holds the key: cooling off {cool_s:g}s"
+        v = replace(v, cooldown=CooldownOrder(Scope.KEY, cool_s, reason))
     if key is not None and v.ending is None and (outcome.keyed or req.pin is not None):
         # An Idempotency-Key is scoped to the account that first sent it: its retries go out on
         # that key only, like a workload line's `_key`; refused for good, it strands them.

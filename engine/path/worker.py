@@ -391,10 +391,11 @@ class KeyWorker:
     # -- answers: the key side of the request path (`ports.KeySide`)
     def answered(
         self, outcome: Outcome, req: Request, stamps: tuple[SendStamp, ...], now: float
-    ) -> tuple[str, bool, bool]:
+    ) -> tuple[str, bool, bool, float]:
         """An attempt of this key came back (or failed to): count it, learn what the answer says
         of the key's limits (`KeyLimits.learn`), judge the limit by the answer's tally; returns
-        what the verdict takes of the key: its label, refused already, its limit explains a 429."""
+        what the verdict takes of the key: its label, refused already, its limit explains a 429,
+        and how long it sits out for 429s in a row (`KeyLimits.cool_off`)."""
         self.in_flight -= 1
         limits = self.limits
         if self.in_flight == 0:
@@ -409,10 +410,10 @@ class KeyWorker:
             )
         limits.learn(outcome, req, stamps, now)
         # The key judges its limit by the answer's tally; the verdict takes what it said.
-        explains = limits.judged(
-            tally_of(outcome, req.cancelled and req.answer is not None), req.last_sent_at, now
-        )
-        return self.label, self.blocked, explains
+        tally, sent_at = tally_of(outcome, req.cancelled and req.answer is not None), req.last_sent_at
+        explains = limits.judged(tally, sent_at, now)
+        cool = limits.cool_off(tally, sent_at, now, outcome.retry_after_s is not None)
+        return self.label, self.blocked, explains, cool
 
     def carry_out(
         self, verdict: Verdict, req: Request, outcome: Outcome, error: ErrorRow | None

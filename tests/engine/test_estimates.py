@@ -21,7 +21,7 @@ from ratedeck.engine.limits.estimate import (
 )
 from ratedeck.engine.limits.headroom import HeadroomController
 from ratedeck.engine.limits.limiter import WindowLimiter
-from ratedeck.engine.path.key import KeyLimits, Learning
+from ratedeck.engine.path.key import COOL_CAP_S, KeyLimits, Learning
 from ratedeck.engine.path.settle import Tally
 from ratedeck.engine.settings import EngineSettings, KeySpec
 from ratedeck.server.rules import RateRules
@@ -450,3 +450,41 @@ def test_a_shared_key_is_seen_in_the_servers_counts_and_said_everywhere():
     assert {s.labels["key"] for s in shared} == {"k1", "k2"}
     estimate = names["ratedeck_key_limit_estimate"].samples
     assert [(s.labels["key"], s.value) for s in estimate] == [("k1", 20.0), ("k2", 20.0)]
+
+
+# -- 429s in a row: the key cools off (fake clock)
+def test_a_429_for_a_send_made_after_the_last_429_came_back_cools_the_key_off():
+    limits = _slow_start_key()
+    sends = limits.sends
+    r429 = Tally.REJECTED_429
+    assert limits.cool_off(r429, 1.0, 1.1, False) == 0.0  # the first: a count the window frees
+    assert sends.lone_next  # the next send goes alone
+    limits.note_send(1.2)
+    assert sends.probe_out and sends.probe_at == 1.2 and not sends.lone_next
+    assert limits.cool_off(r429, 1.05, 1.3, False) == 0.0  # sent before the 429 came back: its echo
+    # Sent after the last 429 came back, with no success between: two windows, then 4x each.
+    assert limits.cool_off(r429, 1.35, 1.5, False) == 2.0
+    assert limits.cool_off(r429, 3.6, 3.7, False) == 8.0
+    assert limits.cool_off(r429, 11.8, 11.9, False) == 32.0
+    # A success sent after the last 429 ends the run of them: the next 429 is a first again.
+    assert limits.cool_off(Tally.SUCCEEDED, 44.0, 44.1, False) == 0.0
+    assert limits.cool_off(r429, 44.2, 44.3, False) == 0.0
+    assert limits.cool_off(r429, 44.4, 44.5, False) == 2.0
+
+
+def test_a_429_that_says_how_long_to_wait_is_the_servers_to_time():
+    limits = _slow_start_key()
+    r429 = Tally.REJECTED_429
+    assert limits.cool_off(r429, 1.0, 1.1, True) == 0.0
+    assert not limits.sends.lone_next  # the Retry-After's wait is the whole of it
+    assert limits.cool_off(r429, 1.2, 1.3, True) == 0.0  # in a row, but the server says how long
+    assert limits.cool_off(Tally.FAILED, 1.4, 1.5, False) == 0.0  # a timeout is no 429
+
+
+def test_cooling_off_stops_at_its_cap():
+    limits = _slow_start_key()
+    t, last = 0.0, 0.0
+    for _ in range(10):
+        last = limits.cool_off(Tally.REJECTED_429, t, t + 0.1, False)
+        t += 0.2 + last
+    assert last == COOL_CAP_S

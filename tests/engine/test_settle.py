@@ -191,9 +191,12 @@ def test_a_cancelled_library_call_keeps_the_usual_rules():
 # -- what the key knew: pinning, stranding, the headroom's veto
 
 
-def facts(label: str, refused: bool = False, explains: bool = False) -> tuple[str, bool, bool]:
-    """decide's last three arguments: the key's label, refused already, its limit explains a 429."""
-    return label, refused, explains
+def facts(
+    label: str, refused: bool = False, explains: bool = False, cool_s: float = 0.0
+) -> tuple[str, bool, bool, float]:
+    """decide's last four arguments: the key's label, refused already, its limit explains a 429,
+    how long it sits out for 429s in a row."""
+    return label, refused, explains, cool_s
 
 
 def keyed_500() -> Outcome:
@@ -247,6 +250,19 @@ def test_a_429_the_key_s_limit_explains_does_not_widen_the_headroom(explains, wi
     assert decide(limited, req(), RULES, 1.0, *facts("k1", explains=explains)).widen_headroom is widen
     # without the key's facts, the answer alone decides: a 429 widens it
     assert decide(limited, req(), RULES, 1.0).widen_headroom
+
+
+def test_429s_in_a_row_close_the_keys_gate_unless_the_server_said_how_long():
+    limited = Outcome(OutcomeKind.RATE_LIMITED, 429)
+    v = decide(limited, req(), RULES, 1.0, *facts("k1", cool_s=8.0))
+    assert v.cooldown is not None and (v.cooldown.scope, v.cooldown.delay_s) == (Scope.KEY, 8.0)
+    assert "cooling off 8s" in v.cooldown.reason
+    assert decide(limited, req(), RULES, 1.0, *facts("k1")).cooldown is None  # none in a row
+    told = Outcome(OutcomeKind.RATE_LIMITED, 429, retry_after_s=3.0)
+    v = decide(told, req(), RULES, 1.0, *facts("k1", cool_s=8.0))
+    assert v.cooldown is not None and v.cooldown.delay_s == 3.0  # the server's wait, not ours
+    failed = decide(Outcome(OutcomeKind.SERVER_ERROR, 503), req(), RULES, 1.0, *facts("k1", cool_s=8.0))
+    assert failed.cooldown is None  # only a 429 cools the key off
 
 
 @pytest.mark.parametrize(

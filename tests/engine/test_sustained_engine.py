@@ -14,6 +14,7 @@ import pytest
 
 from ratedeck.bench.sustained import run_sustained, sustained_efficiency
 from ratedeck.config import load_config
+from ratedeck.core.policy import Policy
 from ratedeck.engine.engine import Engine
 from ratedeck.server.settings import standard_settings
 from ratedeck.server.simulated import SimulatedTransport, run_virtual
@@ -83,3 +84,54 @@ def test_a_slow_start_on_a_told_limit_that_was_right_costs_little():
     run = run_sustained(stamps, LIMIT, WINDOW_S)
     assert run.mean is not None and run.mean >= 0.986, run.by_key
     assert snap.rejected_429 == 0
+
+
+def _run_told(told: int, allowed: int, seconds: float, escalation: bool = False, keys: int = 3):
+    """`keys` keys told `told`/1s where the server allows `allowed`/1s, the issue's jitter and
+    server time, no hints, the engine's default slow start, offered the told capacity."""
+    settings = replace(
+        standard_settings(),
+        keys=tuple(f"key-{i:03d}" for i in range(keys)),
+        policies=(Policy(allowed, WINDOW_S),),
+        latency_in_ms=(5, 45),
+        latency_out_ms=(5, 45),
+        processing_ms=(20, 80),
+        ratelimit_headers=False,
+        retry_after=False,
+        escalation=escalation,
+    )
+    cfg = load_config(
+        preset="study",
+        overrides={
+            "target": {"nonce_param": ""},
+            "keys": {"secrets": list(settings.keys), "limits": [f"{told}/1s"]},
+            "engine": {"graveyard_path": "", "slow_start": True, "max_attempts": 20},
+            "workload": {"rate": float(keys * told)},
+            "run": {"seed": 1},
+        },
+    )
+    transport = SimulatedTransport(settings, seed=1)
+    snap = run_virtual(Engine(cfg, transport).run(seconds))
+    return snap, transport.rules
+
+
+def test_a_server_that_lengthens_its_penalty_for_every_request_sent_into_it_gets_one():
+    # Told 100/1s where the server allows 80, says no Retry-After, and holds a key that drew
+    # a 429 for a second, twice as long for each request sent during it (up to 16 s). The
+    # slow start's probe draws the first 429; the send after it goes alone and draws the
+    # second (the server's penalty); the key then sits out two windows, and is through.
+    # Before: 268 429s, 265 of them into the penalty, and 508 accepted (3 keys, 12 s); at
+    # the time of writing 10, 7 and 1,446.
+    snap, rules = _run_told(100, 80, 12.0, escalation=True)
+    totals = rules.stats()["totals"]
+    assert snap.rejected_429 <= 3 * 4
+    assert totals["requests_during_cooldown"] <= 3 * 3
+    assert snap.succeeded >= 1_300
+
+
+def test_a_key_cools_off_only_where_429s_come_in_a_row():
+    # The same told-wrong limit on a server that does not escalate: the probe's 429 lowers the
+    # estimate and the send after it goes through; nothing waits out a penalty.
+    snap, rules = _run_told(100, 80, 12.0)
+    assert snap.rejected_429 <= 3 * 2
+    assert snap.succeeded >= 2_600

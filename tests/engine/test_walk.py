@@ -40,8 +40,8 @@ def _name(value: object) -> str | None:
         names = [_name(v) for v in value]
         if any(names):  # a pair the queue hands back: (request, Send)
             return "(" + ", ".join(n for n in names if n) + ")"
-        if isinstance(value[0], str) and all(isinstance(v, bool) for v in value[1:]):
-            return "facts"  # KeySide.answered: label, refused, explains
+        if isinstance(value[0], str) and all(isinstance(v, bool) for v in value[1:-1]):
+            return "facts"  # KeySide.answered: label, refused, explains, cool-off
     return None
 
 
