@@ -22,7 +22,18 @@ from ratedeck.server.simulated import SimulatedTransport, run_virtual
 LIMIT, WINDOW_S, SECONDS = 20, 1.0, 60.0
 
 
-def _run(server_timing: bool, seed: int = 1, latency_ms=(5, 45), slow_start: bool = False):
+def _run(
+    server_timing: bool,
+    seed: int = 1,
+    latency_ms=(5, 45),
+    slow_start: bool = False,
+    seconds: float = SECONDS,
+    told: int | None = None,
+    server: dict | None = None,
+):
+    """The issue's jitter row (5 keys x 20/1s, `latency_ms` each way, 20..80 ms of server time,
+    no headers), offered the capacity. `told`: the keys are told that limit per second and
+    offered it; `server`: more of the simulator's settings."""
     settings = replace(
         standard_settings(),
         latency_in_ms=latency_ms,
@@ -31,19 +42,25 @@ def _run(server_timing: bool, seed: int = 1, latency_ms=(5, 45), slow_start: boo
         ratelimit_headers=False,
         retry_after=False,
         server_timing=server_timing,
+        **(server or {}),
     )
+    keys: dict = {"secrets": list(settings.keys)}
+    if told is not None:
+        keys["limits"] = [f"{told}/1s"]
+    per_key = told if told is not None else settings.policies[0].limit
     cfg = load_config(
         preset="study",
         overrides={
             "target": {"nonce_param": ""},
-            "keys": {"secrets": list(settings.keys)},
-            "engine": {"graveyard_path": "", "slow_start": slow_start},
-            "workload": {"rate": 100.0},  # offered at capacity: the figure measures the client
+            "keys": keys,
+            "engine": {"graveyard_path": "", "slow_start": slow_start, "max_attempts": 20},
+            # offered at capacity: the figure measures the client
+            "workload": {"rate": float(len(settings.keys) * per_key)},
             "run": {"seed": seed},
         },
     )
     transport = SimulatedTransport(settings, seed=seed)
-    snap = run_virtual(Engine(cfg, transport).run(SECONDS))
+    snap = run_virtual(Engine(cfg, transport).run(seconds))
     return snap, transport.rules
 
 
@@ -86,33 +103,15 @@ def test_a_slow_start_on_a_told_limit_that_was_right_costs_little():
     assert snap.rejected_429 == 0
 
 
-def _run_told(told: int, allowed: int, seconds: float, escalation: bool = False, keys: int = 3):
-    """`keys` keys told `told`/1s where the server allows `allowed`/1s, the issue's jitter and
-    server time, no hints, the engine's default slow start, offered the told capacity."""
-    settings = replace(
-        standard_settings(),
-        keys=tuple(f"key-{i:03d}" for i in range(keys)),
-        policies=(Policy(allowed, WINDOW_S),),
-        latency_in_ms=(5, 45),
-        latency_out_ms=(5, 45),
-        processing_ms=(20, 80),
-        ratelimit_headers=False,
-        retry_after=False,
-        escalation=escalation,
-    )
-    cfg = load_config(
-        preset="study",
-        overrides={
-            "target": {"nonce_param": ""},
-            "keys": {"secrets": list(settings.keys), "limits": [f"{told}/1s"]},
-            "engine": {"graveyard_path": "", "slow_start": True, "max_attempts": 20},
-            "workload": {"rate": float(keys * told)},
-            "run": {"seed": 1},
-        },
-    )
-    transport = SimulatedTransport(settings, seed=1)
-    snap = run_virtual(Engine(cfg, transport).run(seconds))
-    return snap, transport.rules
+def _run_told(told: int, allowed: int, seconds: float, escalation: bool = False):
+    """3 keys told `told`/1s where the server allows `allowed`/1s, no hints, the engine's
+    default slow start, offered the told capacity."""
+    server = {
+        "keys": tuple(f"key-{i:03d}" for i in range(3)),
+        "policies": (Policy(allowed, WINDOW_S),),
+        "escalation": escalation,
+    }
+    return _run(False, slow_start=True, seconds=seconds, told=told, server=server)
 
 
 def test_a_server_that_lengthens_its_penalty_for_every_request_sent_into_it_gets_one():
