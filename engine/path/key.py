@@ -46,7 +46,8 @@ UNKNOWN_LIMIT = Policy(MAX_LIMIT, 1.0)
 
 #: How many send times a key keeps, for the estimate's count of a window.
 _SENDS_KEPT = 4096
-#: The longest a key sits out for 429s in a row (`KeyLimits.cool_off`).
+#: The first and the longest a key sits out for 429s in a row (`KeyLimits.cool_off`).
+COOL_FIRST_S = 2.0
 COOL_CAP_S = 300.0
 
 
@@ -451,9 +452,10 @@ class KeyLimits:
         between (the send went alone: `note_send`), is no count the window will free: the
         server holds the key in a penalty, and some lengthen it for every request sent into
         it (told 100/1s where the server allows 80 and escalates: 268 429s, 265 of them into
-        its cooldown, and 508 accepted of 2,400 in 12 s, before this). The key cools off two
-        of its windows, four times as long for each more in a row (up to `COOL_CAP_S`), so
-        its wait outgrows a penalty that doubles. `told_wait`: the answer said how long
+        its cooldown, and 508 accepted of the 2,880 it allows in 12 s, before this). The key
+        cools off two of its windows (`COOL_FIRST_S` at most: a minute's window would sit a
+        key out two minutes at the first), four times as long for each more in a row (up to
+        `COOL_CAP_S`), so its wait outgrows a penalty that doubles. `told_wait`: the answer said how long
         (Retry-After), and that wait is the server's to set."""
         sends = self.sends
         if sent_at is None:
@@ -469,7 +471,7 @@ class KeyLimits:
         sends.last_429_at, sends.lone_next = now, not told_wait
         if not again or told_wait:
             return 0.0
-        base = 2.0 * min((p.window_s for p in self.limiter.policies), default=1.0)
+        base = min(COOL_FIRST_S, 2.0 * min((p.window_s for p in self.limiter.policies), default=1.0))
         sends.cool_s = min(COOL_CAP_S, sends.cool_s * 4.0 if sends.cool_s else base)
         return sends.cool_s
 

@@ -21,7 +21,7 @@ from ratedeck.engine.limits.estimate import (
 )
 from ratedeck.engine.limits.headroom import HeadroomController
 from ratedeck.engine.limits.limiter import WindowLimiter
-from ratedeck.engine.path.key import COOL_CAP_S, KeyLimits, Learning
+from ratedeck.engine.path.key import COOL_CAP_S, COOL_FIRST_S, KeyLimits, Learning
 from ratedeck.engine.path.settle import Tally
 from ratedeck.engine.settings import EngineSettings, KeySpec
 from ratedeck.server.rules import RateRules
@@ -488,3 +488,18 @@ def test_cooling_off_stops_at_its_cap():
         last = limits.cool_off(Tally.REJECTED_429, t, t + 0.1, False)
         t += 0.2 + last
     assert last == COOL_CAP_S
+
+
+def test_a_minutes_window_cools_off_two_seconds_at_first_not_two_minutes():
+    headroom = HeadroomController(fixed_ms=5.0)
+
+    def make(policies):
+        return WindowLimiter(policies, headroom.seconds)
+
+    policies = (Policy(500, 60.0),)
+    learning = Learning(budgets=Budgets(EngineSettings(), make), headroom=headroom, events=_Events())
+    limits = KeyLimits(KeySpec("k1", "secret-k1", policies), make(policies), learning, max_in_flight=8)
+    r429 = Tally.REJECTED_429
+    assert limits.cool_off(r429, 1.0, 1.1, False) == 0.0
+    assert limits.cool_off(r429, 1.2, 1.3, False) == COOL_FIRST_S == 2.0
+    assert limits.cool_off(r429, 3.4, 3.5, False) == 8.0
