@@ -439,8 +439,14 @@ class WindowLimiter:
                 free = meter.free_at(now, cost, h)
                 if free > t:
                     t = free
-        if self._even:
-            due = self._last + self._gap(now, h) * self._early
+        even = self._even
+        if even:
+            meter = even[0]
+            if len(even) == 1 and not meter.fixed:  # one sliding window paced: `_gap`'s sum, inline
+                gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
+            else:
+                gap = self._gap(now, h)
+            due = self._last + gap * self._early
             if due > t:
                 t = due
         return t
@@ -491,12 +497,18 @@ class WindowLimiter:
         if stamp is None:
             stamp = Stamp(at)
         h = self._hr.headroom_now_s
-        if self._early != 1.0 and self._even:
+        even = self._even
+        if self._early != 1.0 and even:
             # The pace's anchor: when this send was due at the whole gap (the gap `next_free`
             # saw, before this send is counted), or when it went if later. A send that went
             # early (the slack) moves it only a gap on: over a stretch, sends still average one
             # a gap.
-            due = self._last + self._gap(at, h)
+            paced = even[0]
+            if len(even) == 1 and not paced.fixed:  # as in `next_free`
+                gap = (paced.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / paced.limit
+            else:
+                gap = self._gap(at, h)
+            due = self._last + gap
             self._last = due if due > at else at
         else:
             self._last = at
