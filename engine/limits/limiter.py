@@ -345,6 +345,7 @@ class WindowLimiter:
         "_meters",
         "_paced",
         "_even",
+        "_one",
         "_hr",
         "_last",
         "_last_cost",
@@ -425,6 +426,9 @@ class WindowLimiter:
         """The window meters, and those even pacing spaces sends for (none when it bursts)."""
         self._paced = paced
         self._even = paced if self.pacing is Pacing.EVEN else ()
+        even = self._even
+        # The usual case, one sliding window paced: its gap is one sum (`_pace_gap`).
+        self._one = even[0] if len(even) == 1 and isinstance(even[0], _Sliding) else None
 
     def next_free(self, now: float, cost: int = 1) -> float:
         """The earliest time >= now at which a send of `cost` keeps every policy."""
@@ -439,17 +443,19 @@ class WindowLimiter:
                 free = meter.free_at(now, cost, h)
                 if free > t:
                     t = free
-        even = self._even
-        if even:
-            meter = even[0]
-            if len(even) == 1 and not meter.fixed:  # one sliding window paced: `_gap`'s sum, inline
-                gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
-            else:
-                gap = self._gap(now, h)
-            due = self._last + gap * self._early
+        if self._even:
+            due = self._last + self._pace_gap(now, h) * self._early
             if due > t:
                 t = due
         return t
+
+    def _pace_gap(self, now: float, h: float) -> float:
+        """The even gap after the last send (`_gap`): for one paced sliding window, its sum
+        alone (most limiters, at every decision)."""
+        one = self._one
+        if one is not None:
+            return (one.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / one.limit
+        return self._gap(now, h)
 
     def _gap(self, now: float, h: float) -> float:
         """The even gap after the last send: the largest its cost earned in any paced meter.
@@ -476,12 +482,9 @@ class WindowLimiter:
         """When the even pace lets the next send go: a bound `next_free` never beats, and
         cheaper to ask (one sliding window paced; -inf otherwise). The same sum as
         `next_free`'s, so the two agree to the bit."""
-        paced = self._even
-        if len(paced) != 1 or paced[0].fixed:
+        if self._one is None:
             return -math.inf
-        meter = paced[0]
-        gap = (meter.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / meter.limit
-        return self._last + gap * self._early
+        return self._last + self._pace_gap(0.0, 0.0) * self._early
 
     def release_pace(self) -> None:
         """The next send is not held by the even pace (the windows still hold it): for sends a
@@ -497,18 +500,12 @@ class WindowLimiter:
         if stamp is None:
             stamp = Stamp(at)
         h = self._hr.headroom_now_s
-        even = self._even
-        if self._early != 1.0 and even:
+        if self._early != 1.0 and self._even:
             # The pace's anchor: when this send was due at the whole gap (the gap `next_free`
             # saw, before this send is counted), or when it went if later. A send that went
             # early (the slack) moves it only a gap on: over a stretch, sends still average one
             # a gap.
-            paced = even[0]
-            if len(even) == 1 and not paced.fixed:  # as in `next_free`
-                gap = (paced.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / paced.limit
-            else:
-                gap = self._gap(at, h)
-            due = self._last + gap
+            due = self._last + self._pace_gap(at, h)
             self._last = due if due > at else at
         else:
             self._last = at
