@@ -21,7 +21,7 @@ import random
 import selectors
 from collections.abc import Callable
 
-from ratedeck.engine.http.delays import answer_hints, read_quotas, response_delay
+from ratedeck.engine.http.delays import answer_hints, hint_names, read_quotas, response_delay
 from ratedeck.engine.http.outcome import TIMEOUT, Outcome, classify
 from ratedeck.engine.http.transport import TransportBase
 from ratedeck.engine.ports import ProbeGet
@@ -93,7 +93,8 @@ class SimulatedTransport(TransportBase):
         delay = response_delay(decision.status, headers, body) if decision.status >= 400 else None
         if delay is not None:
             self.cooldowns.append((key.secret, loop.time(), loop.time() + delay))
-        server_s, remaining = answer_hints(headers)
+        names = hint_names(headers)  # as the HTTP transport reads an answer
+        server_s, remaining = answer_hints(headers, names)
         outcome = Outcome(
             classify(decision.status, body, uses_nonce=nonce is not None),
             decision.status,
@@ -104,7 +105,9 @@ class SimulatedTransport(TransportBase):
             remaining=remaining,
         )
         if self.read_counts:
-            outcome.quotas = read_quotas(headers)  # the server's own counts, as the HTTP client reads them
+            outcome.quotas = read_quotas(
+                headers, None, names
+            )  # the server's own counts, as the HTTP client reads them
         return outcome
 
     def prober(self) -> ProbeGet | None:

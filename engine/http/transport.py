@@ -20,7 +20,7 @@ from ratedeck.engine.api_rules import PathRule, PathTable, first_match
 from ratedeck.engine.http.delays import (
     DelayHook,
     answer_hints,
-    has_hints,
+    hint_names,
     json_field_hook,
     read_quotas,
     response_delay,
@@ -624,8 +624,10 @@ class HttpTransport(TransportBase):
         reading = self._reading
         # One look at the names first: most answers carry no hint, and then no
         # RateLimit-Policy either (a "ratelimit" name), so it is not asked for.
-        hints = has_hints(resp_headers)
-        policy = resp_headers.get("RateLimit-Policy") if hints else None
+        hints = hint_names(resp_headers)
+        policy = (
+            resp_headers.get("RateLimit-Policy") if hints is None or "ratelimit-policy" in hints else None
+        )
         response = Response(status, resp_headers, raw)
         if reading.rules:
             # The API's own rules first: a 200 that carries an error, a 403 that is a rate limit.
@@ -885,7 +887,7 @@ class _Passing:
             Response(resp.status, headers, body),
         )
         out.streamed = self.sent
-        return _hinted(out, headers)
+        return _hinted(out, headers, hint_names(headers))
 
     def finished(self) -> Outcome:
         """The stream ended whole: a success, its usage in `response` as a JSON body's would be
@@ -935,16 +937,16 @@ def _why(exc: Exception, wire: Wire) -> tuple[Any, str]:
     return CONNECTION, describe(exc)
 
 
-def _hinted(outcome: Outcome, headers, hints: bool | None = None) -> Outcome:
+def _hinted(outcome: Outcome, headers, names: frozenset[str] | None) -> Outcome:
     """`outcome` with what the answer says besides its status: timing hints (server time,
     remaining count; see delays.answer_hints) and the server's own counts (delays.read_quotas).
 
-    Most answers carry none of those headers: one look at the names (`hints`, when the caller
-    took it already) skips both readers."""
-    if not (has_hints(headers) if hints is None else hints):
+    `names` are the answer's hint names (`delays.hint_names`): most answers carry none, and
+    then neither reader runs; else each looks up only the names the answer holds."""
+    if names is not None and not names:
         return outcome
-    outcome.server_time_s, outcome.remaining = answer_hints(headers)
-    outcome.quotas = read_quotas(headers)
+    outcome.server_time_s, outcome.remaining = answer_hints(headers, names)
+    outcome.quotas = read_quotas(headers, None, names)
     return outcome
 
 

@@ -49,6 +49,13 @@ class Stamp:
         self.ticket: Any = None  # the store's grant it was sent on (a shared budget), if any
 
 
+class _Ghost(Stamp):
+    """Units the server counted that we did not send (`_Sliding.absorb`): kept at the left of
+    a window's entries, out of send order."""
+
+    __slots__ = ()
+
+
 #: Freed entries a sliding window keeps for `WindowLimiter.sync` (at most its limit): more than
 #: a key's sends in a round trip at thousands a second.
 FREED_KEPT = 1024
@@ -114,7 +121,7 @@ class _Sliding:
         """Units the server counted that we did not send (another client): they count until `until`."""
         if units <= 0:
             return
-        ghost = Stamp(until - self.window)
+        ghost = _Ghost(until - self.window)
         ghost.extra = 0.0
         self.entries.appendleft((ghost, units))  # frees no later than our own oldest: conservative enough
         self.total += units
@@ -122,6 +129,19 @@ class _Sliding:
     def used(self, now: float) -> int:
         start = now - self.window
         return sum(spent for stamp, spent in self.entries if stamp.t > start)
+
+    def spent_after(self, start: float) -> int:
+        """The cost of the entries sent after `start`: all of them (`total`) less the few sent
+        before it. Ghosts sit at the left (`absorb`), our sends after them in send order, so
+        the look stops at the first of ours after `start`, not at the window's end (a key at
+        100/1s holds about 100 entries, and this runs on every answer with a count)."""
+        old = 0
+        for stamp, spent in self.entries:
+            if stamp.t <= start:
+                old += spent
+            elif type(stamp) is not _Ghost:
+                break
+        return self.total - old
 
     def refund(self, stamp: Stamp, units: int, now: float) -> None:
         entries = self.entries
@@ -564,7 +584,7 @@ class WindowLimiter:
             # with what we sent that could be in it (generously, for arrival times),
             # never with our window now. Only more than that is someone else's use.
             start = (sent_at if sent_at is not None else now) - meter.window - self._hr.headroom_now_s
-            ours = sum(spent for stamp, spent in meter.entries if stamp.t > start)
+            ours = meter.spent_after(start)
             # and those whose slots freed while its answer was on its way: gone from ours, still
             # in the server's count (live, 26 sends in 40 s over 5 keys were taken for someone
             # else's, and the key said "someone else used 5% of a window" with nobody there)

@@ -162,6 +162,25 @@ def test_sends_whose_slots_freed_while_an_answer_was_on_its_way_are_not_someone_
     assert lim.sync(1.12, used=23, sent_at=1.02) == 2
 
 
+def test_what_a_window_counts_after_a_time_is_its_entries_after_it_with_ghosts_anywhere():
+    # `spent_after` stops at the first of our sends after `start`; the ghosts someone else's
+    # use left (`absorb`, at the left, out of send order) count whenever they are after it.
+    rng = random.Random(7)
+    for _ in range(200):
+        lim = WindowLimiter((parse_policy("30/1s"),), lambda: 0.02, pacing="burst")
+        meter = lim._meters[0]
+        t = 0.0
+        for _ in range(rng.randrange(1, 80)):
+            t += rng.uniform(0.0, 0.08)
+            if rng.random() < 0.1:
+                meter.absorb(rng.randrange(1, 4), t + rng.uniform(0.0, 1.5))
+            elif lim.next_free(t) <= t:
+                lim.record(t).extra = rng.uniform(0.0, 0.05)
+        for start in (t - 2.0, t - 1.0, t - 0.5, t - 0.05, t):
+            plain = sum(spent for stamp, spent in meter.entries if stamp.t > start)
+            assert meter.spent_after(start) == plain
+
+
 def test_a_cost_larger_than_the_limit_never_fits():
     lim = WindowLimiter((parse_policy("10/1s"),), lambda: 0.0)
     assert lim.next_free(0.0, cost=11) == math.inf

@@ -32,12 +32,18 @@ from ratedeck.core.numbers import (
 )
 from ratedeck.core.policy import MAX_LIMIT, MAX_WINDOW_S, MIN_WINDOW_S, Policy, PolicyError, parse_policy
 from ratedeck.core.secrets import MASK, redact
+from ratedeck.engine.http import delays as delays_module
 from ratedeck.engine.http.delays import (
+    _NUMBER,
     MAX_DELAY_S,
+    _number,
     advertised_policies,
+    answer_hints,
+    hint_names,
     json_field_hook,
     parse_retry_after,
     ratelimit_delay,
+    read_quotas,
     response_delay,
     x_ratelimit_delay,
 )
@@ -231,6 +237,60 @@ def test_every_header_parser_gives_a_value_or_none(a, b):
     assert usable_delay(response_delay(429, headers, b, json_field_hook("a.b")))
 
 
+#: Every name a hint reader looks up, in the case servers write them and in others.
+HINT_NAMES = (
+    "Server-Timing",
+    "X-Response-Time",
+    "X-Runtime",
+    "X-Envoy-Upstream-Service-Time",
+    "openai-processing-ms",
+    "X-RateLimit-Limit",
+    "X-RateLimit-Remaining",
+    "X-RateLimit-Used",
+    "X-RateLimit-Reset",
+    "X-RateLimit-Resource",
+    "RateLimit-Limit",
+    "RateLimit-Remaining",
+    "RateLimit-Reset",
+    "RateLimit",
+    "RateLimit-Policy",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-reset-requests",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-input-tokens-reset",
+    "X-MBX-USED-WEIGHT-1M",
+    "x-mbx-order-count-10s",
+    "x-ratelimit-remaining",
+    "Content-Type",
+    "Date",
+)
+hint_values = header_text | st.sampled_from(
+    ["100", "99", "1.000", "0", "app;dur=12.5", '"100/1s";r=99;t=1', '"100/1s";q=100;w=1', "6m0s", "1.5"]
+)
+
+
+@FAST
+@given(st.dictionaries(st.sampled_from(HINT_NAMES), hint_values, max_size=8))
+def test_readers_told_the_answers_names_read_what_they_read_without_them(headers):
+    """`hint_names` only spares the readers look-ups: told the names, they read the same."""
+    from multidict import CIMultiDict
+
+    for mapping in (headers, CIMultiDict(headers)):
+        names = hint_names(mapping)
+        assert names is not None
+        assert answer_hints(mapping, names) == answer_hints(mapping)
+        assert read_quotas(mapping, 1e9, names) == read_quotas(mapping, 1e9)
+
+
+@FAST
+@given(st.text(max_size=12) | st.text(alphabet="0123456789.", max_size=12))
+def test_a_number_read_the_short_way_is_the_number_the_full_grammar_reads(text):
+    match = _NUMBER.fullmatch(text)
+    expected = float(match.group(1)) if match else None
+    assert _number(text) == (expected if expected is None or not math.isnan(expected) else None)
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("ab"), inner, max_size=2),
@@ -343,3 +403,13 @@ def test_a_secret_inside_basic_auth_is_masked_at_any_offset(secret, user):
     token = base64.b64encode(f"{user}:{secret}".encode()).decode()
     out = redact(f"Authorization: Basic {token}", [secret])
     assert MASK in out and len(out.replace(MASK, "")) < len(f"Authorization: Basic {token}") - len(secret)
+
+
+@FAST
+@given(
+    st.from_regex(delays_module._ONE_DUR, fullmatch=True)
+    | st.text(alphabet="ab-; \t=dur0123456789.", max_size=30)
+)
+def test_server_timing_read_in_one_match_is_read_as_the_full_reader_reads_it(text):
+    # A trailing empty member never matches the one-match form, and the full reader skips it.
+    assert delays_module.server_timing_s(text) == delays_module.server_timing_s(text + ",")
