@@ -323,7 +323,8 @@ class BudgetProber:
 
 
 class RemainingJudge:
-    """Narrowing from the server's remaining counts, at no cost in rejections.
+    """Narrowing from the server's remaining counts, on round-trip evidence only (a direct
+    estimate, from hints or a probe, is the network's spread and is not narrowed).
 
     A stretch in which the remaining count never reached 0 (and nothing was
     rejected) had room for a whole request in every window: the factor steps
@@ -354,6 +355,10 @@ class RemainingJudge:
         if self.factor < 1.0:
             self.factor = min(1.0, self.factor / 0.9)
         self.done = True
+
+    def stop(self) -> None:
+        """No more narrowing this run, and none in force."""
+        self.factor, self.done = 1.0, True
 
     def step(self, now: float, stretch_s: float) -> None:
         if self.done:
@@ -916,7 +921,14 @@ class HeadroomController:
                 else:
                     start = self.evidence.net.spread * 1000.0 + self.margin_ms
                 self.budget.step(now, stretch, start)
-            if not self.budget.narrowing:
+            if self.evidence.target_direct:
+                # A direct estimate is the network's own spread, measured: remaining counts
+                # do not narrow it. Below it some ways in are longer than the cap, and the 0
+                # that takes a step back comes with sends already made (10 keys x 100/1s with
+                # Server-Timing and X-RateLimit-*, virtual: a step to x0.81, a 0 a tenth of a
+                # second later, a 429 a second after that).
+                self._remaining.stop()
+            elif not self.budget.narrowing:
                 self._remaining.step(now, stretch)
         goal = self._goal()
         if goal >= self.value_ms:

@@ -77,6 +77,12 @@ def test_the_live_group_is_registered_and_opt_in():
         # the delay is the proxy's, on real sockets: the simulator adds none of its own
         settings = serve_settings(name)
         assert settings.latency_in_ms == (0, 0) and settings.latency_out_ms == (0, 0)
+    # The heavy row twice: once with no hints, once with every hint a rate-limited API sends,
+    # so what reading them costs shows beside the peer that reads none.
+    quiet, hinted = serve_settings("live-heavy"), serve_settings("live-heavy+hints")
+    assert not quiet.ratelimit_headers and not quiet.server_timing
+    assert hinted.ratelimit_headers and hinted.server_timing
+    assert SCENARIOS["live-heavy+hints"].capacity_tps == heavy.capacity_tps
 
 
 def test_the_table_says_ratedecks_cpu_per_accepted_request_over_the_peers():

@@ -18,6 +18,7 @@ import pytest
 
 from ratedeck.bench.sustained import run_sustained
 from ratedeck.config import load_config
+from ratedeck.core.policy import Policy
 from ratedeck.engine.engine import Engine
 from ratedeck.engine.http.client import PROBE_LANES
 from ratedeck.engine.http.probe import MAX_FAILURES, Probe
@@ -320,6 +321,43 @@ def test_remaining_counts_at_full_speed_cost_nothing():
     snap, share, sources, _ = run(settings, seconds=30)
     assert snap.rejected_429 == 0
     assert share >= 0.92
+
+
+def test_remaining_counts_never_narrow_a_hinted_estimate():
+    # Server-Timing gives the network's own spread; remaining counts narrowed below it
+    # (x0.9, then x0.81), a 0 came a tenth of a second after the second step, and a 429 a
+    # second after that: 10 keys x 100/1s, seed 2, before they were kept to round-trip evidence.
+    settings = replace(
+        noisy(),
+        keys=tuple(f"key-{i:03d}" for i in range(10)),
+        policies=(Policy(100, 1.0),),
+        ratelimit_headers=True,
+        server_timing=True,
+        seed=2,
+    )
+    cfg = load_config(
+        preset="study",
+        overrides={
+            "target": {"nonce_param": ""},
+            "keys": {"secrets": list(settings.keys), "limits": ["100/1s"]},
+            "engine": {"graveyard_path": "", "slow_start": True, "ttl_s": 60.0},
+            "workload": {"rate": 1000.0},
+            "run": {"seed": 2},
+        },
+    )
+    engine = Engine(cfg, SimulatedTransport(settings, seed=2, read_counts=True))
+    sources: list[str] = []
+
+    async def main():
+        engine.start()
+        for _ in range(20):
+            await asyncio.sleep(1.0)
+            sources.append(engine.parts.headroom.source)
+        return await engine.stop()
+
+    snap = run_virtual(main())
+    assert "hints" in sources and "remaining counts" not in sources
+    assert snap.rejected_429 == 0
 
 
 def test_with_hints_a_spike_above_the_body_keeps_its_own_bound():
