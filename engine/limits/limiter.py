@@ -559,26 +559,28 @@ class WindowLimiter:
         limit: int | None = None,
         reset_at: float | None = None,
         window_s: float | None = None,
-        sent_since: int = 0,
         sent_at: float | None = None,
     ) -> int:
         """Take what the server says it has counted (from an answer's headers).
 
-        `used` (or `limit - remaining`) is the server's count when it answered;
-        `sent_since` is what we spent after the answered request (sent at
-        `sent_at`), which the server could not have counted yet. `reset_at` (loop time) is when its
+        `used` (or `limit - remaining`) is the server's count when it answered, for the
+        request sent at `sent_at`; a fixed window or a bucket adds what we spent after it,
+        which the server could not have counted yet (a sliding window compares instead,
+        below). `reset_at` (loop time) is when its
         window ends; `window_s` picks the policy it speaks of (else the
         tightest window). Only ever raises our count, never lowers it. Returns what the
         server counted in a sliding window beyond what we sent (someone else's use), else 0.
         """
         if used is None and remaining is not None and limit is not None:
             used = max(0, limit - remaining)
-        counted = used + sent_since if used is not None else None
         meter = self._meter_for(window_s)
-        if isinstance(meter, _Fixed):
-            meter.sync(counted, reset_at, limit, now)
-        elif isinstance(meter, _Bucket):
-            meter.sync(counted, now)
+        if isinstance(meter, (_Fixed, _Bucket)):
+            since = self.spent_since(sent_at) if sent_at is not None else 0
+            counted = used + since if used is not None else None
+            if isinstance(meter, _Fixed):
+                meter.sync(counted, reset_at, limit, now)
+            else:
+                meter.sync(counted, now)
         elif used is not None and used > meter.total:
             # The server counted its window when the answered request arrived: compare
             # with what we sent that could be in it (generously, for arrival times),

@@ -565,7 +565,6 @@ class KeyLimits:
                 limit=quota.limit,
                 reset_at=reset_at,
                 window_s=quota.window_s,
-                sent_since=limiter.spent_since(sent_at),
                 sent_at=sent_at,
             )
             self.server.note(quota, reset_at)
