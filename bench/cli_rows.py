@@ -12,6 +12,11 @@ an independent server scores a run; for the shared-keys row, accepted / what the
 left. With it: 429s, requests refused inside a cooldown, the CLI's exit code, and its CPU per
 accepted request (the whole process, its imports and start included).
 
+The CPU rows (`heavy`, `heavy+hints`: `live-heavy`'s 50 keys x 100/1s, the second with every
+limit header on every answer) run the plain peer after the CLI, on a fresh server of the same
+kind, and measure both as whole processes (imports and start included, as a harness timing a
+process sees them): the figure is ratedeck's CPU per accepted request over the peer's.
+
 The scenario bench (`ratedeck bench --scenarios live`) runs the engine in-process on the
 study preset with the same server; this is the run an independent harness makes. It found
 what the scenario bench had not: a 429 on the jitter + Server-Timing row in 1 run of 3.
@@ -30,8 +35,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .procs import JitterProxyProcess, Simulator
+from .procs import JitterProxyProcess, Simulator, run_child
 from .scenarios import SCENARIOS, Scenario
+from .spec import RunSpec
 from .sustained import run_sustained
 
 #: Row -> (the live scenario whose server it runs, what the user adds to the command line).
@@ -44,7 +50,12 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "told-wrong": ("live-told-wrong", ()),
     "told-wrong+remaining": ("live-told-wrong+remaining", ()),
     "shared-keys": ("live-shared-keys", ()),
+    # The CPU row, both ways: whole processes, imports and start included, each side's.
+    "heavy": ("live-heavy", ()),
+    "heavy+hints": ("live-heavy+hints", ()),
 }
+#: Rows whose figure is CPU per accepted request against the plain peer's (ratedeck / peer).
+CPU_ROWS = frozenset({"heavy", "heavy+hints"})
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class CliRun:
     accepted: int
     exit_code: int
     cpu_us_per_ok: float | None  # the CLI process's user + system CPU, imports included
+    peer_cpu_us_per_ok: float | None = None  # the plain peer's, as a whole process (`CPU_ROWS`)
+    peer_accepted: int | None = None
 
 
 def command(scenario: Scenario, base: str, extra: tuple[str, ...], duration_s: float) -> list[str]:
@@ -91,8 +104,42 @@ def figure(scenario: Scenario, stats: dict[str, Any], accepted: int, duration_s:
     return run_sustained(stamps, scenario.limit, scenario.window_s).mean
 
 
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_peer(scenario: Scenario, duration_s: float, seed: int) -> tuple[float | None, int]:
+    """The plain peer (one `AsyncLimiter` per key over one aiohttp session, `bench/baselines.py`)
+    on `scenario`'s server, as a whole process: its CPU per accepted request, imports and start
+    included as the CLI's are (a finished child's, by `RUSAGE_CHILDREN`), and its accepted."""
+    assert scenario.jitter_ms is not None
+    with (
+        Simulator(scenario.serve_args, seed=seed) as sim,
+        JitterProxyProcess(sim.base, scenario.jitter_ms, seed=seed, max_s=duration_s + 90.0) as proxy,
+    ):
+        spec = RunSpec(
+            "aiolimiter",
+            f"{proxy.base}/api/request",
+            scenario.keys,
+            scenario.client_limit,
+            scenario.window_s,
+            scenario.nonce,
+            scenario.offered_tps,
+            duration_s,
+            in_flight=scenario.in_flight,
+            seed=seed,
+        )
+        before = _children_cpu_s()
+        run_child(spec)
+        cpu_s = _children_cpu_s() - before
+        accepted = sum(k["accepted"] for k in sim.stats()["keys"])
+    return (round(cpu_s / accepted * 1e6, 1) if accepted else None), accepted
+
+
 def run_row(row: str, run: int, duration_s: float, seed: int) -> CliRun:
-    """One run of `row`: its server up, the CLI against it, the server's account read."""
+    """One run of `row`: its server up, the CLI against it, the server's account read; for
+    `CPU_ROWS`, then the plain peer on a fresh server of the same kind."""
     name, extra = ROWS[row]
     scenario = SCENARIOS[name]
     assert scenario.jitter_ms is not None
@@ -120,15 +167,22 @@ def run_row(row: str, run: int, duration_s: float, seed: int) -> CliRun:
     accepted = sum(k["accepted"] for k in stats["keys"])
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     totals = stats["totals"]
+    mine = round(cpu_s / accepted * 1e6, 1) if accepted else None
+    peer: tuple[float | None, int | None] = (None, None)
+    if row in CPU_ROWS:
+        peer = run_peer(scenario, duration_s, seed)
     return CliRun(
         row,
         run,
-        figure(scenario, stats, accepted, duration_s),
+        (mine / peer[0] if mine and peer[0] else None)
+        if row in CPU_ROWS
+        else figure(scenario, stats, accepted, duration_s),
         int(totals.get("rejected_429", 0)),
         int(totals.get("requests_during_cooldown", 0)),
         accepted,
         done.returncode,
-        round(cpu_s / accepted * 1e6, 1) if accepted else None,
+        mine,
+        *peer,
     )
 
 
@@ -156,13 +210,25 @@ def main(argv: list[str] | None = None) -> int:
             r = run_row(row, n, args.duration, args.seed + n - 1)
             mine.append(r)
             shown = "-" if r.figure is None else f"{r.figure:.4f}"
+            if row in CPU_ROWS:
+                shown = (
+                    f"CPU {r.cpu_us_per_ok} µs per accepted request against the peer's "
+                    f"{r.peer_cpu_us_per_ok} = {'-' if r.figure is None else f'{r.figure:.2f}x'} "
+                    f"({r.accepted:,} vs {r.peer_accepted or 0:,} accepted)"
+                )
             print(
                 f"{row} run {n}: {shown}, 429s {r.rejected_429}, into a cooldown {r.in_cooldown}, "
                 f"exit {r.exit_code}, CPU {r.cpu_us_per_ok} µs per accepted request",
                 flush=True,
             )
         figures = [r.figure for r in mine if r.figure is not None]
-        what = "of what they left" if row == "shared-keys" else "sustained"
+        what = (
+            "of what they left"
+            if row == "shared-keys"
+            else "CPU against the peer (x)"
+            if row in CPU_ROWS
+            else "sustained"
+        )
         if figures:
             print(f"{row}: mean {statistics.fmean(figures):.4f}, least {min(figures):.4f} {what}")
         results.extend(mine)

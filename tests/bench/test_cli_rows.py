@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratedeck.bench.cli_rows import ROWS, command, figure, main, run_row
+from ratedeck.bench.cli_rows import CPU_ROWS, ROWS, command, figure, main, run_peer, run_row
 from ratedeck.bench.scenarios import SCENARIOS
 
 
@@ -33,6 +33,14 @@ def test_a_real_run_is_scored_from_the_server_s_stamps():
     assert result.accepted > 5 * 20  # more than the first windows' burst: paced after it
     assert result.figure is not None and 0.5 < result.figure <= 1.0  # a server that held its limit
     assert result.cpu_us_per_ok is not None and result.cpu_us_per_ok > 0
+
+
+def test_the_cpu_rows_measure_the_peer_as_a_whole_process_too():
+    assert CPU_ROWS <= set(ROWS)
+    assert all("aiolimiter" in SCENARIOS[ROWS[row][0]].strategies for row in CPU_ROWS)
+    # The peer on a small server of the same kind: its CPU, imports included, and what it got.
+    cpu_us, accepted = run_peer(SCENARIOS["live-jitter+timing"], 3.0, seed=3)
+    assert accepted > 5 * 20 and cpu_us is not None and cpu_us > 0
 
 
 @pytest.mark.parametrize(
