@@ -102,6 +102,7 @@ class RangeTracker:
         "mean",
         "n",
         "last_t",
+        "light",
     )
 
     def __init__(self, window_s: int):
@@ -120,6 +121,7 @@ class RangeTracker:
         self.mean = 0.0
         self.n = 0  # samples ever
         self.last_t = float("-inf")
+        self.light = False  # its range only, no body (one read for display: `SpreadEvidence.raw`)
 
     def add(self, x: float, now: float) -> bool:
         """Record `x` at `now`; True when the range changed (grew, or a second rolled over)."""
@@ -127,7 +129,8 @@ class RangeTracker:
         # A plain average over the first 100 samples, then a moving one.
         self.mean += (x - self.mean) / (self.n if self.n < 100 else 100)
         self.last_t = now
-        self._recent.append((now, x))
+        if not self.light:
+            self._recent.append((now, x))
         changed = False
         if self._end == float("inf"):
             self._end = now + 1.0
@@ -147,7 +150,7 @@ class RangeTracker:
             changed = True
         if x < self.lo_long:
             self.lo_long = x
-        if self._old_n == 0:  # no closed second yet: the body is the range
+        if self._old_n == 0 or self.light:  # no closed second yet, or no body kept: the range
             self.body_hi = self.hi
         return changed
 
@@ -161,6 +164,9 @@ class RangeTracker:
         self.lo = min(b[0] for b in self._buckets)
         self.hi = max(b[1] for b in self._buckets)
         self._old_n = sum(b[2] for b in self._buckets)
+        if self.light:
+            self.body_hi = self.hi
+            return
         oldest = now - self._window_s - 1.0
         recent = sorted(x for t, x in self._recent if t >= oldest)
         if len(recent) >= 100:
@@ -437,6 +443,8 @@ class SpreadEvidence:
         raw = self.raw
         if usable and raw is self.net:  # the first hint: from now on the two differ
             raw = self.raw = copy.deepcopy(raw)
+            raw.light = True  # read for its range alone (`rtt_spread_ms`): no body to keep
+            raw._recent.clear()
         if raw is not self.net:
             raw.add(rtt_s, now)
         if self.net.add(net, now):

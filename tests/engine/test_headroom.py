@@ -193,7 +193,8 @@ def test_whole_round_trips_part_from_the_network_s_once_hints_arrive():
 
 def test_whole_round_trips_are_tracked_alike_before_and_after_the_first_usable_hint():
     # Until a hint is used the whole round trips share the network's tracker; from the
-    # first one they part, and both hold what a tracker of their own samples would.
+    # first one they part, and both hold what a tracker of their own samples would (the
+    # whole round trips their range: it is read for display alone, so it keeps no body).
     rng = random.Random(3)
     evidence = SpreadEvidence(1, 0.5, 1.2, 1.1)
     raw, net = RangeTracker(1), RangeTracker(1)
@@ -208,13 +209,15 @@ def test_whole_round_trips_are_tracked_alike_before_and_after_the_first_usable_h
             assert evidence.raw is evidence.net
     assert evidence.raw is not evidence.net
     for mine, theirs in ((evidence.raw, raw), (evidence.net, net)):
-        assert (mine.n, mine.lo, mine.hi, mine.body_hi, mine.mean) == (
+        assert (mine.n, mine.lo, mine.hi, mine.spread, mine.mean) == (
             theirs.n,
             theirs.lo,
             theirs.hi,
-            theirs.body_hi,
+            theirs.spread,
             theirs.mean,
         )
+    assert evidence.net.body_hi == net.body_hi and not evidence.net.light
+    assert evidence.raw.light and evidence.raw.body_hi == evidence.raw.hi
     assert evidence.raw.hi != evidence.net.hi
 
 
