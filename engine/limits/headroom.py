@@ -179,6 +179,12 @@ class RangeTracker:
         # gap to the 4th smallest is at least the doubt.
         self.lo_doubt = recent[3] - recent[0] if len(recent) >= 4 else 0.0
 
+    def keep_range_only(self) -> None:
+        """From now on keep the range and no body (no samples stored, no sort a second)."""
+        self.light = True
+        self._recent.clear()
+        self.body_hi = self.hi
+
     @property
     def in_window(self) -> int:
         """Samples the range is made of."""
@@ -443,8 +449,7 @@ class SpreadEvidence:
         raw = self.raw
         if usable and raw is self.net:  # the first hint: from now on the two differ
             raw = self.raw = copy.deepcopy(raw)
-            raw.light = True  # read for its range alone (`rtt_spread_ms`): no body to keep
-            raw._recent.clear()
+            raw.keep_range_only()  # read for its range alone (`rtt_spread_ms`)
         if raw is not self.net:
             raw.add(rtt_s, now)
         if self.net.add(net, now):
