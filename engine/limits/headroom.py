@@ -669,7 +669,9 @@ class HeadroomController:
     def hints_ignored(self) -> int:
         return self.evidence.hints_ignored
 
-    def extra_for(self, rtt_s: float, now: float, server_s: float | None = None) -> float | None:
+    def extra_for(
+        self, rtt_s: float, now: float, server_s: float | None = None, before_s: float = 0.0
+    ) -> float | None:
         """The headroom (seconds) the slot of an answered request needs, or None
         to keep the fallback (fixed headroom, or no settled baseline yet).
 
@@ -685,10 +687,19 @@ class HeadroomController:
         a margin of 1 ms plus 5% of the round-trip spread, or the doubt about
         the minimum if more (`RangeTracker.lo_doubt`), on top of any
         rejection-driven margin.
+
+        `before_s`: the part of the round trip spent on our side before the exchange began (the
+        attempt waiting for a busy loop). All of it was on the way in, so it is added whole and
+        never capped: the symmetric cap holds for the network's legs, not for a stall of ours
+        (way-in stalls of 80 ms five times a second, 10 keys x 100/1s with Server-Timing,
+        virtual: 1-6 429s in 20 s with it capped, none on round trips alone).
         """
         if not self.adaptive:
             return None
         net = network_rtt(rtt_s, server_s)
+        before = before_s if 0.0 < before_s < net else 0.0
+        net -= before
+        before_ms = before * 1000.0
         ev = self.evidence
         tracker = ev.net
         lo = tracker.lo_long
@@ -702,13 +713,13 @@ class HeadroomController:
                 # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once
                 # it stands on 100 answers or a ready probe.
                 early_ms = cap
-            return early_ms / 1000.0
+            return (early_ms + before_ms) / 1000.0
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         if cap is not None and extra_ms > cap and capped:
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker).
             extra_ms = cap
-        extra_ms = max(self.min_ms, min(self.max_ms, extra_ms))
+        extra_ms = max(self.min_ms, min(self.max_ms, extra_ms + before_ms))
         m = self._mean_extra_ms
         e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
         self.figures.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)
@@ -718,7 +729,9 @@ class HeadroomController:
             self.seen_max_ms = e
         return extra_ms / 1000.0
 
-    def assign(self, stamps, rtt_s: float, now: float, server_s: float | None = None) -> None:
+    def assign(
+        self, stamps, rtt_s: float, now: float, server_s: float | None = None, before_s: float = 0.0
+    ) -> None:
         """Give the slots of an answered request their headroom (`extra_for`).
 
         While the budget prober holds a narrower cap, the slots it narrowed
@@ -726,7 +739,7 @@ class HeadroomController:
         widened back at once (`_rewiden`), so sends not made yet never go out
         at the failed value.
         """
-        extra = self.extra_for(rtt_s, now, server_s)
+        extra = self.extra_for(rtt_s, now, server_s, before_s)
         for stamp in stamps:
             stamp.extra = extra
         early = self._early_slots

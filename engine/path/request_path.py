@@ -80,8 +80,10 @@ def time_answer(
         rejected = result.kind is oc.RATE_LIMITED
         headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
         # The answer bounds how late the server stamped this request: its
-        # slot frees by that, not by the worst case (see headroom.py).
-        headroom.assign(stamps, held, now, server_s)
+        # slot frees by that, not by the worst case (see headroom.py). What the
+        # attempt waited on our side before its exchange began was all on the way in.
+        before = held - result.latency_s if result.latency_s > 0.0 else 0.0
+        headroom.assign(stamps, held, now, server_s, before)
 
 
 class RequestPath:

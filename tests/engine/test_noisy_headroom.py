@@ -360,6 +360,50 @@ def test_remaining_counts_never_narrow_a_hinted_estimate():
     assert snap.rejected_429 == 0
 
 
+class _Stalling(SimulatedTransport):
+    """Our side stalls now and then (80 ms, five times a second): an attempt that starts in a
+    stall leaves at its end, late on the way in only, as on a busy loop."""
+
+    def __init__(self, settings: ServerSettings, seed: int):
+        super().__init__(settings, seed=seed)
+        rng, t, self.stalls = random.Random(seed), 0.0, []
+        while t < 60.0:
+            t += rng.expovariate(5.0)
+            self.stalls.append(t)
+
+    async def send(self, key, req, nonce):
+        now = asyncio.get_running_loop().time()
+        stall = next((s for s in self.stalls if s <= now < s + 0.08), None)
+        if stall is not None:
+            await asyncio.sleep(stall + 0.08 - now)
+        return await super().send(key, req, nonce)
+
+
+def test_a_stall_of_ours_before_the_exchange_is_never_capped_as_the_network_s():
+    # With Server-Timing the estimate is the network's spread, split evenly between the legs;
+    # a stall on our side is all on the way in. Capped as a network leg it drew 1-6 429s in
+    # 20 s (10 keys x 100/1s); added whole, none.
+    settings = replace(
+        noisy(),
+        keys=tuple(f"key-{i:03d}" for i in range(10)),
+        policies=(Policy(100, 1.0),),
+        server_timing=True,
+    )
+    cfg = load_config(
+        preset="study",
+        overrides={
+            "target": {"nonce_param": ""},
+            "keys": {"secrets": list(settings.keys), "limits": ["100/1s"]},
+            "engine": {"graveyard_path": "", "slow_start": True, "ttl_s": 60.0},
+            "workload": {"rate": 1000.0},
+            "run": {"seed": 1},
+        },
+    )
+    snap = run_virtual(Engine(cfg, _Stalling(settings, seed=1)).run(20.0))
+    assert snap.headroom_source == "hints"
+    assert snap.rejected_429 == 0
+
+
 def test_with_hints_a_spike_above_the_body_keeps_its_own_bound():
     """A spike hits one leg: above the body (p99) of the network's round trips the
     symmetric cap does not hold, so such an answer's slot waits out its own bound."""
