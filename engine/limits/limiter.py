@@ -127,8 +127,7 @@ class _Sliding:
         self.total += units
 
     def used(self, now: float) -> int:
-        start = now - self.window
-        return sum(spent for stamp, spent in self.entries if stamp.t > start)
+        return self.spent_after(now - self.window)
 
     def spent_after(self, start: float) -> int:
         """The cost of the entries sent after `start`: all of them (`total`) less the few sent

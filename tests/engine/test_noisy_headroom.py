@@ -323,28 +323,32 @@ def test_remaining_counts_at_full_speed_cost_nothing():
     assert share >= 0.92
 
 
-def test_remaining_counts_never_narrow_a_hinted_estimate():
-    # Server-Timing gives the network's own spread; remaining counts narrowed below it
-    # (x0.9, then x0.81), a 0 came a tenth of a second after the second step, and a 429 a
-    # second after that: 10 keys x 100/1s, seed 2, before they were kept to round-trip evidence.
+def heavy(seed: int, **changes) -> tuple[ServerSettings, dict]:
+    """10 keys x 100/1s, the client told so and offered it all, with the engine's slow start:
+    the server's settings (`changes` on top) and the client's config overrides."""
     settings = replace(
         noisy(),
         keys=tuple(f"key-{i:03d}" for i in range(10)),
         policies=(Policy(100, 1.0),),
-        ratelimit_headers=True,
-        server_timing=True,
-        seed=2,
+        seed=seed,
+        **changes,
     )
-    cfg = load_config(
-        preset="study",
-        overrides={
-            "target": {"nonce_param": ""},
-            "keys": {"secrets": list(settings.keys), "limits": ["100/1s"]},
-            "engine": {"graveyard_path": "", "slow_start": True, "ttl_s": 60.0},
-            "workload": {"rate": 1000.0},
-            "run": {"seed": 2},
-        },
-    )
+    overrides = {
+        "target": {"nonce_param": ""},
+        "keys": {"secrets": list(settings.keys), "limits": ["100/1s"]},
+        "engine": {"graveyard_path": "", "slow_start": True, "ttl_s": 60.0},
+        "workload": {"rate": 1000.0},
+        "run": {"seed": seed},
+    }
+    return settings, overrides
+
+
+def test_remaining_counts_never_narrow_a_hinted_estimate():
+    # Server-Timing gives the network's own spread; remaining counts narrowed below it
+    # (x0.9, then x0.81), a 0 came a tenth of a second after the second step, and a 429 a
+    # second after that: 10 keys x 100/1s, seed 2, before they were kept to round-trip evidence.
+    settings, overrides = heavy(2, ratelimit_headers=True, server_timing=True)
+    cfg = load_config(preset="study", overrides=overrides)
     engine = Engine(cfg, SimulatedTransport(settings, seed=2, read_counts=True))
     sources: list[str] = []
 
@@ -383,22 +387,8 @@ def test_a_stall_of_ours_before_the_exchange_is_never_capped_as_the_network_s():
     # With Server-Timing the estimate is the network's spread, split evenly between the legs;
     # a stall on our side is all on the way in. Capped as a network leg it drew 1-6 429s in
     # 20 s (10 keys x 100/1s); added whole, none.
-    settings = replace(
-        noisy(),
-        keys=tuple(f"key-{i:03d}" for i in range(10)),
-        policies=(Policy(100, 1.0),),
-        server_timing=True,
-    )
-    cfg = load_config(
-        preset="study",
-        overrides={
-            "target": {"nonce_param": ""},
-            "keys": {"secrets": list(settings.keys), "limits": ["100/1s"]},
-            "engine": {"graveyard_path": "", "slow_start": True, "ttl_s": 60.0},
-            "workload": {"rate": 1000.0},
-            "run": {"seed": 1},
-        },
-    )
+    settings, overrides = heavy(1, server_timing=True)
+    cfg = load_config(preset="study", overrides=overrides)
     snap = run_virtual(Engine(cfg, _Stalling(settings, seed=1)).run(20.0))
     assert snap.headroom_source == "hints"
     assert snap.rejected_429 == 0
