@@ -113,6 +113,7 @@ class SendStamp(Protocol):
 
     t: float
     extra: float | None
+    out: bool
 
 
 # ---------------------------------------------------------------- the wire

@@ -411,6 +411,34 @@ _COUNTS = tuple(
 )
 
 
+def _quota(
+    limit_t: object, remaining_t: object, used_t: object, reset_t: object, resource: object, now_wall: float
+) -> Quota | None:
+    """One X-RateLimit-* (or RateLimit-*) family's quota as its texts say it; None without a
+    remaining or used count."""
+    limit, remaining, used = _count(limit_t), _count(remaining_t), _count(used_t)
+    if remaining is None and used is None:
+        return None
+    reset = _reset_in(reset_t, now_wall)
+    name = resource.strip().lower()[:40] if isinstance(resource, str) and resource.strip() else None
+    return Quota(limit, remaining, used, reset, None, name)
+
+
+@lru_cache(maxsize=1024)
+def _plain_quota(
+    limit_t: str | None, remaining_t: str | None, used_t: str | None, reset_t: str | None
+) -> Quota | None:
+    """`_quota` without a resource, its reset left None when it is a time (a Unix time, read
+    against the clock by the caller): the same texts give the same quota."""
+    quota = _quota(limit_t, remaining_t, used_t, None, None, 0.0)
+    if quota is None or reset_t is None:
+        return quota
+    value = _number_of(reset_t)
+    if value is None or value > _EPOCH_THRESHOLD:
+        return quota
+    return quota._replace(reset_in_s=_reset_in(reset_t, 0.0))
+
+
 def _read_quotas(
     headers: Mapping[str, str], now_wall: float, names: frozenset[str] | None = None
 ) -> tuple[Quota, ...]:
@@ -420,13 +448,21 @@ def _read_quotas(
     for limit_h, remaining_h, used_h, reset_h, resource_h, has_remaining, has_used, has_resource in _COUNTS:
         if names is not None and has_remaining not in names and has_used not in names:
             continue
-        limit, remaining, used = _count(get(limit_h)), _count(get(remaining_h)), _count(get(used_h))
-        if remaining is None and used is None:
-            continue
-        reset = _reset_in(get(reset_h), now_wall)
+        limit_t, remaining_t, used_t, reset_t = get(limit_h), get(remaining_h), get(used_h), get(reset_h)
         resource = get(resource_h) if names is None or has_resource in names else None
-        name = resource.strip().lower()[:40] if isinstance(resource, str) and resource.strip() else None
-        quotas.append(Quota(limit, remaining, used, reset, None, name))
+        try:
+            if resource is not None:
+                raise TypeError  # a named budget: read as it comes
+            # A server repeats these texts (a count from 0 to its limit, one reset): the
+            # quota is read once for each, unless its reset is a time (`_reset_in`).
+            found = _plain_quota(limit_t, remaining_t, used_t, reset_t)
+            if found is not None and found.reset_in_s is None and reset_t is not None:
+                found = found._replace(reset_in_s=_reset_in(reset_t, now_wall))
+        except TypeError:  # or texts that are not (a mapping's odd values)
+            found = _quota(limit_t, remaining_t, used_t, reset_t, resource, now_wall)
+        if found is None:
+            continue
+        quotas.append(found)
         said = True
         break
     field = get("RateLimit") if not said and (names is None or "ratelimit" in names) else None
@@ -507,6 +543,10 @@ def server_timing_s(header: str | None) -> float | None:
     return best
 
 
+#: `server_timing_s` for the texts a server repeats (`app;dur=25.4`: a few hundred in all).
+_server_timing_of = lru_cache(maxsize=1024)(server_timing_s)
+
+
 def _timing_dur(member: str) -> str | None:
     """The `dur` of one Server-Timing metric as written: its first `dur` (a repeated one is
     ignored, as browsers do), unquoted when it is a quoted-string (`dur="53.2"`, which the
@@ -532,12 +572,14 @@ def _field_lines(headers: Mapping[str, str], name: str) -> str | None:
         lines = getall(name)
     except KeyError:  # multidict's, for a name it does not hold
         return None
-    return ", ".join(lines) if lines else None
+    if not lines:
+        return None
+    return lines[0] if len(lines) == 1 else ", ".join(lines)
 
 
 #: The server-time hints: (the name as a hint name, how its value is read).
 _TIMING: tuple[tuple[str, Callable[[Mapping[str, str]], float | None]], ...] = (
-    ("server-timing", lambda h: server_timing_s(_field_lines(h, "Server-Timing"))),
+    ("server-timing", lambda h: _server_timing_of(_field_lines(h, "Server-Timing"))),
     ("x-response-time", lambda h: _ms_text(h.get("X-Response-Time"))),
     ("x-runtime", lambda h: _span_s(_number(h.get("X-Runtime")), 1.0)),
     (

@@ -58,7 +58,7 @@ def network_rtt(rtt_s: float, server_s: float | None) -> float:
     one to the round trip would call the network instant, which would make us
     send faster. Ignoring it keeps the round trip, which only widens.
     """
-    if server_s is not None and hint_fits(rtt_s, server_s):
+    if server_s is not None and 0.0 <= server_s <= rtt_s and math.isfinite(server_s):  # `hint_fits`, inline
         return rtt_s - server_s
     return rtt_s
 
@@ -386,6 +386,14 @@ class RemainingJudge:
         self._since, self._zero, self._seen = now, False, 0
 
 
+#: A request out this many typical round trips is overdue (`SpreadEvidence.overdue`): should
+#: its slot's time come while it is still out, the slot is held until it ends
+#: (`limiter._Sliding`), and its answer keeps its own bound (`HeadroomController.extra_for`).
+OVERDUE_ROUND_TRIPS = 4.0
+#: The time the typical round trip moves over (`SpreadEvidence.typical`).
+TYPICAL_S = 10.0
+
+
 class SpreadEvidence:
     """What the headroom is learned from, and the symmetric estimate it gives.
 
@@ -410,6 +418,9 @@ class SpreadEvidence:
         "target_ms",
         "target_direct",
         "target_source",
+        "typical",
+        "typical_n",
+        "typical_t",
     )
 
     def __init__(self, window_s: int, jitter_share: float, safety: float, direct_safety: float):
@@ -426,13 +437,42 @@ class SpreadEvidence:
         self.target_ms: float | None = None  # evidence-based target, once known
         self.target_direct = False  # the target is the network's own spread
         self.target_source = SOURCE_RTT
+        # The typical whole round trip, for `overdue`: a plain mean of the first 100, then one
+        # moving over `TYPICAL_S` of time, not of answers (at 5,000 answers a second, 300 taking
+        # a second moved a mean of the last 100 to a second within the burst).
+        self.typical: float | None = None
+        self.typical_n = 0
+        self.typical_t = 0.0
+
+    def overdue(self, rtt_s: float) -> bool:
+        """Whether a request out `rtt_s` is overdue: out `OVERDUE_ROUND_TRIPS` typical round trips."""
+        typical = self.typical
+        return typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical
+
+    def _typical(self, rtt_s: float, now: float) -> None:
+        typical, n = self.typical, self.typical_n + 1
+        self.typical_n = n
+        if typical is None:
+            self.typical = rtt_s
+        else:
+            share = 1.0 / n if n <= 100 else min(1.0, (now - self.typical_t) / TYPICAL_S)
+            self.typical = typical + share * (rtt_s - typical)
+        self.typical_t = now
 
     def observe(self, rtt_s: float, now: float, server_s: float | None, last_t: float | None) -> None:
         """One answer: its round trip, and the server time it reported, if any (`hint_fits`).
-        `last_t` is when the controller last stepped (the probe's freshness is judged by it)."""
+        `last_t` is when the controller last stepped (the probe's freshness is judged by it).
+
+        An overdue answer (`overdue`) is kept out of the spreads: its slot was held for it and
+        keeps its own bound (`HeadroomController.extra_for`); in the spreads it would widen every
+        slot for as long as they remember it (a SYN sent twice is not the network's jitter)."""
+        overdue = self.overdue(rtt_s)
+        self._typical(rtt_s, now)
+        if overdue:
+            return
         usable = False
         if server_s is not None:
-            usable = hint_fits(rtt_s, server_s)
+            usable = 0.0 <= server_s <= rtt_s and math.isfinite(server_s)  # `hint_fits`, inline
             if usable:
                 self.hints_used += 1
                 m = self.server_mean
@@ -492,12 +532,24 @@ class SpreadEvidence:
 class HeadroomNow:
     """The headroom's two figures in seconds, as the limiters read them at every decision
     (`limiter.HeadroomFigures`): for a slot not answered yet, and for the even pace's gap.
-    Plain attributes the controller sets when they change, read without a call."""
+    Plain attributes the controller sets when they change, read without a call. And when a
+    request still out is overdue (`overdue_s`), from the round trips `evidence` has seen."""
 
-    __slots__ = ("headroom_now_s", "pace_now_s")
+    __slots__ = ("headroom_now_s", "pace_now_s", "evidence")
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, evidence: SpreadEvidence | None = None):
         self.headroom_now_s = self.pace_now_s = seconds
+        self.evidence = evidence
+
+    def overdue_s(self) -> float:
+        """`OVERDUE_ROUND_TRIPS` typical round trips; inf before the first answer."""
+        return overdue_after(self.evidence)
+
+
+def overdue_after(evidence: SpreadEvidence | None) -> float:
+    """How long a request may be out before it is overdue (`SpreadEvidence.overdue`)."""
+    typical = evidence.typical if evidence is not None else None
+    return OVERDUE_ROUND_TRIPS * typical if typical is not None else math.inf
 
 
 class HeadroomController:
@@ -589,7 +641,7 @@ class HeadroomController:
         self.adaptive = fixed_ms is None
         self.value_ms = self._clamp(initial_ms if fixed_ms is None else fixed_ms)
         self.seen_min_ms = self.seen_max_ms = self.value_ms
-        self.figures = HeadroomNow(self.value_ms / 1000.0)
+        self.figures = HeadroomNow(self.value_ms / 1000.0, self.evidence)
 
     def _publish(self) -> None:
         """What the limiters read per decision (`figures`): `seconds()` and `pace_seconds()`,
@@ -705,7 +757,9 @@ class HeadroomController:
         lo = tracker.lo_long
         spread_ms = tracker.spread * 1000.0
         cap = self._cap_ms(spread_ms)
-        capped = net <= tracker.body_hi or self._capped_whole()
+        # An overdue answer (`HeadroomNow`) keeps its own bound, whole: its slot was held for it.
+        overdue = ev.overdue(rtt_s)
+        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
@@ -715,6 +769,8 @@ class HeadroomController:
                 early_ms = cap
             return (early_ms + before_ms) / 1000.0
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
+        if overdue:  # neither the most a headroom may be nor a part of the pace's mean
+            return (extra_ms + before_ms) / 1000.0
         if cap is not None and extra_ms > cap and capped:
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker).
@@ -729,6 +785,17 @@ class HeadroomController:
             self.seen_max_ms = e
         return extra_ms / 1000.0
 
+    def let_go(self, stamps, now: float) -> None:
+        """The slots of an attempt that ended with no answer (or was stopped): it may have
+        reached the server at any moment until now. Out longer than the fallback, a slot keeps
+        that long; else the fallback still applies."""
+        fallback = self.figures.headroom_now_s
+        for stamp in stamps:
+            stamp.out = False
+            held = now - stamp.t
+            if stamp.extra is None and held > fallback:
+                stamp.extra = held
+
     def assign(
         self, stamps, rtt_s: float, now: float, server_s: float | None = None, before_s: float = 0.0
     ) -> None:
@@ -742,6 +809,7 @@ class HeadroomController:
         extra = self.extra_for(rtt_s, now, server_s, before_s)
         for stamp in stamps:
             stamp.extra = extra
+            stamp.out = False
         early = self._early_slots
         if extra is not None and self._early(now):
             early.append((now, stamps, rtt_s, server_s))

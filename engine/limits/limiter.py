@@ -38,15 +38,18 @@ class Stamp:
     """One grant: its send time, and the headroom its slot needs once known.
 
     `extra` stays None until the request is answered; until then the
-    limiter's current headroom applies. Shared by every meter it was spent in.
+    limiter's current headroom applies. `out`: its request is on its way (set by the key
+    worker that sends it, cleared when the attempt ends): only such a slot is held when
+    overdue (`_Sliding`). Shared by every meter it was spent in.
     """
 
-    __slots__ = ("t", "extra", "ticket")
+    __slots__ = ("t", "extra", "ticket", "out")
 
     def __init__(self, t: float):
         self.t = t
         self.extra: float | None = None
         self.ticket: Any = None  # the store's grant it was sent on (a shared budget), if any
+        self.out = False
 
 
 class _Ghost(Stamp):
@@ -62,13 +65,23 @@ FREED_KEPT = 1024
 
 
 class _Sliding:
-    """At most `limit` cost units in any window of `window` seconds."""
+    """At most `limit` cost units in any window of `window` seconds.
 
-    __slots__ = ("policy", "limit", "window", "entries", "total", "freed")
+    A slot whose request is still out when its fallback time comes (`send + W + headroom`)
+    stays held until the request ends, if by then it has been out longer than any round
+    trip the run is used to (`HeadroomFigures.overdue_s`): it may not have reached the server
+    yet, and the server would count it from its arrival. A request whose connection waited
+    for a second SYN (a server's full accept queue) arrives a second late, in the window
+    of the sends made a window after it (live, 50 keys x 100/1s through a proxy whose accept
+    queue overflowed: 294 answers of one run took 1.1-1.3 s; such runs drew up to 10 429s,
+    one per key; docs/measurements.md)."""
+
+    __slots__ = ("policy", "limit", "window", "entries", "total", "freed", "hold")
 
     fixed = False  # read per send by even pacing (a class constant, not isinstance)
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, hold: HeadroomFigures | _Called | None = None):
+        self.hold = hold  # `overdue_s`, read only for a slot still out at its fallback time
         self.policy = policy
         self.limit = policy.limit
         self.window = policy.window_s
@@ -84,7 +97,11 @@ class _Sliding:
         # Entries whose slot has freed no longer count (for good: headroom only grows their wait).
         while entries:
             stamp, spent = entries[0]
-            if stamp.t + window + (h if stamp.extra is None else stamp.extra) > now:
+            extra = stamp.extra
+            if extra is None:
+                if stamp.t + window + h > now or self._overdue(stamp, now):
+                    break
+            elif stamp.t + window + extra > now:
                 break
             entries.popleft()
             self.freed.append((stamp.t, spent))
@@ -97,13 +114,20 @@ class _Sliding:
         # The oldest entries must leave until `cost` fits: the latest of their free times.
         t = now
         for stamp, spent in entries:
-            free = stamp.t + window + (h if stamp.extra is None else stamp.extra)
+            extra = stamp.extra
+            free = stamp.t + window + (h if extra is None else extra)
             if free > t:
                 t = free
+            elif extra is None and free <= now and self._overdue(stamp, now):
+                continue  # still out and overdue (above): it keeps its slot, the next ones leave
             excess -= spent
             if excess <= 0:
-                break
-        return t
+                return t
+        return math.inf  # held slots leave too few: the next answer tells
+
+    def _overdue(self, stamp: Stamp, now: float) -> bool:
+        """Whether an unanswered slot, past its fallback time, has been out too long to free."""
+        return stamp.out and self.hold is not None and now - stamp.t > self.hold.overdue_s()
 
     def record(self, stamp: Stamp, cost: int, h: float) -> None:
         self.entries.append((stamp, cost))
@@ -301,11 +325,20 @@ class HeadroomFigures(Protocol):
     headroom_now_s: float
     pace_now_s: float
 
+    def overdue_s(self) -> float:
+        """How long a request may be out before its slot is held until it ends (`_Sliding`);
+        inf: never held."""
+        ...
+
 
 class _Called:
-    """`HeadroomFigures` from two callables (a test's, a bench's)."""
+    """`HeadroomFigures` from two callables (a test's, a bench's): a slot is never held."""
 
     __slots__ = ("_h", "_p")
+
+    @staticmethod
+    def overdue_s() -> float:
+        return math.inf
 
     def __init__(self, h: Callable[[], float], p: Callable[[], float]):
         self._h, self._p = h, p
@@ -423,7 +456,7 @@ class WindowLimiter:
         elif policy.kind is PolicyKind.BUCKET:
             meter = _Bucket(policy)
         else:
-            meter = _Sliding(policy)
+            meter = _Sliding(policy, self._hr)
             meter.seed(
                 max((m for m in self._meters if isinstance(m, _Sliding)), key=lambda m: m.total, default=None)
             )
@@ -601,6 +634,9 @@ class WindowLimiter:
         return 0
 
     def _meter_for(self, window_s: float | None) -> _Meter:
+        meters = self._meters
+        if len(meters) == 1:  # most limiters: the one policy is the one spoken of
+            return meters[0]
         if window_s is not None:
             for meter in self._meters:
                 if isinstance(meter, (_Sliding, _Fixed)) and abs(meter.window - window_s) < 1e-6:

@@ -548,10 +548,11 @@ class KeyLimits:
         buckets are followed both ways (`_follow`).
         """
         sent_at = req.last_sent_at if req.last_sent_at is not None else now
-        if any(quota.follow for quota in result.quotas):
-            self._follow(result.quotas, sent_at, now, lane)
+        quotas = result.quotas
+        if quotas[0].follow if len(quotas) == 1 else any(quota.follow for quota in quotas):
+            self._follow(quotas, sent_at, now, lane)
         watcher = self.learning.watcher
-        for quota in result.quotas:
+        for quota in quotas:
             if quota.follow:
                 continue
             limiter = self._limiter_for_quota(quota, lane)

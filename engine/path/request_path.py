@@ -84,6 +84,8 @@ def time_answer(
         # attempt waited on our side before its exchange began was all on the way in.
         before = held - result.latency_s if result.latency_s > 0.0 else 0.0
         headroom.assign(stamps, held, now, server_s, before)
+    elif stamps:
+        headroom.let_go(stamps, now)
 
 
 class RequestPath:
@@ -194,6 +196,7 @@ class RequestPath:
             result = await self._send(key.spec, req, nonce)
         except asyncio.CancelledError:
             self.sends.pop(req, None)
+            self.headroom.let_go(stamps, self.clock())  # its slots are not held for it
             raise  # stopped while in flight: the request stays counted as in flight
         except Exception as exc:  # a transport bug must not lose the request
             result = oc.Outcome(oc.CONNECTION, error=f"{type(exc).__name__}")

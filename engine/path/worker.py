@@ -362,6 +362,7 @@ class KeyWorker:
         spends = plan.spends
         first, cost = spends[0]
         stamp = first.record(now, cost)
+        stamp.out = True  # until its attempt ends (`request_path.time_answer`)
         if len(spends) > 1:
             for lim, cost in spends[1:]:
                 lim.record(now, cost, stamp)

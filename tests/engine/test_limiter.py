@@ -237,3 +237,48 @@ def test_with_slack_a_fixed_window_s_anchor_moves_by_the_gap_next_free_saw():
     lim.record(t)
     anchor = 0.5 + (1.0 - t) / 9  # the whole gap at t, with 9 left
     assert lim.next_free(t) == pytest.approx(anchor + 0.5 * (1.0 - t) / 8)
+
+
+class _Overdue(HeadroomNow):
+    """Figures whose requests are overdue after `after` seconds out."""
+
+    __slots__ = ("after",)
+
+    def __init__(self, seconds: float, after: float):
+        super().__init__(seconds)
+        self.after = after
+
+    def overdue_s(self) -> float:
+        return self.after
+
+
+def test_a_slot_still_out_past_its_time_is_held_until_its_request_ends():
+    # 1 per 1 s, 50 ms of headroom. The request is still out at 1.05 s, its fallback time,
+    # and overdue (out over 0.4 s): it may not have reached the server yet, so its slot
+    # holds until the attempt ends. Answered at 1.2 s with its own bound, it frees by that.
+    lim = WindowLimiter((Policy(1, 1.0),), lambda: 0.05, "burst", headroom=_Overdue(0.05, 0.4))
+    first = lim.record(0.0)
+    first.out = True
+    assert lim.next_free(1.0) == pytest.approx(1.05)
+    assert lim.next_free(1.1) == math.inf  # still out: held
+    first.extra, first.out = 1.15, False  # answered at 1.2 s: it reached the server by then
+    assert lim.next_free(1.2) == pytest.approx(2.15)
+    # 2 per 1 s: a held slot keeps its place, the slots after it still leave at their time.
+    two = WindowLimiter((Policy(2, 1.0),), lambda: 0.05, "burst", headroom=_Overdue(0.05, 0.4))
+    held, answered = two.record(0.0), two.record(0.01)
+    held.out, answered.extra = True, 0.02
+    assert two.next_free(1.1) == 1.1  # the answered one's slot
+    two.record(1.1)
+    assert two.next_free(1.15) == pytest.approx(2.15)  # the last one's, not the held one's
+
+
+def test_a_slot_out_but_not_overdue_or_never_sent_by_a_worker_frees_at_its_time():
+    # Not overdue (a server whose round trips are long): the fallback holds, as before.
+    slow = WindowLimiter((Policy(1, 1.0),), lambda: 0.05, "burst", headroom=_Overdue(0.05, 5.0))
+    slow.record(0.0).out = True
+    assert slow.next_free(0.5) == pytest.approx(1.05)
+    assert slow.next_free(1.1) == 1.1
+    # A send another run made (`seed_sends`) is not out: it is never held.
+    seeded = WindowLimiter((Policy(1, 1.0),), lambda: 0.05, "burst", headroom=_Overdue(0.05, 0.4))
+    seeded.record(0.0)
+    assert seeded.next_free(1.1) == 1.1
