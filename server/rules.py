@@ -33,6 +33,9 @@ SHARE_WARMUP_S = 5.0
 #: past it, the rest are counted in `arrivals_dropped`, not kept. (A list, not an
 #: `array("d")`: its append is a third of the cost, on the path of every accepted request.)
 ARRIVALS_CAP = 1_000_000
+#: The 429s whose stamps a key keeps (`stats(arrivals=True)`'s `rejected_ms`): where a run's
+#: rare 429s fell among its accepted arrivals.
+REJECTED_KEPT = 1000
 
 
 #: Outcomes of requests that spent a slot: the service processed them.
@@ -94,6 +97,7 @@ class SimulatedKey:
         "other_due_ms",
         "other_accepted",
         "arrivals",
+        "rejected_at",
     )
 
     def __init__(self, index: int, key: str, policies: tuple[Policy, ...]) -> None:
@@ -128,6 +132,7 @@ class SimulatedKey:
         # The server's stamp (ms) of every request that spent a slot, in arrival order
         # (the other user's are not in it); bounded by ARRIVALS_CAP over all keys.
         self.arrivals: list[float] = []
+        self.rejected_at: list[float] = []  # the stamps (ms) of its first `REJECTED_KEPT` 429s
 
 
 class HostState:
@@ -308,6 +313,8 @@ class RateRules:
         """A 429 that the key earned: it counts toward the block."""
         state.strikes += 1
         state.rejected_429 += 1
+        if len(state.rejected_at) < REJECTED_KEPT:
+            state.rejected_at.append(now_ms)
         return Decision(429, _error(MSG_RATE_LIMIT), self._headers(state, now_ms, wait_ms), outcome)
 
     def _headers(self, state: SimulatedKey, now_ms: float, retry_ms: float | None) -> dict[str, str]:
@@ -414,6 +421,7 @@ class RateRules:
         if arrivals:
             out["arrivals_ms"] = [[round(t, 3) for t in stamps] for stamps in self.arrivals_ms()]
             out["arrivals_dropped"] = self.arrivals_dropped
+            out["rejected_ms"] = [[round(t, 3) for t in state.rejected_at] for state in self._states.values()]
         return out
 
 

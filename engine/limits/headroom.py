@@ -392,6 +392,9 @@ class RemainingJudge:
 OVERDUE_ROUND_TRIPS = 4.0
 #: The time the typical round trip moves over (`SpreadEvidence.typical`).
 TYPICAL_S = 10.0
+#: The network's recent mean this share of its body's spread above its usual level is a queue
+#: (`SpreadEvidence.congested`): jitter alone moves a mean of 100 by a few hundredths of it.
+CONGESTED_SHARE = 0.25
 
 
 class SpreadEvidence:
@@ -448,6 +451,17 @@ class SpreadEvidence:
         """Whether a request out `rtt_s` is overdue: out `OVERDUE_ROUND_TRIPS` typical round trips."""
         typical = self.typical
         return typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical
+
+    def congested(self) -> bool:
+        """With hints, whether the network's recent round trips (`net.mean`, the last 100) sit
+        well above their usual level (`typical` less the server's mean time): a queue on the
+        way, not jitter, whose shift the legs need not share (a server's queue before it
+        stamps a request is all on the way in), so no answered slot takes the symmetric cap."""
+        typical, server = self.typical, self.server_mean
+        if self.target_source != SOURCE_HINTS or typical is None or server is None:
+            return False
+        net = self.net
+        return net.mean > typical - server + CONGESTED_SHARE * net.body_spread
 
     def _typical(self, rtt_s: float, now: float) -> None:
         typical, n = self.typical, self.typical_n + 1
@@ -759,7 +773,7 @@ class HeadroomController:
         cap = self._cap_ms(spread_ms)
         # An overdue answer (`HeadroomNow`) keeps its own bound, whole: its slot was held for it.
         overdue = ev.overdue(rtt_s)
-        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue
+        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue and not ev.congested()
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE

@@ -283,6 +283,34 @@ def test_readers_told_the_answers_names_read_what_they_read_without_them(headers
         assert read_quotas(mapping, 1e9, names) == read_quotas(mapping, 1e9)
 
 
+count_texts = hint_values | st.sampled_from(["1796000000", "1796000000.5", "2e9", "-1", " 7 ", "1e13"])
+
+
+@FAST
+@given(count_texts | st.none(), count_texts | st.none(), count_texts | st.none(), count_texts | st.none())
+def test_a_quota_read_once_per_text_is_the_quota_read_afresh(limit, remaining, used, reset):
+    """`read_quotas` reads an X-RateLimit-* family once per set of texts (`_plain_quota`): it
+    gives what reading them afresh gives (`_quota`), a reset that is a Unix time included, at
+    any clock, and twice running."""
+    from ratedeck.engine.http.delays import _quota
+
+    fields = {"Limit": limit, "Remaining": remaining, "Used": used, "Reset": reset}
+    headers = {f"X-RateLimit-{k}": v for k, v in fields.items() if v is not None}
+    for now_wall in (1.7e9, 1.8e9):
+        fresh = _quota(limit, remaining, used, reset, None, now_wall)
+        for _ in range(2):
+            assert read_quotas(headers, now_wall) == ((fresh,) if fresh is not None else ())
+
+
+@FAST
+@given(hint_values | st.text(max_size=40))
+def test_server_timing_read_once_per_text_is_read_as_afresh(text):
+    from ratedeck.engine.http.delays import server_time_s, server_timing_s
+
+    for _ in range(2):
+        assert server_time_s({"Server-Timing": text}) == server_timing_s(text)
+
+
 @FAST
 @given(st.text(max_size=12) | st.text(alphabet="0123456789.", max_size=12))
 def test_a_number_read_the_short_way_is_the_number_the_full_grammar_reads(text):

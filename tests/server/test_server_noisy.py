@@ -150,6 +150,8 @@ def test_share_is_none_before_a_pair_and_ignores_rejections():
     rules.decide("k", None, 1.0)
     assert rules.decide("k", None, 2.0).status == 429
     assert rules.share()["all"] is None  # a rejection is no arrival
+    stats = rules.stats(arrivals=True)  # but its stamp is kept apart, where it fell
+    assert stats["arrivals_ms"] == [[0.0, 1.0]] and stats["rejected_ms"] == [[2.0]]
 
 
 def test_simulated_transport_plays_processing_server_timing_and_health_on_virtual_time():
