@@ -428,15 +428,15 @@ def _quota(
 def _plain_quota(
     limit_t: str | None, remaining_t: str | None, used_t: str | None, reset_t: str | None
 ) -> Quota | None:
-    """`_quota` without a resource, its reset left None when it is a time (a Unix time, read
-    against the clock by the caller): the same texts give the same quota."""
-    quota = _quota(limit_t, remaining_t, used_t, None, None, 0.0)
-    if quota is None or reset_t is None:
-        return quota
-    value = _number_of(reset_t)
-    if value is None or value > _EPOCH_THRESHOLD:
-        return quota
-    return quota._replace(reset_in_s=_reset_in(reset_t, 0.0))
+    """`_quota` without a resource and with a reset that is a length: the same texts give the
+    same quota. (A reset that is a Unix time is read against the clock: `_timed_reset`.)"""
+    return _quota(limit_t, remaining_t, used_t, reset_t, None, 0.0)
+
+
+def _timed_reset(text: object) -> bool:
+    """Whether a reset's text is a Unix time (read against the clock, so never cached)."""
+    value = _number_of(text) if isinstance(text, str) else None
+    return value is not None and value > _EPOCH_THRESHOLD
 
 
 def _read_quotas(
@@ -451,13 +451,11 @@ def _read_quotas(
         limit_t, remaining_t, used_t, reset_t = get(limit_h), get(remaining_h), get(used_h), get(reset_h)
         resource = get(resource_h) if names is None or has_resource in names else None
         try:
-            if resource is not None:
-                raise TypeError  # a named budget: read as it comes
+            if resource is not None or _timed_reset(reset_t):
+                raise TypeError  # a named budget, or a reset against the clock: read as it comes
             # A server repeats these texts (a count from 0 to its limit, one reset): the
-            # quota is read once for each, unless its reset is a time (`_reset_in`).
+            # quota is read once for each.
             found = _plain_quota(limit_t, remaining_t, used_t, reset_t)
-            if found is not None and found.reset_in_s is None and reset_t is not None:
-                found = found._replace(reset_in_s=_reset_in(reset_t, now_wall))
         except TypeError:  # or texts that are not (a mapping's odd values)
             found = _quota(limit_t, remaining_t, used_t, reset_t, resource, now_wall)
         if found is None:
