@@ -463,16 +463,6 @@ class SpreadEvidence:
         net = self.net
         return net.mean > typical - server + CONGESTED_SHARE * net.body_spread
 
-    def _typical(self, rtt_s: float, now: float) -> None:
-        typical, n = self.typical, self.typical_n + 1
-        self.typical_n = n
-        if typical is None:
-            self.typical = rtt_s
-        else:
-            share = 1.0 / n if n <= 100 else min(1.0, (now - self.typical_t) / TYPICAL_S)
-            self.typical = typical + share * (rtt_s - typical)
-        self.typical_t = now
-
     def observe(self, rtt_s: float, now: float, server_s: float | None, last_t: float | None) -> None:
         """One answer: its round trip, and the server time it reported, if any (`hint_fits`).
         `last_t` is when the controller last stepped (the probe's freshness is judged by it).
@@ -480,9 +470,16 @@ class SpreadEvidence:
         An overdue answer (`overdue`) is kept out of the spreads: its slot was held for it and
         keeps its own bound (`HeadroomController.extra_for`); in the spreads it would widen every
         slot for as long as they remember it (a SYN sent twice is not the network's jitter)."""
-        overdue = self.overdue(rtt_s)
-        self._typical(rtt_s, now)
-        if overdue:
+        typical = self.typical
+        # The typical round trip (inline: this runs for every answer).
+        n = self.typical_n = self.typical_n + 1
+        if typical is None:
+            self.typical = rtt_s
+        else:
+            share = 1.0 / n if n <= 100 else (now - self.typical_t) / TYPICAL_S
+            self.typical = typical + (share if share < 1.0 else 1.0) * (rtt_s - typical)
+        self.typical_t = now
+        if typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical:  # `overdue`
             return
         usable = False
         if server_s is not None:
@@ -773,11 +770,11 @@ class HeadroomController:
         cap = self._cap_ms(spread_ms)
         # An overdue answer (`HeadroomNow`) keeps its own bound, whole: its slot was held for it.
         overdue = ev.overdue(rtt_s)
-        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue and not ev.congested()
+        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
-            if cap is not None and early_ms > cap and capped and trusted:
+            if cap is not None and early_ms > cap and capped and trusted and not ev.congested():
                 # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once
                 # it stands on 100 answers or a ready probe.
                 early_ms = cap
@@ -785,9 +782,10 @@ class HeadroomController:
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         if overdue:  # neither the most a headroom may be nor a part of the pace's mean
             return (extra_ms + before_ms) / 1000.0
-        if cap is not None and extra_ms > cap and capped:
+        if cap is not None and extra_ms > cap and capped and not ev.congested():
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
-            # leg, and the symmetric estimate does not cover it (RangeTracker).
+            # leg, and the symmetric estimate does not cover it (RangeTracker). So does
+            # every answer while the network queues (`SpreadEvidence.congested`).
             extra_ms = cap
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms + before_ms))
         m = self._mean_extra_ms
