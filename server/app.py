@@ -1,7 +1,8 @@
 """The simulated API over HTTP (aiohttp.web): a thin shell around `RateRules`.
 
 Routes: `GET|POST /api/request` (api_key, nonce, req_id from the query string or
-a form body), `GET /stats` (counters and audit; `?arrivals=1` adds the accept stamps), `POST /reset` (clear state),
+a form body), `GET /stats` (counters and audit; `?arrivals=1` adds the accept stamps and the
+429s' stamps), `POST /reset` (clear state),
 and with `health` on, `GET /health` (no key, no limit: a probe's target).
 
 A request's time on the server, in order: the way in (`latency_in_ms`), the
