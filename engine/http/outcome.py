@@ -60,6 +60,7 @@ class Outcome:
         "headers",
         "body",
         "streamed",
+        "head_s",
         "doc",
     )
 
@@ -102,6 +103,9 @@ class Outcome:
         # The answer began at the live client (its status and headers went to `AnswerSink.begin`):
         # the client holds part of an answer, so the attempt is never sent again (settle.decide).
         self.streamed = False
+        # A streamed answer's exchange until its head came: its round trip (`latency_s` runs to
+        # the stream's end, which says nothing of when the request reached the server).
+        self.head_s: float | None = None
         # The answer's JSON body, parsed once on the first ask (engine/llm/usage.py's `answer_doc`).
         self.doc: Any = UNREAD
 

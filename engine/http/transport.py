@@ -829,13 +829,14 @@ def _event_end(buf: bytearray, start: int) -> int:
 class _Passing:
     """One streamed answer on its way to a live client: what went out, the usage read so far."""
 
-    __slots__ = ("req", "sink", "resp", "start", "events", "sent", "usage", "said_error")
+    __slots__ = ("req", "sink", "resp", "start", "head_s", "events", "sent", "usage", "said_error")
 
     def __init__(self, req: Request, resp: Any, start: float):
         self.req = req
         self.sink = req.answer
         self.resp = resp
         self.start = start
+        self.head_s = time.monotonic() - start  # the answer's head is in
         self.events = resp.headers.get("Content-Type", "").lower().startswith("text/event-stream")
         self.sent = False  # the client has the answer's start (its status and headers, `begin`)
         self.usage: dict[str, Any] = {}
@@ -887,6 +888,7 @@ class _Passing:
             Response(resp.status, headers, body),
         )
         out.streamed = self.sent
+        out.head_s = self.head_s
         return _hinted(out, headers, hint_names(headers))
 
     def finished(self) -> Outcome:

@@ -424,6 +424,7 @@ class SpreadEvidence:
         "typical",
         "typical_n",
         "typical_t",
+        "judged_by",
     )
 
     def __init__(self, window_s: int, jitter_share: float, safety: float, direct_safety: float):
@@ -446,10 +447,13 @@ class SpreadEvidence:
         self.typical: float | None = None
         self.typical_n = 0
         self.typical_t = 0.0
+        self.judged_by: float | None = None  # the typical before the latest answer (`overdue`)
 
     def overdue(self, rtt_s: float) -> bool:
-        """Whether a request out `rtt_s` is overdue: out `OVERDUE_ROUND_TRIPS` typical round trips."""
-        typical = self.typical
+        """Whether the latest answer, out `rtt_s`, was overdue: out `OVERDUE_ROUND_TRIPS`
+        typical round trips, as they were before it (after a quiet spell it sets the typical
+        nearly alone, and must not judge itself)."""
+        typical = self.judged_by
         return typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical
 
     def congested(self) -> bool:
@@ -463,14 +467,18 @@ class SpreadEvidence:
         net = self.net
         return net.mean > typical - server + CONGESTED_SHARE * net.body_spread
 
-    def observe(self, rtt_s: float, now: float, server_s: float | None, last_t: float | None) -> None:
+    def observe(
+        self, rtt_s: float, now: float, server_s: float | None, last_t: float | None, late_s: float = math.inf
+    ) -> None:
         """One answer: its round trip, and the server time it reported, if any (`hint_fits`).
         `last_t` is when the controller last stepped (the probe's freshness is judged by it).
 
-        An overdue answer (`overdue`) is kept out of the spreads: its slot was held for it and
-        keeps its own bound (`HeadroomController.extra_for`); in the spreads it would widen every
-        slot for as long as they remember it (a SYN sent twice is not the network's jitter)."""
-        typical = self.typical
+        A late answer, overdue (`overdue`) and out over `late_s` (half a window), is kept
+        out of the spreads: its slot was held for it and keeps its own bound
+        (`HeadroomController.extra_for`); in the spreads it would widen every slot for as long
+        as they remember it (a SYN sent twice is not the network's jitter). An overdue answer
+        back sooner stays in: a one-sided tail is what keeps such spikes' own bounds."""
+        typical = self.judged_by = self.typical
         # The typical round trip (inline: this runs for every answer).
         n = self.typical_n = self.typical_n + 1
         if typical is None:
@@ -479,8 +487,8 @@ class SpreadEvidence:
             share = 1.0 / n if n <= 100 else (now - self.typical_t) / TYPICAL_S
             self.typical = typical + (share if share < 1.0 else 1.0) * (rtt_s - typical)
         self.typical_t = now
-        if typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical:  # `overdue`
-            return
+        if rtt_s > late_s and typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical:
+            return  # late: overdue, and back after its slot's time (`HeadroomController.extra_for`)
         usable = False
         if server_s is not None:
             usable = 0.0 <= server_s <= rtt_s and math.isfinite(server_s)  # `hint_fits`, inline
@@ -768,9 +776,12 @@ class HeadroomController:
         lo = tracker.lo_long
         spread_ms = tracker.spread * 1000.0
         cap = self._cap_ms(spread_ms)
-        # An overdue answer (`HeadroomNow`) keeps its own bound, whole: its slot was held for it.
-        overdue = ev.overdue(rtt_s)
-        capped = (net <= tracker.body_hi or self._capped_whole()) and not overdue
+        # A late answer, overdue (`HeadroomNow`) and out over half a window, keeps its own bound
+        # whole: it may have reached the server a second late (a SYN sent twice), which no
+        # split of the round trip covers, and its slot may have been held for it. (An overdue
+        # answer back sooner, a 20 s LLM answer in a minute's window, is judged as any other.)
+        late = rtt_s > 0.5 * self.policy_window_s and ev.overdue(rtt_s)
+        capped = (net <= tracker.body_hi or self._capped_whole()) and not late
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
@@ -780,7 +791,7 @@ class HeadroomController:
                 early_ms = cap
             return (early_ms + before_ms) / 1000.0
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
-        if overdue:  # neither the most a headroom may be nor a part of the pace's mean
+        if late:  # neither the most a headroom may be nor a part of the pace's mean
             return (extra_ms + before_ms) / 1000.0
         if cap is not None and extra_ms > cap and capped and not ev.congested():
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
@@ -945,7 +956,7 @@ class HeadroomController:
         if rejected:
             self._count_rejection(now)
             self._counted_at = now
-        self.evidence.observe(rtt_s, now, server_s, self._last_t)
+        self.evidence.observe(rtt_s, now, server_s, self._last_t, 0.5 * self.policy_window_s)
         if remaining is not None:
             self._remaining.observe(remaining)
         self._step(now)

@@ -74,15 +74,17 @@ def time_answer(
         # Timed from the slot's stamp, not from the socket write: the task
         # may start late on a busy loop, and the server sees that delay too.
         held = now - stamps[0].t
+        # What the attempt waited on our side before its exchange began was all on the way in.
+        before = held - result.latency_s if result.latency_s > 0.0 else 0.0
+        if result.head_s is not None:  # a stream: timed to its head, not to its end
+            held = before + result.head_s
         # The server's own time (a hint, judged there) and remaining count.
         server_s = result.server_time_s
         # A 429 counts against the rejection budget here, whatever _apply makes of it.
         rejected = result.kind is oc.RATE_LIMITED
         headroom.observe_rtt(held, now, server_s, result.remaining, rejected)
         # The answer bounds how late the server stamped this request: its
-        # slot frees by that, not by the worst case (see headroom.py). What the
-        # attempt waited on our side before its exchange began was all on the way in.
-        before = held - result.latency_s if result.latency_s > 0.0 else 0.0
+        # slot frees by that, not by the worst case (see headroom.py).
         headroom.assign(stamps, held, now, server_s, before)
     elif stamps:
         headroom.let_go(stamps, now)

@@ -320,3 +320,46 @@ def test_the_budget_prober_refines_from_the_last_clean_cap_a_stretch_a_step():
     b.spent += 1
     b.rejected(20.0)  # a rejection while holding steps up 10%
     assert b.cap_ms == pytest.approx(1.1 * 1.05 * (48.0 * 38.4) ** 0.5)
+
+
+def _steady(h: HeadroomController, rtt_s: float, n: int = 300) -> float:
+    """`n` answers of about `rtt_s` (+-10%), 10 a second; the time after them."""
+    rng, t = random.Random(5), 0.0
+    for _ in range(n):
+        t += 0.1
+        h.observe_rtt(rtt_s * rng.uniform(0.9, 1.1), t)
+    return t
+
+
+def test_a_late_answer_keeps_its_whole_bound_a_slow_one_in_a_long_window_does_not():
+    # 100 ms round trips, 1 s windows: an answer back after 1.2 s is late (overdue, and out
+    # over half a window: its request may have reached the server a second late, a SYN sent
+    # twice): its slot keeps its own bound whole, beyond the most a headroom may be.
+    fast = HeadroomController(initial_ms=50, policy_window_s=1.0)
+    t = _steady(fast, 0.1)
+    assert fast.extra_for(1.2, t) >= 1.05
+    # 5 s answers in a minute's window (an LLM's): one of 25 s is slow, not late; it is
+    # judged as any other answer, within the most a headroom may be.
+    slow = HeadroomController(initial_ms=50, policy_window_s=60.0)
+    t = _steady(slow, 5.0)
+    assert slow.extra_for(25.0, t) <= slow.max_ms / 1000.0
+
+
+def test_a_streamed_answer_is_timed_to_its_head_not_to_its_end():
+    from ratedeck.engine.http.outcome import OK, Outcome
+    from ratedeck.engine.limits.limiter import Stamp
+    from ratedeck.engine.path.request_path import time_answer
+
+    def extra(head_s: float | None, end_s: float) -> float | None:
+        h = HeadroomController(initial_ms=50, policy_window_s=1.0)
+        t = _steady(h, 0.1)
+        stamp = Stamp(t)
+        out = Outcome(OK, 200, latency_s=end_s)
+        out.head_s = head_s
+        time_answer(h, out, (stamp,), t + end_s)
+        return stamp.extra
+
+    # A stream whose head came in 0.1 s and whose end 20 s later holds its slot as an
+    # answer of 0.1 s does, not as one of 20 s.
+    assert extra(0.1, 20.0) == pytest.approx(extra(None, 0.1), abs=0.01)
+    assert extra(None, 20.0) > 1.0
