@@ -69,9 +69,11 @@ class _Sent:
         "key",
         "unsure",
         "request_id",
+        "stamps",
     )
 
     def __init__(self) -> None:
+        self.stamps: tuple[Any, ...] = ()  # the latest attempt's slot stamps (`limiter.Stamp`)
         self.first_sent_at: float | None = None
         self.last_sent_at: float | None = None  # the latest attempt's slot stamp
         self.last_status: int | None = None
@@ -231,12 +233,13 @@ class Request:
         if pool is not None:
             self.pool = pool
 
-    def mark_sent(self, at: float, key: str) -> bool:
-        """An attempt sent at `at` on key `key`; True when it is the first. The send path's three
-        side attributes set in one call, not three descriptor calls and a read."""
+    def mark_sent(self, at: float, key: str, stamps: tuple[Any, ...] = ()) -> bool:
+        """An attempt sent at `at` on key `key` with its slots' `stamps`; True when it is the
+        first. The send path's side attributes set in one call, not a descriptor call each."""
         sent = self.sent_state()
         sent.last_sent_at = at
         sent.key = key
+        sent.stamps = stamps
         if sent.first_sent_at is None:
             sent.first_sent_at = at
             return True

@@ -178,7 +178,7 @@ class RequestPath:
         m = self.metrics
         m.sent += 1
         sent_at = stamps[0].t if stamps else self.clock()
-        if req.mark_sent(sent_at, key.label):
+        if req.mark_sent(sent_at, key.label, stamps):
             m.queue_wait.add((sent_at - req.created_at) * 1000.0)
             flows = self.queues.flows
             if flows is not None:

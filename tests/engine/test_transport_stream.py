@@ -167,6 +167,38 @@ def test_the_first_event_reaches_the_sink_while_the_stub_is_still_writing(api):
     assert writing and written == 1 and total > 1
 
 
+def test_a_streams_slots_are_let_go_once_its_head_is_in_and_it_is_timed_to_its_head():
+    # A stream may run past its slot's time: once its head is in, the request has reached the
+    # server, so its slots are not held for the rest of it (`limiter._Sliding`), and its round
+    # trip is the head's (`Outcome.head_s`), not the stream's whole length.
+    from ratedeck.engine.limits.limiter import Stamp
+
+    stamp = Stamp(0.0)
+    stamp.out = True  # as the key worker sends it
+    seen: list[bool] = []
+
+    async def body() -> Outcome:
+        hold = asyncio.Event()
+        stub = await start("openai", StreamOptions(event_s=0, hold=hold, hold_after=1))
+
+        def first(n: int, _chunk: bytes) -> None:
+            if n == 1:
+                seen.append(stamp.out)
+                hold.set()
+
+        req = request("openai", RecordingSink(first))
+        req.mark_sent(0.0, OAI.label, (stamp,))
+        try:
+            return await send("openai", stub, req, timeout_s=3.0)
+        finally:
+            hold.set()
+            await stub.close()
+
+    out = run(body)
+    assert out.streamed and seen == [False]
+    assert out.head_s is not None and 0.0 < out.head_s <= out.latency_s
+
+
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
 def test_the_streamed_text_is_the_stubs_in_whole_events_with_the_usage_read(api):
     sink = RecordingSink()
