@@ -388,7 +388,8 @@ class RemainingJudge:
 
 #: A request out this many typical round trips is overdue (`SpreadEvidence.overdue`): should
 #: its slot's time come while it is still out, the slot is held until it ends
-#: (`limiter._Sliding`), and its answer keeps its own bound (`HeadroomController.extra_for`).
+#: (`limiter._Sliding`); out over half a window too, its answer is late and keeps its own bound
+#: whole (`HeadroomController.extra_for`).
 OVERDUE_ROUND_TRIPS = 4.0
 #: The time the typical round trip moves over (`SpreadEvidence.typical`).
 TYPICAL_S = 10.0
@@ -488,7 +489,7 @@ class SpreadEvidence:
             self.typical = typical + (share if share < 1.0 else 1.0) * (rtt_s - typical)
         self.typical_t = now
         if rtt_s > late_s and typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical:
-            return  # late: overdue, and back after its slot's time (`HeadroomController.extra_for`)
+            return  # late: overdue, and out over half a window (`HeadroomController.extra_for`)
         usable = False
         if server_s is not None:
             usable = 0.0 <= server_s <= rtt_s and math.isfinite(server_s)  # `hint_fits`, inline

@@ -68,8 +68,8 @@ class _Sliding:
     """At most `limit` cost units in any window of `window` seconds.
 
     A slot whose request is still out when its fallback time comes (`send + W + headroom`)
-    stays held until the request ends, if by then it has been out longer than any round
-    trip the run is used to (`HeadroomFigures.overdue_s`): it may not have reached the server
+    stays held until the request ends, if by then it has been out four typical round trips
+    (`HeadroomFigures.overdue_s`): it may not have reached the server
     yet, and the server would count it from its arrival. A request whose connection waited
     for a second SYN (a server's full accept queue) arrives a second late, in the window
     of the sends made a window after it (live, 50 keys x 100/1s through a proxy whose accept
