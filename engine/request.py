@@ -245,6 +245,12 @@ class Request:
             return True
         return False
 
+    def head_in(self) -> None:
+        """Its latest attempt's answer has begun (a stream's head is in): the request reached
+        the server, so its slots are not held for the rest of the answer (`limiter._Sliding`)."""
+        for stamp in self.sent_state().stamps:
+            stamp.out = False
+
     def live_answer(self) -> Any:
         """`answer` (its live client's sink, or None)."""
         return self._extra.answer

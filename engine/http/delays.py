@@ -433,6 +433,20 @@ def _plain_quota(
     return _quota(limit_t, remaining_t, used_t, reset_t, None, 0.0)
 
 
+def _family_quota(
+    limit_t: object, remaining_t: object, used_t: object, reset_t: object, resource: object, now_wall: float
+) -> Quota | None:
+    """`_quota`, read once per set of texts where it can be (a server repeats them: a count
+    from 0 to its limit, one reset): not for a named budget, a reset that is a Unix time (read
+    against the clock), nor texts a cache cannot hold (a mapping's odd values)."""
+    if resource is None and not _timed_reset(reset_t):
+        try:
+            return _plain_quota(limit_t, remaining_t, used_t, reset_t)
+        except TypeError:
+            pass
+    return _quota(limit_t, remaining_t, used_t, reset_t, resource, now_wall)
+
+
 def _timed_reset(text: object) -> bool:
     """Whether a reset's text is a Unix time (read against the clock, so never cached)."""
     value = _number_of(text) if isinstance(text, str) else None
@@ -450,14 +464,7 @@ def _read_quotas(
             continue
         limit_t, remaining_t, used_t, reset_t = get(limit_h), get(remaining_h), get(used_h), get(reset_h)
         resource = get(resource_h) if names is None or has_resource in names else None
-        try:
-            if resource is not None or _timed_reset(reset_t):
-                raise TypeError  # a named budget, or a reset against the clock: read as it comes
-            # A server repeats these texts (a count from 0 to its limit, one reset): the
-            # quota is read once for each.
-            found = _plain_quota(limit_t, remaining_t, used_t, reset_t)
-        except TypeError:  # or texts that are not (a mapping's odd values)
-            found = _quota(limit_t, remaining_t, used_t, reset_t, resource, now_wall)
+        found = _family_quota(limit_t, remaining_t, used_t, reset_t, resource, now_wall)
         if found is None:
             continue
         quotas.append(found)

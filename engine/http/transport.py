@@ -836,9 +836,8 @@ class _Passing:
         self.sink = req.answer
         self.resp = resp
         self.start = start
-        self.head_s = time.monotonic() - start  # the answer's head is in: the request has
-        for stamp in req.sent_state().stamps:  # reached the server, and a stream may run
-            stamp.out = False  # long: its slots are not held for it (`limiter._Sliding`)
+        self.head_s = time.monotonic() - start  # the answer's head is in
+        req.head_in()  # and a stream may run long: its slots are not held for it
         self.events = resp.headers.get("Content-Type", "").lower().startswith("text/event-stream")
         self.sent = False  # the client has the answer's start (its status and headers, `begin`)
         self.usage: dict[str, Any] = {}

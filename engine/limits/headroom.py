@@ -386,7 +386,7 @@ class RemainingJudge:
         self._since, self._zero, self._seen = now, False, 0
 
 
-#: A request out this many typical round trips is overdue (`SpreadEvidence.overdue`): should
+#: A request out this many typical round trips is overdue (`SpreadEvidence.overdue_s`): should
 #: its slot's time come while it is still out, the slot is held until it ends
 #: (`limiter._Sliding`); out over half a window too, its answer is late and keeps its own bound
 #: whole (`HeadroomController.extra_for`).
@@ -442,20 +442,25 @@ class SpreadEvidence:
         self.target_ms: float | None = None  # evidence-based target, once known
         self.target_direct = False  # the target is the network's own spread
         self.target_source = SOURCE_RTT
-        # The typical whole round trip, for `overdue`: a plain mean of the first 100, then one
+        # The typical whole round trip, for `overdue_s`: a plain mean of the first 100, then one
         # moving over `TYPICAL_S` of time, not of answers (at 5,000 answers a second, 300 taking
         # a second moved a mean of the last 100 to a second within the burst).
         self.typical: float | None = None
         self.typical_n = 0
         self.typical_t = 0.0
-        self.judged_by: float | None = None  # the typical before the latest answer (`overdue`)
+        self.judged_by: float | None = None  # the typical before the latest answer (`late`)
 
-    def overdue(self, rtt_s: float) -> bool:
-        """Whether the latest answer, out `rtt_s`, was overdue: out `OVERDUE_ROUND_TRIPS`
-        typical round trips, as they were before it (after a quiet spell it sets the typical
-        nearly alone, and must not judge itself)."""
+    def late(self, rtt_s: float, late_s: float) -> bool:
+        """Whether the latest answer, out `rtt_s`, was late: out over `late_s` (half a window)
+        and overdue, out `OVERDUE_ROUND_TRIPS` typical round trips as they were before it
+        (after a quiet spell it sets the typical nearly alone, and must not judge itself)."""
         typical = self.judged_by
-        return typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical
+        return rtt_s > late_s and typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical
+
+    def overdue_s(self) -> float:
+        """How long a request may be out before it is overdue; inf before the first answer."""
+        typical = self.typical
+        return OVERDUE_ROUND_TRIPS * typical if typical is not None else math.inf
 
     def congested(self) -> bool:
         """With hints, whether the network's recent round trips (`net.mean`, the last 100) sit
@@ -474,7 +479,7 @@ class SpreadEvidence:
         """One answer: its round trip, and the server time it reported, if any (`hint_fits`).
         `last_t` is when the controller last stepped (the probe's freshness is judged by it).
 
-        A late answer, overdue (`overdue`) and out over `late_s` (half a window), is kept
+        A late answer (`late`: overdue, and out over `late_s`, half a window) is kept
         out of the spreads: its slot was held for it and keeps its own bound
         (`HeadroomController.extra_for`); in the spreads it would widen every slot for as long
         as they remember it (a SYN sent twice is not the network's jitter). An overdue answer
@@ -488,8 +493,8 @@ class SpreadEvidence:
             share = 1.0 / n if n <= 100 else (now - self.typical_t) / TYPICAL_S
             self.typical = typical + (share if share < 1.0 else 1.0) * (rtt_s - typical)
         self.typical_t = now
-        if rtt_s > late_s and typical is not None and rtt_s > OVERDUE_ROUND_TRIPS * typical:
-            return  # late: overdue, and out over half a window (`HeadroomController.extra_for`)
+        if rtt_s > late_s and self.late(rtt_s, late_s):  # the first test inline: most are not
+            return  # (`HeadroomController.extra_for` gives it its own bound)
         usable = False
         if server_s is not None:
             usable = 0.0 <= server_s <= rtt_s and math.isfinite(server_s)  # `hint_fits`, inline
@@ -562,14 +567,8 @@ class HeadroomNow:
         self.evidence = evidence
 
     def overdue_s(self) -> float:
-        """`OVERDUE_ROUND_TRIPS` typical round trips; inf before the first answer."""
-        return overdue_after(self.evidence)
-
-
-def overdue_after(evidence: SpreadEvidence | None) -> float:
-    """How long a request may be out before it is overdue (`SpreadEvidence.overdue`)."""
-    typical = evidence.typical if evidence is not None else None
-    return OVERDUE_ROUND_TRIPS * typical if typical is not None else math.inf
+        """`SpreadEvidence.overdue_s`; inf without evidence (a test's figures)."""
+        return self.evidence.overdue_s() if self.evidence is not None else math.inf
 
 
 class HeadroomController:
@@ -781,7 +780,7 @@ class HeadroomController:
         # whole: it may have reached the server a second late (a SYN sent twice), which no
         # split of the round trip covers, and its slot may have been held for it. (An overdue
         # answer back sooner, a 20 s LLM answer in a minute's window, is judged as any other.)
-        late = rtt_s > 0.5 * self.policy_window_s and ev.overdue(rtt_s)
+        late = ev.late(rtt_s, 0.5 * self.policy_window_s)
         capped = (net <= tracker.body_hi or self._capped_whole()) and not late
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
