@@ -396,6 +396,12 @@ TYPICAL_S = 10.0
 #: The network's recent mean this share of its body's spread above its usual level is a queue
 #: (`SpreadEvidence.congested`): jitter alone moves a mean of 100 by a few hundredths of it.
 CONGESTED_SHARE = 0.25
+#: The network's recent round trip moves this share toward each answer's (`congested`): about
+#: the last 16 answers. A mean of the last 100 rose past the mark only once a queue's answers
+#: were most of them; a 100 ms stall at 1,000 answers a second never got it there.
+RECENT_SHARE = 1.0 / 16.0
+#: Capped slots kept should the network turn out to be queueing (`HeadroomController._uncap`).
+CAPPED_KEPT = 4096
 
 
 class SpreadEvidence:
@@ -426,6 +432,7 @@ class SpreadEvidence:
         "typical_n",
         "typical_t",
         "judged_by",
+        "recent_net",
     )
 
     def __init__(self, window_s: int, jitter_share: float, safety: float, direct_safety: float):
@@ -449,6 +456,7 @@ class SpreadEvidence:
         self.typical_n = 0
         self.typical_t = 0.0
         self.judged_by: float | None = None  # the typical before the latest answer (`late`)
+        self.recent_net = 0.0  # the network's round trip over the last few answers (`congested`)
 
     def late(self, rtt_s: float, late_s: float) -> bool:
         """Whether the latest answer, out `rtt_s`, was late: out over `late_s` (half a window)
@@ -470,8 +478,7 @@ class SpreadEvidence:
         typical, server = self.typical, self.server_mean
         if self.target_source != SOURCE_HINTS or typical is None or server is None:
             return False
-        net = self.net
-        return net.mean > typical - server + CONGESTED_SHARE * net.body_spread
+        return self.recent_net > typical - server + CONGESTED_SHARE * self.net.body_spread
 
     def observe(
         self, rtt_s: float, now: float, server_s: float | None, last_t: float | None, late_s: float = math.inf
@@ -509,6 +516,7 @@ class SpreadEvidence:
         n = self.net.n + 1
         self.hint_share += ((1.0 if usable else 0.0) - self.hint_share) / (n if n < 100 else 100)
         net = rtt_s - server_s if usable and server_s is not None else rtt_s
+        self.recent_net = net if n == 1 else self.recent_net + RECENT_SHARE * (net - self.recent_net)
         if self.first_t is None:
             self.first_t = now
         raw = self.raw
@@ -613,6 +621,7 @@ class HeadroomController:
         "_mean_extra_ms",
         "_remaining",
         "_trial",
+        "_capped",
         "_early_slots",
         "_counted_at",
     )
@@ -654,6 +663,9 @@ class HeadroomController:
         self._trial: deque[tuple[float, Any, float]] = (
             deque()
         )  # (when, stamps, whole extra ms) narrowed by a trial
+        # (when, stamps, whole extra s) of the latest slots that took the symmetric cap (`_uncap`):
+        # more than a typical round trip's answers at thousands a second
+        self._capped: deque[tuple[float, Any, float]] = deque(maxlen=CAPPED_KEPT)
         self._counted_at: float | None = None  # when the last rejection was counted from its answer
         # (when, stamps, round trip, server time) of answers in the first seconds (`_rebound`)
         self._early_slots: deque[tuple[float, Any, float, float | None]] = deque()
@@ -744,6 +756,13 @@ class HeadroomController:
         self, rtt_s: float, now: float, server_s: float | None = None, before_s: float = 0.0
     ) -> float | None:
         """The headroom (seconds) the slot of an answered request needs, or None
+        (`bound_for`, without the bound it would have had uncapped)."""
+        return self.bound_for(rtt_s, now, server_s, before_s)[0]
+
+    def bound_for(
+        self, rtt_s: float, now: float, server_s: float | None = None, before_s: float = 0.0
+    ) -> tuple[float | None, float | None]:
+        """(extra, whole): the headroom (seconds) the slot of an answered request needs, or None
         to keep the fallback (fixed headroom, or no settled baseline yet).
 
         `server_s` is the server's own account of its time, if it gave one;
@@ -766,7 +785,7 @@ class HeadroomController:
         virtual: 1-6 429s in 20 s with it capped, none on round trips alone).
         """
         if not self.adaptive:
-            return None
+            return None, None
         net = network_rtt(rtt_s, server_s)
         before = before_s if 0.0 < before_s < net else 0.0
         net -= before
@@ -785,19 +804,27 @@ class HeadroomController:
         if tracker.n < SETTLE_ANSWERS or self._early(now):
             early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
             trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
-            if cap is not None and early_ms > cap and capped and trusted and not ev.congested():
+            if cap is not None and early_ms > cap and capped and trusted:
                 # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once
                 # it stands on 100 answers or a ready probe.
-                early_ms = cap
-            return (early_ms + before_ms) / 1000.0
+                if not ev.congested():
+                    return (cap + before_ms) / 1000.0, (early_ms + before_ms) / 1000.0
+                self._uncap(now)
+            return (early_ms + before_ms) / 1000.0, None
         extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
         if late:  # neither the most a headroom may be nor a part of the pace's mean
-            return (extra_ms + before_ms) / 1000.0
-        if cap is not None and extra_ms > cap and capped and not ev.congested():
+            return (extra_ms + before_ms) / 1000.0, None
+        whole = None
+        if cap is not None and extra_ms > cap and capped:
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker). So does
-            # every answer while the network queues (`SpreadEvidence.congested`).
-            extra_ms = cap
+            # every answer while the network queues (`SpreadEvidence.congested`), and the
+            # slots capped just before that showed take theirs back (`_uncap`).
+            if ev.congested():
+                self._uncap(now)
+            else:
+                whole = max(self.min_ms, min(self.max_ms, extra_ms + before_ms)) / 1000.0
+                extra_ms = cap
         extra_ms = max(self.min_ms, min(self.max_ms, extra_ms + before_ms))
         m = self._mean_extra_ms
         e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
@@ -806,7 +833,7 @@ class HeadroomController:
             self.seen_min_ms = e
         if e > self.seen_max_ms:
             self.seen_max_ms = e
-        return extra_ms / 1000.0
+        return extra_ms / 1000.0, whole
 
     def let_go(self, stamps, now: float) -> None:
         """The slots of an attempt that ended with no answer (or was stopped): it may have
@@ -829,10 +856,12 @@ class HeadroomController:
         widened back at once (`_rewiden`), so sends not made yet never go out
         at the failed value.
         """
-        extra = self.extra_for(rtt_s, now, server_s, before_s)
+        extra, whole = self.bound_for(rtt_s, now, server_s, before_s)
         for stamp in stamps:
             stamp.extra = extra
             stamp.out = False
+        if whole is not None:  # kept should the network turn out to be queueing (`_uncap`)
+            self._capped.append((now, stamps, whole))
         early = self._early_slots
         if extra is not None and self._early(now):
             early.append((now, stamps, rtt_s, server_s))
@@ -869,10 +898,29 @@ class HeadroomController:
         early = self._early_slots
         if self._early(now):
             for _t, stamps, rtt_s, server_s in early:
-                extra = self.extra_for(rtt_s, now, server_s)
+                extra, whole = self.bound_for(rtt_s, now, server_s)
                 for stamp in stamps:
                     stamp.extra = extra
+                if whole is not None:
+                    self._capped.append((now, stamps, whole))
         early.clear()
+
+    def _uncap(self, now: float) -> None:
+        """The network queues (`SpreadEvidence.congested`): the slots capped over the last
+        typical round trip take their whole bound. A queue shows in the mean only once a
+        share of its answers is in: a stall on the way in (requests sent in it all reach the
+        server as it ends, their answers come back together) sent the first of them back
+        capped, their slots free before the server's window let them go (live, 50 keys x
+        100/1s with hints: one 429 on each of a few keys, a window after such a stall;
+        virtual, stalls of 100 ms every 2 s: 8-13 429s in 20 s)."""
+        capped = self._capped
+        horizon = now - (self.evidence.typical or 0.0)
+        for t, stamps, whole in capped:
+            if t >= horizon:
+                for stamp in stamps:
+                    if stamp.extra is not None and stamp.extra < whole:
+                        stamp.extra = whole
+        capped.clear()
 
     def _rewiden(self) -> None:
         """Slots narrowed by a trial that failed: give them the cap in force now."""
