@@ -393,8 +393,9 @@ class RemainingJudge:
 OVERDUE_ROUND_TRIPS = 4.0
 #: The time the typical round trip moves over (`SpreadEvidence.typical`).
 TYPICAL_S = 10.0
-#: The network's recent mean this share of its body's spread above its usual level is a queue
-#: (`SpreadEvidence.congested`): jitter alone moves a mean of 100 by a few hundredths of it.
+#: The network's recent round trip this share of its body's spread above its usual level is a
+#: queue (`SpreadEvidence.congested`): jitter alone (two uniform legs) moves it about 4% of the
+#: spread, one standard deviation, so jitter reaches the mark about never.
 CONGESTED_SHARE = 0.25
 #: The network's recent round trip moves this share toward each answer's (`congested`): about
 #: the last 16 answers. A mean of the last 100 rose past the mark only once a queue's answers
@@ -471,8 +472,8 @@ class SpreadEvidence:
         return OVERDUE_ROUND_TRIPS * typical if typical is not None else math.inf
 
     def congested(self) -> bool:
-        """With hints, whether the network's recent round trips (`net.mean`, the last 100) sit
-        well above their usual level (`typical` less the server's mean time): a queue on the
+        """With hints, whether the network's recent round trips (`recent_net`, about the last
+        16) sit well above their usual level (`typical` less the server's mean time): a queue on the
         way, not jitter, whose shift the legs need not share (a server's queue before it
         stamps a request is all on the way in), so no answered slot takes the symmetric cap."""
         typical, server = self.typical, self.server_mean
