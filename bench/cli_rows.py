@@ -13,8 +13,9 @@ left. With it: 429s, requests refused inside a cooldown, the CLI's exit code, an
 accepted request (the whole process, its imports and start included).
 
 The CPU rows (`heavy`, `heavy+hints`: `live-heavy`'s 50 keys x 100/1s, the second with every
-limit header on every answer) run the plain peer after the CLI, on a fresh server of the same
-kind, and measure both as whole processes (imports and start included, as a harness timing a
+limit header on every answer) also run the plain peer, on a fresh server of the same kind,
+after the CLI on odd runs and before it on even ones (a box whose load drifts favours neither
+side over a pair of runs), and measure both as whole processes (imports and start included, as a harness timing a
 process sees them): the figure is ratedeck's CPU per accepted request over the peer's.
 
 The scenario bench (`ratedeck bench --scenarios live`) runs the engine in-process on the
@@ -143,6 +144,10 @@ def run_row(row: str, run: int, duration_s: float, seed: int) -> CliRun:
     name, extra = ROWS[row]
     scenario = SCENARIOS[name]
     assert scenario.jitter_ms is not None
+    peer: tuple[float | None, int | None] = (None, None)
+    peer_first = row in CPU_ROWS and run % 2 == 0
+    if peer_first:  # alternate: a box whose load drifts favours neither side across runs
+        peer = run_peer(scenario, duration_s, seed)
     with (
         Simulator(scenario.serve_args, seed=seed) as sim,
         JitterProxyProcess(sim.base, scenario.jitter_ms, seed=seed, max_s=duration_s + 90.0) as proxy,
@@ -168,8 +173,7 @@ def run_row(row: str, run: int, duration_s: float, seed: int) -> CliRun:
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     totals = stats["totals"]
     mine = round(cpu_s / accepted * 1e6, 1) if accepted else None
-    peer: tuple[float | None, int | None] = (None, None)
-    if row in CPU_ROWS:
+    if row in CPU_ROWS and not peer_first:
         peer = run_peer(scenario, duration_s, seed)
     return CliRun(
         row,
