@@ -919,12 +919,12 @@ ROWS: tuple[Row, ...] = (
         "boolean",
         p.boolean,
         "with a durable store: take back the jobs a killed run held (uncertain ones are sent again"
-        " only with an Idempotency-Key)",
+        " only with an Idempotency-Key); a run still at work keeps its own",
         "store",
         _flag(
             "--resume",
             help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
-            " only with an Idempotency-Key)",
+            " only with an Idempotency-Key); a run still at work keeps its own",
             switch=True,
         ),
         save="never",

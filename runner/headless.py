@@ -538,7 +538,12 @@ def store_lines(store: StoreReport) -> list[str]:
         lines.append(
             "             kept across a restart: nothing (appendonly no, save ''): a restart loses the work"
         )
-    if store.left_claimed:
+    if store.left_claimed and store.at_work:
+        lines.append(
+            f"             {store.left_claimed} jobs were held by a run still at work"
+            f" ({', '.join(store.at_work)}) and were left to it: sent by both, they would go twice"
+        )
+    elif store.left_claimed:
         lines.append(
             f"             {store.left_claimed} jobs were held by a run that did not end (killed?) and were"
             " left to it: --resume takes them back"

@@ -405,6 +405,7 @@ def store_report(s: StoreReport, snap: Snapshot) -> dict:
         "persistence": s.persistence or "file",
         "lost_claims": s.lost_claims,
         "left_claimed": s.left_claimed,
+        "at_work": list(s.at_work),
     }
 
 

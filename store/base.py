@@ -12,7 +12,8 @@ A `WorkStore` holds jobs (workload lines) in one of four states:
   the job, on a target with no Idempotency-Key; sending it again could do the work
   twice, so it is reported, never silently re-sent or dropped.
 
-`recover` is how a run takes back the jobs a dead member held: with `retry` (the
+`recover` is how a run takes back the jobs a dead member held (a member that still
+beats, `beat`, is at work: its jobs are left to it): with `retry` (the
 target has an Idempotency-Key) they go back to pending with `uncertain` set and
 are sent again with the same key (`Job.key`), which the server deduplicates;
 without it they become uncertain.
@@ -38,6 +39,12 @@ from typing import Any
 from ratedeck.core.errors import RatedeckError
 from ratedeck.core.vocab import Ending
 from ratedeck.engine.ports import SharedState
+
+#: How often a run says it is still at work on its store (`WorkStore.beat`).
+BEAT_S = 0.5
+#: A member whose last beat is this old is gone; one that beat more lately is watched this
+#: long at most, to see whether it beats again (`SqliteStore.recover`).
+GONE_S = 2.0
 
 
 class StoreError(RatedeckError, ValueError):
@@ -124,7 +131,8 @@ class WorkStore(abc.ABC):
 
     @abc.abstractmethod
     async def recover(self, member: str, *, retry: bool) -> int:
-        """Take back every job claimed by a member other than `member` (a killed run).
+        """Take back every job claimed by a member other than `member` (a killed run), but
+        not a member still at work (`beat`): its jobs would be sent twice.
 
         With `retry` they become pending and uncertain (sent again with the
         same `Job.key`), else uncertain. Returns how many.
@@ -136,6 +144,14 @@ class WorkStore(abc.ABC):
         `recover` makes only marked jobs uncertain (or sends them again with their key);
         a claimed job never marked was never sent and goes back to pending. A store that
         does not keep the mark (the default) treats every claimed job as marked."""
+
+    async def beat(self, member: str) -> None:  # noqa: B027
+        """Say `member` is still at work (its journal does every `BEAT_S`): `recover` leaves a
+        member that beats alone. A store that keeps no beats (the default) has its own way, or
+        none: Redis takes only entries idle past their claim's timeout."""
+
+    async def leave(self, member: str) -> None:  # noqa: B027
+        """`member` stopped cleanly: a --resume need not wait to see whether it still beats."""
 
     async def save_windows(self, member: str, windows: Mapping[str, Sequence[float]]) -> None:  # noqa: B027
         """Keep each key's recent send times (Unix seconds, by key fingerprint), replacing the
@@ -154,6 +170,9 @@ class WorkStore(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    #: Members `recover` found still at work (`beat`): their jobs were left to them.
+    at_work: tuple[str, ...] = ()
 
     #: Jobs this process had claimed when the store lost its state (a restart with nothing kept):
     #: gone from the store, so their endings can no longer be accounted for there.
@@ -184,3 +203,4 @@ class StoreReport:
     persistence: str | None = None  # what a restart of the store keeps (`WorkStore.persistence`)
     lost_claims: int = 0  # jobs this run had claimed when the store lost its state
     left_claimed: int = 0  # jobs another run held when this one started, not taken back (no --resume)
+    at_work: tuple[str, ...] = ()  # runs a --resume found still at work: their jobs were left to them

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from ratedeck.core.files import private_open
 
-from .base import Finished, Job, StoreCounts, StoreError, WorkStore
+from .base import BEAT_S, GONE_S, Finished, Job, StoreCounts, StoreError, WorkStore
 
 APP = "ratedeck-store"
 SCHEMA = 1
@@ -55,6 +55,13 @@ _WINDOWS = """CREATE TABLE IF NOT EXISTS windows (
     key TEXT PRIMARY KEY,            -- the key's fingerprint (or label): never the secret
     saved_at REAL NOT NULL,          -- Unix time of the write
     times TEXT NOT NULL              -- JSON list of Unix send times in its last window
+)"""
+#: Each run at work on the store, and how often and when it last said so (`beat`; added as the
+#: windows were: a table more, nothing changed).
+_MEMBERS = """CREATE TABLE IF NOT EXISTS members (
+    member TEXT PRIMARY KEY,
+    beats INTEGER NOT NULL,
+    at REAL NOT NULL                 -- Unix time of the last beat, by the member's clock
 )"""
 
 T = TypeVar("T")
@@ -182,24 +189,80 @@ class SqliteStore(WorkStore):
 
     async def recover(self, member: str, *, retry: bool) -> int:
         """A dead member's jobs: never marked sending, pending again as they were (not counted);
-        marked, pending and uncertain with `retry`, else uncertain. Returns how many were marked."""
+        marked, pending and uncertain with `retry`, else uncertain. Returns how many were marked.
+
+        A member that beat in the last `GONE_S` is watched until it beats again (at work: its
+        jobs are left to it, `at_work`) or that long has passed since its last beat (gone). A
+        member that never beat (a run of an older ratedeck) counts as gone, as before."""
         state = "pending" if retry else "uncertain"
+        working = await self._members_at_work(member)
+        self.at_work = tuple(working)
+        skip = ",".join("?" * len(working))
 
         def write() -> int:
             with _transaction(self._db):
                 self._db.execute(
                     "UPDATE jobs SET state = 'pending', member = NULL, claims = claims - 1"
-                    " WHERE state = 'claimed' AND member IS NOT ?",
-                    (member,),
+                    f" WHERE state = 'claimed' AND member IS NOT ? AND member NOT IN ({skip})",
+                    (member, *working),
                 )
                 cur = self._db.execute(
                     "UPDATE jobs SET state = ?, uncertain = 1, member = NULL"
-                    " WHERE state = 'sending' AND member IS NOT ?",
-                    (state, member),
+                    f" WHERE state = 'sending' AND member IS NOT ? AND member NOT IN ({skip})",
+                    (state, member, *working),
+                )
+                self._db.execute(
+                    f"DELETE FROM members WHERE member IS NOT ? AND member NOT IN ({skip})",
+                    (member, *working),
                 )
             return cur.rowcount
 
         return await self._run(write)
+
+    async def _members_at_work(self, member: str) -> list[str]:
+        """The members other than `member` that hold jobs and beat again within `GONE_S` of
+        their last beat, watched every half `BEAT_S` (at once when none beat lately)."""
+
+        def read() -> dict[str, tuple[int, float]]:
+            rows = self._db.execute(
+                "SELECT m.member, m.beats, m.at FROM members m WHERE m.member IS NOT ? AND EXISTS"
+                " (SELECT 1 FROM jobs j WHERE j.member = m.member AND j.state IN ('claimed', 'sending'))",
+                (member,),
+            ).fetchall()
+            return {m: (int(beats), float(at)) for m, beats, at in rows}
+
+        first = await self._run(read)
+        started = time.time()
+        # A member that beat lately (by its clock: the same machine's, for a file) is watched
+        # for `GONE_S` from now by ours.
+        watched = {m: beats for m, (beats, at) in first.items() if started - at < GONE_S}
+        working: list[str] = []
+        while watched and time.time() - started < GONE_S:
+            await asyncio.sleep(BEAT_S / 2)
+            now = await self._run(read)
+            for m, beats in list(watched.items()):
+                if m in now and now[m][0] != beats:
+                    working.append(m)
+                    del watched[m]
+        return working
+
+    async def beat(self, member: str) -> None:
+        def write() -> None:
+            with _transaction(self._db):
+                self._db.execute(
+                    "INSERT INTO members (member, beats, at) VALUES (?, 1, ?)"
+                    " ON CONFLICT (member) DO UPDATE SET beats = beats + 1, at = excluded.at",
+                    (member, time.time()),
+                )
+
+        await self._run(write)
+
+    async def leave(self, member: str) -> None:
+        def write() -> None:
+            with _transaction(self._db):
+                self._db.execute("DELETE FROM members WHERE member = ?", (member,))
+
+        await self._run(write)
 
     async def save_windows(self, member: str, windows: Mapping[str, Sequence[float]]) -> None:
         now = time.time()
@@ -309,6 +372,7 @@ def _prepare(db: sqlite3.Connection, new: bool) -> str:
                     [("app", APP), ("schema", str(SCHEMA)), ("store_id", store_id)],
                 )
                 db.execute(_WINDOWS)
+                db.execute(_MEMBERS)
             return store_id
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall()) if "meta" in tables else {}
         if meta.get("app") != APP:
@@ -321,6 +385,7 @@ def _prepare(db: sqlite3.Connection, new: bool) -> str:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = FULL")
         db.execute(_WINDOWS)
+        db.execute(_MEMBERS)
         return str(meta["store_id"])
     except sqlite3.OperationalError as exc:  # cannot open, create or lock the file
         raise StoreError(f"cannot use the file: {exc}") from None

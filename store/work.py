@@ -44,7 +44,7 @@ from ratedeck.engine.settings import (
 )
 from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth
 
-from .base import Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
+from .base import BEAT_S, Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
 
 if TYPE_CHECKING:
@@ -317,6 +317,7 @@ class Journal:
         await self.flush()
 
     async def _run(self) -> None:
+        beat_at = time.monotonic()
         while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY_S)
@@ -326,6 +327,16 @@ class Journal:
             await self.flush()
             self.note_lost()
             await self.save_windows()
+            if time.monotonic() - beat_at >= BEAT_S:
+                beat_at = time.monotonic()
+                await self.beat()
+
+    async def beat(self) -> None:
+        """Say this run is still at work: a --resume leaves its jobs to it (`WorkStore.beat`)."""
+        try:
+            await self.store.beat(self.source.member)
+        except StoreError:
+            pass  # said again next beat; a resume meanwhile may take it for gone, as before beats
 
     async def save_windows(self) -> None:
         """Keep each key's sends of its last window in the store, when they changed."""
@@ -422,10 +433,11 @@ class StoreRun:
     async def prepare(self) -> None:
         """Before the engine starts: take back a killed run's jobs (--resume), or count them."""
         try:
+            await self.store.beat(self.member)
             if self.resume:
                 self.recovered = await self.store.recover(self.member, retry=self._retry)
             counts = await self.store.counts()
-            if not self.resume:
+            if not self.resume or self.store.at_work:
                 self.left_claimed = counts.claimed
             self.source.size = counts.pending  # the job's size as this run starts (its progress)
             self.windows = await self.store.load_windows()
@@ -462,10 +474,16 @@ class StoreRun:
             engine.event(
                 EventKind.INFO, f"resumed: {self.recovered} jobs in flight when the last run stopped, {what}"
             )
-        elif self.left_claimed:
+        elif self.left_claimed and not self.store.at_work:
             engine.event(
                 EventKind.INFO,
                 f"{self.left_claimed} jobs are claimed by another run (killed? --resume takes them back)",
+            )
+        if self.store.at_work:
+            engine.event(
+                EventKind.INFO,
+                f"{self.left_claimed} jobs are held by a run still at work on {self.store.url}"
+                f" ({', '.join(self.store.at_work)}): left to it, or they would be sent twice",
             )
 
     async def finish(self, engine: StoreRunHost | None) -> StoreReport:
@@ -482,6 +500,7 @@ class StoreRun:
                 await self.store.release(
                     self.member, await self.source.unsent_of({r.id for r in queued if not r.unsure})
                 )
+            await self.store.leave(self.member)
             counts = await self.store.counts()
         except StoreError as exc:
             problem = str(exc)
@@ -498,4 +517,5 @@ class StoreRun:
             persistence=self.persistence,
             lost_claims=self.store.lost_claims,
             left_claimed=self.left_claimed,
+            at_work=self.store.at_work,
         )

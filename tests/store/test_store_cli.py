@@ -342,6 +342,45 @@ def test_kill_9_at_full_rate_strands_nothing_and_the_resume_draws_no_429(
 
 
 @pytest.mark.slow
+def test_a_resume_while_the_first_run_is_still_at_work_leaves_it_its_jobs(tmp_path):
+    """--resume while the run it would resume is still at work took that run's claimed jobs,
+    and both sent them. The first run says it is at work (its beats), so the second leaves its
+    jobs to it and works the rest of the queue beside it: every job reaches the target once."""
+    jobs = 600
+    db, first_report, second_report = tmp_path / "work.db", tmp_path / "1.json", tmp_path / "2.json"
+    with JobTarget(delay_s=0.05, refuse_tens=False) as target:
+        cfg = _config(tmp_path, target, idempotent=True)
+        _enqueue(tmp_path, db, jobs)
+        first = subprocess.Popen(
+            RATEDECK
+            + ["--no-ui", "--config", str(cfg), "--store", f"sqlite:{db}", "--report", str(first_report)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while target.received() < 40:  # at work, holding claims
+                assert first.poll() is None, "the first run ended before the second started"
+                assert time.monotonic() < deadline, f"only {target.received()} requests arrived"
+                time.sleep(0.01)
+            second = _run(cfg, db, second_report, "--resume")
+            first_err = first.communicate(timeout=60)[1]
+        finally:
+            first.kill()
+            first.wait(10)
+        seen = target.by_job()
+    assert first.returncode == 0, first_err
+    assert second.returncode == 0, second.stderr
+    store = json.loads(second_report.read_text())["store"]
+    assert store["resumed"] == 0 and len(store["at_work"]) == 1 and store["left_claimed"] > 0
+    assert "held by a run still at work" in second.stdout
+    assert Counter(len(keys) for keys in seen.values()) == {1: jobs}  # each job once, none twice
+    # Whichever ended first reported the other's jobs still in flight: the file has the end.
+    assert Counter(_states(db).values()) == {("done", "succeeded"): jobs}
+
+
+@pytest.mark.slow
 def test_a_clean_stop_gives_back_unsent_jobs_and_the_next_run_finishes_them(tmp_path):
     db, report = tmp_path / "work.db", tmp_path / "report.json"
     with JobTarget(delay_s=0.05) as target:

@@ -118,6 +118,79 @@ def test_recover_puts_a_dead_member_s_unsent_claims_back_as_they_were(tmp_path):
     run(scenario())
 
 
+def test_recover_leaves_a_member_still_at_work_its_jobs_and_takes_a_gone_one_s(tmp_path):
+    """A --resume while another run is still at work took its jobs, and both sent them. Now a
+    member that beat lately is watched: beating again, it is at work and keeps its jobs; a
+    member that beat long ago, or never (an older ratedeck), is gone and its jobs are taken."""
+
+    async def scenario() -> None:
+        path = str(tmp_path / "w.db")
+        s, working = SqliteStore.open(path), SqliteStore.open(path)  # two processes' worth
+        await s.enqueue([{"job": i} for i in range(6)])
+        held = await working.claim("working", 2)
+        await working.mark_sending("working", [j.id for j in held])
+        gone = await s.claim("gone", 2)
+        await s.mark_sending("gone", [j.id for j in gone])
+        never = await s.claim("never", 1)  # a run of an older ratedeck: no beats at all
+        await s.mark_sending("never", [j.id for j in never])
+        await s.beat("gone")
+        with sqlite3.connect(path) as con:  # its last beat a minute ago
+            con.execute("UPDATE members SET at = at - 60 WHERE member = 'gone'")
+
+        async def at_work() -> None:
+            while True:
+                await working.beat("working")
+                await asyncio.sleep(0.1)
+
+        beating = asyncio.ensure_future(at_work())
+        try:
+            await asyncio.sleep(0.05)  # its first beat is in
+            assert await s.recover("me", retry=False) == 3  # the gone member's and the older run's
+            assert s.at_work == ("working",)
+            c = await s.counts()
+            assert (c.claimed, c.uncertain) == (2, 3)
+        finally:
+            beating.cancel()
+        # It stops beating (killed): the next resume watches it go, and takes its jobs.
+        assert await s.recover("me", retry=False) == 2 and s.at_work == ()
+        c = await s.counts()
+        assert (c.claimed, c.uncertain) == (0, 5)
+        await working.leave("working")  # a clean stop: nothing left to watch
+        with sqlite3.connect(path) as con:
+            assert con.execute("SELECT count(*) FROM members").fetchone()[0] == 0
+        await s.close()
+        await working.close()
+
+    run(scenario())
+
+
+def test_recover_waits_for_no_one_who_stopped_cleanly(tmp_path, monkeypatch):
+    """A run that stopped cleanly left (`leave`): a resume right after it does not watch it."""
+
+    async def scenario() -> None:
+        path = str(tmp_path / "w.db")
+        s = SqliteStore.open(path)
+        await s.enqueue([{"job": 1}])
+        (job,) = await s.claim("stopped", 1)
+        await s.beat("stopped")
+        await s.leave("stopped")
+        watched: list[float] = []
+        real_sleep = asyncio.sleep
+
+        async def counted(delay):
+            watched.append(delay)
+            await real_sleep(0)
+
+        monkeypatch.setattr(asyncio, "sleep", counted)
+        await s.recover("me", retry=False)
+        monkeypatch.undo()
+        assert watched == [] and s.at_work == ()
+        assert (await s.counts()).pending == 1  # never marked sending: back as it was
+        await s.close()
+
+    run(scenario())
+
+
 def test_windows_are_kept_per_key_and_replaced(tmp_path):
     async def scenario() -> None:
         s = SqliteStore.open(str(tmp_path / "w.db"))
