@@ -211,9 +211,9 @@ class SqliteStore(WorkStore):
                     f" WHERE state = 'sending' AND member IS NOT ? AND member NOT IN ({skip})",
                     (state, member, *working),
                 )
-                self._db.execute(
-                    f"DELETE FROM members WHERE member IS NOT ? AND member NOT IN ({skip})",
-                    (member, *working),
+                self._db.execute(  # the gone: no beat for `GONE_S` (a member between claims beats on)
+                    f"DELETE FROM members WHERE member IS NOT ? AND member NOT IN ({skip}) AND at < ?",
+                    (member, *working, time.time() - GONE_S),
                 )
             return cur.rowcount
 
