@@ -220,14 +220,13 @@ class SqliteStore(WorkStore):
         return await self._run(write)
 
     async def _members_at_work(self, member: str) -> list[str]:
-        """The members other than `member` that hold jobs and beat again within `GONE_S` of
-        their last beat, watched every half `BEAT_S` (at once when none beat lately)."""
+        """The members other than `member` that beat lately and beat again while watched (every
+        half `BEAT_S`, up to `GONE_S`; no wait when none beat lately). A member holding no job
+        now is watched too: between two claims, it may claim before this resume writes."""
 
         def read() -> dict[str, tuple[int, float]]:
             rows = self._db.execute(
-                "SELECT m.member, m.beats, m.at FROM members m WHERE m.member IS NOT ? AND EXISTS"
-                " (SELECT 1 FROM jobs j WHERE j.member = m.member AND j.state IN ('claimed', 'sending'))",
-                (member,),
+                "SELECT member, beats, at FROM members WHERE member IS NOT ?", (member,)
             ).fetchall()
             return {m: (int(beats), float(at)) for m, beats, at in rows}
 
