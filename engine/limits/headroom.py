@@ -580,6 +580,13 @@ class HeadroomNow:
         return self.evidence.overdue_s() if self.evidence is not None else math.inf
 
 
+def _widen(stamps, extra_s: float) -> None:
+    """Answered `stamps` hold their slots at least `extra_s` past their window (never less)."""
+    for stamp in stamps:
+        if stamp.extra is not None and stamp.extra < extra_s:
+            stamp.extra = extra_s
+
+
 class HeadroomController:
     """Learns and holds the headroom shared by every key of one target.
 
@@ -802,21 +809,16 @@ class HeadroomController:
         # answer back sooner, a 20 s LLM answer in a minute's window, is judged as any other.)
         late = ev.late(rtt_s, 0.5 * self.policy_window_s)
         capped = (net <= tracker.body_hi or self._capped_whole()) and not late
-        if tracker.n < SETTLE_ANSWERS or self._early(now):
-            early_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
-            trusted = tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE
-            if cap is not None and early_ms > cap and capped and trusted:
-                # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once
-                # it stands on 100 answers or a ready probe.
-                if not ev.congested():
-                    return (cap + before_ms) / 1000.0, (early_ms + before_ms) / 1000.0
-                self._uncap(now)
-            return (early_ms + before_ms) / 1000.0, None
-        extra_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
-        if late:  # neither the most a headroom may be nor a part of the pace's mean
-            return (extra_ms + before_ms) / 1000.0, None
-        whole = None
-        if cap is not None and extra_ms > cap and capped:
+        early = tracker.n < SETTLE_ANSWERS or self._early(now)
+        if early:
+            bound_ms = max(self.value_ms, (net - min(lo, net)) * 1000.0 + self.margin_ms)
+            # The symmetric estimate bounds a leg without the minimum (`_cap_ms`), once it
+            # stands on 100 answers or a ready probe.
+            capped = capped and (tracker.n >= SETTLE_ANSWERS or ev.target_source == SOURCE_PROBE)
+        else:
+            bound_ms = (net - lo) * 1000.0 + self._margin(spread_ms)
+        whole_ms = None
+        if cap is not None and bound_ms > cap and capped:
             # Above the body (a spike) an answer keeps its own bound: a spike hits one
             # leg, and the symmetric estimate does not cover it (RangeTracker). So does
             # every answer while the network queues (`SpreadEvidence.congested`), and the
@@ -824,9 +826,14 @@ class HeadroomController:
             if ev.congested():
                 self._uncap(now)
             else:
-                whole = max(self.min_ms, min(self.max_ms, extra_ms + before_ms)) / 1000.0
-                extra_ms = cap
-        extra_ms = max(self.min_ms, min(self.max_ms, extra_ms + before_ms))
+                whole_ms, bound_ms = bound_ms, cap
+        if early or late:  # late: neither the most a headroom may be nor a part of the pace's mean
+            whole = None if whole_ms is None else (whole_ms + before_ms) / 1000.0
+            return (bound_ms + before_ms) / 1000.0, whole
+        extra_ms = max(self.min_ms, min(self.max_ms, bound_ms + before_ms))
+        whole = (
+            None if whole_ms is None else max(self.min_ms, min(self.max_ms, whole_ms + before_ms)) / 1000.0
+        )
         m = self._mean_extra_ms
         e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
         self.figures.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)
@@ -918,19 +925,14 @@ class HeadroomController:
         horizon = now - (self.evidence.typical or 0.0)
         for t, stamps, whole in capped:
             if t >= horizon:
-                for stamp in stamps:
-                    if stamp.extra is not None and stamp.extra < whole:
-                        stamp.extra = whole
+                _widen(stamps, whole)
         capped.clear()
 
     def _rewiden(self) -> None:
         """Slots narrowed by a trial that failed: give them the cap in force now."""
         cap = self._cap_ms(self.evidence.net.spread * 1000.0)
         for _t, stamps, whole in self._trial:
-            extra = min(whole, cap) if cap is not None else whole
-            for stamp in stamps:
-                if stamp.extra is not None and stamp.extra * 1000.0 < extra:
-                    stamp.extra = extra / 1000.0
+            _widen(stamps, (min(whole, cap) if cap is not None else whole) / 1000.0)
         self._trial.clear()
 
     def _cap_ms(self, spread_ms: float) -> float | None:
