@@ -318,7 +318,7 @@ class ClusterMember:
                 self.slack_s,
                 parts.headroom.pace_seconds(),
                 # even pacing spaces the cluster's sends as the limiter would one member's
-                worker.limiter.min_spacing if worker.limiter.pacing is Pacing.EVEN else 0.0,
+                worker.limiter.spacing() if worker.limiter.pacing is Pacing.EVEN else 0.0,
                 self.horizon_s,
                 self._hold_s(plan, h),
             )

@@ -324,6 +324,9 @@ class HeadroomFigures(Protocol):
 
     headroom_now_s: float
     pace_now_s: float
+    #: The even gap's share of its usual where the pace may shorten (not nonce-ordered): below
+    #: 1 while each answered slot frees at a bound the server's own time set (`HINTED_PACE`).
+    pace_scale: float
 
     def overdue_s(self) -> float:
         """How long a request may be out before its slot is held until it ends (`_Sliding`);
@@ -335,6 +338,8 @@ class _Called:
     """`HeadroomFigures` from two callables (a test's, a bench's): a slot is never held."""
 
     __slots__ = ("_h", "_p")
+
+    pace_scale = 1.0
 
     @staticmethod
     def overdue_s() -> float:
@@ -379,7 +384,8 @@ class WindowLimiter:
             and a strict pace holds the second back. That wait is never made
             up: the slot is reused that much later in every window after
             (about 7 ms a slot at 20/1s with 5-45 ms of jitter each way,
-            0.006 of the rate). 0 for nonce-ordered targets.
+            0.006 of the rate). 0 for nonce-ordered targets. With a slack, the
+            gap also takes the headroom's `pace_scale` (`HeadroomFigures`).
         wall_offset: Unix time minus loop time, so fixed windows turn at the
             clock's whole minutes and hours as servers' do.
         headroom: where the two headroom figures are read per decision without
@@ -402,6 +408,7 @@ class WindowLimiter:
         "_last",
         "_last_cost",
         "_early",
+        "_scaled",
         "_recent",
         "spent",
         "returned",
@@ -430,6 +437,7 @@ class WindowLimiter:
         if not 0.0 <= pace_slack < 1.0:
             raise ValueError(f"pace_slack must be in [0, 1), got {pace_slack}")
         self._early = 1.0 - pace_slack  # a send may go this share of its gap after the anchor
+        self._scaled = pace_slack > 0.0  # the gap follows the headroom's `pace_scale` (not nonces)
         self.wall_offset = wall_offset
         self.policies: tuple[Policy, ...] = ()
         self._meters: tuple[_Meter, ...] = ()
@@ -506,7 +514,9 @@ class WindowLimiter:
         alone (most limiters, at every decision)."""
         one = self._one
         if one is not None:
-            return (one.window + self._hr.pace_now_s) * self.min_spacing * self._last_cost / one.limit
+            hr = self._hr
+            spacing = self.min_spacing * hr.pace_scale if self._scaled else self.min_spacing
+            return (one.window + hr.pace_now_s) * spacing * self._last_cost / one.limit
         return self._gap(now, h)
 
     def _gap(self, now: float, h: float) -> float:
@@ -519,7 +529,7 @@ class WindowLimiter:
         """
         p = self._hr.pace_now_s
         spent = self._last_cost
-        spacing = self.min_spacing
+        spacing = self.spacing()
         gap = 0.0
         for meter in self._even:
             g = (meter.window + p) * spacing * spent / meter.limit
@@ -529,6 +539,11 @@ class WindowLimiter:
             if g > gap:
                 gap = g
         return gap
+
+    def spacing(self) -> float:
+        """The even gap's share now: `min_spacing`, times the headroom's `pace_scale` where a
+        send may go early (`pace_slack`)."""
+        return self.min_spacing * self._hr.pace_scale if self._scaled else self.min_spacing
 
     def pace_due(self) -> float:
         """When the even pace lets the next send go: a bound `next_free` never beats, and

@@ -4,7 +4,13 @@ import random
 
 import pytest
 
-from ratedeck.engine.limits.headroom import PROBE_FEW, HeadroomController, RangeTracker, SpreadEvidence
+from ratedeck.engine.limits.headroom import (
+    HINTED_PACE,
+    PROBE_FEW,
+    HeadroomController,
+    RangeTracker,
+    SpreadEvidence,
+)
 
 
 def feed(h, n, start, rtt, spacing=0.01):
@@ -241,6 +247,24 @@ def test_hints_on_every_answer_are_believed_from_the_first_answers():
     rtt, _ = _hinted(rng)
     h.observe_rtt(rtt, 0.2)  # an answer without a hint: the share falls by one in 21
     assert h.evidence.hint_share == pytest.approx(20 / 21)
+
+
+def test_the_pace_shortens_while_the_server_s_time_bounds_each_slot():
+    # Each hinted slot frees at its own bound, unevenly: the even pace would hold back sends the
+    # windows allow. Round trips alone, or a fixed headroom, keep the whole pace.
+    rng = random.Random(5)
+    hinted, plain = HeadroomController(initial_ms=100), HeadroomController(initial_ms=100)
+    assert hinted.figures.pace_scale == plain.figures.pace_scale == 1.0
+    for i in range(20):
+        rtt, server = _hinted(rng)
+        hinted.observe_rtt(rtt, i * 0.01, server_s=server)
+        plain.observe_rtt(rtt, i * 0.01)
+    assert hinted.evidence.target_source == "hints" and hinted.figures.pace_scale == HINTED_PACE < 1.0
+    assert plain.figures.pace_scale == 1.0
+    hinted.set_fixed(30.0)
+    assert hinted.figures.pace_scale == 1.0
+    hinted.set_adaptive()
+    assert hinted.figures.pace_scale == HINTED_PACE
 
 
 def test_a_hundred_hinted_answers_settle_the_first_guess_before_settle_s():

@@ -163,6 +163,26 @@ def test_slack_lets_a_slot_that_frees_soon_after_another_be_reused_at_once():
         WindowLimiter((Policy(2, 1.0),), lambda: 0.0, "even", pace_slack=1.0)
 
 
+def test_the_headroom_s_pace_scale_shortens_the_gap_only_where_a_send_may_go_early():
+    # 20/1s, no headroom: the even gap is 50 ms, 45 at a spacing of 0.9, and with half a gap
+    # of slack a send may go 22.5 ms after the last. With the server's time bounding each
+    # slot the headroom scales the gap (`HINTED_PACE`); a nonce-ordered limiter (no slack)
+    # keeps its whole gap whatever the headroom says.
+    figures = HeadroomNow(0.0)
+    lim = WindowLimiter(
+        (Policy(20, 1.0),), lambda: 0.0, "even", min_spacing=0.9, pace_slack=0.5, headroom=figures
+    )
+    strict = WindowLimiter((Policy(20, 1.0),), lambda: 0.0, "even", headroom=figures)
+    lim.record(0.0)
+    strict.record(0.0)
+    assert lim.next_free(0.0) == pytest.approx(0.0225)
+    figures.pace_scale = 0.55
+    assert lim.spacing() == pytest.approx(0.495)
+    assert lim.next_free(0.0) == pytest.approx(0.5 * 0.495 * 0.050)
+    assert lim.pace_due() == lim.next_free(0.0)
+    assert strict.spacing() == 1.0 and strict.next_free(0.0) == pytest.approx(0.050)
+
+
 def test_next_free_says_when_a_slot_comes_so_a_caller_knows_a_deadline_is_missed():
     """What the key workers ask: a full window's next slot comes when its oldest send
     leaves; a request due before then (its TTL) is known to miss it before anything waits."""
@@ -192,13 +212,14 @@ def test_a_heavy_send_waits_for_its_whole_cost_and_is_recorded_at_it():
         min_size=1,
         max_size=60,
     ),
-    st.sampled_from([(1.0, 0.0), (0.9, 0.0), (0.9, 0.5)]),
+    st.sampled_from([(1.0, 0.0, 1.0), (0.9, 0.0, 0.55), (0.9, 0.5, 1.0), (0.9, 0.5, 0.55)]),
 )
 def test_the_pace_due_is_a_bound_next_free_never_beats_and_meets_when_the_pace_binds(steps, pace):
     """`pace_due` lets a worker skip the full look after an answer (`KeyWorker.wake_if_sooner`):
     it must never be later than `next_free`, and equal it whenever the pace is what binds."""
-    spacing, slack = pace
+    spacing, slack, scale = pace
     figures = HeadroomNow(0.05)
+    figures.pace_scale = scale
 
     def limiter() -> WindowLimiter:
         return WindowLimiter(
