@@ -403,12 +403,16 @@ CONGESTED_SHARE = 0.25
 RECENT_SHARE = 1.0 / 16.0
 #: Capped slots kept should the network turn out to be queueing (`HeadroomController._uncap`).
 CAPPED_KEPT = 4096
-#: The even pace's gap, as a share of its usual, once the server's own time bounds each answered
-#: slot (`SOURCE_HINTS`; `HeadroomNow.pace_scale`). Such slots free unevenly, each at its own
-#: bound, and a pace at 0.9 of the even gap held sends back that the window allowed: 0.0018 to
-#: 0.0032 of the sustained rate on the hinted rows (virtual, seeds 17-26), for no 429 it saved.
-#: About half the gap still keeps a window's sends from going at once.
-HINTED_PACE = 0.55
+#: The even pace's gap, as a share of its usual, while the headroom stands on measurement
+#: (`HeadroomController.measured`: the server's own time bounding each answered slot, a probe
+#: of the network, or a rejection budget being spent to find it; `HeadroomNow.pace_scale`).
+#: There a pace at 0.9 of the even gap held back sends the windows allowed, for no 429 it
+#: saved: 0.0016 and 0.0031 of the sustained rate on the two hinted rows on virtual time (seeds
+#: 17-26), 0.003-0.006 live, and 0.002-0.003 live on the probe and budget rows. About half the
+#: gap still keeps a window's sends from going at once. A headroom that is a guess (round trips
+#: alone, a limit learned from 429s) keeps the whole pace: on a key another user shares, a
+#: shorter one drew a third more 429s for less of what they left (virtual, seeds 17-26).
+MEASURED_PACE = 0.55
 
 
 class SpreadEvidence:
@@ -579,7 +583,7 @@ class HeadroomNow:
 
     def __init__(self, seconds: float, evidence: SpreadEvidence | None = None):
         self.headroom_now_s = self.pace_now_s = seconds
-        self.pace_scale = 1.0  # `HINTED_PACE` while the server's time bounds each slot
+        self.pace_scale = 1.0  # `MEASURED_PACE` while the headroom stands on measurement
         self.evidence = evidence
 
     def overdue_s(self) -> float:
@@ -696,11 +700,15 @@ class HeadroomController:
         figures.headroom_now_s = self.value_ms / 1000.0
         mean = self._mean_extra_ms
         figures.pace_now_s = (mean if self.adaptive and mean is not None else self.value_ms) / 1000.0
-        figures.pace_scale = (
-            HINTED_PACE if self.adaptive and self.evidence.target_source == SOURCE_HINTS else 1.0
-        )
+        figures.pace_scale = MEASURED_PACE if self.adaptive and self.measured() else 1.0
 
     # -- reading
+    def measured(self) -> bool:
+        """Whether the headroom stands on measurement, not a guess: the server's own time on
+        most answers, a probe of the network, or a rejection budget spent to find it."""
+        source = self.evidence.target_source
+        return source == SOURCE_HINTS or source == SOURCE_PROBE or self.budget.active
+
     def seconds(self) -> float:
         """The headroom in seconds (what the limiters read)."""
         return self.figures.headroom_now_s
@@ -1017,10 +1025,9 @@ class HeadroomController:
         if rejected:
             self._count_rejection(now)
             self._counted_at = now
-        ev = self.evidence
-        ev.observe(rtt_s, now, server_s, self._last_t, 0.5 * self.policy_window_s)
-        if self.adaptive and (ev.target_source == SOURCE_HINTS) is not (self.figures.pace_scale != 1.0):
-            self._publish()  # the server's time came to bound the slots, or stopped: the pace follows
+        self.evidence.observe(rtt_s, now, server_s, self._last_t, 0.5 * self.policy_window_s)
+        if self.adaptive and self.measured() is not (self.figures.pace_scale != 1.0):
+            self._publish()  # the headroom came to stand on measurement, or stopped: the pace follows
         if remaining is not None:
             self._remaining.observe(remaining)
         self._step(now)

@@ -325,7 +325,7 @@ class HeadroomFigures(Protocol):
     headroom_now_s: float
     pace_now_s: float
     #: The even gap's share of its usual where the pace may shorten (not nonce-ordered): below
-    #: 1 while each answered slot frees at a bound the server's own time set (`HINTED_PACE`).
+    #: 1 while the headroom stands on measurement (`headroom.MEASURED_PACE`).
     pace_scale: float
 
     def overdue_s(self) -> float:

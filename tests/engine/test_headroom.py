@@ -5,7 +5,7 @@ import random
 import pytest
 
 from ratedeck.engine.limits.headroom import (
-    HINTED_PACE,
+    MEASURED_PACE,
     PROBE_FEW,
     HeadroomController,
     RangeTracker,
@@ -249,22 +249,32 @@ def test_hints_on_every_answer_are_believed_from_the_first_answers():
     assert h.evidence.hint_share == pytest.approx(20 / 21)
 
 
-def test_the_pace_shortens_while_the_server_s_time_bounds_each_slot():
-    # Each hinted slot frees at its own bound, unevenly: the even pace would hold back sends the
-    # windows allow. Round trips alone, or a fixed headroom, keep the whole pace.
+def test_the_pace_shortens_while_the_headroom_stands_on_measurement():
+    # The server's time, a probe or a rejection budget measure the headroom: the even pace
+    # would only hold back sends the windows allow. Round trips alone (a guess), a fixed
+    # headroom, or a budget spent to its last rejection keep the whole pace.
     rng = random.Random(5)
-    hinted, plain = HeadroomController(initial_ms=100), HeadroomController(initial_ms=100)
+    hinted, plain, probed = (HeadroomController(initial_ms=100) for _ in range(3))
+    budgeted = HeadroomController(initial_ms=100, rejection_budget=3)
     assert hinted.figures.pace_scale == plain.figures.pace_scale == 1.0
-    for i in range(20):
+    for i in range(60):
         rtt, server = _hinted(rng)
-        hinted.observe_rtt(rtt, i * 0.01, server_s=server)
-        plain.observe_rtt(rtt, i * 0.01)
-    assert hinted.evidence.target_source == "hints" and hinted.figures.pace_scale == HINTED_PACE < 1.0
-    assert plain.figures.pace_scale == 1.0
+        probed.observe_network(rng.uniform(0.005, 0.045) + rng.uniform(0.005, 0.045), i * 0.01)
+        for h in (hinted, plain, probed, budgeted):
+            h.observe_rtt(rtt, i * 0.01, server_s=server if h is hinted else None)
+    assert hinted.evidence.target_source == "hints" and hinted.figures.pace_scale == MEASURED_PACE < 1.0
+    assert probed.source == "probe" and probed.figures.pace_scale == MEASURED_PACE
+    assert budgeted.figures.pace_scale == MEASURED_PACE
+    assert plain.source == "round trip" and plain.figures.pace_scale == 1.0
     hinted.set_fixed(30.0)
     assert hinted.figures.pace_scale == 1.0
     hinted.set_adaptive()
-    assert hinted.figures.pace_scale == HINTED_PACE
+    assert hinted.figures.pace_scale == MEASURED_PACE
+    for _ in range(2):  # the budget spent to its last rejection: probing ends, the pace is whole
+        budgeted.observe_rtt(0.1, 0.7, rejected=True)
+    assert not budgeted.budget.active
+    budgeted.observe_rtt(0.1, 0.71)
+    assert budgeted.figures.pace_scale == 1.0
 
 
 def test_a_hundred_hinted_answers_settle_the_first_guess_before_settle_s():

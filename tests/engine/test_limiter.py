@@ -165,9 +165,9 @@ def test_slack_lets_a_slot_that_frees_soon_after_another_be_reused_at_once():
 
 def test_the_headroom_s_pace_scale_shortens_the_gap_only_where_a_send_may_go_early():
     # 20/1s, no headroom: the even gap is 50 ms, 45 at a spacing of 0.9, and with half a gap
-    # of slack a send may go 22.5 ms after the last. With the server's time bounding each
-    # slot the headroom scales the gap (`HINTED_PACE`); a nonce-ordered limiter (no slack)
-    # keeps its whole gap whatever the headroom says.
+    # of slack a send may go 22.5 ms after the last. While the headroom stands on measurement
+    # it scales the gap (`MEASURED_PACE`); a nonce-ordered limiter (no slack) keeps its whole
+    # gap whatever the headroom says.
     figures = HeadroomNow(0.0)
     lim = WindowLimiter(
         (Policy(20, 1.0),), lambda: 0.0, "even", min_spacing=0.9, pace_slack=0.5, headroom=figures

@@ -66,7 +66,7 @@ def _run(
 
 # Measured at the time of writing, seeds 1..3: with Server-Timing 0.9625-0.9632 (the issue's
 # target for its live row is >= 0.955; 0.9610-0.9618 while the pace kept 0.9 of its even gap
-# with the server's time bounding each slot, `HINTED_PACE`; 0.9596-0.9603 while the first guess
+# with the server's time bounding each slot, `MEASURED_PACE`; 0.9596-0.9603 while the first guess
 # held the slots answered in the first 2 s, HeadroomController._rebound; 0.957 when the even
 # pace held back a slot that freed soon after another, WindowLimiter's pace_slack), no hints
 # 0.930-0.932; the bounds sit just under.
@@ -96,7 +96,7 @@ def test_a_slow_start_on_a_told_limit_that_was_right_costs_little():
     # as the server accepts it. Each level beyond what it trusts at once costs a round trip
     # (about 250 ms here) of waiting. Measured at the time of writing, seeds 1-3: 0.9909-0.9911
     # (0.9877-0.9885 while the pace kept 0.9 of its even gap with the server's time bounding
-    # each slot, `HINTED_PACE`; 0.985 with a strict even pace; 0.972 when it trusted half the
+    # each slot, `MEASURED_PACE`; 0.985 with a strict even pace; 0.972 when it trusted half the
     # told limit and the sends a probe's wait held back went at the even pace, one level a window).
     snap, rules = _run(True, latency_ms=(100, 104), slow_start=True)
     stamps = [[t / 1000.0 for t in key] for key in rules.arrivals_ms()]
