@@ -9,6 +9,7 @@ from ratedeck.engine.limits.headroom import (
     PROBE_FEW,
     HeadroomController,
     RangeTracker,
+    SecondsRange,
     SpreadEvidence,
 )
 
@@ -215,16 +216,31 @@ def test_whole_round_trips_are_tracked_alike_before_and_after_the_first_usable_h
             assert evidence.raw is evidence.net
     assert evidence.raw is not evidence.net
     for mine, theirs in ((evidence.raw, raw), (evidence.net, net)):
-        assert (mine.n, mine.lo, mine.hi, mine.spread, mine.mean) == (
-            theirs.n,
-            theirs.lo,
-            theirs.hi,
-            theirs.spread,
-            theirs.mean,
-        )
-    assert evidence.net.body_hi == net.body_hi and not evidence.net.light
-    assert evidence.raw.light and evidence.raw.body_hi == evidence.raw.hi
+        assert (mine.n, mine.lo, mine.hi, mine.spread) == (theirs.n, theirs.lo, theirs.hi, theirs.spread)
+    assert evidence.net.mean == net.mean and evidence.net.body_hi == net.body_hi
+    assert isinstance(evidence.raw, SecondsRange)  # its range alone: no body, no mean
     assert evidence.raw.hi != evidence.net.hi
+
+
+@pytest.mark.parametrize("first", [0, 1, 250])
+def test_a_range_alone_holds_what_a_whole_tracker_s_range_does(first):
+    # `SecondsRange` goes on from a tracker's samples (none, one, or several seconds of them),
+    # through quiet spells of several seconds, and holds the range a tracker fed the same holds.
+    rng = random.Random(first)
+    start, whole = RangeTracker(2), RangeTracker(2)
+    now = 0.0
+    for _ in range(first):
+        now += rng.expovariate(50.0)
+        x = rng.uniform(0.05, 0.2)
+        start.add(x, now)
+        whole.add(x, now)
+    alone = start.range_only()
+    for i in range(2_000):
+        now += rng.expovariate(50.0) + (3.5 if i % 500 == 499 else 0.0)
+        x = rng.uniform(0.05, 0.2) + (0.3 if i % 97 == 0 else 0.0)
+        alone.add(x, now)
+        whole.add(x, now)
+        assert (alone.n, alone.lo, alone.hi, alone.spread) == (whole.n, whole.lo, whole.hi, whole.spread)
 
 
 def _hinted(rng):
