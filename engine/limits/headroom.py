@@ -887,10 +887,8 @@ class HeadroomController:
         if early or late:  # late: neither the most a headroom may be nor a part of the pace's mean
             whole = None if whole_ms is None else (whole_ms + before_ms) / 1000.0
             return (bound_ms + before_ms) / 1000.0, whole
-        extra_ms = max(self.min_ms, min(self.max_ms, bound_ms + before_ms))
-        whole = (
-            None if whole_ms is None else max(self.min_ms, min(self.max_ms, whole_ms + before_ms)) / 1000.0
-        )
+        extra_ms = self._clamp(bound_ms + before_ms)
+        whole = None if whole_ms is None else self._clamp(whole_ms + before_ms) / 1000.0
         m = self._mean_extra_ms
         e = self._mean_extra_ms = extra_ms if m is None else m + 0.02 * (extra_ms - m)
         self.figures.pace_now_s = e / 1000.0  # adaptive here: the pace follows the mean (`_publish`)

@@ -515,6 +515,7 @@ class WindowLimiter:
         one = self._one
         if one is not None:
             hr = self._hr
+            # `spacing()`, written out: this sum is asked at every decision
             spacing = self.min_spacing * hr.pace_scale if self._scaled else self.min_spacing
             return (one.window + hr.pace_now_s) * spacing * self._last_cost / one.limit
         return self._gap(now, h)
