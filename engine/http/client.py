@@ -35,6 +35,10 @@ timeouts, client certificates, 1xx answers, a parser that gets security fixes
   (`read_capped`): a small gzip bomb cannot fill memory;
 - header lines up to aiohttp's 8190 bytes (nginx's own default is 8 KiB):
   an answer with larger ones is refused as malformed.
+
+aiohttp itself is imported only when a session opens (`open_client`) or a proxy is looked
+up in the environment (`proxy_for`): a run on pyreqwest with no probe never loads it, and
+starts about 0.1 s of CPU sooner (loading it builds TLS contexts, `docs/measurements.md`).
 """
 
 from __future__ import annotations
@@ -43,16 +47,18 @@ import asyncio
 import errno
 import os
 import ssl
+import sys
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
-from aiohttp.http_exceptions import LineTooLong
 from yarl import URL
 
 from ratedeck.engine.settings import TargetConfig
+
+if TYPE_CHECKING:
+    import aiohttp
 
 IDLE_S = 4.0  # reuse a connection idle at most this long (Node closes at 5 s, nginx at 75 s)
 DNS_TTL_S = 10  # aiohttp's default: a changed DNS answer is seen within 10 s
@@ -99,6 +105,10 @@ def proxy_for(target: TargetConfig, url: URL) -> URL | None:
     looked up once with aiohttp's own helper; None: go direct."""
     if target.proxy:
         return URL(target.proxy)
+    if url.scheme not in urllib.request.getproxies():  # what aiohttp's helper reads first
+        return None
+    from aiohttp.helpers import get_env_proxy_for_url
+
     try:
         proxy, auth = get_env_proxy_for_url(url)
     except LookupError:  # none set, or NO_PROXY names the host
@@ -118,6 +128,8 @@ def open_client(
 ) -> Client:
     """One session for the requests of one engine process to `url`'s origin (see the module doc);
     `attempts[0]` counts its sends; `headers` go with every request unless it names them."""
+    import aiohttp
+
     sends: list[int] = attempts if attempts is not None else [0]
 
     class CountedRequest(aiohttp.ClientRequest):
@@ -244,6 +256,17 @@ async def read_capped(resp: aiohttp.ClientResponse, cap: int, stop: bool = False
 def describe(exc: BaseException) -> str:
     """A short cause for an attempt with no answer, from the exception's type only (a message
     may quote the URL, and the URL may carry the key)."""
+    aiohttp = sys.modules.get("aiohttp")  # none of its errors exists before it is loaded
+    said = _aiohttp_cause(aiohttp, exc) if aiohttp is not None else None
+    if said is not None:
+        return said
+    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
+        return "connection reset"
+    return type(exc).__name__
+
+
+def _aiohttp_cause(aiohttp: Any, exc: BaseException) -> str | None:
+    """`describe` for aiohttp's own errors; None for any other."""
     if isinstance(exc, aiohttp.ClientProxyConnectionError):
         return f"cannot connect to the proxy ({type(exc.os_error).__name__})"
     if isinstance(exc, aiohttp.ClientHttpProxyError):
@@ -263,16 +286,16 @@ def describe(exc: BaseException) -> str:
         return "closed without an answer"
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "incomplete body"
-    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
-        return "connection reset"
     if isinstance(exc, aiohttp.ClientResponseError):
+        from aiohttp.http_exceptions import LineTooLong
+
         # The parser's LineTooLong reaches us rebuilt as a plain HttpProcessingError: its
         # message (matched, never shown) says which ("Got more than 8190 bytes when reading").
         said = str(getattr(exc.__cause__, "message", "") or exc.message).lower()
         if isinstance(exc.__cause__, LineTooLong) or any(m in said for m in _TOO_LARGE):
             return "headers too large"
         return "malformed HTTP answer"
-    return type(exc).__name__
+    return None
 
 
 ProbeFn = Callable[[], Awaitable[int]]
@@ -306,6 +329,8 @@ def probe_get(
 
     async def get() -> int:
         if not holder:
+            import aiohttp
+
             trace = aiohttp.TraceConfig()
             trace.on_connection_create_end.append(on_open)
             holder.append(open_client(target, parsed, PROBE_LANES, trace_configs=[trace]))

@@ -4,6 +4,7 @@ the library imports no UI, and the linters and type checker pass."""
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,24 @@ def test_the_library_api_loads_no_ui_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_run_on_pyreqwest_never_loads_aiohttp():
+    """Loading aiohttp costs a start about 0.1 s of CPU (it builds TLS contexts): a headless
+    run on the default client, with no probe and no proxy, has no use for it. The run is
+    real: the CLI against a closed port, its failures named by pyreqwest's reader."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp'})))\n"
+        "from ratedeck.runner.cli import main\n"
+        "sys.argv = ['ratedeck', '--no-ui', '--target', 'http://127.0.0.1:9/api', '--keys', 'k-1234567890',"
+        " '--limit', '5/1s', '--duration', '1']\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert "connection refused" in out.stdout + out.stderr
+    assert "LOADED []" in out.stdout
 
 
 def test_the_library_exports_what_it_documents():
