@@ -435,6 +435,15 @@ ROWS: tuple[Row, ...] = (
         "engine",
         optional=True,
     ),
+    Row(
+        "target.path_required",
+        "boolean",
+        p.boolean,
+        "the API answers nothing at the root of its URL (an LLM API: every call names its "
+        "endpoint): a job line without _path, sent to a target URL without a path, is refused "
+        "before anything is sent, with its line number, instead of drawing a 404",
+        "engine",
+    ),
     # ---------------------------------------------------------------- [keys]
     Row(
         "keys.secrets",

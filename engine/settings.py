@@ -100,6 +100,9 @@ class TargetConfig:
     # /openai/deployments/{deployment}/...?api-version=... (engine/http/endpoints.py).
     api_style: ApiStyle = ApiStyle.PLAIN
     api_version: str | None = None
+    # The API answers nothing at the root of its URL (an LLM API: every call names its endpoint):
+    # a job line with no `_path`, to a URL with no path, is refused before it is sent.
+    path_required: bool = False
 
 
 @dataclass(frozen=True)

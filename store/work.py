@@ -42,7 +42,7 @@ from ratedeck.engine.settings import (
     ConfigError,
     EngineSettings,
 )
-from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth
+from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth, rootless_url
 
 from .base import BEAT_S, Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
@@ -135,9 +135,18 @@ class StoreWorkload(Workload):
         depth: int | None = None,
         pins: KeyPins | None = None,
         signed: bool = False,
+        rootless: str | None = None,
     ):
         super().__init__(
-            rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth, pins=pins, signed=signed
+            rate,
+            poisson=poisson,
+            total=total,
+            rng=rng,
+            fed=fed,
+            depth=depth,
+            pins=pins,
+            signed=signed,
+            rootless=rootless,
         )
         self.store = store
         self.member = member
@@ -171,6 +180,7 @@ class StoreWorkload(Workload):
             depth=fed_depth(cfg),
             pins=KeyPins(cfg.keys),
             signed=bool(cfg.target.signing),
+            rootless=rootless_url(cfg),
         )
 
     async def refill(self) -> bool:

@@ -16,8 +16,9 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from ratedeck.core.secrets import fingerprint
+from ratedeck.core.secrets import fingerprint, safe_url
 from ratedeck.core.vocab import Arrival
 from ratedeck.engine.limits.waker import Waker
 from ratedeck.engine.llm.batch import (
@@ -66,6 +67,7 @@ class Workload:
         depth: int | None = None,
         pins: KeyPins | None = None,
         signed: bool = False,
+        rootless: str | None = None,
     ):
         self.rate = float(rate)
         self.fed = fed
@@ -74,6 +76,7 @@ class Workload:
         self.depth = depth
         self.pins = pins or KeyPins()  # what a line's `_key` may name
         self.signed = signed  # the target signs its requests: an object `_body` cannot go
+        self.rootless = rootless  # a line without `_path` cannot go there (`rootless_url`)
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -93,11 +96,20 @@ class Workload:
         pins = KeyPins(cfg.keys)
         budgets = tuple(b.name for b in cfg.budgets)
         signed = bool(cfg.target.signing)
+        rootless = rootless_url(cfg)
         # With limits per model, the check pass counts each model's lines (the ETA's least time).
         per_model = cfg.key_per_model or any(b.per_model for b in cfg.budgets)
         model_field = cfg.target.model_field if per_model else None
         items = (
-            read_jsonl(w.file, tuple(cfg.pools), budgets, pins, signed=signed, model_field=model_field)
+            read_jsonl(
+                w.file,
+                tuple(cfg.pools),
+                budgets,
+                pins,
+                signed=signed,
+                model_field=model_field,
+                rootless=rootless,
+            )
             if w.file
             else None
         )
@@ -111,6 +123,7 @@ class Workload:
             depth=fed_depth(cfg),
             pins=pins,
             signed=signed,
+            rootless=rootless,
         )
 
     @property
@@ -224,6 +237,10 @@ class Workload:
             if self.signed and shape is not None and shape.verbatim:  # a store's job, checked now
                 req.last_error = UNSIGNABLE
                 sink.problem(f"a job's {UNSIGNABLE}")
+                sink.refuse(req)
+            elif self.rootless is not None and (shape is None or shape.path is None):  # a store's job too
+                req.last_error = no_path(self.rootless)
+                sink.problem(f"a job has {req.last_error}: refused")
                 sink.refuse(req)
             elif pin is None:
                 sink.submit(req)
@@ -359,6 +376,24 @@ def take_shape(params: dict) -> Shape | None:
     )
 
 
+def rootless_url(cfg: EngineSettings) -> str | None:
+    """The target URL (shown) a job line without `_path` cannot reach: its API answers nothing
+    at its root (`target.path_required`) and the URL names no path; None when such a line may go."""
+    for target in [e.target for e in cfg.endpoints] or [cfg.target]:
+        if target.path_required and target.url and urlsplit(target.url).path in ("", "/"):
+            return safe_url(target.url)
+    return None
+
+
+def no_path(url: str) -> str:
+    """Why a line without `_path` cannot go to `url` (`rootless_url`)."""
+    return (
+        f"no _path, and the target {url} names no endpoint: its API answers nothing there "
+        '(target.path_required); give the line its endpoint ("_path": "/v1/chat/completions", '
+        '"/v1/messages", ...) or the endpoint\'s whole URL as --target'
+    )
+
+
 #: Why a line with an object `_body` cannot go to a target that signs its requests.
 UNSIGNABLE = "an object _body is sent as it is, and this target signs its requests (target.signing): refused"
 
@@ -375,8 +410,10 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check_shape(obj: dict, budgets: tuple[str, ...], signed: bool = False) -> str | None:
-    """What is wrong with a line's shaping fields, or None."""
+def _check_shape(
+    obj: dict, budgets: tuple[str, ...], signed: bool = False, rootless: str | None = None
+) -> str | None:
+    """What is wrong with a line's shaping fields, or None (`rootless`: `rootless_url`)."""
     method = obj.get("_method")
     if method is not None and (not isinstance(method, str) or method.upper() not in _METHODS):
         return f"_method must be one of {', '.join(_METHODS)}, got {method!r}"
@@ -385,6 +422,8 @@ def _check_shape(obj: dict, budgets: tuple[str, ...], signed: bool = False) -> s
         not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\r\n ")
     ):
         return f"_path must be a path starting with /, got {path!r}"
+    if path is None and rootless is not None:
+        return no_path(rootless)
     if "_body" in obj:
         body = obj["_body"]
         if isinstance(body, dict | list):
@@ -422,6 +461,7 @@ def read_jsonl(
     *,
     signed: bool = False,
     model_field: str | None = None,
+    rootless: str | None = None,
 ) -> CountedLines:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
@@ -439,7 +479,8 @@ def read_jsonl(
     A provider's batch file (OpenAI Batch input, Anthropic Message Batches requests; the first
     line says which, and every line must agree) is read as it is: each line becomes such a line
     (`batch.translate`), with `_batch` naming its format for the results file. A repeated
-    `custom_id` is refused as a repeated `_id` is.
+    `custom_id` is refused as a repeated `_id` is. `rootless`: the target URL a line without `_path`
+    cannot reach (`rootless_url`); such a line is refused.
 
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
@@ -451,13 +492,13 @@ def read_jsonl(
     count = 0
     models: dict[str, int] | None = {} if model_field else None
     field = tuple(model_field.split(".")) if model_field else ()
-    for obj in _lines(path, pools, budgets, pins, signed, ids):
+    for obj in _lines(path, pools, budgets, pins, signed, ids, rootless):
         count += 1
         if models is not None:
             model = lane_model(obj.get("_body"), field)
             models[model] = models.get(model, 0) + 1
     ids.clear()
-    return CountedLines(_lines(path, pools, budgets, pins, signed), count, models)
+    return CountedLines(_lines(path, pools, budgets, pins, signed, None, rootless), count, models)
 
 
 class CountedLines(Iterator[dict]):
@@ -480,6 +521,7 @@ def _lines(
     pins: KeyPins | None = None,
     signed: bool = False,
     ids: dict[object, int] | None = None,
+    rootless: str | None = None,
 ) -> Iterator[dict]:
     """The file's objects, each checked, read one line at a time (`ids`: the `_id`s seen so far).
 
@@ -496,7 +538,7 @@ def _lines(
                 if first is None:
                     first = (n, format_of(obj))
                 obj = _in_format(p, n, obj, *first)
-                obj = _checked(p, n, obj, pools, budgets, pins, signed)
+                obj = _checked(p, n, obj, pools, budgets, pins, signed, rootless)
                 if ids is not None and "_id" in obj:
                     # 7 and "7" are different ids (JSON's types), as a results line keeps them.
                     seen = ids.setdefault((type(obj["_id"]), obj["_id"]), n)
@@ -547,12 +589,13 @@ def _checked(
     budgets: tuple[str, ...],
     pins: KeyPins | None,
     signed: bool = False,
+    rootless: str | None = None,
 ) -> dict:
     pool = obj.get("_pool")
     if pool is not None and pool not in pools:
         known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
         raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
-    problem = _check_shape(obj, budgets, signed)
+    problem = _check_shape(obj, budgets, signed, rootless)
     if problem is None and "_key" in obj:
         problem = (pins or KeyPins()).problem(obj["_key"])
     if problem is not None:

@@ -200,6 +200,80 @@ def test_a_signing_target_refuses_an_object_body_line_before_the_run(tmp_path):
         Workload.from_config(cfg.engine_settings, random.Random(0))
 
 
+@pytest.mark.parametrize(
+    ("preset", "url", "refused"),
+    [
+        ("openai", "http://127.0.0.1:9", True),
+        ("openai", "http://127.0.0.1:9/?tag=t0p", True),
+        ("anthropic", "http://127.0.0.1:9", True),
+        ("azure-openai", "http://127.0.0.1:9", True),
+        ("openai-compatible", "http://127.0.0.1:9", True),
+        ("openai", "http://127.0.0.1:9/v1/chat/completions", False),  # the URL names the endpoint
+        (None, "http://127.0.0.1:9", False),  # a plain target may answer at its root
+    ],
+)
+def test_a_line_without_path_to_an_llm_api_s_bare_url_is_refused_before_the_run(
+    tmp_path, preset, url, refused
+):
+    path = write_lines(
+        tmp_path, [{"_id": "a", "_path": "/v1/chat/completions", "_body": PROMPT}, {"_body": PROMPT}]
+    )
+    cfg = load_config(
+        preset=preset,
+        overrides={"target": {"url": url}, "keys": {"secrets": [SECRET]}, "workload": {"file": str(path)}},
+    )
+    if not refused:
+        assert len(list(Workload.from_config(cfg.engine_settings, random.Random(0)).items or ())) == 2
+        return
+    with pytest.raises(ConfigError) as err:
+        Workload.from_config(cfg.engine_settings, random.Random(0))
+    text = str(err.value)
+    assert "prompts.jsonl" in text and "line 2" in text and "no _path" in text
+    assert "http://127.0.0.1:9" in text and "t0p" not in text
+
+
+@run_async
+async def test_a_stored_job_without_path_is_refused_unsent_and_the_others_go(tmp_path):
+    """`enqueue` cannot know the run's target; the run refuses such a job when it takes it:
+    shed with the reason in its results line, never sent (the API would answer 404)."""
+    lines = [
+        {"_id": "good", "_path": "/v1/chat/completions", "_body": PROMPT},
+        {"_id": "bare", "_body": PROMPT},
+    ]
+    db, results = tmp_path / "jobs.db", tmp_path / "answers.jsonl"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), XDG_STATE_HOME=str(tmp_path / "state"))
+
+    async def cli(*argv: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *RATEDECK,
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        _, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, err.decode()
+
+    code, err = await cli(
+        "enqueue", "--preset", "openai", "--store", f"sqlite:{db}", str(write_lines(tmp_path, lines))
+    )
+    assert code == 0, err
+    async with await start_openai(keys=[SECRET], rpm=1000, tpm=1_000_000) as stub:
+        code, err = await cli(
+            "--no-ui", "--preset", "openai", "--target", stub.url, "--keys", SECRET,
+            "--store", f"sqlite:{db}", "--results", str(results), "--results-body",
+        )  # fmt: skip
+        assert code == 0, err
+        assert sum(stub.state.book.prompts[SECRET].values()) == 1  # the bare one never went
+    assert "Traceback" not in err and "no _path" in err
+    ends = {x["line_id"]: x for x in map(json.loads, results.read_text().splitlines())}
+    assert ends["good"]["ending"] == "succeeded"
+    assert ends["bare"]["ending"] == "shed" and ends["bare"]["attempts"] == 0
+    assert "no _path" in ends["bare"]["error"]
+
+
 def test_the_cli_refuses_a_bad_line_in_one_line_without_a_traceback(tmp_path):
     import subprocess
 

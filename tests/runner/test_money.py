@@ -97,7 +97,9 @@ def chat(model: str, chars: int, max_tokens: int | None = None) -> dict:
 def test_the_dry_run_adds_up_each_models_tokens_and_range_and_says_an_unpriced_one(tmp_path):
     work = lines(
         tmp_path,
-        [chat("gpt-4o-mini", 400, 100)] * 3 + [chat("gpt-4o", 4000)] + [chat("mystery-1", 40, 10), {"q": 1}],
+        [chat("gpt-4o-mini", 400, 100)] * 3
+        + [chat("gpt-4o", 4000)]
+        + [chat("mystery-1", 40, 10), {"_path": "/v1/chat/completions", "q": 1}],
     )
     cfg = config(tmp_path)
     cfg = cfg.replace(engine_settings=_with_file(cfg.engine_settings, work))
