@@ -238,7 +238,10 @@ class Workload:
                 req.last_error = UNSIGNABLE
                 sink.problem(f"a job's {UNSIGNABLE}")
                 sink.refuse(req)
-            elif self.rootless is not None and (shape is None or shape.path is None):  # a store's job too
+            elif (
+                self.rootless is not None and self.items is not None and (shape is None or shape.path is None)
+            ):
+                # a store's job, checked now (a file's lines were, before the run)
                 req.last_error = no_path(self.rootless)
                 sink.problem(f"a job has {req.last_error}: refused")
                 sink.refuse(req)
