@@ -55,6 +55,16 @@ def write_lines(tmp_path: Path, lines: list, name: str = "prompts.jsonl") -> Pat
     return path
 
 
+async def run_cli(cwd: Path, env: dict[str, str], *argv: str) -> tuple[int, str]:
+    """The real CLI in a subprocess: its exit code and what it wrote to stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        *RATEDECK, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
 class Recorder:
     """A loopback aiohttp server recording (method, path, query string, headers, body); answers JSON."""
 
@@ -243,18 +253,7 @@ async def test_a_stored_job_without_path_is_refused_unsent_and_the_others_go(tmp
     db, results = tmp_path / "jobs.db", tmp_path / "answers.jsonl"
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"), XDG_STATE_HOME=str(tmp_path / "state"))
 
-    async def cli(*argv: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env=env,
-        )
-        _, err = await proc.communicate()
-        assert proc.returncode is not None
-        return proc.returncode, err.decode()
+    cli = functools.partial(run_cli, tmp_path, env)
 
     code, err = await cli(
         "enqueue", "--preset", "openai", "--store", f"sqlite:{db}", str(write_lines(tmp_path, lines))
@@ -531,18 +530,7 @@ async def test_prompts_enqueued_in_sqlite_are_worked_to_the_openai_stub_and_link
     db, results = tmp_path / "jobs.db", tmp_path / "answers.jsonl"
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
 
-    async def cli(*argv: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *RATEDECK,
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env=env,
-        )
-        _, err = await proc.communicate()
-        assert proc.returncode is not None
-        return proc.returncode, err.decode()
+    cli = functools.partial(run_cli, tmp_path, env)
 
     code, err = await cli("enqueue", "--store", f"sqlite:{db}", str(write_lines(tmp_path, prompts)))
     assert code == 0, err
