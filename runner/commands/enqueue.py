@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from urllib.parse import urlsplit
 
 from ratedeck.config import ConfigError, RunConfig, load_config
 from ratedeck.core.exits import ExitCode
@@ -65,6 +67,15 @@ def main(argv: list[str]) -> int:
     except StoreError as exc:
         return fail(f"enqueue: {store.url}: nothing added: {exc}")
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
+    target = cfg.engine_settings.target
+    bare = sum(1 for item in items if "_path" not in item) if target.path_required else 0
+    if bare and (not target.url or urlsplit(target.url).path in ("", "/")):
+        # The run's target is not known here (or names no endpoint): said now, refused then.
+        print(
+            f"ratedeck: note: jobs without a _path: {bare}; a run refuses them unsent unless its"
+            " --target is the endpoint's whole URL (target.path_required)",
+            file=sys.stderr,
+        )
     return ExitCode.OK
 
 

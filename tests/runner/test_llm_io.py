@@ -259,6 +259,7 @@ async def test_a_stored_job_without_path_is_refused_unsent_and_the_others_go(tmp
         "enqueue", "--preset", "openai", "--store", f"sqlite:{db}", str(write_lines(tmp_path, lines))
     )
     assert code == 0, err
+    assert "jobs without a _path: 1;" in err  # enqueue cannot know the run's target: a note
     async with await start_openai(keys=[SECRET], rpm=1000, tpm=1_000_000) as stub:
         code, err = await cli(
             "--no-ui", "--preset", "openai", "--target", stub.url, "--keys", SECRET,
