@@ -563,6 +563,8 @@ class Snapshot:
     lag: LoopLag = field(default_factory=LoopLag)  # the timers' lateness as p50/p99, and the verdict
     procs: int = 1  # engine processes (`--procs`); a merged snapshot sums them
     loop: str = ""  # the event loop the engine runs on: "uvloop" or "asyncio" ("" before the start)
+    # what else the process's CPU figures count, on the same loop ("the embedded simulator"); "" none
+    cpu_with: str = ""
     # with a shared store (`--store redis://...`): every member and the shared queues, else None
     cluster: ClusterView | None = None
     # a job run (a workload file, a store): its makespan against the least time the limits allow

@@ -117,6 +117,8 @@ class Session:
                 self._transport = run_transport(cfg.engine_settings, url)
             source, shared = await self._work()
             self.engine = Engine(cfg.engine_settings, self._transport, source=source, shared_state=shared)
+            if self.server is not None:  # it answers on this loop: its CPU is in the process's figures
+                self.engine.parts.loop.shared_with = "the embedded simulator"
             if self.store_run is not None:
                 self.store_run.attach(RunView(self.engine))
             if cfg.runner.results or cfg.runner.errors:

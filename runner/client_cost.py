@@ -53,6 +53,8 @@ def client_lines(snap: Snapshot) -> list[str]:
         where += f" on {snap.loop}"
     if (cores := snap.cpu_cores) is not None:
         where += f", {cores * 100:.0f}% of a core"
+    if snap.cpu_with:  # the figures are the process's: say what else they count
+        where += f"; {snap.cpu_with} included"
     final = snap.phase == Phase.STOPPED
     p50, p99, _ = snap.lag.shown(final)
     worst = snap.lag.run.max if final else snap.loop_lag_ms

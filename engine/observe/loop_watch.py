@@ -99,6 +99,7 @@ class LoopWatch:
         "event",
         "answered",
         "name",
+        "shared_with",
         "lag_ms",
         "started",
         "_cpu",
@@ -132,6 +133,7 @@ class LoopWatch:
         self.event = events.event
         self.answered = answered
         self.name = ""  # the loop's family ("uvloop" or "asyncio"), once started
+        self.shared_with = ""  # what else runs in this process and counts in `cpu_s` (the embedded simulator)
         self.lag_ms = 0.0
         self.started = False
         self._cpu, self._wall = cpu, wall

@@ -145,6 +145,7 @@ class SnapshotBuilder:
             probe_sent=p.probe.sent if p.probe is not None else 0,
             cpu_s=p.loop.cpu_s(),
             loop=p.loop.name,
+            cpu_with=p.loop.shared_with,
             loop_lag_ms=p.loop.lag_ms,
             lag=self._lag(elapsed, capacity),
             cluster=p.cluster.view if p.cluster is not None else None,

@@ -3,7 +3,13 @@ CPU per answer, and one line (one report field) when the client, not the server,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
+import sys
+
+import pytest
+from aiohttp import web
 
 from ratedeck.core.vocab import Phase
 from ratedeck.engine.snapshot import LatencySummary, LoopLag, Snapshot
@@ -12,6 +18,7 @@ from ratedeck.runner.headless import metrics_block, summary_lines
 from ratedeck.runner.report import build_report
 from tests.runner.test_report_schema import validate
 
+RATEDECK = [sys.executable, "-m", "ratedeck.runner.cli"]
 RUN = LatencySummary(mean=0.6, p50=0.5, p99=4.2, max=18.0, count=1_200)
 
 
@@ -126,3 +133,51 @@ def test_a_run_can_fail_when_the_client_was_the_limit():
     )
     assert [v.failed for v in evaluate(checks, quiet)] == [False, False]
     assert [v.failed for v in evaluate(checks, bound)] == [True, True]
+
+
+def test_the_client_line_says_when_the_embedded_simulator_s_cpu_is_in_it():
+    line = _client(metrics_block(_snap(cpu_with="the embedded simulator")))[0]
+    assert "(1.7 s in 1 process on uvloop, 1% of a core; the embedded simulator included)" in line
+
+
+@pytest.mark.slow
+def test_a_run_on_the_embedded_simulator_says_its_cpu_is_counted_and_one_on_a_target_does_not(tmp_path):
+    """The simulator answers on the engine's own loop, so the process's CPU is both of theirs:
+    the line says so, for a newcomer's first run. A run on a target of its own has no such words."""
+
+    async def scenario() -> tuple[str, str]:
+        async def answer(_request: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+
+        async def cli(*argv: str) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                *RATEDECK, "--no-ui", "--duration", "1", *argv, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, cwd=tmp_path, env=env,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+            assert proc.returncode == 0, out.decode()
+            return out.decode()
+
+        try:
+            own = await cli()
+            target = await cli(
+                "--target", f"http://127.0.0.1:{port}/api", "--keys", "k-0123456789", "--limit", "20/1s"
+            )
+        finally:
+            await runner.cleanup()
+        return own, target
+
+    own, target = asyncio.run(asyncio.wait_for(scenario(), 60))
+    client = [line for line in own.splitlines() if line.startswith("client ")]
+    assert client and all("; the embedded simulator included)" in line for line in client)
+    client = [line for line in target.splitlines() if line.startswith("client ")]
+    assert client and not any("simulator" in line for line in client)
