@@ -383,9 +383,14 @@ def rootless_url(cfg: EngineSettings) -> str | None:
     """The target URL (shown) a job line without `_path` cannot reach: its API answers nothing
     at its root (`target.path_required`) and the URL names no path; None when such a line may go."""
     for target in [e.target for e in cfg.endpoints] or [cfg.target]:
-        if target.path_required and target.url and urlsplit(target.url).path in ("", "/"):
+        if target.path_required and target.url and names_no_path(target.url):
             return safe_url(target.url)
     return None
+
+
+def names_no_path(url: str) -> bool:
+    """Whether `url` is an API's root (no path, or "/"): a line without `_path` goes there."""
+    return urlsplit(url).path in ("", "/")
 
 
 def no_path(url: str) -> str:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from urllib.parse import urlsplit
 
 from ratedeck.config import ConfigError, RunConfig, load_config
 from ratedeck.core.exits import ExitCode
-from ratedeck.engine.sources.workload import KeyPins, read_jsonl
+from ratedeck.engine.sources.workload import KeyPins, names_no_path, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
 
@@ -69,7 +68,7 @@ def main(argv: list[str]) -> int:
     print(f"ratedeck: enqueued {added} jobs from {args.file} into {store.url} ({pending} pending)")
     target = cfg.engine_settings.target
     bare = sum(1 for item in items if "_path" not in item) if target.path_required else 0
-    if bare and (not target.url or urlsplit(target.url).path in ("", "/")):
+    if bare and (not target.url or names_no_path(target.url)):
         # The run's target is not known here (or names no endpoint): said now, refused then.
         print(
             f"ratedeck: note: jobs without a _path: {bare}; a run refuses them unsent unless its"
