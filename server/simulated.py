@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import selectors
 from collections.abc import Callable
@@ -66,23 +67,29 @@ class SimulatedTransport(TransportBase):
         self.attempts = 0
         self.sends: list[tuple[str, float]] = []  # (key, send time)
         self.cooldowns: list[tuple[str, float, float]] = []  # (key, from, until) told to the client
+        self._last_stamp = -math.inf  # the last arrival stamped (stamps never go back)
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.attempts += 1
         self.sends.append((key.secret, start))
-        await self._delay(self.settings.latency_in_ms, self.extra_in_ms)
+        # The server stamps the arrival the network's delay after the send, on its own clock: a
+        # stall of this process (the client's) must not make the in-process server count the
+        # request later than the network delivered it, as a separate server never would.
+        arrival = start + await self._delay(self.settings.latency_in_ms, self.extra_in_ms)
         if self.fail_every and self.attempts % self.fail_every == 0:
             await asyncio.sleep(0.2)
             return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
-        stamp = loop.time()
+        # timers wake in the order of their deadlines, so stamps only go back by a clock's grain
+        stamp = self._last_stamp = max(arrival, self._last_stamp)
         decision = self.rules.decide(key.secret, nonce, stamp * 1000.0, req.id)
+        decided = loop.time()
         headers = decision.headers
         if decision.outcome in SPENT and self.settings.processing_ms[1]:
             await self._delay(self.settings.processing_ms, (0, 0))
         if self.rules.is_known(key.secret):
-            served_ms = (loop.time() - stamp) * 1000.0
+            served_ms = (loop.time() - decided) * 1000.0
             text = self.timing_hint(served_ms) if self.timing_hint is not None else None
             if self.timing_hint is None and self.settings.server_timing:
                 text = server_timing(served_ms)
@@ -120,13 +127,17 @@ class SimulatedTransport(TransportBase):
         await self._delay(self.settings.latency_out_ms, self.extra_out_ms)
         return 200 if self.settings.health else 404
 
-    async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> None:
+    async def _delay(self, bounds: tuple[int, int], extra: tuple[float, float]) -> float:
+        """Wait one leg's random delay; returns it in seconds (the timer's own sum, so a virtual
+        clock's arrival stamp is the timer's deadline to the bit)."""
         low, high = bounds
         ms: float = low if low == high else self.rng.uniform(low, high)
         if extra[1]:
             ms += self.rng.uniform(*extra)
-        if ms:
-            await asyncio.sleep(ms / 1000.0)
+        if not ms:
+            return 0.0
+        await asyncio.sleep(ms / 1000.0)
+        return ms / 1000.0
 
     async def close(self) -> None:
         pass

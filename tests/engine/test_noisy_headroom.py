@@ -415,9 +415,10 @@ class _SynDrops(SimulatedTransport):
 
     async def _delay(self, bounds, extra):
         late, self.late_next = self.late_next, False
-        await super()._delay(bounds, extra)
+        leg = await super()._delay(bounds, extra)
         if late:
             await asyncio.sleep(1.0)
+        return leg + (1.0 if late else 0.0)
 
 
 @pytest.mark.parametrize("timing", [True, False], ids=["server-timing", "round-trips"])
@@ -455,9 +456,10 @@ class _Congested(SimulatedTransport):
 
     async def _delay(self, bounds, extra):
         queue, self.queue_next = self.queue_next, 0.0
-        await super()._delay(bounds, extra)
+        leg = await super()._delay(bounds, extra)
         if queue:
             await asyncio.sleep(queue)
+        return leg + queue
 
 
 def test_a_queue_on_the_way_in_is_not_split_between_the_legs():
@@ -493,7 +495,7 @@ class _Stalls(SimulatedTransport):
         hold, self.hold = self.hold, 0.0
         if hold:
             await asyncio.sleep(hold)
-        await super()._delay(bounds, extra)
+        return hold + await super()._delay(bounds, extra)
 
 
 @pytest.mark.parametrize("seed, stall, period", [(1, 0.1, 2.0), (2, 0.1, 2.0), (1, 0.3, 3.0)])

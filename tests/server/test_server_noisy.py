@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from dataclasses import replace
 
 import aiohttp
@@ -173,6 +174,30 @@ def test_simulated_transport_plays_processing_server_timing_and_health_on_virtua
     assert out.server_time_s == pytest.approx(0.040)
     assert out.remaining == 19
     assert probe_rtt == pytest.approx(0.010) and status == 200 and transport.probes == 1
+
+
+def test_a_stall_of_the_client_process_does_not_move_the_simulated_server_s_stamp():
+    """The in-process server stamps an arrival when the network delivered it, as a server of its
+    own would: a client stalled while its request is on the way is late to read the answer, not
+    counted later (which made a burst's arrivals land in the next one's window: 429s the client
+    could not have known of, seen in CI under load)."""
+    settings = noisy(latency_in_ms=(20, 20), latency_out_ms=(0, 0), processing_ms=(0, 0))
+    transport = SimulatedTransport(settings, seed=3)
+    key = KeySpec("k1", "key-a", settings.policies)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        task = asyncio.ensure_future(transport.send(key, Request(1, 0.0, 99.0), None))
+        await asyncio.sleep(0)  # the send starts: its 20 ms leg is on the way
+        time.sleep(0.25)  # the process stalls past the arrival (this is the case itself, not a wait)
+        out = await task
+        return sent, out
+
+    sent, out = asyncio.run(main())
+    (stamp_ms,) = transport.rules.arrivals_ms()[0]
+    assert out.status == 200 and out.latency_s >= 0.25  # the answer is read late
+    assert stamp_ms / 1000.0 - sent == pytest.approx(0.020, abs=0.005)  # the arrival is not
 
 
 def test_simulated_transport_can_send_nonsense_hints():
