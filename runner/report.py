@@ -305,6 +305,7 @@ def client_report(snap: Snapshot) -> dict:
         "cpu_cores": _r(snap.cpu_cores, 3) if snap.cpu_cores is not None else None,
         "loop_lag_ms": _r(snap.loop_lag_ms, 1),
         "loop": snap.loop or None,
+        "cpu_with": snap.cpu_with or None,
     }
 
 

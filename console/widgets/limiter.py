@@ -164,7 +164,9 @@ class LimiterPanel(SnapshotPanel, Static):
         lines.append(f"[$text-muted]Attempts    [/]{attempts}")
         lines.append(f"[$text-muted]Rejected    [/]{rejected}")
         if cpu:
-            lines.append(f"[$text-muted]Client      [/]{cpu}")
+            # the embedded simulator answers on the engine's loop: its CPU is in the figures
+            label = "Client+sim  " if snap.cpu_with else "Client      "
+            lines.append(f"[$text-muted]{label}[/]{cpu}")
             lines.append(f"[$text-muted]Loop lag    [/]{lag_text(snap)}")
             if verdict := verdict_text(snap):
                 lines.append(verdict)
@@ -180,5 +182,5 @@ class LimiterPanel(SnapshotPanel, Static):
         rows = self.content_region.height
         for label in ("Causes", "Loop lag", "Client"):  # what gives way first when the panel is full
             if 0 < rows < len(lines):
-                lines = [line for line in lines if not line.startswith(f"[$text-muted]{label} ")]
+                lines = [line for line in lines if not line.startswith(f"[$text-muted]{label}")]
         self.show_text("\n".join(lines))

@@ -249,3 +249,22 @@ def test_gateway_batches_panel(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_app(gateway_batches_snapshot()), terminal_size=SIZE, run_before=settle)
+
+
+# ---------------------------------------------------------------- the client's own cost
+
+
+@async_test
+async def test_the_limiter_panel_says_when_the_embedded_simulator_s_cpu_is_in_the_client_line():
+    """The simulator answers on the engine's own loop: its CPU is in the figures, and the line's
+    label says so (`Client+sim`); a run on a target of its own shows `Client` alone."""
+    from ratedeck.console.widgets.limiter import LimiterPanel
+
+    for with_, label in (("the embedded simulator", "Client+sim "), ("", "Client ")):
+        snap = dataclasses.replace(main_snapshot(), cpu_s=26.0, sent=100_000, cpu_with=with_)
+        app = make_app(snap)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            lines = [line.strip("│ ") for line in screen_text(app).splitlines() if "µs/req CPU" in line]
+            assert lines and lines[0].split("│")[-1].lstrip().startswith(label), lines
+            assert app.query_one(LimiterPanel).display

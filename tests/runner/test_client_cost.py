@@ -140,6 +140,13 @@ def test_the_client_line_says_when_the_embedded_simulator_s_cpu_is_in_it():
     assert "(1.7 s in 1 process on uvloop, 1% of a core; the embedded simulator included)" in line
 
 
+def test_the_report_says_so_too():
+    with_sim, alone = _snap(cpu_with="the embedded simulator"), _snap()
+    report, plain = build_report(with_sim), build_report(alone)
+    assert validate(report) == [] and validate(plain) == []
+    assert report["client"]["cpu_with"] == "the embedded simulator" and plain["client"]["cpu_with"] is None
+
+
 @pytest.mark.slow
 def test_a_run_on_the_embedded_simulator_says_its_cpu_is_counted_and_one_on_a_target_does_not(tmp_path):
     """The simulator answers on the engine's own loop, so the process's CPU is both of theirs:
