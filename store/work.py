@@ -42,7 +42,7 @@ from ratedeck.engine.settings import (
     ConfigError,
     EngineSettings,
 )
-from ratedeck.engine.sources.workload import KeyPins, Workload, fed_depth, rootless_url
+from ratedeck.engine.sources.workload import LineRules, Workload, fed_depth
 
 from .base import BEAT_S, Finished, Job, StoreCounts, StoreError, StoreReport, WorkStore
 from .open import MEMORY, open_store
@@ -133,21 +133,9 @@ class StoreWorkload(Workload):
         rng: random.Random | None = None,
         fed: bool = False,
         depth: int | None = None,
-        pins: KeyPins | None = None,
-        signed: bool = False,
-        rootless: str | None = None,
+        rules: LineRules | None = None,
     ):
-        super().__init__(
-            rate,
-            poisson=poisson,
-            total=total,
-            rng=rng,
-            fed=fed,
-            depth=depth,
-            pins=pins,
-            signed=signed,
-            rootless=rootless,
-        )
+        super().__init__(rate, poisson=poisson, total=total, rng=rng, fed=fed, depth=depth, rules=rules)
         self.store = store
         self.member = member
         self.batch = max(1, min(batch, CLAIM_MAX))
@@ -178,9 +166,7 @@ class StoreWorkload(Workload):
             rng=rng,
             fed=w.rate is None,  # a job: fed as fast as the limits allow, unless --rate
             depth=fed_depth(cfg),
-            pins=KeyPins(cfg.keys),
-            signed=bool(cfg.target.signing),
-            rootless=rootless_url(cfg),
+            rules=LineRules.of(cfg),
         )
 
     async def refill(self) -> bool:

@@ -14,6 +14,7 @@ import math
 import random
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -65,18 +66,16 @@ class Workload:
         rng: random.Random | None = None,
         fed: bool = False,
         depth: int | None = None,
-        pins: KeyPins | None = None,
-        signed: bool = False,
-        rootless: str | None = None,
+        rules: LineRules | None = None,
     ):
         self.rate = float(rate)
         self.fed = fed
         # The most queued at once, if less than queue_max: a fed job's `fed_depth`, or a
         # store's few jobs marked ahead of the limiter (store/work.py lowers it).
         self.depth = depth
-        self.pins = pins or KeyPins()  # what a line's `_key` may name
-        self.signed = signed  # the target signs its requests: an object `_body` cannot go
-        self.rootless = rootless  # a line without `_path` cannot go there (`rootless_url`)
+        # What a line may name and send; a store's jobs are checked against it as they are taken
+        # (a file's lines were, before the run).
+        self.rules = rules or LineRules()
         self.poisson = poisson
         self.total = total
         self.items = items
@@ -93,26 +92,11 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: EngineSettings, rng: random.Random) -> Workload:
         w = cfg.workload
-        pins = KeyPins(cfg.keys)
-        budgets = tuple(b.name for b in cfg.budgets)
-        signed = bool(cfg.target.signing)
-        rootless = rootless_url(cfg)
+        rules = LineRules.of(cfg)
         # With limits per model, the check pass counts each model's lines (the ETA's least time).
         per_model = cfg.key_per_model or any(b.per_model for b in cfg.budgets)
         model_field = cfg.target.model_field if per_model else None
-        items = (
-            read_jsonl(
-                w.file,
-                tuple(cfg.pools),
-                budgets,
-                pins,
-                signed=signed,
-                model_field=model_field,
-                rootless=rootless,
-            )
-            if w.file
-            else None
-        )
+        items = read_jsonl(w.file, rules, model_field=model_field) if w.file else None
         return cls(
             cfg.arrival_rate,
             poisson=w.arrival == Arrival.POISSON,
@@ -121,9 +105,7 @@ class Workload:
             rng=rng,
             fed=items is not None and w.rate is None,
             depth=fed_depth(cfg),
-            pins=pins,
-            signed=signed,
-            rootless=rootless,
+            rules=rules,
         )
 
     @property
@@ -234,24 +216,28 @@ class Workload:
                 break
             if self.marks and not await self.before_submit(req, sink):
                 break
-            if self.signed and shape is not None and shape.verbatim:  # a store's job, checked now
+            rules = self.rules
+            if rules.signed and shape is not None and shape.verbatim:  # a store's job, checked now
                 req.last_error = UNSIGNABLE
                 sink.problem(f"a job's {UNSIGNABLE}")
                 sink.refuse(req)
             elif (
-                self.rootless is not None and self.items is not None and (shape is None or shape.path is None)
+                rules.rootless is not None
+                and self.items is not None
+                and (shape is None or shape.path is None)
             ):
                 # a store's job, checked now (a file's lines were, before the run)
-                req.last_error = no_path(self.rootless)
+                req.last_error = no_path(rules.rootless)
                 sink.problem(f"a job has {req.last_error}: refused")
                 sink.refuse(req)
             elif pin is None:
                 sink.submit(req)
-            elif (label := self.pins.label(pin)) is not None:
+            elif (label := rules.pins.label(pin)) is not None:
                 req.pin = label  # this key sends it, and only this key
                 sink.submit(req)
             else:  # a store's job, checked now: refused, never sent on another key
-                req.last_error = f"_key {self.pins.show(pin)} names none of the keys {self.pins.known()}"
+                pins = rules.pins
+                req.last_error = f"_key {pins.show(pin)} names none of the keys {pins.known()}"
                 sink.problem(f"a job's {req.last_error}: refused")
                 sink.refuse(req)
             made += 1
@@ -379,6 +365,42 @@ def take_shape(params: dict) -> Shape | None:
     )
 
 
+@dataclass(frozen=True)
+class LineRules:
+    """What a workload line may name and send, from the run's config: the pools of `_pool`, the
+    budgets of `_budget`, the keys of `_key` (`pins`), whether the target signs its requests
+    (`signed`: an object `_body`, sent as it is, cannot go) and the target URL a line without
+    `_path` cannot reach (`rootless`, `rootless_url`). The defaults allow what needs no config."""
+
+    pools: tuple[str, ...] = ()
+    budgets: tuple[str, ...] = ()
+    pins: KeyPins = field(default_factory=KeyPins)
+    signed: bool = False
+    rootless: str | None = None
+
+    @classmethod
+    def of(cls, cfg: EngineSettings, pins: KeyPins | None = None) -> LineRules:
+        """The rules of a run of `cfg` (`pins`: the keys `_key` may name, if not `cfg`'s own)."""
+        return cls(
+            tuple(cfg.pools),
+            tuple(b.name for b in cfg.budgets),
+            KeyPins(cfg.keys) if pins is None else pins,
+            bool(cfg.target.signing),
+            rootless_url(cfg),
+        )
+
+    def problem(self, obj: dict) -> str | None:
+        """What is wrong with a line's fields under these rules, or None."""
+        pool = obj.get("_pool")
+        if pool is not None and pool not in self.pools:
+            known = ", ".join(self.pools) if self.pools else "none are configured ([pools] in the config)"
+            return f"_pool {pool!r} is not a pool; pools: {known}"
+        problem = _check_shape(obj, self.budgets, self.signed, self.rootless)
+        if problem is None and "_key" in obj:
+            problem = self.pins.problem(obj["_key"])
+        return problem
+
+
 def rootless_url(cfg: EngineSettings) -> str | None:
     """The target URL (shown) a job line without `_path` cannot reach: its API answers nothing
     at its root (`target.path_required`) and the URL names no path; None when such a line may go."""
@@ -461,16 +483,7 @@ def _check_shape(
     return None
 
 
-def read_jsonl(
-    path: str,
-    pools: tuple[str, ...] = (),
-    budgets: tuple[str, ...] = (),
-    pins: KeyPins | None = None,
-    *,
-    signed: bool = False,
-    model_field: str | None = None,
-    rootless: str | None = None,
-) -> CountedLines:
+def read_jsonl(path: str, rules: LineRules | None = None, *, model_field: str | None = None) -> CountedLines:
     """Check a JSONL workload file up front, then yield its objects one by one.
 
     Every line must be a JSON object. Its fields become request parameters,
@@ -480,15 +493,14 @@ def read_jsonl(
     are not sent), `_weight` (what it costs in weight budgets), `_budget`
     (named budgets it also spends from), `_key` (the one key that sends it:
     `KeyPins`) and `_id` (a string or number naming the line, unique in the
-    file, never sent: a results line carries it). `signed`: the target signs
-    its requests, so an object `_body` is refused. A bad line is reported with
-    its number before the run starts.
+    file, never sent: a results line carries it). `rules` says which pools,
+    budgets and keys lines may name, and what the target cannot take
+    (`LineRules`). A bad line is reported with its number before the run starts.
 
     A provider's batch file (OpenAI Batch input, Anthropic Message Batches requests; the first
     line says which, and every line must agree) is read as it is: each line becomes such a line
     (`batch.translate`), with `_batch` naming its format for the results file. A repeated
-    `custom_id` is refused as a repeated `_id` is. `rootless`: the target URL a line without `_path`
-    cannot reach (`rootless_url`); such a line is refused.
+    `custom_id` is refused as a repeated `_id` is.
 
     The file is read twice, a line at a time, and never held: once to check
     every line, then lazily as the run takes work (a file of millions of jobs
@@ -500,13 +512,14 @@ def read_jsonl(
     count = 0
     models: dict[str, int] | None = {} if model_field else None
     field = tuple(model_field.split(".")) if model_field else ()
-    for obj in _lines(path, pools, budgets, pins, signed, ids, rootless):
+    rules = rules or LineRules()
+    for obj in _lines(path, rules, ids):
         count += 1
         if models is not None:
             model = lane_model(obj.get("_body"), field)
             models[model] = models.get(model, 0) + 1
     ids.clear()
-    return CountedLines(_lines(path, pools, budgets, pins, signed, None, rootless), count, models)
+    return CountedLines(_lines(path, rules), count, models)
 
 
 class CountedLines(Iterator[dict]):
@@ -522,15 +535,7 @@ class CountedLines(Iterator[dict]):
         return next(self._lines)
 
 
-def _lines(
-    path: str,
-    pools: tuple[str, ...],
-    budgets: tuple[str, ...],
-    pins: KeyPins | None = None,
-    signed: bool = False,
-    ids: dict[object, int] | None = None,
-    rootless: str | None = None,
-) -> Iterator[dict]:
+def _lines(path: str, rules: LineRules, ids: dict[object, int] | None = None) -> Iterator[dict]:
     """The file's objects, each checked, read one line at a time (`ids`: the `_id`s seen so far).
 
     The first line says the file's format: ratedeck's own lines, or a provider's batch file
@@ -546,7 +551,9 @@ def _lines(
                 if first is None:
                     first = (n, format_of(obj))
                 obj = _in_format(p, n, obj, *first)
-                obj = _checked(p, n, obj, pools, budgets, pins, signed, rootless)
+                problem = rules.problem(obj)
+                if problem is not None:
+                    raise ConfigError(str(p), f"line {n}", problem)
                 if ids is not None and "_id" in obj:
                     # 7 and "7" are different ids (JSON's types), as a results line keeps them.
                     seen = ids.setdefault((type(obj["_id"]), obj["_id"]), n)
@@ -587,25 +594,3 @@ def _in_format(p: Path, n: int, obj: dict, first: int, fmt: BatchFormat | None) 
         return translate(obj, fmt)
     except BatchLineError as exc:
         raise ConfigError(str(p), f"line {n}", f"{exc} (line {first} makes this {fmt.shown} file)") from None
-
-
-def _checked(
-    p: Path,
-    n: int,
-    obj: dict,
-    pools: tuple[str, ...],
-    budgets: tuple[str, ...],
-    pins: KeyPins | None,
-    signed: bool = False,
-    rootless: str | None = None,
-) -> dict:
-    pool = obj.get("_pool")
-    if pool is not None and pool not in pools:
-        known = ", ".join(pools) if pools else "none are configured ([pools] in the config)"
-        raise ConfigError(str(p), f"line {n}", f"_pool {pool!r} is not a pool; pools: {known}")
-    problem = _check_shape(obj, budgets, signed, rootless)
-    if problem is None and "_key" in obj:
-        problem = (pins or KeyPins()).problem(obj["_key"])
-    if problem is not None:
-        raise ConfigError(str(p), f"line {n}", problem)
-    return obj

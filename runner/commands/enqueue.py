@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 
 from ratedeck.config import ConfigError, RunConfig, load_config
 from ratedeck.core.exits import ExitCode
-from ratedeck.engine.sources.workload import KeyPins, names_no_path, read_jsonl
+from ratedeck.engine.sources.workload import KeyPins, LineRules, names_no_path, read_jsonl
 from ratedeck.store import StoreError
 from ratedeck.store.work import open_for_run
 
@@ -42,9 +43,9 @@ def main(argv: list[str]) -> int:
     args = parsed
     try:
         cfg, pins = _load(args)
-        budgets = tuple(b.name for b in cfg.engine_settings.budgets)
-        signed = bool(cfg.engine_settings.target.signing)
-        items = list(read_jsonl(args.file, tuple(cfg.engine_settings.pools), budgets, pins, signed=signed))
+        # The run's target may name the endpoint a line without `_path` needs: counted below, not refused.
+        rules = dataclasses.replace(LineRules.of(cfg.engine_settings, pins), rootless=None)
+        items = list(read_jsonl(args.file, rules))
         if cfg.runner.store.strip() == "memory":
             raise ConfigError(
                 "command line", "--store", "memory keeps nothing: use sqlite:PATH or redis://..."

@@ -26,7 +26,7 @@ from ratedeck.engine.http.outcome import OK, Outcome
 from ratedeck.engine.http.transport import HttpTransport, Response
 from ratedeck.engine.request import Request, Shape
 from ratedeck.engine.settings import ConfigError, KeySpec, TargetConfig
-from ratedeck.engine.sources.workload import Workload, read_jsonl, take_shape
+from ratedeck.engine.sources.workload import LineRules, Workload, read_jsonl, take_shape
 from ratedeck.runner.replay import read_requests, workload_file
 from ratedeck.server.stubs.llm_common import prompt_identity
 from ratedeck.server.stubs.openai import start_openai
@@ -197,7 +197,7 @@ def test_a_repeated_id_names_both_lines_and_7_is_not_7_quoted(tmp_path):
 def test_a_signing_target_refuses_an_object_body_line_before_the_run(tmp_path):
     path = write_lines(tmp_path, [{"_body": {"q": 1}}])
     with pytest.raises(ConfigError) as err:
-        read_jsonl(str(path), signed=True)
+        read_jsonl(str(path), LineRules(signed=True))
     assert "line 1" in str(err.value) and "signs its requests" in str(err.value)
     cfg = load_config(
         overrides={
@@ -376,7 +376,7 @@ def test_an_object_body_survives_a_results_file_and_replay(tmp_path):
     out.close()
     again = workload_file(read_requests(path).items)
     try:
-        back = list(read_jsonl(again, budgets=("tok",)))
+        back = list(read_jsonl(again, LineRules(budgets=("tok",))))
     finally:
         os.unlink(again)
     assert back == [{**line, "_method": "POST", "_budget": ["tok"]} for line in lines]
