@@ -43,6 +43,8 @@ class SimulatedTransport(TransportBase):
     and `sends` / `cooldowns` log what was sent when and which delays the
     client was told. `read_counts` reads the server's counts (X-RateLimit-*) into
     the outcome as the HTTP transport does (off: the simulator's runs keep their timing). `probes` counts `probe()` calls.
+    `timeout_s` gives up on an attempt at that deadline, as the HTTP transport's
+    (`target.timeout_s`) does, while the request still reaches the server.
     """
 
     def __init__(
@@ -55,8 +57,11 @@ class SimulatedTransport(TransportBase):
         fail_every: int = 0,
         timing_hint: Callable[[float], str | None] | None = None,
         read_counts: bool = False,
+        timeout_s: float | None = None,
     ):
         self.settings = settings
+        self.timeout_s = timeout_s  # the client's deadline for an attempt (None: it waits for every answer)
+        self._abandoned: set[asyncio.Task[Outcome]] = set()  # given up on, still on their way
         self.rules = RateRules(settings)
         self.rng = random.Random(seed)
         self.extra_in_ms, self.extra_out_ms = extra_in_ms, extra_out_ms
@@ -70,6 +75,29 @@ class SimulatedTransport(TransportBase):
         self._last_stamp = -math.inf  # the last arrival stamped (stamps never go back)
 
     async def send(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
+        """One attempt. With `timeout_s`, the client gives up on it at its deadline (a TIMEOUT, as
+        the HTTP transport's), and the request goes on all the same: the network does not know
+        the client gave up, so the server counts it when it arrives, however late."""
+        if self.timeout_s is None:
+            return await self._exchange(key, req, nonce)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        task = loop.create_task(self._exchange(key, req, nonce))
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
+        except asyncio.CancelledError:  # the run stops: the request is still on its way
+            self._abandon(task)
+            raise
+        if done:
+            return task.result()
+        self._abandon(task)
+        return Outcome(TIMEOUT, latency_s=loop.time() - start, error="timed out")
+
+    def _abandon(self, task: asyncio.Task[Outcome]) -> None:
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+
+    async def _exchange(self, key: KeySpec, req: Request, nonce: int | None) -> Outcome:
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.attempts += 1
@@ -84,12 +112,12 @@ class SimulatedTransport(TransportBase):
         # timers wake in the order of their deadlines, so stamps only go back by a clock's grain
         stamp = self._last_stamp = max(arrival, self._last_stamp)
         decision = self.rules.decide(key.secret, nonce, stamp * 1000.0, req.id)
-        decided = loop.time()
         headers = decision.headers
+        served_s = 0.0  # the server's own time, as drawn (a stall of this process is not the server's)
         if decision.outcome in SPENT and self.settings.processing_ms[1]:
-            await self._delay(self.settings.processing_ms, (0, 0))
+            served_s = await self._delay(self.settings.processing_ms, (0, 0))
         if self.rules.is_known(key.secret):
-            served_ms = (loop.time() - decided) * 1000.0
+            served_ms = served_s * 1000.0
             text = self.timing_hint(served_ms) if self.timing_hint is not None else None
             if self.timing_hint is None and self.settings.server_timing:
                 text = server_timing(served_ms)
@@ -140,7 +168,8 @@ class SimulatedTransport(TransportBase):
         return ms / 1000.0
 
     async def close(self) -> None:
-        pass
+        for task in list(self._abandoned):  # the run is over: what was still on its way goes nowhere
+            task.cancel()
 
 
 class _JumpingSelector(selectors.DefaultSelector):

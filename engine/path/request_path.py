@@ -87,7 +87,7 @@ def time_answer(
         # slot frees by that, not by the worst case (see headroom.py).
         headroom.assign(stamps, held, now, server_s, before)
     elif stamps:
-        headroom.let_go(stamps, now)
+        headroom.let_go(stamps, now, result.kind is oc.TIMEOUT)
 
 
 class RequestPath:

@@ -200,6 +200,27 @@ def test_a_stall_of_the_client_process_does_not_move_the_simulated_server_s_stam
     assert stamp_ms / 1000.0 - sent == pytest.approx(0.020, abs=0.005)  # the arrival is not
 
 
+class _StallsWhileServing(SimulatedTransport):
+    """This process stalls 250 ms while the in-process server takes its 40 ms."""
+
+    async def _delay(self, bounds, extra):
+        drawn = await super()._delay(bounds, extra)
+        if bounds == self.settings.processing_ms:
+            time.sleep(0.25)  # the case itself: a stall of the process, not a wait for a result
+        return drawn
+
+
+def test_a_stall_of_the_client_process_is_not_told_as_the_server_s_time():
+    """`Server-Timing` says the server's own time: a stall of the (client's) process while the
+    in-process server works is the client's, on the way out, as it would be with a server of
+    its own; told as server time it would hide a slow way back from the headroom."""
+    settings = noisy(latency_in_ms=(20, 20), latency_out_ms=(0, 0), processing_ms=(40, 40))
+    transport = _StallsWhileServing(settings, seed=3)
+    out = asyncio.run(transport.send(KeySpec("k1", "key-a", settings.policies), Request(1, 0.0, 99.0), None))
+    assert out.status == 200 and out.latency_s >= 0.25
+    assert out.server_time_s == pytest.approx(0.040)
+
+
 def test_simulated_transport_can_send_nonsense_hints():
     transport = SimulatedTransport(noisy(), seed=3, timing_hint=lambda ms: "app;dur=-5")
     out = run_virtual(transport.send(KeySpec("k1", "key-a", (Policy(20, 1.0),)), Request(1, 0.0, 9.0), None))
