@@ -444,9 +444,9 @@ def test_a_request_given_up_on_at_its_deadline_still_holds_its_slot_past_it(time
     # way in takes longer; the request reaches the server all the same, after the deadline, and
     # counts in the server's window from then on. Its slot was held only until the client gave
     # up: 10 keys x 100/1s with Server-Timing, 20 s, 1, 4 and 2 429s (none on round trips
-    # alone, seeds 1-3). Held as if sent at the deadline, none. Live, the bench's hinted heavy
-    # row (5,000/s on a starved box, the study preset's 1 s timeout) drew 2-19 429s a run
-    # with 257-1,607 timeouts.
+    # alone, seeds 1-3). Held as if sent at the deadline, none. (Live, the bench's hinted
+    # heavy row, 5,000/s on a starved box with the study preset's 1 s timeout, drew 2-19 429s a
+    # run with 257-1,607 timeouts; 1 in each of two runs since: not all of them came so.)
     settings, overrides = heavy(1, server_timing=True)
     overrides["target"]["timeout_s"] = timeout_s
     cfg = load_config(preset="study", overrides=overrides)
