@@ -927,13 +927,15 @@ ROWS: tuple[Row, ...] = (
         "run.resume",
         "boolean",
         p.boolean,
-        "with a durable store: take back the jobs a killed run held (uncertain ones are sent again"
-        " only with an Idempotency-Key); a run still at work keeps its own",
+        "with a durable store: take back the jobs a killed run held (those it may have sent go again"
+        " only with an Idempotency-Key or where a repeat does nothing twice, target.safe_writes; else"
+        " they end uncertain); a run still at work keeps its own",
         "store",
         _flag(
             "--resume",
-            help="with a durable --store: take back the jobs a killed run held (uncertain ones are sent again"
-            " only with an Idempotency-Key); a run still at work keeps its own",
+            help="with a durable --store: take back the jobs a killed run held (those it may have sent go"
+            " again only with an Idempotency-Key or target.safe_writes, else they end uncertain); a run"
+            " still at work keeps its own",
             switch=True,
         ),
         save="never",

@@ -1,5 +1,5 @@
 """`--results FILE.jsonl` and `--errors FILE`: one JSON line per request as it ends, and a
-store run's resume of those files (`cut_partial_line`, `written_custom_ids`).
+store run's resume of those files (`cut_partial_line`, `written_ids`).
 
 A finish watcher of the engine (`RunEnd`), fed through the `ResultsHost` port; a line of a
 provider's batch file is written in that API's output format (engine/llm/batch.py). Every
@@ -23,7 +23,7 @@ from ratedeck.engine.queues import Graveyard
 from ratedeck.engine.request import Request, line_fields
 from ratedeck.engine.settings import ConfigError
 
-__all__ = ["RESULTS_BODY_CHARS", "ResultsFile", "cut_partial_line", "written_custom_ids"]
+__all__ = ["RESULTS_BODY_CHARS", "ResultsFile", "cut_partial_line", "written_ids"]
 
 #: A response body in a results line is cut to this many characters (after masking keys).
 RESULTS_BODY_CHARS = 64 * 1024
@@ -56,8 +56,11 @@ class ResultsFile:
     In a store run (`store`) a batch line left queued or in flight is not written: it
     goes back to the store, and the run that ends it writes it. A store run `append`s to
     the files the store's earlier runs wrote (a kill -9's partial last line cut off), and
-    a `resume` writes no `custom_id` they already hold (a job a killed run answered but had
-    not yet journaled is sent again; its second answer is not written).
+    a `resume` writes no `custom_id` they already hold, nor a second ending for a line whose
+    `_id` already succeeded there (a job a killed run answered but had not yet journaled is
+    sent again where a repeat does nothing twice, an LLM prompt; its second answer is not
+    written). A line without an `_id` cannot be told apart, nor one that ended otherwise
+    there (expired, shed: the resume's ending says more): it may end twice.
     `errors` (`--errors FILE`) takes the lines that did not succeed, as a Batch API's
     error file does; `path` may then be None (only the errors are kept).
     """
@@ -85,6 +88,8 @@ class ResultsFile:
         self.request_id_headers = tuple(dict.fromkeys((*request_id_headers, *REQUEST_ID_HEADERS)))
         # custom_ids already written (a resumed run's files hold the killed run's)
         self.done: set[Any] = set()
+        # the `_id`s of ratedeck lines that succeeded there (a resumed run's files hold the killed run's)
+        self.succeeded: set[Any] = set()
         self.out = self._open(path, "results", append, resume) if path else None
         self.errors = self._open(errors, "errors", append, resume) if errors else None
 
@@ -94,7 +99,10 @@ class ResultsFile:
         if append:
             cut_partial_line(path)
             if resume:
-                self.done |= written_custom_ids(path)
+                custom_ids, succeeded = written_ids(path)
+                self.done |= custom_ids
+                if self.link == "_id":  # `_id`s are unique in a file; another field may repeat
+                    self.succeeded |= succeeded
         return JsonLines(path, what, fresh=not append)
 
     @property
@@ -146,6 +154,8 @@ class ResultsFile:
         if fmt is not None:
             self._write_batch(req, fmt, ending)
             return
+        if self.succeeded and req.line_id in self.succeeded:
+            return  # a killed run wrote this line's answer; the resume sent it again (`written_ids`)
         key = req.key  # the key of its latest attempt (None: never sent)
         wall = self.engine.wall_time
         result = req.result
@@ -300,9 +310,11 @@ def cut_partial_line(path: str) -> None:
         return  # no file yet, or not ours to mend: JsonLines says what it cannot write
 
 
-def written_custom_ids(path: str) -> set[Any]:
-    """The custom_ids of the batch lines in a results file a killed run left (none if it has none)."""
-    ids: set[Any] = set()
+def written_ids(path: str) -> tuple[set[Any], set[Any]]:
+    """What a results file that killed runs left holds: the custom_ids of its batch lines, and
+    the `line_id`s of its ratedeck lines that succeeded."""
+    custom_ids: set[Any] = set()
+    succeeded: set[Any] = set()
     try:
         with Path(path).open(encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -310,11 +322,17 @@ def written_custom_ids(path: str) -> set[Any]:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and "custom_id" in record:
-                    ids.add(record["custom_id"])
+                if not isinstance(record, dict):
+                    continue
+                if "custom_id" in record:
+                    custom_ids.add(record["custom_id"])
+                elif record.get("ending") == "succeeded":
+                    line_id = record.get("line_id")
+                    if isinstance(line_id, str | int) and not isinstance(line_id, bool):
+                        succeeded.add(line_id)
     except OSError:
         pass
-    return ids
+    return custom_ids, succeeded
 
 
 def _is_json(headers: Any) -> bool:

@@ -357,6 +357,41 @@ def test_a_results_line_carries_the_line_id_its_own_fields_and_the_parsed_answer
     assert SECRET not in path.read_text()
 
 
+@pytest.mark.parametrize("link", ["_id", "custom_id"])
+def test_a_resumed_store_run_writes_no_second_line_for_an_id_that_succeeded_there(tmp_path, link):
+    """A kill -9 can land after a prompt's answer was written and before its ending reached the
+    store: a prompt is safe to send again, so the resume sends it (`safe_writes`), and its second
+    answer must not make a second line (seen: 901 lines for 900 prompts, 2 kills of 2 just after
+    the OpenAI stub's first minute's burst). Only a line that succeeded there is left out: one
+    that expired or was shed ends again, and one without an `_id` cannot be told apart."""
+    from ratedeck.engine.observe.results import ResultsFile
+
+    path = tmp_path / "answers.jsonl"
+    killed = [
+        {"id": 1, "ending": "succeeded", "line_id": "q1", "line": {"_id": "q1", "custom_id": "c1"}},
+        {"id": 2, "ending": "expired", "line_id": "q2"},
+        {"id": 3, "ending": "succeeded", "line_id": None},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in killed) + '{"id": 4, "ending": "succ')
+    out = ResultsFile(str(path), _Host(), link=link, store=True, append=True, resume=True)  # type: ignore[arg-type]
+    for line in ({"_id": "q1", "custom_id": "c1"}, {"_id": "q2"}, {"k": 3}, {"_id": "q4"}):
+        out.finished(_answered(shaped(line), b"{}", "application/json"), Ending.SUCCEEDED)
+    out.close()
+    written = [json.loads(x) for x in path.read_text().splitlines()[len(killed) :]]
+    again = [] if link == "_id" else ["c1"]  # another field than `_id` may repeat in a file: not judged
+    assert [x["line_id"] for x in written] == [
+        *again,
+        "q2" if link == "_id" else None,
+        None,
+        "q4" if link == "_id" else None,
+    ]
+    # a store run without --resume adds whatever it ends
+    more = ResultsFile(str(path), _Host(), store=True, append=True)  # type: ignore[arg-type]
+    more.finished(_answered(shaped({"_id": "q1"}), b"{}", "application/json"), Ending.SUCCEEDED)
+    more.close()
+    assert json.loads(path.read_text().splitlines()[-1])["line_id"] == "q1"
+
+
 # ---------------------------------------------------------------- replay and the stores
 
 
