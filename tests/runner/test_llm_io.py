@@ -361,7 +361,7 @@ def test_a_results_line_carries_the_line_id_its_own_fields_and_the_parsed_answer
 def test_a_resumed_store_run_writes_no_second_line_for_an_id_that_succeeded_there(tmp_path, link):
     """A kill -9 can land after a prompt's answer was written and before its ending reached the
     store: a prompt is safe to send again, so the resume sends it (`safe_writes`), and its second
-    answer must not make a second line (seen: 901 lines for 900 prompts, 2 kills of 2 just after
+    answer must not make a second line (seen: 901 lines for 900 prompts, 4 kills of 4 just after
     the OpenAI stub's first minute's burst). Only a line that succeeded there is left out: one
     that expired or was shed ends again, and one without an `_id` cannot be told apart."""
     from ratedeck.engine.observe.results import ResultsFile
