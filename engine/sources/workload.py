@@ -395,10 +395,54 @@ class LineRules:
         if pool is not None and pool not in self.pools:
             known = ", ".join(self.pools) if self.pools else "none are configured ([pools] in the config)"
             return f"_pool {pool!r} is not a pool; pools: {known}"
-        problem = _check_shape(obj, self.budgets, self.signed, self.rootless)
+        problem = self._shape_problem(obj)
         if problem is None and "_key" in obj:
             problem = self.pins.problem(obj["_key"])
         return problem
+
+    def _shape_problem(self, obj: dict) -> str | None:
+        """What is wrong with a line's shaping fields under these rules, or None."""
+        method = obj.get("_method")
+        if method is not None and (not isinstance(method, str) or method.upper() not in _METHODS):
+            return f"_method must be one of {', '.join(_METHODS)}, got {method!r}"
+        path = obj.get("_path")
+        if path is not None and (
+            not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\r\n ")
+        ):
+            return f"_path must be a path starting with /, got {path!r}"
+        if path is None and self.rootless is not None:
+            return no_path(self.rootless)
+        if "_body" in obj:
+            body = obj["_body"]
+            if isinstance(body, dict | list):
+                if isinstance(method, str) and method.upper() == "GET":
+                    return "_method GET cannot send an object _body (POST, PUT, PATCH or DELETE can)"
+                if self.signed:
+                    return UNSIGNABLE
+            elif body not in ("form", "json"):
+                return f'_body must be "form", "json" or a JSON object (the body itself), got {_show(body)}'
+        weight = obj.get("_weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:
+            return f"_weight must be a whole number from 1 to 1,000,000, got {weight!r}"
+        names = obj.get("_budget", ())
+        names = (names,) if isinstance(names, str) else names
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            return f"_budget must be a budget name or a list of them, got {obj.get('_budget')!r}"
+        for name in names:
+            if name not in self.budgets:
+                known = (
+                    ", ".join(self.budgets)
+                    if self.budgets
+                    else "none are configured ([[budgets]] in the config)"
+                )
+                return f"_budget {name!r} is not a budget; budgets: {known}"
+        if BATCH_FIELD in obj and (
+            batch_format(obj) is None or not isinstance(obj.get("_body"), dict) or "_id" not in obj
+        ):
+            return f"{BATCH_FIELD} is what a batch file's line becomes: a format (openai, anthropic) with an object _body and an _id"
+        if "_id" in obj:
+            return id_problem(obj["_id"])
+        return None
 
 
 def rootless_url(cfg: EngineSettings) -> str | None:
@@ -438,49 +482,6 @@ def id_problem(value: object) -> str | None:
 def _show(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_shape(
-    obj: dict, budgets: tuple[str, ...], signed: bool = False, rootless: str | None = None
-) -> str | None:
-    """What is wrong with a line's shaping fields, or None (`rootless`: `rootless_url`)."""
-    method = obj.get("_method")
-    if method is not None and (not isinstance(method, str) or method.upper() not in _METHODS):
-        return f"_method must be one of {', '.join(_METHODS)}, got {method!r}"
-    path = obj.get("_path")
-    if path is not None and (
-        not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\r\n ")
-    ):
-        return f"_path must be a path starting with /, got {path!r}"
-    if path is None and rootless is not None:
-        return no_path(rootless)
-    if "_body" in obj:
-        body = obj["_body"]
-        if isinstance(body, dict | list):
-            if isinstance(method, str) and method.upper() == "GET":
-                return "_method GET cannot send an object _body (POST, PUT, PATCH or DELETE can)"
-            if signed:
-                return UNSIGNABLE
-        elif body not in ("form", "json"):
-            return f'_body must be "form", "json" or a JSON object (the body itself), got {_show(body)}'
-    weight = obj.get("_weight", 1)
-    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1_000_000:
-        return f"_weight must be a whole number from 1 to 1,000,000, got {weight!r}"
-    names = obj.get("_budget", ())
-    names = (names,) if isinstance(names, str) else names
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        return f"_budget must be a budget name or a list of them, got {obj.get('_budget')!r}"
-    for name in names:
-        if name not in budgets:
-            known = ", ".join(budgets) if budgets else "none are configured ([[budgets]] in the config)"
-            return f"_budget {name!r} is not a budget; budgets: {known}"
-    if BATCH_FIELD in obj and (
-        batch_format(obj) is None or not isinstance(obj.get("_body"), dict) or "_id" not in obj
-    ):
-        return f"{BATCH_FIELD} is what a batch file's line becomes: a format (openai, anthropic) with an object _body and an _id"
-    if "_id" in obj:
-        return id_problem(obj["_id"])
-    return None
 
 
 def read_jsonl(path: str, rules: LineRules | None = None, *, model_field: str | None = None) -> CountedLines:
